@@ -1,0 +1,20 @@
+// Test kernels for kern_verify.cubin: one parameter of every kind the ABI cares about.
+#include <cstdint>
+
+struct S { int a; double b; char c; };  // 24 bytes, 8-aligned
+
+extern "C" __global__ void k_mix(int a, long long b, float c, const float* p, unsigned char u, float* out) {
+  out[threadIdx.x] = a + b + c + p[0] + u;
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_struct(S s, unsigned char u8, short h, double* out) {
+  __shared__ float sm[128];
+  sm[threadIdx.x % 128] = s.a;
+  __syncthreads();
+  out[0] = s.b + s.c + u8 + h + sm[threadIdx.x % 128];
+}
+
+extern "C" __global__ void k_noparams() {}
+
+// A C++ (mangled) entry: _Z4cppkiPf
+__global__ void cppk(int n, float* x) { x[n] = 1.f; }

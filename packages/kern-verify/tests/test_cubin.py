@@ -1,0 +1,112 @@
+"""kern_verify.cubin against real cubins: the parameter table must match the C ABI."""
+
+from __future__ import annotations
+
+import pytest
+from kern_schema import ParamTypeError
+
+from kern_verify.cubin import CubinError, ParamSlot, compare_layout, params_from_manifest, read_cubin
+
+
+def slots(*pairs: tuple[int, int]) -> list[ParamSlot]:
+    return [ParamSlot(i, off, size) for i, (off, size) in enumerate(pairs)]
+
+
+def test_nvcc_entries(nvcc_cubin):
+    c = read_cubin(nvcc_cubin)
+    assert c.arch == 90
+    assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf"}
+
+
+def test_nvcc_scalar_and_pointer_params(nvcc_cubin):
+    k = read_cubin(nvcc_cubin).entries["k_mix"]
+    # int, long long, float, const float*, unsigned char, float*
+    assert k.params == slots((0, 4), (8, 8), (16, 4), (24, 8), (32, 1), (40, 8))
+    assert k.param_bytes == 48
+    assert k.max_threads is None
+
+
+def test_nvcc_struct_param_and_launch_bounds(nvcc_cubin):
+    k = read_cubin(nvcc_cubin).entries["k_struct"]
+    # struct S (24 bytes), u8, i16, double*
+    assert k.params == slots((0, 24), (24, 1), (26, 2), (32, 8))
+    assert k.param_bytes == 40
+    assert k.max_threads == (256, 1, 1)
+    assert k.static_shared_bytes >= 512  # 128 floats (+ what the toolchain reserves)
+
+
+def test_no_params_and_mangled(nvcc_cubin):
+    c = read_cubin(nvcc_cubin)
+    assert c.entries["k_noparams"].params == []
+    assert c.entries["k_noparams"].param_bytes == 0
+    assert c.entries["_Z4cppkiPf"].params == slots((0, 4), (8, 8))
+
+
+def test_declared_layout_matches_nvcc(nvcc_cubin):
+    k = read_cubin(nvcc_cubin).entries["k_mix"]
+    declared = params_from_manifest(["i32", "i64", "f32", "in buffer<f32>", "u8", "out buffer<f32>"])
+    assert compare_layout(declared, k.params) == []
+
+
+def test_triton_hidden_params(triton_cubin):
+    c = read_cubin(triton_cubin)
+    assert c.arch == 90
+    k = c.entries["add_kernel"]
+    # x, y, out pointers, n: i32, scale: f32, then global and profile scratch (8 bytes each)
+    assert k.params == slots((0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 8), (40, 8))
+    assert k.required_block == (128, 1, 1)  # num_warps=4
+    declared = params_from_manifest(
+        ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "f32", "in ptr", "in ptr"]
+    )
+    assert compare_layout(declared, k.params) == []
+
+
+def test_compare_layout_reports_size_and_count():
+    actual = slots((0, 8), (8, 4))
+    declared = params_from_manifest(["i32", "i32"])
+    problems = compare_layout(declared, actual)
+    assert problems == [
+        "param 0: declared 4 bytes, the kernel's is 8 bytes (offset 0)",
+        "param 1: declared at offset 4, the kernel's is at offset 8",
+    ]
+    problems = compare_layout(params_from_manifest(["i64"]), actual)
+    assert problems == ["declares 1 params, the kernel has 2"]
+
+
+def test_params_from_manifest_alignment():
+    assert params_from_manifest(["u8", "i16", "u8", "i64", "f32"]) == slots((0, 1), (2, 2), (4, 1), (8, 8), (16, 4))
+    with pytest.raises(ParamTypeError):
+        params_from_manifest(["buffer<bf16>"])
+
+
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (b"", "not an ELF file"),
+        (b"hello world", "not an ELF file"),
+        (b"\x7fELF" + b"\0" * 12, "corrupt ELF"),
+    ],
+)
+def test_garbage_raises_cubin_error(data, why):
+    with pytest.raises(CubinError, match=why) as e:
+        read_cubin(data, "mod.cubin")
+    assert "mod.cubin" in str(e.value)
+
+
+def test_truncated_cubin(nvcc_cubin):
+    for n in (64, len(nvcc_cubin) // 2, len(nvcc_cubin) - 1):
+        try:
+            read_cubin(nvcc_cubin[:n], "cut.cubin")
+        except CubinError as e:
+            assert "cut.cubin" in str(e)
+
+
+def test_non_cuda_elf():
+    import sys
+
+    with open(sys.executable, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF":
+        pytest.skip("the Python executable is not ELF here")
+    with pytest.raises(CubinError, match="not EM_CUDA"):
+        read_cubin(data, "python")
