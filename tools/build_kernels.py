@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Build every Qwen3 provider kernel for sm_90 into a kernels directory + index.json.
+
+    python tools/build_kernels.py --out DIR [--geometry 4b|0.6b|...|path/to/config.json ...] [-j N]
+
+No GPU needed.  CUDA C sources are compiled with ``nvcc -cubin -arch=sm_90``;
+Triton kernels (pinned triton==3.6.0) ahead of time with
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``.  What to
+build (instances, ABI, grid, docs) lives in ``kernels-src/catalog.py``; the
+index format is described in ``kernels-src/README.md``.
+
+Reproducible: the same sources and toolchain give byte-identical cubins and
+index.json.  Triton's cache and home are private temp dirs, line info is off (so
+no source paths land in the cubins), and the index carries no path or time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent / "kernels-src"
+sys.path.insert(0, str(SRC))
+
+from catalog import TRITON_HIDDEN, Kernel, instances  # noqa: E402
+from geometries import load_geometry  # noqa: E402
+
+TARGET = "sm_90"
+DEFAULT_GEOMETRIES = ["0.6b", "4b"]
+NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-O3", "-std=c++17", "--use_fast_math"]
+
+_TRITON_TYPES = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "i32": "*i32", "i64": "*i64",
+                 "u64": "*u64", "u8": "*u8"}
+_SCALAR_TRITON = {"i32": "i32", "i64": "i64", "f32": "fp32", "u32": "u32", "u64": "u64"}
+_BUF = re.compile(r"^(in|out|inout) buffer<(\w+)>$")
+_PTR = re.compile(r"^(in|out|inout) ptr$")
+
+
+def _triton_type(p) -> str:
+    if m := _BUF.match(p.type):
+        return _TRITON_TYPES[m.group(2)]
+    if _PTR.match(p.type):
+        return _TRITON_TYPES[p.elem or "u8"]
+    return _SCALAR_TRITON[p.type]
+
+
+def _nvcc() -> str:
+    for c in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if c and Path(c).exists():
+            return c
+    raise SystemExit("nvcc not found (set NVCC=...)")
+
+
+def _private_env(tmp: str) -> None:
+    """Keep Triton's cache/dumps out of $HOME and paths out of the binaries."""
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")
+    os.environ["TRITON_HOME"] = tmp
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.pop("TRITON_KERNEL_OVERRIDE", None)
+
+
+def _load_fn(source: str, entry: str):
+    import importlib.util
+
+    modname = "kern_kernels_src_" + Path(source).stem
+    mod = sys.modules.get(modname)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(modname, SRC / source)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod
+        spec.loader.exec_module(mod)
+    return getattr(mod, entry)
+
+
+def compile_triton(k: Kernel, tmp: str) -> tuple[bytes, str, int]:
+    """Compile one Triton instance; returns (cubin, entry symbol, dynamic shared bytes)."""
+    _private_env(tmp)
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    assert triton.__version__ == "3.6.0", f"triton {triton.__version__}: the kernels are pinned to 3.6.0"
+    fn = _load_fn(k.source, k.entry)
+    names = list(fn.arg_names)
+    declared = [p.name for p in k.params] + list(k.constexprs)
+    if sorted(names) != sorted(declared) or names[: len(k.params)] != [p.name for p in k.params]:
+        raise AssertionError(f"{k.name}: catalog params {declared} != kernel args {names}")
+    signature = {p.name: _triton_type(p) for p in k.params}
+    signature.update({c: "constexpr" for c in k.constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(k.params) if p.div16}
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=dict(k.constexprs), attrs=attrs)
+    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": k.num_warps, "num_stages": k.num_stages})
+    md = cc.metadata
+    if md.global_scratch_size or md.profile_scratch_size:
+        raise AssertionError(f"{k.name}: needs Triton global/profile scratch; the ABI passes 0")
+    return cc.asm["cubin"], md.name, int(md.shared)
+
+
+def compile_cuda(source: str, tmp: str) -> bytes:
+    out = Path(tmp) / (Path(source).stem + ".cubin")
+    # Compile from inside the source dir with a relative name: no absolute path can leak.
+    subprocess.run([_nvcc(), *NVCC_FLAGS, "-o", str(out), source], cwd=SRC, check=True)
+    return out.read_bytes()
+
+
+def _triton_job(args):
+    k, tmp = args
+    return k.name, compile_triton(k, tmp)
+
+
+def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False) -> dict:
+    geoms = [load_geometry(s) for s in geometry_specs]
+    kernels = instances(geoms)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index: dict = {"format": 1, "target": TARGET, "kernels": {}}
+    with tempfile.TemporaryDirectory(prefix="kern-build-") as tmp:
+        _private_env(tmp)
+        modules: dict[str, bytes] = {}
+        built: dict[str, tuple[str, str, int]] = {}  # NAME -> (module file, entry, shared)
+        for src in sorted({k.source for k in kernels if k.lang == "cuda"}):
+            mod = Path(src).stem + ".cubin"
+            modules[mod] = compile_cuda(src, tmp)
+        for k in kernels:
+            if k.lang == "cuda":
+                built[k.name] = (Path(k.source).stem + ".cubin", k.entry, 0)
+        tri = [k for k in kernels if k.lang == "triton"]
+        jobs = jobs or min(len(tri), os.cpu_count() or 1) or 1
+        if jobs > 1:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
+                results = list(ex.map(_triton_job, [(k, tmp) for k in tri]))
+        else:
+            results = [_triton_job((k, tmp)) for k in tri]
+        for name, (cubin, entry, shared) in results:
+            modules[name + ".cubin"] = cubin
+            built[name] = (name + ".cubin", entry, shared)
+        for mod, data in modules.items():
+            (out_dir / mod).write_bytes(data)
+        for k in kernels:
+            mod, entry, shared = built[k.name]
+            params = [p.type for p in k.params]
+            names = [p.name for p in k.params]
+            if k.lang == "triton":
+                params += [t for _, t in TRITON_HIDDEN]
+                names += [n for n, _ in TRITON_HIDDEN]
+            index["kernels"][k.name] = {
+                "module": mod,
+                "sha256": hashlib.sha256(modules[mod]).hexdigest(),
+                "entry": entry,
+                "params": params,
+                "param_names": names,
+                "aligned16": [p.name for p in k.params if p.div16],
+                "block": k.block,
+                "shared_mem": shared,
+                "grid": k.grid,
+                "constexprs": dict(k.constexprs),
+                "doc": k.doc,
+            }
+            if not quiet:
+                print(f"  {k.name:32s} {mod:36s} block {k.block[0]:4d} smem {shared:6d}", file=sys.stderr)
+    text = json.dumps(index, indent=1, sort_keys=True) + "\n"
+    (out_dir / "index.json").write_text(text)
+    return index
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="kernels directory to write")
+    ap.add_argument("--geometry", action="append", default=None,
+                    help="preset (0.6b 1.7b 4b 8b 14b 32b) or HF config.json; repeatable (default: 0.6b, 4b)")
+    ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel Triton compiles (default: CPUs)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet)
+    print(f"wrote {len(idx['kernels'])} kernels to {a.out}/index.json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
