@@ -1,0 +1,340 @@
+"""Record types of a kern-capture dump, and a streaming reader.
+
+A capture directory, written by the injection library (``csrc/capture.c``)::
+
+    DIR/
+      modules.jsonl         one ModuleRecord per loaded module
+      module_<id>.<kind>    the module's bytes, kind = cubin | fatbin | ptx
+      launches.jsonl        one LaunchRecord per kernel launch, in call order
+      capture.json          written at start: pid, library version, CUDA version
+      error.json            present only when the capture failed (e.g. CUPTI
+                            was already held by a profiler)
+      pid<N>/               the same layout, for each further process of the
+                            captured command that initialised CUDA
+
+The JSON lines are decoded with one ``msgspec.json.Decoder`` per record type
+and one line at a time, so a capture of hundreds of thousands of launches is
+read in constant memory (``iter_launches``).
+
+The field names are a contract with ``kern-mine``; fields may be added (with
+defaults), never renamed or removed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "AllocRange",
+    "ParamRecord",
+    "LaunchRecord",
+    "ModuleRecord",
+    "CaptureError",
+    "CaptureFormatError",
+    "Capture",
+    "iter_launches",
+    "iter_modules",
+    "read_error",
+    "LAUNCHES_FILE",
+    "MODULES_FILE",
+    "ERROR_FILE",
+    "INFO_FILE",
+]
+
+LAUNCHES_FILE = "launches.jsonl"
+MODULES_FILE = "modules.jsonl"
+ERROR_FILE = "error.json"
+INFO_FILE = "capture.json"
+
+
+class AllocRange(msgspec.Struct, frozen=True):
+    """A device allocation, as returned by ``cuMemGetAddressRange``."""
+
+    base: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """One past the last byte of the allocation."""
+        return self.base + self.size
+
+    def __contains__(self, addr: object) -> bool:
+        return isinstance(addr, int) and self.base <= addr < self.base + self.size
+
+
+class ParamRecord(msgspec.Struct, frozen=True):
+    """One kernel parameter as staged by the caller.
+
+    ``offset``/``size`` come from ``cuFuncGetParamInfo``; ``hex`` is the raw
+    little-endian bytes the caller passed. For an 8-byte value inside a device
+    allocation, ``alloc`` is that allocation. ``host`` is true when the 8-byte
+    value lies in the process's mapped host address space (a host pointer; the
+    capture never dereferences it).
+    """
+
+    offset: int
+    size: int
+    hex: str
+    alloc: AllocRange | None = None
+    host: bool = False
+
+    @property
+    def raw(self) -> bytes:
+        """The parameter's bytes."""
+        return bytes.fromhex(self.hex)
+
+    @property
+    def value_u64(self) -> int:
+        """The bytes read as an unsigned little-endian integer (sizes 1..8)."""
+        if not 1 <= self.size <= 8:
+            raise ValueError(
+                f"parameter at offset {self.offset} is {self.size} bytes; "
+                "only 1..8-byte parameters have an integer value (use .raw)"
+            )
+        return int.from_bytes(bytes.fromhex(self.hex), "little", signed=False)
+
+    def as_int(self, signed: bool = False) -> int:
+        """The bytes read as a little-endian integer, two's complement if ``signed``."""
+        if not 1 <= self.size <= 8:
+            raise ValueError(
+                f"parameter at offset {self.offset} is {self.size} bytes; "
+                "only 1..8-byte parameters have an integer value (use .raw)"
+            )
+        return int.from_bytes(bytes.fromhex(self.hex), "little", signed=signed)
+
+    def as_float(self) -> float:
+        """The bytes read as an IEEE float (4 bytes: f32, 8 bytes: f64)."""
+        import struct
+
+        if self.size == 4:
+            return struct.unpack("<f", bytes.fromhex(self.hex))[0]
+        if self.size == 8:
+            return struct.unpack("<d", bytes.fromhex(self.hex))[0]
+        raise ValueError(f"parameter at offset {self.offset} is {self.size} bytes, not a float")
+
+    @property
+    def is_device_pointer(self) -> bool:
+        """True when the value points into a device allocation."""
+        return self.alloc is not None
+
+    @property
+    def alloc_offset(self) -> int | None:
+        """Byte offset of the pointer inside its allocation, or None."""
+        if self.alloc is None:
+            return None
+        return self.value_u64 - self.alloc.base
+
+
+class LaunchRecord(msgspec.Struct, frozen=True):
+    """One kernel launch.
+
+    ``api`` is the driver entry point that carried it (``cuLaunchKernel``,
+    ``cuLaunchKernel_ptsz``, ``cuLaunchKernelEx``, ``cuLaunchKernelEx_ptsz``,
+    ``cuLaunchCooperativeKernel``, ``cuLaunchCooperativeKernel_ptsz``); runtime
+    API launches arrive through these too and are recorded once. ``t_ns`` is
+    CLOCK_MONOTONIC at the launch's API entry. ``module_id`` is the CUPTI
+    module id (``module_<id>.<kind>``), None when it could not be resolved.
+    ``params`` is None when the caller passed the arguments through the packed
+    ``extra`` buffer (or the layout was unavailable); ``params_reason`` says
+    why.
+
+    Additive fields (absent in older captures): ``result`` (the launch's
+    CUresult, 0 = success), ``num_regs`` (registers per thread),
+    ``static_shared_mem`` (bytes), ``extra_hex`` (the packed ``extra`` buffer,
+    when the caller used one and it is at most 4 KiB), ``func`` (the
+    CUfunction handle).
+    """
+
+    seq: int
+    t_ns: int
+    pid: int
+    tid: int
+    ctx: int
+    stream: int
+    module_id: int | None
+    symbol: str
+    api: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    attrs: dict[str, Any] | None
+    params: list[ParamRecord] | None
+    params_reason: str | None = None
+    result: int | None = None
+    num_regs: int | None = None
+    static_shared_mem: int | None = None
+    extra_hex: str | None = None
+    func: int | None = None
+
+    @property
+    def flat(self) -> bool:
+        """True when every parameter was captured (kernelParams launch)."""
+        return self.params is not None
+
+    @property
+    def param_bytes(self) -> int:
+        """End of the last parameter (offset + size); 0 without params."""
+        if not self.params:
+            return 0
+        last = self.params[-1]
+        return last.offset + last.size
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+class ModuleRecord(msgspec.Struct, frozen=True):
+    """One module seen at CUPTI's MODULE_LOADED callback.
+
+    ``file`` is relative to the capture directory; ``kind`` is ``cubin``,
+    ``fatbin`` or ``ptx`` (by magic), ``unknown`` otherwise.
+    """
+
+    module_id: int
+    file: str
+    kind: str
+    size: int
+    t_ns: int
+    pid: int
+    ctx: int | None = None
+
+
+class CaptureError(RuntimeError):
+    """The capture did not happen (the injection wrote ``error.json``)."""
+
+
+class CaptureFormatError(ValueError):
+    """A line of a capture file is not a valid record."""
+
+
+_launch_decoder = msgspec.json.Decoder(LaunchRecord)
+_module_decoder = msgspec.json.Decoder(ModuleRecord)
+
+
+def _iter_lines(path: Path, decoder: msgspec.json.Decoder, strict: bool) -> Iterator[Any]:
+    # A crashed target may leave a truncated last line: it is dropped unless
+    # strict. A malformed line elsewhere is always an error.
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield decoder.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                # only the last line can lack its newline: a truncated write
+                if line.endswith(b"\n") or strict:
+                    raise CaptureFormatError(f"{path}:{lineno}: {exc}") from exc
+
+
+def iter_launches(dir: str | os.PathLike[str], strict: bool = False) -> Iterator[LaunchRecord]:
+    """Stream the launches of a capture directory, in record order.
+
+    A truncated last line (the target crashed mid-write) is skipped unless
+    ``strict``. Any other malformed line raises ``CaptureFormatError``.
+    """
+    return _iter_lines(Path(dir) / LAUNCHES_FILE, _launch_decoder, strict)
+
+
+def iter_modules(dir: str | os.PathLike[str], strict: bool = False) -> Iterator[ModuleRecord]:
+    """Stream the module records of a capture directory."""
+    return _iter_lines(Path(dir) / MODULES_FILE, _module_decoder, strict)
+
+
+def read_error(dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The capture's error marker (``error.json``) as a dict, or None."""
+    p = Path(dir) / ERROR_FILE
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        out = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return {"error": "unreadable", "message": data.decode("utf-8", "replace")}
+    return out if isinstance(out, dict) else {"error": "unreadable", "message": str(out)}
+
+
+class Capture:
+    """A capture directory: modules indexed by id, launches streamed.
+
+    >>> cap = Capture.open("dump/")           # doctest: +SKIP
+    >>> for launch in cap.launches(): ...     # doctest: +SKIP
+    >>> cap.module_bytes(launch.module_id)    # doctest: +SKIP
+    """
+
+    def __init__(self, dir: Path, modules: dict[int, ModuleRecord], info: dict[str, Any] | None,
+                 error: dict[str, Any] | None) -> None:
+        self.dir = dir
+        self.modules = modules
+        self.info = info
+        self.error = error
+
+    @classmethod
+    def open(cls, dir: str | os.PathLike[str], allow_error: bool = False) -> Capture:
+        """Open a capture directory.
+
+        Raises ``FileNotFoundError`` when ``dir`` holds no capture, and
+        ``CaptureError`` when the injection recorded a failure (unless
+        ``allow_error``).
+        """
+        d = Path(dir)
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d}: not a directory")
+        error = read_error(d)
+        if error is not None and not allow_error:
+            raise CaptureError(f"{d}: capture failed: {error.get('message', error)}")
+        if not ((d / LAUNCHES_FILE).exists() or (d / MODULES_FILE).exists() or error
+                or (d / INFO_FILE).exists()):
+            raise FileNotFoundError(
+                f"{d}: no {LAUNCHES_FILE} or {MODULES_FILE}; is this a kern-capture directory?"
+            )
+        info = None
+        if (d / INFO_FILE).exists():
+            try:
+                info = msgspec.json.decode((d / INFO_FILE).read_bytes())
+            except msgspec.DecodeError:
+                info = None
+        modules = {m.module_id: m for m in iter_modules(d)}
+        return cls(d, modules, info, error)
+
+    def launches(self, strict: bool = False) -> Iterator[LaunchRecord]:
+        """Stream the launches (a fresh iterator each call)."""
+        return iter_launches(self.dir, strict=strict)
+
+    def __iter__(self) -> Iterator[LaunchRecord]:
+        return self.launches()
+
+    def module_path(self, module_id: int) -> Path:
+        """Path of a module's dumped bytes."""
+        try:
+            return self.dir / self.modules[module_id].file
+        except KeyError:
+            raise KeyError(f"module {module_id} is not in {self.dir / MODULES_FILE}") from None
+
+    def module_bytes(self, module_id: int) -> bytes:
+        return self.module_path(module_id).read_bytes()
+
+    def subcaptures(self) -> list[Capture]:
+        """Captures of further processes of the same command (``pid<N>/``)."""
+        out = []
+        for p in sorted(self.dir.glob("pid*")):
+            if p.is_dir() and p.name[3:].isdigit():
+                out.append(Capture.open(p, allow_error=True))
+        return out
+
+    def __repr__(self) -> str:
+        return f"Capture({str(self.dir)!r}, modules={len(self.modules)})"
