@@ -22,8 +22,14 @@ class ExprError(ValueError):
     """An expression cannot be evaluated (unknown var, division by a non-positive constant)."""
 
 
-class ExprNode(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """An operator node: exactly one of `ceil_div` or `mul` is set, each `[E, int]`."""
+class ExprNode(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    """An operator node: exactly one of `ceil_div` or `mul` is set, each `[E, int]`.
+
+    `{"ceil_div": [E, c]}` is ⌈E / c⌉ (c must be positive: checked by `evaluate`/`bounds`,
+    reported by the verifier); `{"mul": [E, c]}` is E × c.
+
+    Raises (on construction and decoding): `ValueError` unless exactly one key is set.
+    """
 
     ceil_div: "tuple[Expr, int] | None" = None
     mul: "tuple[Expr, int] | None" = None
