@@ -1,0 +1,337 @@
+"""tools/export_weights.py on tiny random HF-format Qwen3 checkpoints written here.
+
+The checkpoints are written with the safetensors library itself (`serialize_file`,
+bf16 given as raw 16-bit words) and the export is read back with
+`safetensors.deserialize`, so neither side relies on the exporter's own reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import export_weights as ew  # noqa: E402
+
+# 2 layers, hidden 64, 4 heads, 2 kv heads, head_dim 16, intermediate 96, vocab 100.
+TINY = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+}
+
+
+def hf_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """A random HF Qwen3 state dict as bf16 words (uint16)."""
+    rng = np.random.default_rng(seed)
+    H, NQ, NKV, D = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    I, V = cfg["intermediate_size"], cfg["vocab_size"]
+
+    def w(*shape: int) -> np.ndarray:
+        return ew.f32_to_bf16(rng.standard_normal(shape, dtype=np.float32))
+
+    t = {"model.embed_tokens.weight": w(V, H), "model.norm.weight": w(H)}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        t |= {
+            p + "input_layernorm.weight": w(H),
+            p + "post_attention_layernorm.weight": w(H),
+            p + "self_attn.q_proj.weight": w(NQ * D, H),
+            p + "self_attn.k_proj.weight": w(NKV * D, H),
+            p + "self_attn.v_proj.weight": w(NKV * D, H),
+            p + "self_attn.o_proj.weight": w(H, NQ * D),
+            p + "self_attn.q_norm.weight": w(D),
+            p + "self_attn.k_norm.weight": w(D),
+            p + "mlp.gate_proj.weight": w(I, H),
+            p + "mlp.up_proj.weight": w(I, H),
+            p + "mlp.down_proj.weight": w(H, I),
+        }
+    if not cfg["tie_word_embeddings"]:
+        t["lm_head.weight"] = w(V, H)
+    return t
+
+
+_ST_DTYPE = {np.dtype(np.uint16): "bfloat16", np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+             np.dtype(np.int8): "int8"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    keep = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    specs = {
+        k: safetensors.TensorSpec(dtype=_ST_DTYPE[v.dtype], shape=list(v.shape), data_ptr=v.ctypes.data,
+                                  data_len=v.nbytes)
+        for k, v in keep.items()
+    }
+    safetensors.serialize_file(specs, str(path), metadata={"format": "pt"})
+
+
+def write_checkpoint(d: Path, cfg: dict, tensors: dict[str, np.ndarray], shards: int = 1) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    if shards == 1:
+        write_safetensors(d / "model.safetensors", tensors)
+        return d
+    names = list(tensors)
+    weight_map = {}
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i::shards]  # interleaved: a layer's q/k/v land in different shards
+        write_safetensors(d / fname, {k: tensors[k] for k in part})
+        weight_map |= {k: fname for k in part}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return d
+
+
+def read_export(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    raw = path.read_bytes()
+    out = {}
+    for name, t in safetensors.deserialize(raw):
+        dt = {"BF16": np.uint16, "F32": np.float32}[t["dtype"]]
+        out[name] = np.frombuffer(bytes(t["data"]), dt).reshape(t["shape"])
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8 : 8 + n])["__metadata__"]
+    return out, meta
+
+
+def fused_reference(cfg: dict, t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    ref = {"model.embed_tokens.weight": t["model.embed_tokens.weight"], "model.norm.weight": t["model.norm.weight"]}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a, m = p + "self_attn.", p + "mlp."
+        ref |= {
+            p + "input_layernorm.weight": t[p + "input_layernorm.weight"],
+            p + "post_attention_layernorm.weight": t[p + "post_attention_layernorm.weight"],
+            a + "qkv_proj.weight": np.concatenate([t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"]]),
+            a + "o_proj.weight": t[a + "o_proj.weight"],
+            a + "q_norm.weight": t[a + "q_norm.weight"],
+            a + "k_norm.weight": t[a + "k_norm.weight"],
+            m + "gate_up_proj.weight": np.concatenate([t[m + "gate_proj.weight"], t[m + "up_proj.weight"]]),
+            m + "down_proj.weight": t[m + "down_proj.weight"],
+        }
+    if not cfg["tie_word_embeddings"]:
+        ref["lm_head.weight"] = t["lm_head.weight"]
+    return ref
+
+
+def rope_reference(positions: int, d: int, theta: float) -> np.ndarray:
+    """The contract's formula, straight: row p = cos(p·f_j) then sin(p·f_j), f_j = theta^(-2j/D)."""
+    out = np.empty((positions, d), np.float64)
+    for p in range(positions):
+        for j in range(d // 2):
+            a = p * theta ** (-2 * j / d)
+            out[p, j], out[p, d // 2 + j] = math.cos(a), math.sin(a)
+    return out
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("shards", [1, 3], ids=["single", "sharded"])
+def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) -> None:
+    cfg = TINY | {"tie_word_embeddings": tied}
+    t = hf_tensors(cfg)
+    ckpt = write_checkpoint(tmp_path / "ckpt", cfg, t, shards=shards)
+    out = tmp_path / "w.safetensors"
+    ew.export(ckpt, out, progress=False)
+
+    got, meta = read_export(out)
+    ref = fused_reference(cfg, t)
+    assert set(got) == set(ref) | {"rope.cos_sin"}
+    assert ("lm_head.weight" in got) == (not tied)
+    for name, want in ref.items():
+        assert got[name].dtype == np.uint16 and got[name].shape == want.shape, name
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    # Fused rows in the contract's order: q, k, v / gate, up.
+    qkv = got["model.layers.1.self_attn.qkv_proj.weight"]
+    assert qkv.shape == (4 * 16 + 2 * 2 * 16, 64)
+    np.testing.assert_array_equal(qkv[64:96], t["model.layers.1.self_attn.k_proj.weight"])
+    np.testing.assert_array_equal(got["model.layers.0.mlp.gate_up_proj.weight"][96:], t["model.layers.0.mlp.up_proj.weight"])
+
+    cs = got["rope.cos_sin"]
+    assert cs.dtype == np.float32 and cs.shape == (64, 16)  # max_position_embeddings rows by default
+    np.testing.assert_allclose(cs, rope_reference(64, 16, 10000.0), rtol=0, atol=2e-5)
+    assert meta["tie_word_embeddings"] == str(tied).lower() and meta["rope_positions"] == "64"
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def test_rope_positions_option_and_large_angles(tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt", TINY, hf_tensors(TINY))
+    out = tmp_path / "w.safetensors"
+    assert ew.main([str(ckpt), "--out", str(out), "--rope-positions", "300", "--quiet"]) == 0
+    got, _ = read_export(out)
+    assert got["rope.cos_sin"].shape == (300, 16)
+    # Real Qwen3 angles (theta 1e6, D 128) at the far end of a 40,960-token capacity stay accurate.
+    big = ew.rope_cos_sin(40960, 128, 1e6)
+    ref = rope_reference(1, 128, 1e6)
+    np.testing.assert_allclose(big[:1], ref, atol=1e-7)
+    p = 40959
+    f = np.float32(1.0) / np.float32(1e6) ** (np.arange(0, 128, 2).astype(np.float32) / np.float32(128))
+    np.testing.assert_allclose(big[p, :64], np.cos(p * f.astype(np.float64)), atol=1e-2)  # f32 angle rounding
+    assert np.all(np.abs(big) <= 1.0)
+
+
+def test_f32_and_f16_checkpoints_round_to_nearest_even(tmp_path: Path) -> None:
+    # Values chosen on the bf16 rounding boundaries: ties go to the even word.
+    x = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, 3.0e38, np.inf, 1e-40], np.float32)
+    words = ew.f32_to_bf16(x)
+    assert words.tolist() == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F62, 0x7F80, 0x0001]
+    assert ew.f32_to_bf16(np.array([np.nan], np.float32)).tolist() == [0x7FC0]
+
+    t = hf_tensors(TINY)
+    f32 = {k: (v.astype(np.uint32) << 16).view(np.float32) + np.float32(0.0) for k, v in t.items()}
+    # add sub-bf16 noise that must round away
+    f32 = {k: v * np.float32(1 + 2**-12) for k, v in f32.items()}
+    ew.export(write_checkpoint(tmp_path / "f32", TINY, f32), tmp_path / "a.safetensors", progress=False)
+    got, meta = read_export(tmp_path / "a.safetensors")
+    ref = fused_reference(TINY, {k: ew.f32_to_bf16(v) for k, v in f32.items()})
+    for name, want in ref.items():
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    assert meta["source_dtypes"] == "F32"
+
+    f16 = {k: v.astype(np.float16) for k, v in f32.items()}
+    ew.export(write_checkpoint(tmp_path / "f16", TINY, f16), tmp_path / "b.safetensors", progress=False)
+    got16, _ = read_export(tmp_path / "b.safetensors")
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    want = ew.f32_to_bf16(np.concatenate([f16[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"]).astype(np.float32))
+    np.testing.assert_array_equal(got16[name], want)
+
+
+def test_streams_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors larger than a chunk are copied piecewise and still come out whole."""
+    monkeypatch.setattr(ew, "CHUNK_BYTES", 1000)  # embedding is 12,800 bytes, q_proj 8,192
+    cfg = TINY | {"tie_word_embeddings": False}
+    t = hf_tensors(cfg, seed=3)
+    ew.export(write_checkpoint(tmp_path / "c", cfg, t, shards=2), tmp_path / "w.safetensors", progress=False)
+    got, _ = read_export(tmp_path / "w.safetensors")
+    for name, want in fused_reference(cfg, t).items():
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _export_error(tmp_path: Path, cfg: dict, tensors: dict, shards: int = 1) -> str:
+    ckpt = write_checkpoint(tmp_path / "bad", cfg, tensors, shards=shards)
+    out = tmp_path / "out" / "w.safetensors"
+    with pytest.raises(ew.ExportError) as e:
+        ew.export(ckpt, out, progress=False)
+    assert not out.exists()
+    if out.parent.exists():
+        assert list(out.parent.iterdir()) == []
+    return str(e.value)
+
+
+def test_missing_tensor_is_named(tmp_path: Path) -> None:
+    t = hf_tensors(TINY)
+    del t["model.layers.1.self_attn.k_proj.weight"]
+    assert "`model.layers.1.self_attn.k_proj.weight` is missing" in _export_error(tmp_path, TINY, t, shards=2)
+
+
+def test_untied_without_lm_head_is_named(tmp_path: Path) -> None:
+    cfg = TINY | {"tie_word_embeddings": False}
+    msg = _export_error(tmp_path, cfg, hf_tensors(TINY))
+    assert "`lm_head.weight` is missing" in msg and "tie_word_embeddings is false" in msg
+
+
+def test_tied_checkpoint_with_stored_lm_head_is_accepted(tmp_path: Path) -> None:
+    t = hf_tensors(TINY | {"tie_word_embeddings": False})  # has lm_head.weight
+    ew.export(write_checkpoint(tmp_path / "c", TINY, t), tmp_path / "w.safetensors", progress=False)
+    got, _ = read_export(tmp_path / "w.safetensors")
+    assert "lm_head.weight" not in got
+
+
+def test_shape_disagreeing_with_config_is_named(tmp_path: Path) -> None:
+    t = hf_tensors(TINY)
+    t["model.layers.0.mlp.down_proj.weight"] = t["model.layers.0.mlp.down_proj.weight"][:, :80].copy()
+    msg = _export_error(tmp_path, TINY, t)
+    assert "`model.layers.0.mlp.down_proj.weight` has shape [64, 80], but config.json implies [64, 96]" in msg
+
+
+def test_config_with_fewer_layers_than_checkpoint(tmp_path: Path) -> None:
+    msg = _export_error(tmp_path, TINY | {"num_hidden_layers": 1}, hf_tensors(TINY))
+    assert "unexpected tensor `model.layers.1." in msg and "num_hidden_layers=1" in msg
+
+
+def test_unsupported_dtype_is_named(tmp_path: Path) -> None:
+    t = hf_tensors(TINY)
+    t["model.norm.weight"] = np.zeros(64, np.int8)
+    msg = _export_error(tmp_path, TINY, t)
+    assert "`model.norm.weight` has dtype I8" in msg
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "unsupported architecture"),
+        ({"attention_bias": True}, "`attention_bias`"),
+        ({"use_sliding_window": True}, "`use_sliding_window`"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "`rope_scaling`"),
+        ({"hidden_size": "64"}, "`hidden_size`"),
+    ],
+)
+def test_unsupported_config_is_named(tmp_path: Path, patch: dict, field: str) -> None:
+    assert field in _export_error(tmp_path, TINY | patch, hf_tensors(TINY))
+
+
+def test_transformers5_rope_parameters(tmp_path: Path) -> None:
+    cfg = {k: v for k, v in TINY.items() if k != "rope_theta"} | {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}
+    ew.export(write_checkpoint(tmp_path / "c", cfg, hf_tensors(cfg)), tmp_path / "w.safetensors", progress=False)
+    got, _ = read_export(tmp_path / "w.safetensors")
+    np.testing.assert_allclose(got["rope.cos_sin"], rope_reference(64, 16, 500.0), atol=2e-5)
+
+
+def test_missing_shard_and_no_weights(tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tmp_path / "c", TINY, hf_tensors(TINY), shards=2)
+    (ckpt / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ew.ExportError, match="shard `model-00002-of-00002.safetensors`.* is missing"):
+        ew.export(ckpt, tmp_path / "w.safetensors", progress=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps(TINY))
+    with pytest.raises(ew.ExportError, match="no model.safetensors"):
+        ew.export(empty, tmp_path / "w.safetensors", progress=False)
+
+
+def test_cli_reports_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t = hf_tensors(TINY)
+    del t["model.norm.weight"]
+    ckpt = write_checkpoint(tmp_path / "c", TINY, t)
+    assert ew.main([str(ckpt), "--out", str(tmp_path / "w.safetensors"), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "export_weights: error: tensor `model.norm.weight` is missing from the checkpoint"
+
+
+def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = write_checkpoint(tmp_path / "c", TINY, hf_tensors(TINY))
+    out = tmp_path / "o" / "w.safetensors"
+    out.parent.mkdir()
+    out.write_bytes(b"previous export")
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ew, "rope_cos_sin", boom)  # fails after every weight has been written
+    with pytest.raises(KeyboardInterrupt):
+        ew.export(ckpt, out, progress=False)
+    assert out.read_bytes() == b"previous export"
+    assert [p.name for p in out.parent.iterdir()] == ["w.safetensors"]

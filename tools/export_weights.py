@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Export a Hugging Face Qwen3 checkpoint to one kern weights file (safetensors).
+
+Usage::
+
+    python tools/export_weights.py CHECKPOINT_DIR --out W.safetensors [--rope-positions 40960]
+
+CHECKPOINT_DIR holds `config.json` and either `model.safetensors` or the shards
+listed by `model.safetensors.index.json`. The output follows the provider contract
+(tools/README.md), tensor by tensor:
+
+- `model.layers.{l}.self_attn.qkv_proj.weight` [NQ*D + 2*NKV*D, H]: q rows, k rows, v rows;
+- `model.layers.{l}.mlp.gate_up_proj.weight` [2I, H]: gate rows, then up rows;
+- every other weight under its HF name (norms, o/down projections, embedding, final norm);
+- `lm_head.weight` only when `tie_word_embeddings` is false (tied: the manifest passes
+  `model.embed_tokens.weight` to the lm_head GEMM, so nothing is duplicated);
+- `rope.cos_sin` f32 [positions, D]: row p is cos(p·f_0..f_{D/2-1}) then sin(...), with
+  f_j = rope_theta^(-2j/D) computed as transformers does (float32 inverse frequencies,
+  float32 angle p·f_j), the cos/sin of that angle evaluated in float64 and rounded to f32.
+
+numpy only, no torch: bf16 is moved as raw 16-bit words. float32 and float16
+checkpoints are converted to bf16 with round-to-nearest-even (what torch's
+`.to(torch.bfloat16)` does; NaN becomes the canonical quiet NaN); other dtypes are
+refused. Concatenating row-major tensors along their rows is concatenating their
+bytes, so the export streams: each tensor is copied in chunks of at most 64 MiB
+straight from the source file to the output, and an 8 GB checkpoint needs no 8 GB of
+RAM. Everything is checked before a byte is written (every tensor present, its
+shape what config.json implies, its dtype supported, nothing unexpected left over),
+the output is written to a temporary file beside `--out` and renamed into place at
+the end, so a failed or interrupted export leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qwen3_config import ConfigError, Qwen3Config, load_config  # noqa: E402
+
+__all__ = ["ExportError", "SafetensorsFile", "Checkpoint", "plan_export", "export", "rope_cos_sin", "f32_to_bf16", "main"]
+
+CHUNK_BYTES = 64 << 20
+
+#: safetensors dtype -> (numpy dtype of the stored words, element size)
+_DTYPES: dict[str, np.dtype] = {
+    "BF16": np.dtype("<u2"),  # raw bf16 words
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+}
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be exported; the message names the tensor or file at fault."""
+
+
+# ---------------------------------------------------------------------------------------
+# Reading safetensors without a framework: an 8-byte little-endian header length, a JSON
+# header {name: {dtype, shape, data_offsets: [begin, end]}}, then the data.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # safetensors spelling: BF16, F16, F32, ...
+    shape: tuple[int, ...]
+    path: Path
+    start: int  # absolute byte offsets in `path`
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+class SafetensorsFile:
+    """The header of one safetensors file and raw access to its tensors."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                if len(head) != 8:
+                    raise ExportError(f"{self.path}: not a safetensors file (shorter than 8 bytes)")
+                (n,) = struct.unpack("<Q", head)
+                size = os.fstat(f.fileno()).st_size
+                if n > size - 8:
+                    raise ExportError(f"{self.path}: not a safetensors file (header length {n} past the end)")
+                header = json.loads(f.read(n))
+        except FileNotFoundError:
+            raise ExportError(f"{self.path}: no such file") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ExportError(f"{self.path}: not a safetensors file (header is not JSON: {e})") from None
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        base = 8 + n
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, h in header.items():
+            b, e = h["data_offsets"]
+            if not 0 <= b <= e or base + e > size:
+                raise ExportError(f"{self.path}: tensor `{name}` data_offsets {h['data_offsets']} outside the file")
+            self.tensors[name] = TensorInfo(name, h["dtype"], tuple(h["shape"]), self.path, base + b, base + e)
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only memory map of tensor `name` (bf16 as uint16 words)."""
+        t = self.tensors[name]
+        dt = _DTYPES.get(t.dtype)
+        if dt is None:
+            raise ExportError(f"tensor `{name}` in {self.path.name}: dtype {t.dtype} is not supported here")
+        if t.nbytes == 0:
+            return np.zeros(t.shape, dt)
+        return np.memmap(self.path, dtype=dt, mode="r", offset=t.start, shape=t.shape)
+
+
+class Checkpoint:
+    """An HF checkpoint directory: config.json plus one safetensors file or an indexed set of shards."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        if not self.dir.is_dir():
+            raise ExportError(f"{self.dir}: not a directory")
+        try:
+            self.config: Qwen3Config = load_config(self.dir, name=self.dir.name)
+        except ConfigError as e:
+            raise ExportError(str(e)) from None
+        index = self.dir / "model.safetensors.index.json"
+        single = self.dir / "model.safetensors"
+        self.tensors: dict[str, TensorInfo] = {}
+        if index.is_file():
+            try:
+                weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ExportError(f"{index}: not a safetensors index (no `weight_map`: {e})") from None
+            shards: dict[str, SafetensorsFile] = {}
+            for shard in sorted(set(weight_map.values())):
+                if not (self.dir / shard).is_file():
+                    users = sorted(k for k, v in weight_map.items() if v == shard)
+                    raise ExportError(f"{index.name}: shard `{shard}` (holding `{users[0]}`, ...) is missing")
+                shards[shard] = SafetensorsFile(self.dir / shard)
+            for name, shard in weight_map.items():
+                if name not in shards[shard].tensors:
+                    raise ExportError(f"{index.name}: tensor `{name}` is mapped to `{shard}`, which does not hold it")
+                self.tensors[name] = shards[shard].tensors[name]
+            for shard, sf in shards.items():
+                for name in sf.tensors:
+                    if weight_map.get(name) != shard:
+                        raise ExportError(f"{shard}: tensor `{name}` is not in {index.name}'s weight_map for this shard")
+        elif single.is_file():
+            self.tensors = SafetensorsFile(single).tensors
+        else:
+            raise ExportError(f"{self.dir}: no model.safetensors and no model.safetensors.index.json")
+
+
+# ---------------------------------------------------------------------------------------
+# Conversions
+# ---------------------------------------------------------------------------------------
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 → bf16 words (uint16), round to nearest, ties to even; NaN → 0x7FC0."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def rope_cos_sin(positions: int, head_dim: int, theta: float) -> np.ndarray:
+    """The `rope.cos_sin` table, f32 [positions, head_dim]: cos of each angle, then sin.
+
+    Angles are formed as transformers' `Qwen3RotaryEmbedding` forms them (float32
+    inverse frequencies `1 / theta ** (arange(0, D, 2) / D)`, float32 products p·f_j);
+    cos/sin are then evaluated in float64 and rounded once to float32.
+    """
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = np.float32(1.0) / (np.float32(theta) ** exponent)
+    angle = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]  # float32 products
+    angle64 = angle.astype(np.float64)
+    return np.concatenate([np.cos(angle64), np.sin(angle64)], axis=1).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# The export plan: what each output tensor is made of
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    name: str
+    dtype: str  # "BF16" or "F32"
+    shape: tuple[int, ...]
+    parts: tuple[str, ...] = ()  # source tensors concatenated along rows (bf16 outputs)
+    make: Callable[[], np.ndarray] | None = None  # computed outputs (rope table)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * (4 if self.dtype == "F32" else 2)
+
+
+def expected_hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF Qwen3ForCausalLM checkpoint of this config holds, with its shape."""
+    H, D, I, V = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
+    for l in range(cfg.num_hidden_layers):
+        p = f"model.layers.{l}."
+        shapes |= {
+            p + "input_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (cfg.q_size, H),
+            p + "self_attn.k_proj.weight": (cfg.kv_size, H),
+            p + "self_attn.v_proj.weight": (cfg.kv_size, H),
+            p + "self_attn.q_norm.weight": (D,),
+            p + "self_attn.k_norm.weight": (D,),
+            p + "self_attn.o_proj.weight": (H, cfg.q_size),
+            p + "post_attention_layernorm.weight": (H,),
+            p + "mlp.gate_proj.weight": (I, H),
+            p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I),
+        }
+    shapes["model.norm.weight"] = (H,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, H)
+    return shapes
+
+
+def plan_export(ckpt: Checkpoint, rope_positions: int) -> list[OutTensor]:
+    """The output tensors, in file order, after checking every source tensor.
+
+    Raises ExportError naming the first missing, misshapen, badly typed or unexpected tensor.
+    """
+    cfg = ckpt.config
+    want = expected_hf_shapes(cfg)
+    for name, shape in want.items():
+        t = ckpt.tensors.get(name)
+        if t is None:
+            hint = " (config.json says tie_word_embeddings is false)" if name == "lm_head.weight" else ""
+            raise ExportError(f"tensor `{name}` is missing from the checkpoint{hint}")
+        if t.shape != shape:
+            raise ExportError(
+                f"tensor `{name}` has shape {list(t.shape)}, but config.json implies {list(shape)}"
+            )
+        if t.dtype not in _DTYPES:
+            raise ExportError(
+                f"tensor `{name}` has dtype {t.dtype}; supported: BF16 (copied), F32 and F16 (rounded to bf16)"
+            )
+    for name in ckpt.tensors:
+        if name in want or name.endswith(".rotary_emb.inv_freq"):
+            continue
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # tied: the manifest uses the embedding; a stored copy is redundant
+        raise ExportError(
+            f"unexpected tensor `{name}` in {ckpt.tensors[name].path.name}: not part of a Qwen3 dense checkpoint "
+            f"with this config.json (num_hidden_layers={cfg.num_hidden_layers})"
+        )
+    if rope_positions <= 0:
+        raise ExportError(f"--rope-positions must be positive, not {rope_positions}")
+
+    H, D = cfg.hidden_size, cfg.head_dim
+    out = [OutTensor("model.embed_tokens.weight", "BF16", (cfg.vocab_size, H), ("model.embed_tokens.weight",))]
+    for l in range(cfg.num_hidden_layers):
+        p = f"model.layers.{l}."
+
+        def same(n: str) -> OutTensor:
+            return OutTensor(p + n, "BF16", want[p + n], (p + n,))
+
+        out += [
+            same("input_layernorm.weight"),
+            OutTensor(p + "self_attn.qkv_proj.weight", "BF16", (cfg.qkv_size, H),
+                      tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+            same("self_attn.q_norm.weight"),
+            same("self_attn.k_norm.weight"),
+            same("self_attn.o_proj.weight"),
+            same("post_attention_layernorm.weight"),
+            OutTensor(p + "mlp.gate_up_proj.weight", "BF16", (2 * cfg.intermediate_size, H),
+                      (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+            same("mlp.down_proj.weight"),
+        ]
+    out.append(OutTensor("model.norm.weight", "BF16", (H,), ("model.norm.weight",)))
+    if not cfg.tie_word_embeddings:
+        out.append(OutTensor("lm_head.weight", "BF16", (cfg.vocab_size, H), ("lm_head.weight",)))
+    out.append(OutTensor("rope.cos_sin", "F32", (rope_positions, D),
+                         make=lambda: rope_cos_sin(rope_positions, D, cfg.rope_theta)))
+    for o in out:  # the plan's own wiring: each fused tensor is exactly its parts stacked
+        if o.parts:
+            rows = sum(want[s][0] for s in o.parts)
+            assert (rows, *want[o.parts[0]][1:]) == o.shape, f"{o.name}: parts {o.parts} do not stack to {o.shape}"
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------
+
+
+def _chunks_bf16(t: TensorInfo) -> Iterator[bytes]:
+    """The bf16 bytes of source tensor `t`, in chunks of at most CHUNK_BYTES."""
+    src_dt = _DTYPES[t.dtype]
+    step = CHUNK_BYTES - CHUNK_BYTES % src_dt.itemsize
+    with open(t.path, "rb") as f:
+        f.seek(t.start)
+        left = t.nbytes
+        while left:
+            raw = f.read(min(step, left))
+            if not raw:
+                raise ExportError(f"tensor `{t.name}`: {t.path.name} ends before its data does")
+            left -= len(raw)
+            if t.dtype == "BF16":
+                yield raw
+            else:
+                yield f32_to_bf16(np.frombuffer(raw, src_dt).astype(np.float32)).tobytes()
+
+
+def _header(plan: list[OutTensor], metadata: dict[str, str]) -> bytes:
+    header: dict[str, object] = {"__metadata__": metadata}
+    at = 0
+    for o in plan:
+        header[o.name] = {"dtype": o.dtype, "shape": list(o.shape), "data_offsets": [at, at + o.nbytes]}
+        at += o.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned
+    return struct.pack("<Q", len(blob)) + blob
+
+
+def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int | None = None,
+           progress: bool = True) -> list[OutTensor]:
+    """Export `checkpoint_dir` to `out`. Returns the plan written. Raises ExportError."""
+    ckpt = Checkpoint(checkpoint_dir)
+    positions = rope_positions if rope_positions is not None else ckpt.config.max_position_embeddings
+    plan = plan_export(ckpt, positions)
+    src_dtypes = sorted({ckpt.tensors[s].dtype for o in plan for s in o.parts})
+    metadata = {
+        "producer": "kern tools/export_weights.py",
+        "model_type": "qwen3",
+        "source_dtypes": ",".join(src_dtypes),
+        "tie_word_embeddings": str(ckpt.config.tie_word_embeddings).lower(),
+        "rope_positions": str(positions),
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    total = sum(o.nbytes for o in plan)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=out.name, file=sys.stderr)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_header(plan, metadata))
+            for o in plan:
+                written = 0
+                if o.make is not None:
+                    data = np.ascontiguousarray(o.make())
+                    assert data.shape == o.shape and data.dtype == np.float32, o.name
+                    chunks: Iterator[bytes] = iter([data.tobytes()])
+                else:
+                    chunks = (c for s in o.parts for c in _chunks_bf16(ckpt.tensors[s]))
+                for c in chunks:
+                    f.write(c)
+                    written += len(c)
+                    if bar is not None:
+                        bar.update(len(c))
+                if written != o.nbytes:
+                    raise ExportError(f"tensor `{o.name}`: wrote {written} bytes, expected {o.nbytes}")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoint", help="HF Qwen3 checkpoint directory (config.json + safetensors)")
+    ap.add_argument("--out", required=True, help="kern weights file to write (.safetensors)")
+    ap.add_argument("--rope-positions", type=int, default=None,
+                    help="rows of the rope.cos_sin table, i.e. the KV capacity in tokens "
+                         "(default: config.json max_position_embeddings, 40960 for every Qwen3)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        plan = export(args.checkpoint, args.out, rope_positions=args.rope_positions, progress=not args.quiet)
+    except ExportError as e:
+        print(f"export_weights: error: {e}", file=sys.stderr)
+        return 1
+    total = sum(o.nbytes for o in plan)
+    print(f"wrote {args.out}: {len(plan)} tensors, {total / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
