@@ -1,0 +1,272 @@
+"""The Qwen3 caller contract: chunked prefill, then one `decode` per token, greedy on the GPU.
+
+The manifest (tools/README.md, "The provider contract") declares two programs:
+
+- ``prefill`` (var ``tokens`` = chunk length, at most the manifest's ``tokens`` max):
+  writes the chunk's K/V into the paged ``kv`` state and nothing else;
+- ``decode`` (``tokens`` = 1): writes the token's K/V, attends over the cache and
+  leaves the greedy next token in the output ``next_token`` (i64 [1]).
+
+Inputs, written before each run: ``token_ids``, ``positions``, ``slot_mapping``
+(i64 [tokens]; slot = position), ``seq_lens`` (i32 [1], tokens in the cache after
+this run), ``cu_seqlens_q`` (i32 [2] = [0, tokens]) and ``block_table`` (i32
+[max_pages], the identity: one sequence owns every page, written once).
+
+A generation of N new tokens from a prompt p[0..n-1]:
+
+    prefill p[0 .. n-2] in chunks           (KV only, no logits)
+    t = decode(p[n-1], position n-1)        -> first new token
+    repeat N-1 times: t = decode(t, next position)
+
+Only the 8-byte ``next_token`` comes back per step. ``Runtime.run`` is
+asynchronous; reading the output is the one synchronisation per step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "GenerationStats",
+    "KernRunError",
+    "ManifestInfo",
+    "Qwen3Session",
+    "generate",
+]
+
+PAGE_TOKENS = 16  # tokens per KV page (tools/README.md: the provider's paged layout)
+
+INPUTS = ("token_ids", "positions", "slot_mapping", "seq_lens", "cu_seqlens_q", "block_table")
+
+
+class KernRunError(Exception):
+    """A caller-side error with a one-line message meant for the user."""
+
+
+@dataclass(frozen=True)
+class ManifestInfo:
+    """What the caller needs from a Qwen3 manifest (read from its JSON, nothing else)."""
+
+    tokens_max: int  # largest chunk one `prefill` run takes (the `tokens` var max)
+    max_pages: int  # length of `block_table`
+    vocab_size: int | None = None  # rows of the embedding table, when declared
+    rope_positions: int | None = None  # rows of `rope.cos_sin`, when declared
+    model: str = ""
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the manifest can address: pages in the block table, rows of the rotary table."""
+        n = self.max_pages * PAGE_TOKENS
+        return min(n, self.rope_positions) if self.rope_positions else n
+
+    @classmethod
+    def from_json(cls, doc: dict, *, source: str = "manifest") -> ManifestInfo:
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                raise KernRunError(f"{source}: not a Qwen3 caller manifest: {what}")
+
+        need(isinstance(doc, dict), "top level is not an object")
+        programs = doc.get("programs") or {}
+        buffers = doc.get("buffers") or {}
+        vars_ = doc.get("vars") or {}
+        need("prefill" in programs and "decode" in programs, "needs programs `prefill` and `decode`")
+        need("tokens" in vars_, "needs the var `tokens`")
+        missing = [b for b in (*INPUTS, "next_token") if b not in buffers]
+        need(not missing, "missing buffers " + ", ".join(f"`{b}`" for b in missing))
+        need(buffers["next_token"].get("class") == "output", "`next_token` must be an output")
+        bt_shape = buffers["block_table"].get("shape") or []
+        need(len(bt_shape) == 1 and isinstance(bt_shape[0], int), "`block_table` must have a fixed shape [max_pages]")
+
+        def rows(name: str) -> int | None:
+            b = buffers.get(name)
+            shape = (b or {}).get("shape") or []
+            return shape[0] if shape and isinstance(shape[0], int) else None
+
+        return cls(
+            tokens_max=int(vars_["tokens"]["max"]),
+            max_pages=int(bt_shape[0]),
+            vocab_size=rows("model.embed_tokens.weight"),
+            rope_positions=rows("rope.cos_sin"),
+            model=str(doc.get("model", "")),
+        )
+
+    @classmethod
+    def read(cls, path: str | Path) -> ManifestInfo:
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise KernRunError(f"manifest not found: {path}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise KernRunError(f"cannot read manifest {path}: {e}") from None
+        return cls.from_json(doc, source=str(path))
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prefill_chunks: list[int] = field(default_factory=list)  # length of each prefill run
+    prefill_s: float = 0.0  # prompt start to first new token on the host (the TTFT)
+    decode_steps: int = 0  # decode runs after the first new token
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        return 1e3 * self.decode_s / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s else 0.0
+
+
+class Qwen3Session:
+    """One sequence on a loaded `kern_driver.Runtime` running a Qwen3 manifest.
+
+    ``capacity`` is the token capacity the runtime was loaded with (its KV state
+    holds that many tokens); ``graph`` replays `decode` (and full-length prefill
+    chunks) as CUDA graphs.
+    """
+
+    def __init__(self, rt, info: ManifestInfo, *, capacity: int, graph: bool = True):
+        self.rt = rt
+        self.info = info
+        self.graph = graph
+        self.capacity = min(capacity, info.max_positions)
+        self.stats = GenerationStats()
+        # The one sequence owns every page, in order: slot s lives in page s // 16.
+        rt.write_input("block_table", np.arange(info.max_pages, dtype=np.int32))
+        # Per-step host arrays, updated in place (no allocation in the decode loop).
+        self._token = np.zeros(1, np.int64)
+        self._pos = np.zeros(1, np.int64)
+        self._seq_len = np.zeros(1, np.int32)
+        self._cu_decode = np.array([0, 1], np.int32)
+
+    # -- checks ------------------------------------------------------------
+
+    def clamp_chunk(self, chunk: int) -> int:
+        if chunk < 1:
+            raise KernRunError(f"--chunk must be >= 1 (got {chunk})")
+        return min(chunk, self.info.tokens_max)
+
+    def check(self, prompt_ids: Sequence[int], steps: int) -> None:
+        if len(prompt_ids) == 0:
+            raise KernRunError("the prompt is empty: give at least one token")
+        if steps < 1:
+            raise KernRunError(f"--steps must be >= 1 (got {steps})")
+        v = self.info.vocab_size
+        if v is not None:
+            bad = [t for t in prompt_ids if not 0 <= t < v]
+            if bad:
+                raise KernRunError(f"prompt token id {bad[0]} is out of range for this model's vocabulary (0..{v - 1})")
+        need = len(prompt_ids) + steps
+        if need > self.capacity:
+            raise KernRunError(
+                f"prompt ({len(prompt_ids)} tokens) + steps ({steps}) = {need} tokens exceeds the capacity of "
+                f"{self.capacity} tokens (raise --capacity, at most {self.info.max_positions} for this manifest)"
+            )
+
+    # -- the two programs --------------------------------------------------
+
+    def prefill(self, ids: Sequence[int], chunk: int, start: int = 0) -> None:
+        """Write the K/V of `ids` (positions start, start+1, ...) chunk by chunk; computes no logits.
+
+        Full-length chunks replay one captured graph (tokens=chunk); the shorter
+        remainder runs eagerly, since a graph is captured per var value.
+        """
+        chunk = self.clamp_chunk(chunk)
+        rt = self.rt
+        for lo in range(0, len(ids), chunk):
+            n = min(chunk, len(ids) - lo)
+            positions = np.arange(start + lo, start + lo + n, dtype=np.int64)
+            rt.write_input("token_ids", np.asarray(ids[lo : lo + n], dtype=np.int64), prefix=True)
+            rt.write_input("positions", positions, prefix=True)
+            rt.write_input("slot_mapping", positions, prefix=True)  # slot = position
+            rt.write_input("seq_lens", np.array([start + lo + n], np.int32))
+            rt.write_input("cu_seqlens_q", np.array([0, n], np.int32))
+            rt.run("prefill", graph=self.graph and n == chunk, tokens=n)
+            self.stats.prefill_chunks.append(n)
+
+    def begin_decode(self) -> None:
+        """Set the inputs that stay constant across decode steps (after any prefill)."""
+        self.rt.write_input("cu_seqlens_q", self._cu_decode)
+
+    def decode(self, token: int, position: int) -> int:
+        """Feed `token` at `position`; return the greedy next token (8 bytes read back)."""
+        self._token[0] = token
+        self._pos[0] = position
+        self._seq_len[0] = position + 1
+        w = self.rt.write_input
+        w("token_ids", self._token, prefix=True)
+        w("positions", self._pos, prefix=True)
+        w("slot_mapping", self._pos, prefix=True)
+        w("seq_lens", self._seq_len)
+        self.rt.run("decode", graph=self.graph, tokens=1)
+        return int(self.rt.read_output("next_token")[0])
+
+    # -- generation --------------------------------------------------------
+
+    def warmup(self, prefill_chunk: int | None = None) -> dict[str, float]:
+        """Capture the graphs a generation will replay, so that timings exclude capture.
+
+        Runs `decode` once (and `prefill` once at `prefill_chunk` tokens) on
+        token 0 at positions 0.. : the K/V slots it writes are rewritten by the
+        real prompt before anything reads them. Returns seconds per capture.
+        """
+        done: dict[str, float] = {}
+        if not self.graph:
+            return done
+        if prefill_chunk:
+            n = self.clamp_chunk(prefill_chunk)
+            t0 = time.perf_counter()
+            self.prefill([0] * n, n)
+            self.rt.synchronize()
+            done[f"prefill (tokens={n})"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.begin_decode()
+        self.decode(0, 0)
+        done["decode (tokens=1)"] = time.perf_counter() - t0
+        self.stats = GenerationStats()
+        return done
+
+    def generate(self, prompt_ids: Sequence[int], steps: int, chunk: int = 512) -> Iterator[int]:
+        """Yield `steps` greedy tokens after `prompt_ids`; fills `self.stats` as it goes.
+
+        The arguments are checked at the call (KernRunError), before anything runs.
+        """
+        prompt_ids = [int(t) for t in prompt_ids]
+        self.check(prompt_ids, steps)
+        chunk = self.clamp_chunk(chunk)
+        return self._generate(prompt_ids, steps, chunk)
+
+    def _generate(self, prompt_ids: list[int], steps: int, chunk: int) -> Iterator[int]:
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        t0 = time.perf_counter()
+        self.prefill(prompt_ids[:-1], chunk)
+        self.begin_decode()
+        pos = len(prompt_ids) - 1
+        token = self.decode(prompt_ids[-1], pos)
+        t1 = time.perf_counter()
+        stats.prefill_s = t1 - t0
+        yield token
+        for _ in range(steps - 1):
+            pos += 1
+            token = self.decode(token, pos)
+            stats.decode_steps += 1
+            stats.decode_s = time.perf_counter() - t1
+            yield token
+
+
+def generate(rt, prompt_ids: Sequence[int], steps: int, chunk: int = 512, *, info: ManifestInfo,
+             capacity: int, graph: bool = True) -> Iterator[int]:
+    """Functional form: ``list(generate(rt, ids, 64, info=ManifestInfo.read(m), capacity=4096))``."""
+    return Qwen3Session(rt, info, capacity=capacity, graph=graph).generate(prompt_ids, steps, chunk)

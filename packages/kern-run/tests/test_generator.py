@@ -1,0 +1,193 @@
+"""The caller contract (chunked prefill, decode loop, graphs, capacity) against a fake Runtime."""
+
+import random
+
+import numpy as np
+import pytest
+
+from fake_runtime import VOCAB, ContractError, FakeRuntime, info, manifest_json, reference_generate
+from kern_run.generator import KernRunError, ManifestInfo, Qwen3Session, generate
+
+
+def session(tokens_max=2048, capacity=4096, graph=True):
+    i = info(tokens_max=tokens_max)
+    rt = FakeRuntime(i, capacity)
+    return rt, Qwen3Session(rt, i, capacity=capacity, graph=graph)
+
+
+def prompt(n, seed=0):
+    rng = random.Random(seed * 7919 + n)
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def expected_chunks(n_prompt, chunk):
+    rest = n_prompt - 1
+    return [chunk] * (rest // chunk) + ([rest % chunk] if rest % chunk else [])
+
+
+@pytest.mark.parametrize("n", [1, 34, 85, 709])
+@pytest.mark.parametrize("chunk", [512, 64, 1])
+def test_chunking_and_tokens(n, chunk):
+    rt, s = session()
+    p = prompt(n)
+    out = list(s.generate(p, 8, chunk))
+    assert out == reference_generate(p, 8)  # every token of the cache, in order, at its slot
+    runs = rt.runs()
+    prefill = [r for r in runs if r[0] == "prefill"]
+    assert [r[2] for r in prefill] == expected_chunks(n, chunk)
+    # prefill graphs only for full-length chunks; the remainder runs eagerly
+    assert [r[1] for r in prefill] == [r[2] == chunk for r in prefill]
+    decode = [r for r in runs if r[0] == "decode"]
+    assert decode == [("decode", True, 1)] * 8
+    assert runs[: len(prefill)] == prefill  # all prefill before the first decode
+    assert s.stats.prefill_chunks == expected_chunks(n, chunk)
+    assert s.stats.prompt_tokens == n and s.stats.decode_steps == 7
+
+
+def test_709_tokens_at_512_is_two_chunks_with_prefix_writes():
+    rt, s = session()
+    p = prompt(709)
+    list(s.generate(p, 2, 512))
+    writes = [c for c in rt.calls if c[0] == "write"]
+    tok_writes = [c for c in writes if c[1] == "token_ids"]
+    # two prefill chunks + two decodes; every token_ids write is a prefix write of its chunk
+    assert [len(c[2]) for c in tok_writes] == [512, 196, 1, 1]
+    assert all(c[3] for c in tok_writes)
+    assert tok_writes[0][2].tolist() == p[:512] and tok_writes[1][2].tolist() == p[512:708]
+    assert tok_writes[2][2].tolist() == [p[708]]
+    pos = [c[2] for c in writes if c[1] == "positions"]
+    assert pos[1].tolist() == list(range(512, 708)) and pos[2].tolist() == [708] and pos[3].tolist() == [709]
+    slots = [c[2] for c in writes if c[1] == "slot_mapping"]
+    assert all((a == b).all() for a, b in zip(slots, pos))
+    seq = [c[2].tolist() for c in writes if c[1] == "seq_lens"]
+    assert seq == [[512], [708], [709], [710]]
+    cu = [c[2].tolist() for c in writes if c[1] == "cu_seqlens_q"]
+    assert cu == [[0, 512], [0, 196], [0, 1]]  # [0, 1] written once for the whole decode loop
+    bt = [c for c in writes if c[1] == "block_table"]
+    assert len(bt) == 1 and bt[0][2].tolist() == list(range(256)) and not bt[0][3]
+
+
+def test_decode_step_host_work_is_four_writes_one_run_one_read():
+    rt, s = session()
+    list(s.generate(prompt(34), 5, 512))
+    last_decode = max(i for i, c in enumerate(rt.calls) if c[:2] == ("run", "decode"))
+    prev_read = max(i for i, c in enumerate(rt.calls[:last_decode]) if c[0] == "read")
+    step = rt.calls[prev_read + 1 : last_decode + 2]
+    assert [c[:2] for c in step] == [("write", "token_ids"), ("write", "positions"), ("write", "slot_mapping"),
+                                     ("write", "seq_lens"), ("run", "decode"), ("read", "next_token")]
+    assert not any(c[0] == "sync" for c in rt.calls)  # reading the 8-byte token is the only synchronisation
+
+
+@pytest.mark.parametrize("n", [1, 85, 709])
+def test_eager_runs_no_graphs_and_gives_the_same_tokens(n):
+    p = prompt(n)
+    rt_g, s_g = session(graph=True)
+    rt_e, s_e = session(graph=False)
+    assert list(s_g.generate(p, 6, 64)) == list(s_e.generate(p, 6, 64))
+    assert not rt_e.graphs and not any(r[1] for r in rt_e.runs())
+    assert ("decode", 1) in rt_g.graphs
+    assert (("prefill", 64) in rt_g.graphs) == (n > 64)
+
+
+def test_chunk_is_clamped_to_the_manifest_tokens_max():
+    rt, s = session(tokens_max=256)
+    p = prompt(709)
+    assert list(s.generate(p, 3, 512)) == reference_generate(p, 3)
+    assert [r[2] for r in rt.runs() if r[0] == "prefill"] == [256, 256, 196]
+    assert s.clamp_chunk(512) == 256 and s.clamp_chunk(100) == 100
+    with pytest.raises(KernRunError, match="--chunk must be >= 1"):
+        s.clamp_chunk(0)
+
+
+def test_capacity_is_checked_before_anything_runs():
+    rt, s = session(capacity=100)
+    with pytest.raises(KernRunError, match=r"prompt \(90 tokens\) \+ steps \(11\) = 101 tokens exceeds the capacity of 100"):
+        s.generate(prompt(90), 11, 64)
+    assert rt.runs() == []
+    assert list(s.generate(prompt(90), 10, 64)) == reference_generate(prompt(90), 10)  # exactly full is fine
+
+
+def test_capacity_is_limited_by_the_manifest_pages():
+    i = ManifestInfo(tokens_max=2048, max_pages=4, vocab_size=VOCAB)  # 64 positions
+    rt = FakeRuntime(i, 64)
+    s = Qwen3Session(rt, i, capacity=4096)
+    assert s.capacity == 64
+    with pytest.raises(KernRunError, match="at most 64 for this manifest"):
+        s.generate(prompt(60), 5)
+
+
+@pytest.mark.parametrize("ids,steps,msg", [
+    ([], 4, "prompt is empty"),
+    ([1, 2], 0, "--steps must be >= 1"),
+    ([1, VOCAB], 4, f"prompt token id {VOCAB} is out of range"),
+    ([-1], 4, "prompt token id -1 is out of range"),
+])
+def test_bad_arguments(ids, steps, msg):
+    rt, s = session()
+    with pytest.raises(KernRunError, match=msg):
+        s.generate(ids, steps)
+    assert rt.runs() == []
+
+
+def test_warmup_captures_graphs_and_leaves_no_trace_in_the_output():
+    rt, s = session()
+    p = prompt(709, seed=3)
+    captured = s.warmup(64)
+    assert set(captured) == {"prefill (tokens=64)", "decode (tokens=1)"}
+    assert rt.graphs == {("prefill", 64), ("decode", 1)}
+    assert list(s.generate(p, 10, 64)) == reference_generate(p, 10)  # warm-up KV slots were rewritten
+
+
+def test_warmup_in_eager_mode_runs_nothing():
+    rt, s = session(graph=False)
+    assert s.warmup(64) == {}
+    assert rt.runs() == []
+
+
+def test_a_session_generates_twice():
+    rt, s = session()
+    a, b = prompt(85, 1), prompt(34, 2)
+    assert list(s.generate(a, 5, 64)) == reference_generate(a, 5)
+    assert list(s.generate(b, 5, 64)) == reference_generate(b, 5)
+
+
+def test_functional_generate():
+    i = info()
+    rt = FakeRuntime(i, 4096)
+    p = prompt(85)
+    assert list(generate(rt, p, 4, 64, info=i, capacity=4096)) == reference_generate(p, 4)
+
+
+def test_fake_runtime_catches_a_broken_caller():
+    """The fake is strict: a caller that forgets the prefix flag or skips a chunk fails."""
+    i = info()
+    rt = FakeRuntime(i, 4096)
+    with pytest.raises(ContractError):
+        rt.write_input("token_ids", np.zeros(3, np.int64))  # not a prefix write
+    rt.write_input("block_table", np.arange(256, dtype=np.int32))
+    rt.write_input("token_ids", np.zeros(1, np.int64), prefix=True)
+    rt.write_input("positions", np.array([5]), prefix=True)
+    rt.write_input("slot_mapping", np.array([5]), prefix=True)
+    rt.write_input("seq_lens", np.array([6], np.int32))
+    rt.write_input("cu_seqlens_q", np.array([0, 1], np.int32))
+    with pytest.raises(ContractError, match="unwritten KV slots"):
+        rt.run("decode", graph=True, tokens=1)
+
+
+def test_manifest_info_from_json():
+    m = manifest_json(tokens_max=1024, max_pages=300)
+    i = ManifestInfo.from_json(m)
+    assert (i.tokens_max, i.max_pages, i.vocab_size, i.rope_positions, i.model) == (1024, 300, VOCAB, 40960, "fake-qwen3")
+    assert i.max_positions == 4800
+    del m["programs"]["prefill"]
+    with pytest.raises(KernRunError, match="needs programs `prefill` and `decode`"):
+        ManifestInfo.from_json(m, source="x.json")
+
+
+def test_manifest_info_read_errors(tmp_path):
+    with pytest.raises(KernRunError, match="manifest not found"):
+        ManifestInfo.read(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    with pytest.raises(KernRunError, match="cannot read manifest"):
+        ManifestInfo.read(bad)
