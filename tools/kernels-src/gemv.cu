@@ -67,7 +67,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
     // Weights are read once: bypass L1.
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;

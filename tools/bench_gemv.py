@@ -1,0 +1,342 @@
+"""Decode GEMV kernels (tools/kernels-src/gemv.cu) against cuBLAS and the bandwidth floor.
+
+Runs on the GPU machine (torch for allocation, references and the cuBLAS peer;
+cuda.bindings for module load and launches):
+
+    python3 tools/bench_gemv.py [--geometries 0.6b 4b] [--out BENCHMARKS.md]
+
+For every GEMM shape of one decode token of each geometry (qkv, o, gate_up, down,
+lm_head; m = 1) it
+
+1. checks each kernel variant against a float64 reference on fresh random inputs,
+   output poisoned before the run (‖out − ref‖ / ‖ref‖ must stay under 1e-2, NaN fails);
+2. times it standalone (median of CUDA-event timings, rotating over enough weight
+   copies that every run streams from HBM, not L2) beside torch.matmul (cuBLAS);
+3. replays the whole GEMM sequence of one decode token (all layers, fused variants as
+   the decode program uses them, lm_head) in a CUDA graph, beside the same sequence
+   through cuBLAS, and reports both against the floor: weight bytes / measured
+   device-to-device copy bandwidth (bytes read + written).
+
+Prints a table and appends it to BENCHMARKS.md (date, commit, machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as _dt
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from cuda.bindings import driver as cu
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
+
+GEOMETRIES = {
+    # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
+    "0.6b": (1024, 16, 8, 128, 3072, 28, 151936),
+    "4b": (2560, 32, 8, 128, 9728, 36, 151936),
+}
+EPS = 1e-6
+
+
+def check(res):
+    """Raise on a CUDA driver error; return the call's value(s) (cuda.bindings returns
+    `(CUresult, *values)`)."""
+    err, *vals = res if isinstance(res, tuple) else (res,)
+    if int(err) != 0:
+        _, name = cu.cuGetErrorName(err)
+        raise RuntimeError(f"CUDA driver error {name.decode() if isinstance(name, bytes) else name}")
+    return vals[0] if len(vals) == 1 else (tuple(vals) or None)
+
+
+class Gemv:
+    """The gemv.cu module, loaded once; `launch(name, grid, smem, args)` on torch's stream."""
+
+    def __init__(self, cubin: bytes):
+        check(cu.cuInit(0))
+        torch.cuda.init()
+        self.module = check(cu.cuModuleLoadData(cubin))
+        self.fns: dict[str, object] = {}
+
+    def fn(self, name: str, smem: int):
+        f = self.fns.get(name)
+        if f is None:
+            f = check(cu.cuModuleGetFunction(self.module, name.encode()))
+            self.fns[name] = f
+        if smem > 48 * 1024:
+            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+        return f
+
+    def launch(self, name: str, grid: int, smem: int, args: list[tuple[int, type]]):
+        f = self.fn(name, smem)
+        stream = torch.cuda.current_stream().cuda_stream
+        values = tuple(a for a, _ in args)
+        types = tuple(t for _, t in args)
+        check(cu.cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, smem, stream, (values, types), 0))
+
+
+P = ctypes.c_void_p
+I32 = ctypes.c_int
+F32 = ctypes.c_float
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def run_plain(g, x, w, y, n, k):
+    g.launch("kern_gemv_m1", cdiv(n, 16), 0, [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32)])
+
+
+def run_norm(g, x, nw, w, y, n, k):
+    g.launch("kern_gemv_norm_m1", cdiv(n, 16), k * 2,
+             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32)])
+
+
+def run_norm_silu(g, x, nw, w, y, n, k):
+    g.launch("kern_gemv_norm_silu_m1", cdiv(n, 8), k * 2,
+             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32)])
+
+
+def run_residual(g, x, w, r, n, k):
+    g.launch("kern_gemv_residual_m1", cdiv(n, 16), 0, [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32)])
+
+
+def rmsnorm_ref(x, w):
+    """HF Qwen3RMSNorm in bf16: weight * (x.float() * rsqrt(mean(x²)+eps)).to(bf16)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(torch.bfloat16)
+
+
+def rel_err(out, ref):
+    out = out.double()
+    ref = ref.double()
+    if torch.isnan(out).any():
+        return float("inf")
+    return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def correctness(g, k, n):
+    """All four variants at (n, k), m = 1, vs float64 references. Returns max rel. error."""
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(torch.bfloat16)
+    errs = {}
+    y = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    run_plain(g, x, w, y, n, k)
+    errs["plain"] = rel_err(y, x.double() @ w.double().T)
+    y.fill_(float("nan"))
+    run_norm(g, x, nw, w, y, n, k)
+    errs["norm"] = rel_err(y, rmsnorm_ref(x, nw).double() @ w.double().T)
+    if n % 2 == 0:
+        half = n // 2
+        y2 = torch.full((1, half), float("nan"), device="cuda", dtype=torch.bfloat16)
+        run_norm_silu(g, x, nw, w, y2, half, k)
+        gu = rmsnorm_ref(x, nw).double() @ w.double().T
+        ref = torch.nn.functional.silu(gu[:, :half]) * gu[:, half:]
+        errs["norm_silu"] = rel_err(y2, ref)
+    r = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
+    r0 = r.clone()
+    run_residual(g, x, w, r, n, k)
+    errs["residual"] = rel_err(r, r0.double() + x.double() @ w.double().T)
+    torch.cuda.synchronize()
+    return errs
+
+
+def time_ms(fn, iters=50):
+    """Median ms of `fn` over `iters` CUDA-event-timed runs (after 5 warm-up runs)."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(iters):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def copy_bandwidth():
+    """Device-to-device copy bandwidth, bytes/s (read + write counted), 1 GiB buffers."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = time_ms(lambda: b.copy_(a), 20)
+    return 2 * a.numel() / (ms * 1e-3)
+
+
+def shapes(geom):
+    h, nq, nkv, d, inter, layers, vocab = GEOMETRIES[geom]
+    return {
+        "qkv": (nq * d + 2 * nkv * d, h),
+        "o": (h, nq * d),
+        "gate_up": (2 * inter, h),
+        "down": (h, inter),
+        "lm_head": (vocab, h),
+    }, layers
+
+
+def standalone(g, geom, bw):
+    """Per-shape standalone medians: ours (variant as decode uses it) and cuBLAS."""
+    rows = []
+    sh, _ = shapes(geom)
+    for name, (n, k) in sh.items():
+        copies = max(2, cdiv(256 << 20, n * k * 2))  # > 256 MB rotating: never L2-resident
+        ws = [(torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        it = [0]
+
+        def ours():
+            w = ws[it[0] % copies]
+            it[0] += 1
+            if name in ("qkv", "lm_head"):
+                run_norm(g, x, nw, w, y, n, k)
+            elif name == "gate_up":
+                run_norm_silu(g, x, nw, w, y, n // 2, k)
+            elif name in ("o", "down"):
+                run_residual(g, x, w, y, n, k)
+
+        def cublas():
+            w = ws[it[0] % copies]
+            it[0] += 1
+            torch.matmul(x, w.T, out=y)
+
+        t_ours = time_ms(ours)
+        t_cub = time_ms(cublas)
+        floor = n * k * 2 / bw * 1e3
+        rows.append((geom, name, f"{n}x{k}", n * k * 2, floor, t_ours, t_cub))
+        del ws
+    return rows
+
+
+def token_graph(g, geom, bw):
+    """One decode token's GEMMs (all layers + lm_head) in a CUDA graph: ours vs cuBLAS."""
+    sh, layers = shapes(geom)
+    weights = []
+    for _ in range(layers):
+        weights.append({nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16) for nm in ("qkv", "o", "gate_up", "down")})
+    lm = (torch.randn(*sh["lm_head"], device="cuda") * 0.05).to(torch.bfloat16)
+    h = sh["o"][0]
+    resid = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+    nw = torch.ones(h, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
+    attn = torch.randn(1, sh["o"][1], device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
+    gu = torch.empty(1, sh["gate_up"][0], device="cuda", dtype=torch.bfloat16)
+    o = torch.empty(1, h, device="cuda", dtype=torch.bfloat16)
+    logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
+    total_bytes = sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2
+
+    def ours():
+        for lw in weights:
+            run_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h)
+            run_residual(g, attn, lw["o"], resid, h, sh["o"][1])
+            run_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h)
+            run_residual(g, act, lw["down"], resid, h, sh["down"][1])
+        run_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h)
+
+    def cublas():
+        for lw in weights:
+            torch.matmul(resid, lw["qkv"].T, out=qkv)
+            torch.matmul(attn, lw["o"].T, out=o)
+            torch.matmul(resid, lw["gate_up"].T, out=gu)
+            torch.matmul(act, lw["down"].T, out=o)
+        torch.matmul(resid, lm.T, out=logits)
+
+    out = []
+    for label, fn in (("kern gemv", ours), ("cuBLAS", cublas)):
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(graph, stream=s):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        resid.normal_()  # keep values bounded between replays
+        ms = time_ms(graph.replay, 30)
+        out.append((geom, label, total_bytes, total_bytes / bw * 1e3, ms))
+    del weights
+    return out
+
+
+def machine() -> str:
+    name = torch.cuda.get_device_name()
+    return f"{name}, {platform.node()}"
+
+
+def commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return os.environ.get("KERN_COMMIT", "unknown")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--geometries", nargs="+", default=["0.6b", "4b"], choices=sorted(GEOMETRIES))
+    ap.add_argument("--cubin", help="prebuilt gemv cubin (default: build tools/kernels-src/gemv.cu with nvcc)")
+    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+
+    if args.cubin:
+        cubin = Path(args.cubin).read_bytes()
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "gemv.cubin"
+            nvcc = os.environ.get("NVCC", "nvcc")
+            subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-o", str(out), str(SRC)], check=True)
+            cubin = out.read_bytes()
+    torch.manual_seed(0)
+    g = Gemv(cubin)
+
+    print("== correctness (m=1, rel. error vs float64; bound 1e-2)")
+    bad = 0
+    for geom in args.geometries:
+        for name, (n, k) in shapes(geom)[0].items():
+            errs = correctness(g, k, n)
+            ok = all(e < 1e-2 for e in errs.values())
+            bad += not ok
+            print(f"{geom:5s} {name:8s} {n:7d}x{k:<6d} " + " ".join(f"{v}={e:.2e}" for v, e in errs.items()) + ("" if ok else "  FAIL"))
+    bw = copy_bandwidth()
+    print(f"\n== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
+    lines = []
+    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs | kern % floor | cuBLAS µs | cuBLAS % floor |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for geom in args.geometries:
+        for geom_, name, nk, nbytes, floor, t_o, t_c in standalone(g, geom, bw):
+            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} | {100 * floor / t_o:.0f}% | {t_c * 1e3:.1f} | {100 * floor / t_c:.0f}% |")
+    lines.append("")
+    lines.append("| geometry | one decode token's GEMMs in a CUDA graph | GB | floor ms | ms | % floor |")
+    lines.append("|---|---|---|---|---|---|")
+    for geom in args.geometries:
+        for geom_, label, nbytes, floor, ms in token_graph(g, geom, bw):
+            lines.append(f"| {geom_} | {label} | {nbytes / 1e9:.2f} | {floor:.3f} | {ms:.3f} | {100 * floor / ms:.0f}% |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    with open(args.out, "a") as f:
+        f.write(f"\n## Decode GEMV vs cuBLAS (tools/bench_gemv.py) — {stamp}, commit {commit()}, {machine()}\n\n")
+        f.write(f"Copy bandwidth {bw / 1e12:.3f} TB/s (read+write); floor = weight bytes / copy bandwidth; m = 1; "
+                "standalone = median of 50 CUDA-event timings rotating over > 256 MB of weight copies.\n\n")
+        f.write(table + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
