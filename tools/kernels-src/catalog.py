@@ -98,6 +98,30 @@ def _norm_kernels(H: int) -> list[Kernel]:
 def _shared_kernels() -> list[Kernel]:
     return [
         Kernel(
+            name="embedding", lang="cuda", source="embedding.cu", entry="embedding", block_x=256,
+            params=(P("ids", "in buffer<i64>"), P("table", BF16_IN), P("out", BF16_OUT),
+                    P("hidden", "i32"), P("vocab", "i32")),
+            grid="(tokens, 1, 1): one block per token",
+            doc="out[t,:] = table[ids[t],:]. ids: i64 [tokens]; table: bf16 [vocab, hidden]; out: bf16 "
+                "[tokens, hidden]; hidden: multiple of 8 (table, out 16-byte aligned); an id outside "
+                "[0, vocab) gives a zero row.",
+        ),
+        Kernel(
+            name="argmax_partial", lang="cuda", source="argmax.cu", entry="argmax_partial", block_x=256,
+            params=(P("logits", BF16_IN), P("partial", "out buffer<u64>"), P("n", "i32"), P("parts", "i32")),
+            grid="(parts, rows, 1); recommended parts = ceil_div(n, 2048) (75 for n = 151936)",
+            doc="Stage 1 of row argmax over logits bf16 [rows, n] (16-byte aligned): block b of row r "
+                "writes partial[r*parts + b] = max packed key (order-preserving bf16 bits << 32 | ~index) "
+                "over its contiguous chunk. partial: impl scratch u64 [rows*parts]; parts == grid.x.",
+        ),
+        Kernel(
+            name="argmax_reduce", lang="cuda", source="argmax.cu", entry="argmax_reduce", block_x=256,
+            params=(P("partial", "in buffer<u64>"), P("out", "out buffer<i64>"), P("parts", "i32")),
+            grid="(rows, 1, 1)",
+            doc="Stage 2 of row argmax: out[r] = index of the max of row r (ties: smallest index; "
+                "-0 == +0; NaN is the max). partial: u64 [rows*parts] from argmax_partial; parts as there.",
+        ),
+        Kernel(
             name="silu_and_mul", lang="triton", source="norms.py", entry="silu_and_mul",
             params=(P("gate_up", BF16_IN, True), P("out", BF16_OUT, True), P("inter", "i32", True)),
             grid="(tokens, ceil_div(I, 1024), 1)",

@@ -1,0 +1,125 @@
+"""CPU checks of the provider kernel build (tools/build_kernels.py): no GPU needed.
+
+- every kernel of the default geometries builds (nvcc + Triton AOT for sm_90);
+- building twice (different output dirs, cwd, job count) gives byte-identical files;
+- every index entry is consistent: module exists with that sha256, the entry symbol is in
+  it, and `params` matches the cubin's own ELF parameter table (count, offsets, sizes),
+  the block matches the kernel's launch bounds / required block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "tools" / "build_kernels.py"
+
+read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
+
+_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
+_PTR = re.compile(r"^(in|out|inout) (buffer<\w+>|ptr)$")
+
+
+def _size(t: str) -> int:
+    return 8 if _PTR.match(t) else _SIZES[t]
+
+
+def _build(out: Path, *extra: str, cwd: Path | None = None) -> dict:
+    subprocess.run([sys.executable, str(BUILD), "--out", str(out), "-q", *extra], check=True, cwd=cwd)
+    return json.loads((out / "index.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    a = tmp_path_factory.mktemp("kernels_a")
+    idx = _build(a)
+    return a, idx
+
+
+def test_build_reproducible(built, tmp_path_factory):
+    a, _ = built
+    b = tmp_path_factory.mktemp("kernels_b")
+    _build(b, "-j", "1", cwd=b)  # other dir, other cwd, serial compile
+    fa = sorted(p.name for p in a.iterdir())
+    fb = sorted(p.name for p in b.iterdir())
+    assert fa == fb
+    for name in fa:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs between two builds"
+
+
+def test_no_paths_leak(built):
+    a, _ = built
+    for p in a.glob("*.cubin"):
+        data = p.read_bytes()
+        for needle in (str(ROOT).encode(), b"/tmp/", b"kernels-src"):
+            assert needle not in data, f"{p.name} embeds {needle!r}"
+
+
+def test_index_format(built):
+    _, idx = built
+    assert idx["format"] == 1 and idx["target"] == "sm_90"
+    need = {"embedding", "argmax_partial", "argmax_reduce", "silu_and_mul",
+            "rms_norm_h1024", "rms_norm_h2560", "add_rms_norm_h1024", "add_rms_norm_h2560"}
+    assert need <= set(idx["kernels"]), need - set(idx["kernels"])
+    for name, k in idx["kernels"].items():
+        assert set(k) == {"module", "sha256", "entry", "params", "param_names", "aligned16", "block",
+                          "shared_mem", "grid", "constexprs", "doc"}, name
+        assert len(k["params"]) == len(k["param_names"]) == len(set(k["param_names"])), name
+        assert set(k["aligned16"]) <= set(k["param_names"]), name
+        bx, by, bz = k["block"]
+        assert 32 <= bx * by * bz <= 1024 and bx % 32 == 0, name
+        assert 0 <= k["shared_mem"] <= 232448, name
+        assert k["doc"] and k["grid"], name
+        if k["module"] != "embedding.cubin" and k["module"] != "argmax.cubin":  # Triton
+            assert k["params"][-2:] == ["u64", "u64"], name
+            assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
+
+
+def test_index_matches_cubins(built):
+    a, idx = built
+    for name, k in idx["kernels"].items():
+        data = (a / k["module"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == k["sha256"], name
+        cub = read_cubin(data, k["module"])
+        assert cub.arch == 90, (name, cub.arch)
+        assert k["entry"] in cub.entries, (name, k["entry"], list(cub.entries))
+        info = cub.entries[k["entry"]]
+        slots = sorted(info.params, key=lambda s: s.index)
+        assert len(slots) == len(k["params"]), (name, slots, k["params"])
+        off = 0
+        for slot, t in zip(slots, k["params"]):
+            size = _size(t)
+            off = (off + size - 1) // size * size
+            assert (slot.offset, slot.size) == (off, size), (name, slot, t)
+            off += size
+        block = tuple(k["block"])
+        if info.required_block is not None:
+            assert info.required_block == block, (name, info.required_block, block)
+        if info.max_threads is not None:
+            assert block[0] * block[1] * block[2] <= info.max_threads[0] * info.max_threads[1] * info.max_threads[2]
+
+
+def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
+    """The geometry-dependent set is only the norms; all presets build (norms only: fast)."""
+    sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+    try:
+        from catalog import instances
+        from geometries import PRESETS, load_geometry
+    finally:
+        sys.path.pop(0)
+    names = {k.name for k in instances([load_geometry(g) for g in PRESETS])}
+    for g in PRESETS.values():
+        assert f"rms_norm_h{g.hidden_size}" in names and f"add_rms_norm_h{g.hidden_size}" in names
+    with pytest.raises(ValueError, match="head_dim"):
+        cfg = tmp_path / "config.json"
+        cfg.write_text(json.dumps({"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+                                   "head_dim": 64, "intermediate_size": 3072, "num_hidden_layers": 2,
+                                   "vocab_size": 1000}))
+        load_geometry(str(cfg))

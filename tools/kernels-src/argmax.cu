@@ -1,0 +1,86 @@
+// Two-stage row argmax over bf16 logits [rows, n]; ties go to the smallest index
+// (a CPU left-to-right scan with `>`); -0.0 == +0.0; a NaN (either sign) counts as the
+// maximum (as torch.argmax).  Launches (one op, two launches, u64 scratch `partial`):
+//
+//   argmax_partial(const uint16_t* logits,  in  buffer<bf16> [rows, n] (16-byte aligned)
+//                  uint64_t*       partial, out buffer<u64>  [rows, parts]  (impl scratch)
+//                  int             n,       i32, row length (vocab)
+//                  int             parts)   i32, == grid.x
+//     grid (parts, rows, 1), block (ARGMAX_THREADS, 1, 1).  Block b of row r scans the
+//     contiguous range [b*chunk, min(n, (b+1)*chunk)), chunk = ceil(ceil(n/parts)/8)*8,
+//     with 16-byte loads when n % 8 == 0 (scalar loads otherwise), and writes one packed key.
+//     Recommended parts = ceil_div(n, 2048) (one 16-byte load per thread; 75 for n=151936).
+//
+//   argmax_reduce(const uint64_t* partial,  in  buffer<u64> [rows, parts]
+//                 int64_t*        out,      out buffer<i64> [rows]
+//                 int             parts)    i32, same value as in stage 1
+//     grid (rows, 1, 1), block (ARGMAX_THREADS, 1, 1).
+//
+// Packed key (u64): high 32 bits = an order-preserving map of the bf16 bit pattern
+// (sign-magnitude -> unsigned), low 32 bits = ~index.  The max key is the max value
+// with the smallest index, so both stages are plain u64 max-reductions.  An empty
+// block writes 0, which loses to every element.
+#include <cstdint>
+
+#define ARGMAX_THREADS 256
+
+__device__ __forceinline__ uint64_t argmax_key(uint32_t b16, uint32_t idx) {
+    if (b16 == 0x8000u) b16 = 0;  // -0.0 ties with +0.0
+    uint32_t ord = (b16 & 0x8000u) ? (~b16 & 0xFFFFu) : (b16 | 0x8000u);
+    if ((b16 & 0x7FFFu) > 0x7F80u) ord = 0xFFFFu;  // any NaN is the maximum
+    return (uint64_t(ord) << 32) | uint64_t(~idx);
+}
+
+__device__ __forceinline__ uint64_t umax64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ uint64_t block_max(uint64_t v) {
+    __shared__ uint64_t warp_best[ARGMAX_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = umax64(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) warp_best[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < ARGMAX_THREADS / 32 ? warp_best[lane] : 0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = umax64(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;  // valid in thread 0
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_partial(const uint16_t* __restrict__ logits, uint64_t* __restrict__ partial, int n, int parts) {
+    const int64_t row = blockIdx.y;
+    const uint16_t* x = logits + row * n;
+    const int per = (n + parts - 1) / parts;
+    const int chunk = (per + 7) & ~7;
+    const int lo = blockIdx.x * chunk;
+    const int hi = min(n, lo + chunk);
+    uint64_t best = 0;
+    if ((n & 7) == 0) {
+        const uint4* xv = reinterpret_cast<const uint4*>(x);
+        for (int v = (lo >> 3) + threadIdx.x; v < (hi >> 3); v += ARGMAX_THREADS) {
+            const uint4 w = __ldg(xv + v);
+            const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+            const uint32_t i0 = uint32_t(v) << 3;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                best = umax64(best, argmax_key(words[j] & 0xFFFFu, i0 + 2 * j));
+                best = umax64(best, argmax_key(words[j] >> 16, i0 + 2 * j + 1));
+            }
+        }
+    } else {
+        for (int i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) best = umax64(best, argmax_key(x[i], i));
+    }
+    best = block_max(best);
+    if (threadIdx.x == 0) partial[row * parts + blockIdx.x] = best;
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_reduce(const uint64_t* __restrict__ partial, int64_t* __restrict__ out, int parts) {
+    const int64_t row = blockIdx.x;
+    uint64_t best = 0;
+    for (int i = threadIdx.x; i < parts; i += ARGMAX_THREADS) best = umax64(best, partial[row * parts + i]);
+    best = block_max(best);
+    if (threadIdx.x == 0) out[row] = int64_t(~uint32_t(best & 0xFFFFFFFFu));
+}
