@@ -15,11 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from .generator import GenerationStats, KernRunError, ManifestInfo, Qwen3Session
+from .generator import GenerationStats, KernRunError, ManifestInfo, Qwen3Session, check_request
 from .stream import TextStream, load_tokenizer
 
 DEFAULT_TOKENIZER = Path("examples") / "tokenizer" / "tokenizer.json"
 EOS_TOKENS = ("<|endoftext|>", "<|im_end|>")
+DEFAULT_CHUNK = 512
+DEFAULT_CAPACITY = 4096
 
 
 def find_default_tokenizer() -> Path | None:
@@ -60,8 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text (encoded with the tokenizer)")
     src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, e.g. 785,6722,315")
     p.add_argument("--steps", type=int, default=64, help="new tokens to generate (default 64)")
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk length, clamped to the manifest's max (default 512)")
-    p.add_argument("--capacity", type=int, default=4096, help="KV capacity in tokens: prompt + steps must fit (default 4096)")
+    p.add_argument("--chunk", type=int,
+                   help=f"prefill chunk length, at most the manifest's `tokens` max (default {DEFAULT_CHUNK})")
+    p.add_argument("--capacity", type=int,
+                   help=f"KV capacity in tokens: prompt + steps must fit (default {DEFAULT_CAPACITY})")
     p.add_argument("--eager", action="store_true", help="launch kernel by kernel instead of replaying CUDA graphs")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop at <|endoftext|> or <|im_end|> (needs a tokenizer)")
@@ -91,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
             raise KernRunError(f"{flag}: {'directory' if is_dir else 'file'} not found: {path}")
     if args.steps < 1:
         raise KernRunError(f"--steps must be >= 1 (got {args.steps})")
-    if args.capacity < 1:
+    if args.capacity is not None and args.capacity < 1:
         raise KernRunError(f"--capacity must be >= 1 (got {args.capacity})")
-    if args.chunk < 1:
+    if args.chunk is not None and args.chunk < 1:
         raise KernRunError(f"--chunk must be >= 1 (got {args.chunk})")
 
     info = ManifestInfo.read(args.manifest)
@@ -114,16 +118,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         prompt_ids = parse_ids(args.prompt_ids)
 
-    if args.capacity > info.max_positions:
+    # Explicit values above what the manifest allows are clamped with a note; defaults silently.
+    if args.capacity is not None and args.capacity > info.max_positions:
         log(f"note: --capacity {args.capacity} is more than this manifest addresses; using {info.max_positions}")
-    capacity = min(args.capacity, info.max_positions)
-    if len(prompt_ids) + args.steps > capacity:
-        raise KernRunError(f"prompt ({len(prompt_ids)} tokens) + steps ({args.steps}) = {len(prompt_ids) + args.steps} "
-                           f"tokens exceeds the capacity of {capacity} tokens (raise --capacity)")
-    chunk = args.chunk
-    if chunk > info.tokens_max:
-        log(f"note: --chunk {chunk} is more than the manifest's `tokens` max; using {info.tokens_max}")
-        chunk = info.tokens_max
+    capacity = min(args.capacity or DEFAULT_CAPACITY, info.max_positions)
+    check_request(info, capacity, prompt_ids, args.steps)  # before loading anything onto the GPU
+    if args.chunk is not None and args.chunk > info.tokens_max:
+        log(f"note: --chunk {args.chunk} is more than the manifest's `tokens` max; using {info.tokens_max}")
+    chunk = min(args.chunk or DEFAULT_CHUNK, info.tokens_max)
 
     try:
         from kern_driver import KernDriverError, Runtime

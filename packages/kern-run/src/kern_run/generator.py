@@ -37,6 +37,7 @@ __all__ = [
     "KernRunError",
     "ManifestInfo",
     "Qwen3Session",
+    "check_request",
     "generate",
 ]
 
@@ -129,6 +130,26 @@ class GenerationStats:
         return self.decode_steps / self.decode_s if self.decode_s else 0.0
 
 
+def check_request(info: ManifestInfo, capacity: int, prompt_ids: Sequence[int], steps: int) -> None:
+    """Refuse, with one line, what the manifest and the KV capacity cannot serve."""
+    if len(prompt_ids) == 0:
+        raise KernRunError("the prompt is empty: give at least one token")
+    if steps < 1:
+        raise KernRunError(f"--steps must be >= 1 (got {steps})")
+    v = info.vocab_size
+    if v is not None:
+        bad = [t for t in prompt_ids if not 0 <= t < v]
+        if bad:
+            raise KernRunError(f"prompt token id {bad[0]} is out of range for this model's vocabulary (0..{v - 1})")
+    capacity = min(capacity, info.max_positions)
+    need = len(prompt_ids) + steps
+    if need > capacity:
+        raise KernRunError(
+            f"prompt ({len(prompt_ids)} tokens) + steps ({steps}) = {need} tokens exceeds the capacity of "
+            f"{capacity} tokens (raise --capacity, at most {info.max_positions} for this manifest)"
+        )
+
+
 class Qwen3Session:
     """One sequence on a loaded `kern_driver.Runtime` running a Qwen3 manifest.
 
@@ -159,21 +180,7 @@ class Qwen3Session:
         return min(chunk, self.info.tokens_max)
 
     def check(self, prompt_ids: Sequence[int], steps: int) -> None:
-        if len(prompt_ids) == 0:
-            raise KernRunError("the prompt is empty: give at least one token")
-        if steps < 1:
-            raise KernRunError(f"--steps must be >= 1 (got {steps})")
-        v = self.info.vocab_size
-        if v is not None:
-            bad = [t for t in prompt_ids if not 0 <= t < v]
-            if bad:
-                raise KernRunError(f"prompt token id {bad[0]} is out of range for this model's vocabulary (0..{v - 1})")
-        need = len(prompt_ids) + steps
-        if need > self.capacity:
-            raise KernRunError(
-                f"prompt ({len(prompt_ids)} tokens) + steps ({steps}) = {need} tokens exceeds the capacity of "
-                f"{self.capacity} tokens (raise --capacity, at most {self.info.max_positions} for this manifest)"
-            )
+        check_request(self.info, self.capacity, prompt_ids, steps)
 
     # -- the two programs --------------------------------------------------
 
