@@ -45,6 +45,7 @@ __all__ = [
     "read_cubin",
     "params_from_manifest",
     "compare_layout",
+    "layout_problems",
 ]
 
 EM_CUDA = 190
@@ -267,18 +268,24 @@ def params_from_manifest(types: list[str]) -> list[ParamSlot]:
     return out
 
 
+def layout_problems(declared: list[ParamSlot], actual: list[ParamSlot]) -> list[tuple[int | None, str]]:
+    """Like `compare_layout`, each problem paired with the param index it concerns
+    (None for the count)."""
+    problems: list[tuple[int | None, str]] = []
+    if len(declared) != len(actual):
+        problems.append((None, f"declares {len(declared)} params, the kernel has {len(actual)}"))
+    for d, a in zip(declared, actual):
+        if d.size != a.size:
+            problems.append((d.index, f"param {d.index}: declared {d.size} bytes, the kernel's is {a.size} bytes (offset {a.offset})"))
+        elif d.offset != a.offset:
+            problems.append((d.index, f"param {d.index}: declared at offset {d.offset}, the kernel's is at offset {a.offset}"))
+    return problems
+
+
 def compare_layout(declared: list[ParamSlot], actual: list[ParamSlot]) -> list[str]:
     """Every difference between a declared parameter layout and a cubin's.
 
     Returns one sentence per problem (count mismatch, then each position whose
     offset or size differs); an empty list means the layouts agree.
     """
-    problems: list[str] = []
-    if len(declared) != len(actual):
-        problems.append(f"declares {len(declared)} params, the kernel has {len(actual)}")
-    for d, a in zip(declared, actual):
-        if d.size != a.size:
-            problems.append(f"param {d.index}: declared {d.size} bytes, the kernel's is {a.size} bytes (offset {a.offset})")
-        elif d.offset != a.offset:
-            problems.append(f"param {d.index}: declared at offset {d.offset}, the kernel's is at offset {a.offset}")
-    return problems
+    return [m for _, m in layout_problems(declared, actual)]

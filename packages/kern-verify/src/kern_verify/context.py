@@ -1,0 +1,111 @@
+"""State shared by the rule modules while one manifest is verified.
+
+`Context` holds the manifest, the report, the var ranges, the parsed
+parameter types of every op interface and launch (None where malformed:
+those are reported once, by `decls`, and dependent checks are skipped so one
+mistake gives one diagnostic), and what has been used (for group 9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kern_schema import DTYPES, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, parse_param_type
+from kern_schema.dtypes import INT64_MAX
+
+from .diagnostic import Report
+
+
+def parse_type(text: object) -> ParamType | None:
+    """`parse_param_type`, None instead of an exception."""
+    try:
+        return parse_param_type(text)  # type: ignore[arg-type]
+    except (ParamTypeError, TypeError):
+        return None
+
+
+@dataclass
+class Context:
+    """Everything the rules share. Build with `Context.of(manifest)`."""
+
+    m: Manifest
+    r: Report = field(default_factory=Report)
+    #: var name -> (min, max), as declared (inconsistent bounds are reported by decls).
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: op name -> parsed interface params (None where malformed).
+    iface: dict[str, list[ParamType | None]] = field(default_factory=dict)
+    used_vars: set[str] = field(default_factory=set)
+    used_states: set[str] = field(default_factory=set)
+    used_buffers: set[str] = field(default_factory=set)
+    used_modules: set[str] = field(default_factory=set)
+    used_ops: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, m: Manifest) -> "Context":
+        ctx = cls(m)
+        ctx.ranges = {name: (v.min, v.max) for name, v in m.vars.items()}
+        ctx.iface = {name: [parse_type(t) for t in op.params] for name, op in m.ops.items()}
+        return ctx
+
+    # --- expressions ---------------------------------------------------------------
+
+    def expr_bounds(self, e: Expr, path: Path) -> tuple[int, int] | None:
+        """[lo, hi] of `e` over the var ranges, marking its vars used; reports E0021 and
+        returns None when the expression is malformed (unknown var, divisor ≤ 0)."""
+        try:
+            self._mark_expr_vars(e)
+            return bounds(e, self.ranges)
+        except ExprError as err:
+            self.r.add("E0021", path, f"bad expression: {err}", _EXPR_HINT)
+        except RecursionError:
+            self.r.add("E0021", path, "expression nested too deeply", _EXPR_HINT)
+        return None
+
+    def _mark_expr_vars(self, e: Expr) -> None:
+        depth = 0
+        while not isinstance(e, (int, str)):
+            node = e.ceil_div if e.ceil_div is not None else e.mul
+            if node is None:
+                return
+            e = node[0]
+            depth += 1
+            if depth > 10_000:
+                raise RecursionError
+        if isinstance(e, str):
+            self.used_vars.add(e)
+
+    # --- sizes ---------------------------------------------------------------------
+
+    def nbytes_at_max(self, dtype: str, shape: list[int | str]) -> int | None:
+        """Bytes of a tensor at the var maxima, or None when a dim or the dtype does not
+        resolve (reported elsewhere)."""
+        size = DTYPES.get(dtype)
+        if size is None:
+            return None
+        n = size
+        for d in shape:
+            if isinstance(d, str):
+                r = self.ranges.get(d)
+                if r is None:
+                    return None
+                d = r[1]
+            if not isinstance(d, int) or d < 0:
+                return None
+            n *= d
+        return n
+
+
+_EXPR_HINT = (
+    "an expression is an integer, a declared var name, {\"ceil_div\": [E, int]} with a positive "
+    "divisor, or {\"mul\": [E, int]}"
+)
+
+INT64 = INT64_MAX
+
+
+def suggest(name: str, known, fallback: str) -> str:
+    """A hint: the closest known name (`did you mean ...?`), else `fallback`."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [k for k in known if isinstance(k, str)], n=1)
+    return f"did you mean `{close[0]}`?" if close else fallback

@@ -1,0 +1,100 @@
+"""Static cubin checks (`--kernels DIR`), no GPU: each module file exists (E0080), its
+sha256 matches (E0081), it is a cubin (E0082); each launch's entry is in its module
+(E0083), its declared params match the cubin's `.nv.info` table (E0084), and its block
+respects the kernel's launch bounds / required block (E0085). `hf:` modules absent from
+DIR are skipped with a warning (E0086)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path as FsPath
+
+from kern_schema import ParamTypeError, Path
+
+from .context import Context
+from .cubin import Cubin, CubinError, layout_problems, params_from_manifest, read_cubin
+
+
+def module_file(kernels_dir: str | os.PathLike[str], source: str) -> FsPath:
+    """Where a module's file lives under the kernels directory: `source` itself, or for
+    `hf:org/repo/path` the path inside the repo."""
+    if source.startswith("hf:"):
+        source = "/".join(source[3:].split("/")[2:])
+    return FsPath(kernels_dir) / source
+
+
+def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str, Cubin]:
+    """Check every module file and every kernel launch against its cubin; returns the
+    parsed cubins by module name."""
+    cubins: dict[str, Cubin] = {}
+    for name, mod in ctx.m.modules.items():
+        c = _module(ctx, kernels_dir, name, mod.source, mod.sha256)
+        if c is not None:
+            cubins[name] = c
+    for oname, op in ctx.m.ops.items():
+        for li, launch in enumerate(op.impl.launches):
+            if launch.extern is not None or launch.module not in cubins or launch.entry is None:
+                continue
+            lpath: Path = ("ops", oname, "impl", "launches", li)
+            what = f"op `{oname}` launch {li} (`{launch.entry}`)"
+            info = cubins[launch.module].entries.get(launch.entry)
+            if info is None:
+                others = sorted(m for m, c in cubins.items() if launch.entry in c.entries)
+                entries = sorted(cubins[launch.module].entries)
+                hint = (f"module(s) {', '.join(f'`{o}`' for o in others)} define it: set \"module\" accordingly" if others
+                        else "the module's entries: " + (", ".join(entries[:8]) + (" ..." if len(entries) > 8 else "") if entries else "none"))
+                ctx.r.add("E0083", lpath + ("entry",), f"{what}: module `{launch.module}` has no kernel entry `{launch.entry}`", hint)
+                continue
+            if launch.params is not None:
+                try:
+                    declared = params_from_manifest(launch.params)
+                except ParamTypeError:
+                    declared = None  # reported as E0020
+                if declared is not None:
+                    for idx, msg in layout_problems(declared, info.params):
+                        p = lpath + ("params",) if idx is None else lpath + ("params", idx)
+                        decl = f" (`{launch.params[idx]}`)" if idx is not None else ""
+                        ctx.r.add("E0084", p, f"{what}: {msg}{decl}",
+                                  "declare the kernel's real parameter list: the cubin's table is "
+                                  + ", ".join(f"{s.size}B@{s.offset}" for s in info.params))
+            _block(ctx, lpath, launch.block, info, what)
+    return cubins
+
+
+def _module(ctx: Context, kernels_dir, name: str, source: str, sha: str | None) -> Cubin | None:
+    path = ("modules", name)
+    file = module_file(kernels_dir, source)
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        if source.startswith("hf:"):
+            ctx.r.add("E0086", path + ("source",), f"module `{name}`: `{source}` is not under {kernels_dir} ({file}); not checked",
+                      "download it there to check its hash and parameter tables offline")
+        else:
+            ctx.r.add("E0080", path + ("source",), f"module `{name}`: cannot read {file}: {e.strerror or e}",
+                      f"build the cubin into {kernels_dir}, or fix `source`")
+        return None
+    actual = hashlib.sha256(data).hexdigest()
+    if sha is not None and len(sha) == 64 and actual != sha.lower():
+        ctx.r.add("E0081", path + ("sha256",), f"module `{name}`: {file} has sha256 {actual}, the manifest says {sha}",
+                  "the cubin changed: regenerate the manifest, or restore the file it was generated from")
+    try:
+        return read_cubin(data, str(file))
+    except CubinError as e:
+        ctx.r.add("E0082", path + ("source",), f"module `{name}`: {e}", "modules are sm_90 cubins (nvcc -cubin -arch=sm_90)")
+        return None
+
+
+def _block(ctx: Context, lpath: Path, block, info, what: str) -> None:
+    if block is None or len(block) != 3:
+        return
+    threads = block[0] * block[1] * block[2]
+    if info.required_block is not None and tuple(block) != tuple(info.required_block):
+        ctx.r.add("E0085", lpath + ("block",), f"{what}: block {list(block)}, but the kernel requires {list(info.required_block)}",
+                  f"set \"block\": {list(info.required_block)} (Triton: num_warps × 32 threads)")
+    elif info.max_threads is not None:
+        mx = info.max_threads[0] * info.max_threads[1] * info.max_threads[2]
+        if threads > mx:
+            ctx.r.add("E0085", lpath + ("block",), f"{what}: block {list(block)} has {threads} threads, the kernel's launch bounds allow {mx}",
+                      f"use at most {mx} threads per block")
