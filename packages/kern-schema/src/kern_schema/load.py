@@ -212,8 +212,8 @@ def decode(text: str | bytes) -> Manifest:
     if b"\\u" not in data:
         try:
             obj = _untyped_decoder.decode(data)
-        except msgspec.DecodeError:
-            pass  # not JSON, or a number out of range: the slow path says where
+        except (msgspec.DecodeError, RecursionError):
+            pass  # not JSON, a number out of range, too deep: the slow path says where
         else:
             if data.count(b":") == _encoder.encode(obj).count(b":"):
                 return convert(obj, data)
