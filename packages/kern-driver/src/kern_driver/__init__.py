@@ -1,3 +1,26 @@
-"""kern-driver: Runtime: executes a verified kern manifest on a GPU through the CUDA driver API."""
+"""kern-driver: executes a verified kern manifest on a GPU through the CUDA driver API.
+
+    from kern_driver import Runtime, KernDriverError
+
+    with Runtime.load("model.json", "kernels/", "weights.safetensors", capacity_tokens=4096) as rt:
+        print(rt.describe())
+        rt.write_input("token_ids", np.array([42], dtype=np.int64), prefix=True)
+        rt.run("decode", graph=True, tokens=1)
+        next_token = rt.read_output("next_token")
+
+`prepare(...)` runs every load check that needs no GPU (verification, memory plan,
+module hashes, weight binding) and is usable on any machine.
+"""
+
+from .errors import KernDriverError
+from .graphs import Graph
+from .plan import Plan, Region
+from .resolve import EXTERNS, FakeModuleTable
+from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "NUMPY_DTYPES", "Plan", "Prepared", "Region",
+    "Runtime", "prepare",
+]

@@ -1,0 +1,69 @@
+"""CUDA graphs of programs.
+
+A program captured for one set of var values (`Runtime.capture`) becomes one
+executable graph replayed with a single `cuGraphLaunch`. Grids and scalar
+arguments are frozen in the graph at capture time, so a replay with other var
+values is refused. Pointers are frozen too, which is why everything the
+graph touches lives in the runtime's arena (inputs are written by
+`write_input` outside the graph, into the same device buffers, before each
+replay; a captured host-to-device copy would replay from whatever the pinned
+host buffer holds at replay time, so staging copies are never captured).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cuda import check, drv
+from .errors import KernDriverError
+
+
+class Graph:
+    """A captured program. `replay(**vars)` launches it; the attributes `program`,
+    `vars` (the captured values), `launches` (kernel launches + built-ins captured) and
+    `nodes` (nodes in the CUDA graph: cuBLASLt may add more than one per GEMM) describe it."""
+
+    def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int):
+        self._rt = runtime
+        self.program = program
+        self.vars = dict(vars)
+        self._graph = graph
+        self._exec = exec_
+        self.launches = launches
+        try:
+            self.nodes = int(check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
+        except Exception:  # pragma: no cover - informational only
+            self.nodes = -1
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, int], ...]]:
+        return self.program, tuple(sorted(self.vars.items()))
+
+    def replay(self, **vars: int) -> None:
+        """Enqueue one replay on the runtime's stream (asynchronous).
+
+        Raises:
+            KernDriverError: `vars` names a value other than the captured one, the graph
+                was destroyed, or cuGraphLaunch failed.
+        """
+        if self._exec is None:
+            raise KernDriverError(f"graph of program `{self.program}` {self.vars} was destroyed (runtime closed or cache evicted)",
+                                  hint="capture it again with rt.capture(...) or use rt.run(program, graph=True, ...)")
+        for k, v in vars.items():
+            if self.vars.get(k) != v:
+                raise KernDriverError(
+                    f"graph of program `{self.program}` was captured with {self.vars}; replay with {k}={v} is refused",
+                    hint="grids and scalar arguments are frozen in a graph: capture one per set of var values "
+                    "(rt.run(program, graph=True, **vars) keeps a cache)",
+                )
+        self._rt._replay(self)
+
+    def destroy(self) -> None:
+        """Free the executable graph and the graph (idempotent)."""
+        if self._exec is not None:
+            drv.cuGraphExecDestroy(self._exec)
+            drv.cuGraphDestroy(self._graph)
+            self._exec = None
+
+    def __repr__(self) -> str:
+        return f"Graph({self.program!r}, {self.vars}, launches={self.launches}, nodes={self.nodes})"

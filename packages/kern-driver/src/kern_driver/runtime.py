@@ -1,0 +1,741 @@
+"""`Runtime`: load a verified manifest onto a GPU and run its programs.
+
+Load order (DESIGN §4), checks that need no GPU first so that they fail the
+same way on any machine:
+
+1. decode the manifest, `kern_verify.verify` it (refuse on any diagnostic);
+2. plan the arena (`plan.plan`), read every module and check its sha256
+   (`modules.read_modules`), read the weights' safetensors headers and bind
+   them by name, dtype and shape (`weights.bind`);
+3. initialize the device (one clear error when there is no GPU), load every
+   module (`cuModuleLoadData`), resolve each launch's entry and compare its
+   declared params with `cuFuncGetParamInfo` (`resolve.resolve_entries`);
+4. raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` where a launch needs
+   more than 48 KiB of dynamic shared memory;
+5. allocate the arena (zeroed) and, when the manifest uses a GEMM built-in,
+   the cuBLASLt workspace; copy the weights; allocate pinned staging for the
+   `input` and `output` buffers;
+6. flatten every program into steps and pack their parameters once
+   (`staging.StagedProgram`); choose cuBLASLt algorithms for GEMMs whose shape
+   does not depend on vars.
+
+`run` then only re-packs var-dependent slots (when the values changed) and
+enqueues `cuLaunchKernel`s and cuBLASLt matmuls on the runtime's own stream.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kern_schema import DTYPES, Manifest, load as load_manifest
+
+from . import cuda
+from .cublaslt import DEFAULT_WORKSPACE, CublasLt, GemmPlan
+from .cuda import SUCCESS, PinnedBuffer, check, drv, raise_error
+from .errors import KernDriverError
+from .graphs import Graph
+from .modules import ModuleImage, read_modules
+from .plan import Plan, Region, plan as make_plan
+from .resolve import EXTERNS, ResolvedEntry, Step, check_vars, resolve_entries, resolve_program
+from .staging import StagedProgram, extern_values
+from .weights import Binding, TensorRef, bind, read_headers, weight_paths
+
+#: numpy dtype of each manifest dtype as seen by `write_input`/`read_buffer`
+#: (bf16 and the fp8 types as raw bits: numpy has no such dtypes).
+NUMPY_DTYPES: dict[str, Any] = {
+    "bf16": np.uint16, "f16": np.float16, "f32": np.float32, "f64": np.float64,
+    "i8": np.int8, "u8": np.uint8, "i16": np.int16, "u16": np.uint16,
+    "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64,
+    "fp8e4m3": np.uint8, "fp8e5m2": np.uint8,
+}
+
+#: Dynamic shared memory a kernel may use without opting in (CUDA C Programming Guide: 48 KB).
+SHARED_DEFAULT_LIMIT = 48 * 1024
+
+LAUNCH_MODES = ("packed", "params")
+
+
+@dataclass
+class Prepared:
+    """Everything `Runtime.load` checks before touching a GPU (see `prepare`)."""
+
+    manifest: Manifest
+    kernels_dir: str
+    plan: Plan
+    modules: dict[str, ModuleImage]
+    tensors: dict[str, TensorRef]
+    bindings: list[Binding]
+    weight_files: list[str] = field(default_factory=list)
+
+
+def _decode(manifest: Any) -> tuple[Manifest, str | None, str | None]:
+    """(Manifest, source text or None, manifest directory or None)."""
+    if isinstance(manifest, Manifest):
+        return manifest, None, None
+    try:
+        if isinstance(manifest, (bytes, bytearray, memoryview)):
+            text = bytes(manifest).decode("utf-8")
+            return load_manifest(bytes(manifest)), text, None
+        path = os.fspath(manifest)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        return load_manifest(text.encode("utf-8")), text, str(Path(path).parent)
+    except OSError as e:
+        raise KernDriverError(f"cannot read manifest {manifest}: {e.strerror or e}") from None
+    except ValueError as e:  # ManifestDecodeError lists every problem
+        raise KernDriverError(f"the manifest cannot be decoded: {e}") from None
+
+
+def _verify(m: Manifest, text: str | None) -> None:
+    try:
+        from kern_verify import verify
+    except ImportError:
+        raise KernDriverError(
+            "kern_verify.verify is not available in this environment",
+            hint="install kern-verify ≥ 0.1 (a dependency of kern-driver), or pass verify=False to load "
+            "an already verified manifest",
+        ) from None
+    diags = verify(m, text) if text is not None else verify(m)
+    if diags:
+        lines = [str(d) for d in diags]
+        raise KernDriverError(
+            f"the manifest does not verify: {len(diags)} diagnostic(s):\n    " + "\n    ".join(
+                ln.replace("\n", "\n    ") for ln in lines),
+            hint="run `kern-verify MANIFEST` for the full report with source lines and hints",
+        )
+
+
+def prepare(
+    manifest: Any,
+    kernels_dir: str | os.PathLike[str] | None,
+    weights: Any,
+    *,
+    capacity_tokens: int = 4096,
+    verify: bool = True,
+) -> Prepared:
+    """Every load check that needs no GPU: decode, verify, plan, module hashes, weight binding.
+
+    Useful on its own as a dry run (`kern_driver.prepare(...).plan.describe()`).
+
+    Raises:
+        KernDriverError: the first stage that fails, with every problem of that stage.
+    """
+    m, text, mdir = _decode(manifest)
+    if verify:
+        _verify(m, text)
+    if kernels_dir is None:
+        if mdir is None:
+            raise KernDriverError("kernels_dir is required when the manifest is not given as a path")
+        kernels_dir = mdir
+    p = make_plan(m, capacity_tokens)
+    images = read_modules(m, kernels_dir)
+    files = weight_paths(weights)
+    tensors = read_headers(files)
+    bindings = bind(m, p, tensors)
+    return Prepared(m, os.fspath(kernels_dir), p, images, tensors, bindings, files)
+
+
+class _CudaModuleTable:
+    """`resolve.ModuleTable` over modules loaded with `cuModuleLoadData`."""
+
+    def __init__(self, handles: dict[str, Any]):
+        self.handles = handles
+        self._funcs: dict[tuple[str, str], Any] = {}
+
+    def modules(self):
+        return self.handles.keys()
+
+    def function(self, module: str, entry: str) -> Any | None:
+        key = (module, entry)
+        if key not in self._funcs:
+            h = self.handles.get(module)
+            self._funcs[key] = None if h is None else cuda.module_function(h, entry)
+        return self._funcs[key]
+
+    def param_layout(self, module: str, entry: str):
+        from kern_verify.cubin import ParamSlot
+
+        f = self.function(module, entry)
+        return [ParamSlot(i, off, size) for i, (off, size) in enumerate(cuda.param_layout(f))]
+
+
+@dataclass
+class _Program:
+    name: str
+    staged: StagedProgram
+    required: set[str]
+    items: list[tuple] = field(default_factory=list)
+    gemms: dict[int, tuple[GemmPlan, int, int, int, bool]] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> list[Step]:
+        return self.staged.steps
+
+
+class Runtime:
+    """A manifest loaded on one GPU. Create it with `Runtime.load`; use it as a context
+    manager or call `close()`. Not thread-safe: one thread drives one runtime."""
+
+    # ---------------------------------------------------------------- load
+
+    @classmethod
+    def load(
+        cls,
+        manifest: Any,
+        kernels_dir: str | os.PathLike[str] | None,
+        weights: Any,
+        *,
+        device: int = 0,
+        capacity_tokens: int = 4096,
+        verify: bool = True,
+        debug: bool = False,
+        launch_mode: str = "packed",
+        workspace_bytes: int = DEFAULT_WORKSPACE,
+        max_graphs: int = 16,
+    ) -> "Runtime":
+        """Load `manifest` with the cubins in `kernels_dir` and `weights` onto GPU `device`.
+
+        Args:
+            manifest: a path, JSON bytes, or a `kern_schema.Manifest`.
+            kernels_dir: where module `source` paths are resolved (None: the manifest's directory).
+            weights: a safetensors file, a list of them, a directory of them, or None.
+            device: CUDA device index.
+            capacity_tokens: tokens every `bytes_per_token` state must hold.
+            verify: run `kern_verify.verify` first and refuse on any diagnostic.
+            debug: synchronize after every launch so an asynchronous fault names its launch.
+            launch_mode: "packed" (one parameter buffer per launch via `extra`) or
+                "params" (a `kernelParams` pointer array); both are prepared at load.
+            workspace_bytes: cuBLASLt workspace (allocated only if a GEMM built-in is used).
+            max_graphs: size of the graph cache of `run(..., graph=True)`.
+
+        Raises:
+            KernDriverError: any load check fails (see the module docstring); no GPU.
+        """
+        if launch_mode not in LAUNCH_MODES:
+            raise KernDriverError(f"launch_mode {launch_mode!r}: expected one of {LAUNCH_MODES}")
+        prep = prepare(manifest, kernels_dir, weights, capacity_tokens=capacity_tokens, verify=verify)
+        rt = cls.__new__(cls)
+        rt._init(prep, device, debug, launch_mode, workspace_bytes, max_graphs)
+        return rt
+
+    def _init(self, prep: Prepared, device: int, debug: bool, launch_mode: str, workspace_bytes: int, max_graphs: int) -> None:
+        t0 = time.perf_counter()
+        self._closed = True  # until fully initialized: close() frees what exists
+        self.manifest = prep.manifest
+        self.prepared = prep
+        self.debug = debug
+        self.launch_mode = launch_mode
+        self.max_graphs = max_graphs
+        self._modules: dict[str, Any] = {}
+        self._arena = 0
+        self._ws = 0
+        self._cublas: CublasLt | None = None
+        self._stage_in: dict[str, tuple[PinnedBuffer, Any]] = {}
+        self._stage_out: dict[str, PinnedBuffer] = {}
+        self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
+        self._programs: dict[str, _Program] = {}
+        self._last_env: dict[str, int] = {}
+        self._dev = cuda.Device(device)
+        self._closed = False
+        try:
+            self._load(prep, workspace_bytes)
+        except BaseException:
+            self.close()
+            raise
+        self.load_seconds = time.perf_counter() - t0
+
+    def _load(self, prep: Prepared, workspace_bytes: int) -> None:
+        m = self.manifest
+        dev = self._dev
+        self._stream = dev.stream
+        self._stream_int = int(dev.stream)
+        for name, img in prep.modules.items():
+            self._modules[name] = cuda.module_load(img.data, f"modules.{name} ({img.path})")
+        self.entries: dict[tuple[str, int], ResolvedEntry] = resolve_entries(m, _CudaModuleTable(self._modules))
+
+        # dynamic shared memory above the default 48 KB needs an opt-in per function
+        need: dict[Any, tuple[int, str]] = {}
+        for (op, i), e in self.entries.items():
+            smem = m.ops[op].impl.launches[i].shared_mem or 0
+            key = int(e.handle)
+            if smem > need.get(key, (0, ""))[0]:
+                need[key] = (smem, f"ops.{op}.impl.launches[{i}] (entry `{e.entry}`)")
+        handles = {int(e.handle): e.handle for e in self.entries.values()}
+        for key, (smem, where) in need.items():
+            if smem > SHARED_DEFAULT_LIMIT:
+                check(drv.cuFuncSetAttribute(handles[key], drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                      f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})", where,
+                      hint=f"this device allows at most {dev.max_shared_optin} bytes of shared memory per block "
+                      "(dynamic + the kernel's static shared memory)")
+
+        # arena, zeroed (stale bytes are deterministic), then the weights
+        p = prep.plan
+        self._arena = cuda.mem_alloc(p.total_bytes, f"the arena ({p.total_bytes} bytes)")
+        check(drv.cuMemsetD8Async(self._arena, 0, p.total_bytes, self._stream), "cuMemsetD8Async(arena)")
+        dev.synchronize("zeroing the arena")
+        self._regions = sorted(
+            ((self._arena + r.offset, self._arena + r.offset + r.nbytes, r) for r in p.regions()), key=lambda t: t[0]
+        )
+        self._region_starts = [t[0] for t in self._regions]
+        self.weight_bytes = 0
+        for b in prep.bindings:
+            t = b.tensor
+            if t.nbytes == 0:
+                continue
+            mm = np.memmap(t.path, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
+            check(drv.cuMemcpyHtoD(self._arena + b.region.offset, mm.ctypes.data, t.nbytes),
+                  f"cuMemcpyHtoD(weight `{b.buffer}`, {t.nbytes} bytes)", where=f"buffers.{b.buffer}")
+            del mm
+            self.weight_bytes += t.nbytes
+
+        # pinned staging for inputs (writes) and outputs (reads)
+        for name, r in p.buffers.items():
+            if r.cls == "input":
+                ev = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+                self._stage_in[name] = (PinnedBuffer(r.nbytes, f"input `{name}`"), ev)
+                check(drv.cuEventRecord(ev, self._stream), "cuEventRecord")
+            elif r.cls == "output":
+                self._stage_out[name] = PinnedBuffer(r.nbytes, f"output `{name}`")
+
+        if any(l.extern is not None for op in m.ops.values() for l in op.impl.launches):
+            self._ws = cuda.mem_alloc(workspace_bytes, "the cuBLASLt workspace")
+            self._cublas = CublasLt(self._ws, workspace_bytes)
+
+        for name in m.programs:
+            steps = resolve_program(m, name, p, self._arena, self.entries)
+            staged = StagedProgram(steps)
+            prog = _Program(name, staged, set(staged.vars))
+            self._programs[name] = prog
+            self._build_items(prog)
+            if self._cublas is not None and not any(s.var_names for s in steps if s.extern):
+                self._plan_gemms(prog, {})
+
+    def _build_items(self, prog: _Program) -> None:
+        items: list[tuple] = []
+        st = prog.staged
+        for i, s in enumerate(st.steps):
+            if s.extern is not None:
+                items.append((None, i, s.extern.endswith("_acc")))
+                continue
+            kp, ex = (0, st.extra_addr(i)) if self.launch_mode == "packed" else (st.kparams_addr(i), 0)
+            bx, by, bz = s.block
+            items.append((s.entry.handle, bx, by, bz, s.shared_mem, kp, ex, i))  # type: ignore[union-attr]
+        prog.items = items
+
+    def set_launch_mode(self, mode: str) -> None:
+        """Switch between "packed" (`extra` parameter buffer) and "params" (`kernelParams`)
+        for eager runs (both are staged at load; graphs already captured are unaffected)."""
+        if mode not in LAUNCH_MODES:
+            raise KernDriverError(f"launch_mode {mode!r}: expected one of {LAUNCH_MODES}")
+        self.launch_mode = mode
+        for prog in self._programs.values():
+            self._build_items(prog)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _alive(self) -> None:
+        if self._closed:
+            raise KernDriverError("this Runtime is closed", hint="load the manifest again with Runtime.load(...)")
+
+    def _program(self, name: str) -> _Program:
+        self._alive()
+        prog = self._programs.get(name)
+        if prog is None:
+            raise KernDriverError(f"unknown program `{name}`", hint=f"programs: {', '.join(self._programs) or '(none)'}")
+        return prog
+
+    def _region_at(self, addr: int) -> tuple[int, int, Region] | None:
+        i = bisect.bisect_right(self._region_starts, addr) - 1
+        if i >= 0 and addr < self._regions[i][1]:
+            return self._regions[i]
+        return None
+
+    def _check_extent(self, addr: int, nbytes: int, what: str, where: str) -> None:
+        reg = self._region_at(addr)
+        if reg is None:
+            raise KernDriverError(f"{what} points outside every buffer", where=where)
+        start, end, r = reg
+        if addr + nbytes > end:
+            raise KernDriverError(
+                f"{what} needs {nbytes} bytes from {r.kind} `{r.name}` + {addr - start}, past its end ({r.nbytes} bytes)",
+                where=where, hint="check the GEMM's m, n, k arguments against the buffer shapes",
+            )
+
+    def _plan_gemms(self, prog: _Program, env: dict[str, int]) -> None:
+        assert self._cublas is not None
+        for i, s in enumerate(prog.steps):
+            if s.extern is None:
+                continue
+            a, w, c, m_, n_, k_ = extern_values(s, env)
+            where = s.where() + f" with m={m_}, n={n_}, k={k_}"
+            self._check_extent(a, m_ * k_ * 2, f"A [m={m_}, k={k_}] bf16", where)
+            self._check_extent(w, n_ * k_ * 2, f"W [n={n_}, k={k_}] bf16", where)
+            self._check_extent(c, m_ * n_ * 2, f"C [m={m_}, n={n_}] bf16", where)
+            gp = self._cublas.plan(m_, n_, k_, a, w, c, where)  # type: ignore[arg-type]
+            prog.gemms[i] = (gp, a, w, c, s.extern.endswith("_acc"))  # type: ignore[arg-type]
+
+    def _prepare(self, prog: _Program, env: dict[str, int]) -> None:
+        """Refresh var-dependent parameters, grids and GEMM plans (host only)."""
+        if prog.staged.refresh(env) or (self._cublas is not None and len(prog.gemms) != sum(1 for s in prog.steps if s.extern)):
+            if self._cublas is not None:
+                self._plan_gemms(prog, env)
+
+    def _enqueue(self, prog: _Program, capturing: bool = False) -> None:
+        launch = drv.cuLaunchKernel
+        stream = self._stream
+        grids = prog.staged.grids
+        sync = self.debug and not capturing
+        for it in prog.items:
+            f = it[0]
+            if f is not None:
+                g = grids[it[7]]
+                r = launch(f, g[0], g[1], g[2], it[1], it[2], it[3], it[4], stream, it[5], it[6])
+                if r[0] != SUCCESS:
+                    self._launch_failed(prog, it[7], r[0])
+                if sync:
+                    self._debug_sync(prog, it[7])
+            else:
+                i = it[1]
+                gp, a, w, c, acc = prog.gemms[i]
+                self._cublas.matmul(gp, a, w, c, acc, self._stream_int, prog.steps[i].where())  # type: ignore[union-attr]
+                if sync:
+                    self._debug_sync(prog, i)
+
+    def _launch_failed(self, prog: _Program, i: int, err: Any) -> None:
+        s = prog.steps[i]
+        g = prog.staged.grids[i]
+        raise_error(err, "cuLaunchKernel",
+                    where=f"{s.where()}, grid {list(g)}, block {list(s.block)}, shared_mem {s.shared_mem}, "
+                    f"{prog.staged.sizes[i]} parameter bytes ({self.launch_mode} mode)")
+
+    def _debug_sync(self, prog: _Program, i: int) -> None:
+        r = drv.cuStreamSynchronize(self._stream)
+        if r[0] != SUCCESS:
+            raise_error(r[0], "kernel execution (debug=True synchronizes after each launch)", where=prog.steps[i].where(),
+                        hint="this launch faulted; run it under compute-sanitizer to see the access")
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def plan(self) -> Plan:
+        """The memory plan (regions, bytes by class, arena total)."""
+        return self.prepared.plan
+
+    @property
+    def programs(self) -> list[str]:
+        return list(self._programs)
+
+    def program_vars(self, program: str) -> set[str]:
+        """The vars `run(program, ...)` requires."""
+        return set(self._program(program).required)
+
+    def run(self, program: str, *, graph: bool = False, **vars: int) -> None:
+        """Enqueue `program` on the runtime's stream (asynchronous; `read_output` synchronizes).
+
+        Args:
+            program: a program name.
+            graph: replay a CUDA graph captured once per (program, var values) instead of
+                launching eagerly (the first call for new values captures; the cache keeps
+                `max_graphs` graphs).
+            vars: the values of the vars the program uses, each within its bounds.
+
+        Raises:
+            KernDriverError: unknown program, missing/unknown var, value out of bounds,
+                a failed launch (naming program, call label, launch index).
+        """
+        prog = self._program(program)
+        env = check_vars(self.manifest, prog.required, vars, f"run({program!r})")
+        self._last_env = env
+        if graph:
+            key = (program, tuple(sorted(env.items())))
+            g = self._graphs.get(key)
+            if g is None:
+                g = self._capture(prog, env)
+            else:
+                self._graphs.move_to_end(key)
+            self._replay(g)
+            return
+        self._prepare(prog, env)
+        self._enqueue(prog)
+
+    def capture(self, program: str, **vars: int) -> Graph:
+        """Capture `program` for these var values into a CUDA graph (also cached for
+        `run(..., graph=True)`). Replaying it with other values is refused.
+
+        Raises:
+            KernDriverError: as `run`, or a capture/instantiation failure.
+        """
+        prog = self._program(program)
+        env = check_vars(self.manifest, prog.required, vars, f"capture({program!r})")
+        return self._capture(prog, env)
+
+    def _capture(self, prog: _Program, env: dict[str, int]) -> Graph:
+        where = f"capturing program `{prog.name}` with {env}"
+        self._prepare(prog, env)
+        check(drv.cuStreamBeginCapture(self._stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "cuStreamBeginCapture", where)
+        try:
+            self._enqueue(prog, capturing=True)
+        except BaseException:
+            r = drv.cuStreamEndCapture(self._stream)
+            if r[0] == SUCCESS and r[1] is not None and int(r[1]):
+                drv.cuGraphDestroy(r[1])
+            raise
+        g = check(drv.cuStreamEndCapture(self._stream), "cuStreamEndCapture", where)
+        try:
+            ex = check(drv.cuGraphInstantiate(g, 0), "cuGraphInstantiate", where)
+        except BaseException:
+            drv.cuGraphDestroy(g)
+            raise
+        try:
+            check(drv.cuGraphUpload(ex, self._stream), "cuGraphUpload", where)
+        except BaseException:
+            drv.cuGraphExecDestroy(ex)
+            drv.cuGraphDestroy(g)
+            raise
+        graph = Graph(self, prog.name, env, g, ex, len(prog.items))
+        old = self._graphs.pop(graph.key, None)
+        if old is not None:
+            old.destroy()
+        self._graphs[graph.key] = graph
+        while len(self._graphs) > self.max_graphs:
+            _, ev = self._graphs.popitem(last=False)
+            self.synchronize()
+            ev.destroy()
+        return graph
+
+    def _replay(self, g: Graph) -> None:
+        self._alive()
+        r = drv.cuGraphLaunch(g._exec, self._stream)
+        if r[0] != SUCCESS:
+            raise_error(r[0], "cuGraphLaunch", where=f"graph of program `{g.program}` {g.vars}")
+        self._last_env = dict(g.vars)
+        if self.debug:
+            check(drv.cuStreamSynchronize(self._stream), "graph execution", f"graph of program `{g.program}` {g.vars}",
+                  hint="replay the program eagerly with debug=True to find the faulting launch")
+
+    def write_input(self, name: str, array: Any, *, prefix: bool = False) -> None:
+        """Copy `array` into input buffer `name` through its pinned staging (asynchronous,
+        ordered before the next run on the runtime's stream).
+
+        Args:
+            array: a numpy array of the buffer's dtype (bf16: np.uint16 raw bits; fp8: np.uint8)
+                and of its full shape at the var maxima, or, with `prefix=True`, of the same
+                shape except fewer rows along the first axis (the rest of the buffer keeps its
+                previous bytes, which launches bounded by the vars never read).
+
+        Raises:
+            KernDriverError: unknown buffer, not an `input`, wrong dtype or shape.
+        """
+        self._alive()
+        r = self.plan.buffers.get(name)
+        if r is None:
+            raise KernDriverError(f"unknown buffer `{name}`", hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
+        if r.cls != "input":
+            raise KernDriverError(f"buffer `{name}` is a `{r.cls}` buffer; write_input writes `input` buffers",
+                                  hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
+        arr = np.asarray(array)
+        want = np.dtype(NUMPY_DTYPES[r.dtype])
+        if arr.dtype != want:
+            raise KernDriverError(
+                f"write_input(`{name}`): array dtype {arr.dtype}, the buffer is {r.dtype} (numpy {want})",
+                hint="convert explicitly (bf16 as raw np.uint16 bits); kern never casts silently",
+            )
+        full = r.shape
+        ok = arr.shape == full if not prefix else (
+            arr.ndim == len(full) and arr.shape[1:] == full[1:] and (arr.ndim == 0 or arr.shape[0] <= full[0]))
+        if not ok:
+            raise KernDriverError(
+                f"write_input(`{name}`): array shape {list(arr.shape)}, the buffer is {list(full)} at the var maxima"
+                + (" (a prefix write may have fewer rows, the other dims equal)" if prefix else ""),
+                hint=None if prefix else "pass prefix=True to write the first rows only",
+            )
+        n = arr.nbytes
+        if n == 0:
+            return
+        stage, ev = self._stage_in[name]
+        check(drv.cuEventSynchronize(ev), "cuEventSynchronize (previous staging copy)", f"write_input(`{name}`)")
+        stage.array[:n] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        check(drv.cuMemcpyHtoDAsync(self._arena + r.offset, stage.ptr, n, self._stream),
+              f"cuMemcpyHtoDAsync({n} bytes)", f"write_input(`{name}`)")
+        check(drv.cuEventRecord(ev, self._stream), "cuEventRecord", f"write_input(`{name}`)")
+
+    def _shape_now(self, r: Region, name: str) -> tuple[int, ...]:
+        decl = self.manifest.buffers[name].shape
+        return tuple(self._last_env.get(d, self.manifest.vars[d].max) if isinstance(d, str) else int(d) for d in decl)
+
+    def read_buffer(self, name: str, *, full: bool = False) -> np.ndarray:
+        """Synchronize and copy buffer `name` back (any class: for debugging and op-by-op
+        comparison). The shape is the declared one with each var at its value in the last
+        `run` (the maximum when the last run did not set it, or with `full=True`).
+
+        Returns a new numpy array (bf16 as np.uint16 bits, fp8 as np.uint8).
+
+        Raises:
+            KernDriverError: unknown buffer; a failed earlier launch (reported by the sync).
+        """
+        self._alive()
+        r = self.plan.buffers.get(name)
+        if r is None:
+            raise KernDriverError(f"unknown buffer `{name}`", hint=f"buffers: {', '.join(self.plan.buffers)}")
+        shape = r.shape if full else self._shape_now(r, name)
+        dt = np.dtype(NUMPY_DTYPES[r.dtype])
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        out = np.empty(shape, dtype=dt)
+        if n:
+            stage = self._stage_out.get(name)
+            dst = stage.ptr if stage is not None else out.ctypes.data
+            check(drv.cuMemcpyDtoHAsync(dst, self._arena + r.offset, n, self._stream),
+                  f"cuMemcpyDtoHAsync({n} bytes)", f"read_buffer(`{name}`)")
+            self._dev.synchronize(f"reading buffer `{name}`")
+            if stage is not None:
+                out.reshape(-1).view(np.uint8)[:] = stage.array[:n]
+        return out
+
+    def read_output(self, name: str) -> np.ndarray:
+        """`read_buffer` for an `output` buffer (refuses other classes)."""
+        self._alive()
+        r = self.plan.buffers.get(name)
+        if r is None or r.cls != "output":
+            outs = [n for n, b in self.plan.buffers.items() if b.cls == "output"]
+            what = "unknown buffer" if r is None else f"buffer `{name}` is a `{r.cls}` buffer, not an output;"
+            raise KernDriverError(f"{what} `{name}`" if r is None else what,
+                                  hint=f"outputs: {', '.join(outs) or '(none)'}; read_buffer reads any buffer")
+        return self.read_buffer(name)
+
+    def read_state(self, name: str) -> np.ndarray:
+        """Synchronize and copy state `name` back as raw bytes (np.uint8)."""
+        self._alive()
+        r = self.plan.states.get(name)
+        if r is None:
+            raise KernDriverError(f"unknown state `{name}`", hint=f"states: {', '.join(self.plan.states) or '(none)'}")
+        out = np.empty(r.nbytes, dtype=np.uint8)
+        if r.nbytes:
+            check(drv.cuMemcpyDtoHAsync(out.ctypes.data, self._arena + r.offset, r.nbytes, self._stream),
+                  "cuMemcpyDtoHAsync", f"read_state(`{name}`)")
+            self._dev.synchronize(f"reading state `{name}`")
+        return out
+
+    def synchronize(self) -> None:
+        """Wait for everything enqueued on the runtime's stream.
+
+        Raises:
+            KernDriverError: an earlier asynchronous launch failed.
+        """
+        self._alive()
+        self._dev.synchronize()
+
+    def address(self, name: str) -> int:
+        """Device address of buffer or state `name` (interop: e.g. wrap it in a torch tensor)."""
+        self._alive()
+        r = self.plan.buffers.get(name) or self.plan.states.get(name)
+        if r is None:
+            raise KernDriverError(f"unknown buffer or state `{name}`")
+        return self._arena + r.offset
+
+    @property
+    def stream(self) -> int:
+        """The runtime's CUDA stream handle, as an int (for interop)."""
+        return self._stream_int
+
+    @property
+    def graphs(self) -> list[Graph]:
+        """The graphs in the cache, oldest first."""
+        return list(self._graphs.values())
+
+    def describe(self) -> str:
+        """Start-up summary: device, vars, states, buffer bytes by class, each op's launches
+        and what each resolved to, weights bound, programs, graphs captured."""
+        m = self.manifest
+        p = self.plan
+        prep = self.prepared
+        mib = lambda n: f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} B"  # noqa: E731
+        L = [f"kern runtime: model `{m.model}` on device {self._dev.index} ({self._dev.name}, sm_{self._dev.cc[0]}{self._dev.cc[1]})"
+             + (", closed" if self._closed else "")]
+        L.append("vars: " + (", ".join(f"{n} [{v.min}, {v.max}]" for n, v in m.vars.items()) or "(none)"))
+        for n, s in m.states.items():
+            unit = f"{s.bytes_per_token:,} B/token × {p.capacity_tokens} tokens" if s.bytes_per_token is not None \
+                else f"{s.bytes_per_seq:,} B/seq × {m.vars['seqs'].max} seqs"
+            L.append(f"state {n}: {unit} = {mib(p.states[n].nbytes)}")
+        counts: dict[str, int] = {}
+        for r in p.buffers.values():
+            counts[r.cls] = counts.get(r.cls, 0) + 1
+        L.append("memory (at the var maxima): " + ", ".join(
+            f"{cls} {mib(b)}" + (f" ({counts[cls]} buffers)" if cls in counts else "") for cls, b in p.bytes_by_class().items())
+            + f"; arena {mib(p.total_bytes)}" + (f"; cuBLASLt workspace {mib(self._cublas.workspace_bytes)}" if self._cublas else ""))
+        L.append("modules:")
+        for n, img in prep.modules.items():
+            L.append(f"  {n}: {img.path} sha256 {img.sha256[:16]}… " + ("(pinned, verified)" if img.pinned else "(not pinned)"))
+        L.append("ops:")
+        for on, op in m.ops.items():
+            L.append(f"  {on} ({len(op.impl.launches)} launch(es))")
+            for i, l in enumerate(op.impl.launches):
+                if l.extern is not None:
+                    L.append(f"    [{i}] {l.extern}: cuBLASLt built-in")
+                    continue
+                e = self.entries[(on, i)]
+                lay = " ".join(f"{s.offset}:{s.size}" for s in e.layout)
+                L.append(f"    [{i}] {e.entry} in module `{e.module}` ({Path(prep.modules[e.module].path).name}); "
+                         f"params {e.param_bytes} B [{lay}]; block {list(l.block or [1, 1, 1])}"
+                         + (f"; shared {l.shared_mem} B" if l.shared_mem else ""))
+        L.append(f"weights: {len(prep.bindings)} tensors bound, {mib(self.weight_bytes)} from "
+                 + (", ".join(Path(f).name for f in prep.weight_files) or "(no file)"))
+        for pn, prog in self._programs.items():
+            nk = sum(1 for s in prog.steps if s.extern is None)
+            L.append(f"program {pn}: {len(m.programs[pn].calls)} calls, {len(prog.steps)} launches "
+                     f"({nk} kernels, {len(prog.steps) - nk} cuBLASLt); vars: {', '.join(sorted(prog.required)) or '(none)'}")
+        L.append(f"launch mode: {self.launch_mode}" + ("; debug: sync after each launch" if self.debug else ""))
+        if self._graphs:
+            for g in self._graphs.values():
+                L.append(f"graph: {g.program} {g.vars}: {g.launches} launches → 1 cuGraphLaunch ({g.nodes} nodes)")
+        else:
+            L.append("graphs: none captured")
+        return "\n".join(L)
+
+    def close(self) -> None:
+        """Free everything (graphs, cuBLASLt, staging, arena, modules, stream, context). Idempotent."""
+        if getattr(self, "_dev", None) is None:
+            return
+        try:
+            drv.cuCtxSetCurrent(self._dev.ctx)
+            drv.cuStreamSynchronize(self._dev.stream)
+        except Exception:  # pragma: no cover
+            pass
+        for g in self._graphs.values():
+            g.destroy()
+        self._graphs.clear()
+        if self._cublas is not None:
+            self._cublas.close()
+            self._cublas = None
+        for stage, ev in self._stage_in.values():
+            stage.free()
+            drv.cuEventDestroy(ev)
+        self._stage_in.clear()
+        for stage in self._stage_out.values():
+            stage.free()
+        self._stage_out.clear()
+        for ptr in (self._arena, self._ws):
+            if ptr:
+                cuda.mem_free(ptr)
+        self._arena = self._ws = 0
+        for h in self._modules.values():
+            drv.cuModuleUnload(h)
+        self._modules.clear()
+        self._dev.release()
+        self._closed = True
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<kern Runtime model={self.manifest.model!r} programs={list(self._programs)}{' closed' if self._closed else ''}>"
