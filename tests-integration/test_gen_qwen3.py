@@ -1,0 +1,309 @@
+"""tools/gen_qwen3.py: manifests for every Qwen3 dense geometry, verified; its own wiring check.
+
+Two kernel indexes are used:
+- `fake_kernels`: an index written here from the kernel catalog (tools/kernels-src/catalog.py,
+  the ABI source of truth) with placeholder cubins: fast, covers all six geometries, and lets a
+  test tamper with the ABI;
+- `built_kernels` (conftest.py): the real build of tools/build_kernels.py, for the committed
+  examples and `kern-verify --kernels`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import kern_schema as ks
+import kern_verify
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+
+import gen_qwen3 as gen  # noqa: E402
+from qwen3_config import PRESETS, Qwen3Config  # noqa: E402
+
+GEOMETRIES = list(PRESETS)
+
+
+def write_fake_index(d: Path, geometries: list[str]) -> Path:
+    """index.json from the catalog's ABI, each module a placeholder file pinned by its sha256."""
+    import catalog
+    import geometries as kgeom
+
+    d.mkdir(parents=True, exist_ok=True)
+    kernels = {}
+    for k in catalog.instances([kgeom.load_geometry(g) for g in geometries]):
+        module = (Path(k.source).stem if k.lang == "cuda" else k.name) + ".cubin"
+        blob = f"placeholder {module}".encode()
+        (d / module).write_bytes(blob)
+        params = [p.type for p in k.params] + ([t for _, t in catalog.TRITON_HIDDEN] if k.lang == "triton" else [])
+        names = [p.name for p in k.params] + ([n for n, _ in catalog.TRITON_HIDDEN] if k.lang == "triton" else [])
+        kernels[k.name] = {
+            "module": module, "sha256": hashlib.sha256(blob).hexdigest(), "entry": k.entry,
+            "params": params, "param_names": names, "aligned16": [p.name for p in k.params if p.div16],
+            "block": k.block, "shared_mem": 0, "grid": k.grid, "constexprs": dict(k.constexprs), "doc": k.doc,
+        }
+    for name, e in _ATTENTION_UNTIL_CATALOGUED.items():
+        if name not in kernels:
+            blob = f"placeholder {name}".encode()
+            (d / f"{name}.cubin").write_bytes(blob)
+            kernels[name] = e | {"module": f"{name}.cubin", "sha256": hashlib.sha256(blob).hexdigest(),
+                                 "entry": name, "block": [128, 1, 1], "shared_mem": 0, "grid": "", "doc": ""}
+    (d / "index.json").write_text(json.dumps({"format": 1, "target": "sm_90", "kernels": kernels}, indent=1))
+    return d
+
+
+def _abi(*params: str, aligned16: tuple[str, ...] = (), **constexprs: int) -> dict:
+    names = [p.split(":")[0] for p in params] + ["global_scratch", "profile_scratch"]
+    types = [p.split(":")[1] for p in params] + ["u64", "u64"]
+    return {"params": types, "param_names": names, "aligned16": list(aligned16), "constexprs": constexprs}
+
+
+# The attention kernels' ABI as read from tools/kernels-src/attention.py, until catalog.py lists them.
+_ATTENTION_UNTIL_CATALOGUED = {
+    "qk_norm_rope_kv": _abi(
+        "qkv:inout buffer<bf16>", "positions:in buffer<i64>", "slot_mapping:in buffer<i64>",
+        "q_norm_w:in buffer<bf16>", "k_norm_w:in buffer<bf16>", "cos_sin:in buffer<f32>", "kv:inout ptr",
+        "num_q_heads:i32", "num_kv_heads:i32", "eps:f32", "page_bytes:i32", D=128, BLOCK_G=8),
+    "paged_decode_attention": _abi(
+        "q:in buffer<bf16>", "kv:in ptr", "block_table:in buffer<i32>", "seq_lens:in buffer<i32>",
+        "part_acc:out buffer<f32>", "part_ml:out buffer<f32>", "num_q_heads:i32", "num_kv_heads:i32",
+        "q_stride:i32", "bt_stride:i32", "page_bytes:i32", "sm_scale:f32", D=128, BLOCK_H=16, BLOCK_N=64),
+    "paged_decode_reduce": _abi(
+        "part_acc:in buffer<f32>", "part_ml:in buffer<f32>", "out:out buffer<bf16>", "num_q_heads:i32",
+        "num_splits:i32", D=128, MAX_SPLITS=32),
+    "paged_prefill_attention": _abi(
+        "q:in buffer<bf16>", "kv:in ptr", "block_table:in buffer<i32>", "seq_lens:in buffer<i32>",
+        "cu_seqlens_q:in buffer<i32>", "out:out buffer<bf16>", "num_q_heads:i32", "num_kv_heads:i32",
+        "q_stride:i32", "bt_stride:i32", "page_bytes:i32", "sm_scale:f32", D=128, BLOCK_M=64, BLOCK_N=64),
+}
+
+
+@pytest.fixture(scope="module")
+def fake_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fake_index(tmp_path_factory.mktemp("fake-kernels"), GEOMETRIES)
+
+
+def _build(preset: str, kernels: Path, **kw) -> ks.Manifest:
+    return gen.build_manifest(Qwen3Config.preset(preset), gen.load_index(kernels), **kw)
+
+
+# ------------------------------------------------------------------ every geometry verifies
+
+
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_every_geometry_verifies(preset: str, fake_kernels: Path) -> None:
+    cfg = Qwen3Config.preset(preset)
+    m = _build(preset, fake_kernels)
+    text = ks.dump(m)
+    diags = kern_verify.verify(ks.load(text), text.decode())
+    assert diags == [], "\n".join(map(str, diags))
+
+    L, H = cfg.num_hidden_layers, cfg.hidden_size
+    assert m.vars == {"tokens": ks.Var(max=2048)}
+    assert m.states["kv"].bytes_per_token == L * 8 * 2 * 128 * 2
+    decode = [c.label for c in m.programs["decode"].calls]
+    prefill = [c.label for c in m.programs["prefill"].calls]
+    per_layer = ["input_norm", "qkv_proj", "qk_norm_rope", "attn", "o_proj", "post_norm", "gate_up_proj", "act",
+                 "down_proj"]
+    assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["final_norm", "lm_head", "sample"]
+    assert prefill == decode[: 1 + 9 * (L - 1) + 3]  # ... up to the last layer's KV write
+    assert len(set(decode)) == len(decode)
+    # tied models read the embedding in lm_head; untied (8b and larger) their own lm_head.weight
+    lm = next(c for c in m.programs["decode"].calls if c.label == "lm_head")
+    assert lm.args[1].buf == ("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
+    assert ("lm_head.weight" in m.buffers) == (not cfg.tie_word_embeddings)
+    assert m.buffers["logits"].shape == [1, 151936] and m.buffers["next_token"].shape == [1]
+    assert m.buffers["rope.cos_sin"].shape == [40960, 128] and m.buffers["block_table"].shape == [2560]
+    # each layer's kernels get the state at layer*65536
+    for c in m.programs["decode"].calls:
+        for a in c.args:
+            if a.state is not None:
+                assert a.state == "kv" and a.offset == int(c.label.split(".")[0][1:]) * 65536
+    assert all(mod.sha256 for mod in m.modules.values())
+    assert H in {1024, 2048, 2560, 4096, 5120}
+
+
+def test_4b_wiring_details(fake_kernels: Path) -> None:
+    m = _build("4b", fake_kernels)
+    calls = {c.label: c for c in m.programs["decode"].calls}
+    qkv = calls["l3.qkv_proj"]
+    assert [a.buf or a.var or a.i32 for a in qkv.args] == [
+        "x", "model.layers.3.self_attn.qkv_proj.weight", "qkv", "tokens", 32 * 128 + 2 * 8 * 128, 2560]
+    assert calls["lm_head"].args[3].i32 == 1
+    attn = m.ops["attention_decode"].impl
+    assert len(attn.launches) == 2 and set(attn.scratch) == {"part_acc", "part_ml"}
+    # the literal geometry the kernels get
+    rope = m.ops["qk_norm_rope_kv"].impl.launches[0]
+    k = gen.load_index(fake_kernels)["qk_norm_rope_kv"]
+    lit = {n: a.literal for n, a in zip(k.param_names, rope.args) if a.literal is not None}
+    assert lit["num_q_heads"] == 32 and lit["num_kv_heads"] == 8 and lit["page_bytes"] == 36 * 65536
+    assert lit["eps"] == pytest.approx(1e-6)
+    assert rope.args[-2:] == [ks.Arg(u64=0), ks.Arg(u64=0)]  # Triton's hidden params
+    assert m.ops["gemm"].impl.launches == [ks.Launch(extern="cublaslt.gemm_bf16_tn", args=[ks.Arg(param=i) for i in range(6)])]
+
+
+def test_deterministic_and_chunk(fake_kernels: Path, tmp_path: Path) -> None:
+    a = ks.dump(_build("0.6b", fake_kernels))
+    b = ks.dump(_build("0.6b", fake_kernels))
+    assert a == b
+    m = _build("0.6b", fake_kernels, chunk=512, max_positions=4096)
+    assert m.vars["tokens"].max == 512
+    assert m.buffers["rope.cos_sin"].shape == [4096, 128] and m.buffers["block_table"].shape == [256]
+    out = tmp_path / "m.json"
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out)]) == 0
+    assert out.read_bytes() == a
+
+
+def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> None:
+    cfg = copy.deepcopy(PRESETS["1.7b"])
+    del cfg["rope_theta"]  # transformers 5 form
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "m.json"
+    assert gen.main(["--config", str(tmp_path / "config.json"), "--kernels", str(fake_kernels), "--out", str(out),
+                     "--model", "qwen3-1.7b"]) == 0
+    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels))
+
+
+# ------------------------------------------------------------------ the generator's own checks
+
+
+def test_q_view_overlapping_k_trips_the_wiring_check(fake_kernels: Path) -> None:
+    cfg = Qwen3Config.preset("4b")
+    lay = gen.make_layout(cfg)
+    bad = replace(lay, qkv=lay.qkv | {"q": replace(lay.qkv["q"], width=cfg.q_size + 128)})
+    with pytest.raises(gen.WiringError, match=r"view `k` \[8192, 10240\) overlaps view `q` \[0, 8448\)"):
+        gen.build_manifest(cfg, gen.load_index(fake_kernels), layout=bad)
+
+
+def test_attention_reading_k_as_q_trips_the_wiring_check(fake_kernels: Path) -> None:
+    cfg = Qwen3Config.preset("0.6b")
+    index = gen.load_index(fake_kernels)
+    lay = gen.make_layout(cfg)
+    swapped = replace(lay, qkv={"q": lay.qkv["k"], "k": lay.qkv["q"], "v": lay.qkv["v"]})
+    with pytest.raises(gen.WiringError) as e:
+        gen.build_manifest(cfg, index, layout=swapped)
+    msg = str(e.value)
+    assert "view `q` is 1024 wide, but the qkv weight has 2048 `q` rows" in msg
+    assert "views q|k|v must tile a qkv row in that order" in msg
+
+
+def _kernels_of(m: ks.Manifest, fake_kernels: Path) -> dict:
+    index = gen.load_index(fake_kernels)
+    by_entry = {(Path(k.module).stem, k.entry): k for k in index.values()}
+    return {name: [by_entry[(la.module, la.entry)] for la in op.impl.launches if not la.extern]
+            for name, op in m.ops.items()}
+
+
+def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
+    cfg = Qwen3Config.preset("0.6b")
+    m = _build("0.6b", fake_kernels)
+    lay = gen.make_layout(cfg)
+    kof = _kernels_of(m, fake_kernels)
+    gen.check_wiring(m, cfg, lay, kof)  # as built: clean
+
+    def tampered(edit) -> str:
+        t = ks.load(ks.dump(m))
+        edit(t)
+        with pytest.raises(gen.WiringError) as e:
+            gen.check_wiring(t, cfg, lay, kof)
+        return str(e.value)
+
+    def calls(t, prog="decode"):
+        return {c.label: c for c in t.programs[prog].calls}
+
+    # attention reads the k columns as q
+    def q_at_k(t):
+        calls(t)["l5.attn"].args[0] = ks.Arg(buf="qkv", offset=lay.qkv["k"].offset)
+    assert "`l5.attn`: attention reads view `k` as q" in tampered(q_at_k)
+
+    # layer 7 writes its KV into layer 6's block
+    def kv_of_6(t):
+        calls(t, "prefill")["l7.qk_norm_rope"].args[6] = ks.Arg(state="kv", offset=6 * 65536)
+    assert "`l7.qk_norm_rope`: KV offset 393216 != layer 7's block at 458752" in tampered(kv_of_6)
+
+    # layer 2 multiplies by layer 1's down projection
+    def w_of_1(t):
+        for prog in ("prefill", "decode"):
+            calls(t, prog)["l2.down_proj"].args[1] = ks.Arg(buf="model.layers.1.mlp.down_proj.weight")
+    msg = tampered(w_of_1)
+    assert "uses weight `model.layers.1.mlp.down_proj.weight`, which is not a weight of layer 2" in msg
+    assert "weight `model.layers.1.mlp.down_proj.weight` is used by ['l1.down_proj', 'l2.down_proj']" in msg
+    assert "buffer `model.layers.2.mlp.down_proj.weight` is declared but no call uses it" in msg
+
+    # a page stride that is not 16 × bytes_per_token
+    def stride(t):
+        la = t.ops["attention_decode"].impl.launches[0]
+        i = kof["attention_decode"][0].param_names.index("page_bytes")
+        la.args[i] = ks.Arg(**{kof["attention_decode"][0].params[i]: 65536})
+    assert "page_bytes 65536 != page stride 1835008" in tampered(stride)
+
+    # an unaligned view offset into a 16-byte-specialised parameter
+    def unaligned(t):
+        calls(t)["l0.act"].args[0] = ks.Arg(buf="gate_up", offset=8)
+    msg = tampered(unaligned)
+    assert "`gate_up` at byte offset 8: only qkv has views" in msg
+    assert "`silu_and_mul` needs `gate_up` 16-byte aligned, gets offset 8" in msg
+
+    # an unused declaration
+    def unused(t):
+        t.buffers["spare"] = ks.Buffer(dtype="bf16", shape=[4], class_="workspace")
+    assert "buffer `spare` is declared but no call uses it" in tampered(unused)
+
+    # decode-only logits sized by the chunk bound
+    def big_logits(t):
+        t.buffers["logits"] = ks.Buffer(dtype="bf16", shape=["tokens", 151936], class_="workspace")
+    assert "decode-only buffer `logits` is sized by a var" in tampered(big_logits)
+
+
+def test_kernel_abi_drift_names_the_param(fake_kernels: Path, tmp_path: Path) -> None:
+    index = json.loads((fake_kernels / "index.json").read_text())
+
+    def with_index(edit) -> str:
+        idx = copy.deepcopy(index)
+        edit(idx["kernels"])
+        d = tmp_path / f"k{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        for f in fake_kernels.iterdir():
+            (d / f.name).write_bytes(f.read_bytes())
+        (d / "index.json").write_text(json.dumps(idx))
+        with pytest.raises(gen.GenError) as e:
+            gen.build_manifest(Qwen3Config.preset("4b"), gen.load_index(d))
+        return str(e.value)
+
+    def new_param(k):
+        k["silu_and_mul"]["params"].insert(3, "i32")
+        k["silu_and_mul"]["param_names"].insert(3, "stride")
+    assert "kernel `silu_and_mul`, param `stride` (i32): not wired by the generator" in with_index(new_param)
+
+    def renamed(k):
+        k["embedding"]["param_names"][4] = "vocab_size"
+    msg = with_index(renamed)
+    assert "param `vocab_size` (i32): not wired" in msg
+
+    def no_norm(k):
+        del k["rms_norm_h2560"]
+    assert "the kernel index has no `rms_norm_h2560`" in with_index(no_norm)
+
+    def retyped(k):
+        k["embedding"]["params"][0] = "in buffer<i32>"
+    assert "param `ids` (in buffer<i32>): op param `ids` is `in buffer<i64>`" in with_index(retyped)
+
+
+def test_stale_index_is_refused(fake_kernels: Path, tmp_path: Path) -> None:
+    d = tmp_path / "k"
+    d.mkdir()
+    for f in fake_kernels.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "embedding.cubin").write_bytes(b"rebuilt")
+    with pytest.raises(gen.GenError, match="module `embedding.cubin` does not have the index's sha256"):
+        gen.load_index(d)
+    with pytest.raises(gen.GenError, match="no kernel index"):
+        gen.load_index(tmp_path)

@@ -1,0 +1,714 @@
+#!/usr/bin/env python3
+"""Generate the kern manifest (schema 4) of a Qwen3 dense model.
+
+Usage::
+
+    python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
+                              [--chunk 2048] [--max-positions 40960] [--model NAME]
+
+DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
+every kernel is wired by the NAME, parameter names and types the index gives, and every
+module is pinned by the sha256 of its file. The manifest has two programs over the same
+op entries (tools/README.md is the contract):
+
+- `prefill`: a chunk of `tokens` (1 .. --chunk) prompt tokens through every layer; it writes
+  only the KV state. (The last layer stops after its KV write: nothing after it reaches the
+  state.)
+- `decode`: one token (`tokens` = 1): every layer, then the final norm, the lm_head GEMM
+  (the embedding when tied) into `logits` [1, V] and a GPU argmax into `next_token` (i64 [1]).
+
+Before writing, the generator checks its own wiring (`check_wiring`): the q/k/v column
+ranges of the fused qkv buffer lie inside a row and do not overlap, and every kernel that
+addresses them agrees with that one layout; each layer's calls use that layer's weights
+and no other call does; each layer's KV offset lies inside its page and matches the page
+stride passed to the kernels; parameters the kernels require 16-byte aligned are; every
+declaration is used. The output is deterministic: the same config and index give the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kern_schema as ks
+from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
+
+__all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
+           "build_manifest", "check_wiring", "generate", "main"]
+
+GEMM = "cublaslt.gemm_bf16_tn"
+#: Triton's two hidden trailing params (global / profile scratch): always 0 (kernels-src/README.md).
+TRITON_HIDDEN = ("global_scratch", "profile_scratch")
+#: Logits per block of the argmax's first stage (kernels-src: recommended 2048 → 75 blocks for V=151936).
+ARGMAX_BLOCK_LOGITS = 2048
+#: Key splits of decode attention: NKV × 16 = 128 programs fill most of the H200's 132 SMs.
+DECODE_SPLITS = 16
+
+
+class GenError(ValueError):
+    """The inputs (config, kernel index) cannot make a manifest; the message names what is at fault."""
+
+
+class WiringError(AssertionError):
+    """The manifest's wiring contradicts the layout it was built for (a generator bug)."""
+
+
+# ---------------------------------------------------------------------------------------
+# The kernel index (tools/build_kernels.py, format 1)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    module: str  # cubin file in the kernels dir
+    sha256: str
+    entry: str
+    params: tuple[str, ...]
+    param_names: tuple[str, ...]
+    aligned16: frozenset[str]
+    block: tuple[int, int, int]
+    shared_mem: int
+    constexprs: dict[str, Any]
+    doc: str
+
+    def type_of(self, param: str) -> str:
+        return self.params[self.param_names.index(param)]
+
+
+def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str, Kernel]:
+    """Read DIR/index.json. With `check_files`, each module must exist with the index's sha256."""
+    d = Path(kernels_dir)
+    path = d / "index.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise GenError(f"{path}: no kernel index (build one with tools/build_kernels.py --out {d})") from None
+    if raw.get("format") != 1 or raw.get("target") != "sm_90":
+        raise GenError(f"{path}: format {raw.get('format')!r} target {raw.get('target')!r}; expected 1, sm_90")
+    out: dict[str, Kernel] = {}
+    hashes: dict[str, str] = {}
+    for name, e in raw["kernels"].items():
+        try:
+            k = Kernel(name=name, module=e["module"], sha256=e["sha256"], entry=e["entry"],
+                       params=tuple(e["params"]), param_names=tuple(e["param_names"]),
+                       aligned16=frozenset(e.get("aligned16", ())), block=tuple(e["block"]),
+                       shared_mem=int(e.get("shared_mem", 0)), constexprs=dict(e.get("constexprs", {})),
+                       doc=e.get("doc", ""))
+        except KeyError as missing:
+            raise GenError(f"{path}: kernel `{name}` has no field {missing}") from None
+        if len(k.params) != len(k.param_names):
+            raise GenError(f"{path}: kernel `{name}`: {len(k.params)} params but {len(k.param_names)} param_names")
+        if not re.fullmatch(r"[0-9a-f]{64}", k.sha256):
+            raise GenError(f"{path}: kernel `{name}`: sha256 {k.sha256!r} is not 64 hex digits")
+        if hashes.setdefault(k.module, k.sha256) != k.sha256:
+            raise GenError(f"{path}: module `{k.module}` has two different sha256 in the index")
+        out[name] = k
+    if check_files:
+        for mod, sha in sorted(hashes.items()):
+            f = d / mod
+            if not f.is_file():
+                raise GenError(f"{path}: module `{mod}` is not in {d}")
+            if hashlib.sha256(f.read_bytes()).hexdigest() != sha:
+                raise GenError(f"{path}: module `{mod}` does not have the index's sha256 (stale index?)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Layout: where things live inside the fused qkv buffer and inside a KV page
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class View:
+    """A column range of a row-major [tokens, row] buffer: starts `offset` bytes into each row."""
+
+    buffer: str
+    offset: int  # bytes from the row start (the call's `offset` for row 0)
+    width: int  # elements
+
+
+@dataclass(frozen=True)
+class Layout:
+    qkv: dict[str, View]  # "q", "k", "v" inside the fused qkv activation
+    kv_layer_offsets: tuple[int, ...]  # byte offset of layer l's block inside a KV page
+    kv_layer_bytes: int  # one layer's block: 16 tokens × NKV × (k|v) × D × bf16
+    kv_page_bytes: int  # page stride passed to the attention kernels
+
+
+def make_layout(cfg: Qwen3Config) -> Layout:
+    """The layout the exporter and the kernels agree on (tools/README.md)."""
+    q, kv = cfg.q_size, cfg.kv_size
+    return Layout(
+        qkv={"q": View("qkv", 0, q), "k": View("qkv", 2 * q, kv), "v": View("qkv", 2 * (q + kv), kv)},
+        kv_layer_offsets=tuple(l * cfg.kv_layer_block_bytes for l in range(cfg.num_hidden_layers)),
+        kv_layer_bytes=cfg.kv_layer_block_bytes,
+        kv_page_bytes=cfg.kv_page_bytes,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Building blocks: ops wired from the index by parameter name; programs as named calls
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class P:
+    """Launch arg source: forward interface param `name`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class S:
+    """Launch arg source: the impl's scratch `name` (+ byte offset)."""
+
+    name: str
+    offset: int = 0
+
+
+def ceil_div(e: ks.Expr, c: int) -> ExprNode:
+    return ExprNode(ceil_div=(e, c))
+
+
+# call-side arguments
+def buf(name: str, offset: int = 0) -> Arg:
+    return Arg(buf=name, offset=offset or None)
+
+
+def state(name: str, offset: int) -> Arg:
+    return Arg(state=name, offset=offset)
+
+
+def var(name: str) -> Arg:
+    return Arg(var=name)
+
+
+def i32(v: int) -> Arg:
+    return Arg(i32=v)
+
+
+_SCALARS = set(ks.SCALARS)
+
+
+def _literal(ptype: str, value: int | float, where: str) -> Arg:
+    if ptype not in _SCALARS:
+        raise GenError(f"{where}: a literal cannot fill a `{ptype}` parameter")
+    if ptype in ("f32", "f64"):
+        return Arg(**{ptype: float(value)})
+    if value != int(value):
+        raise GenError(f"{where}: {value!r} is not an integer for `{ptype}`")
+    return Arg(**{ptype: int(value)})
+
+
+def _kind(ptype: str) -> tuple[str, str]:
+    """('buffer', dtype) / ('ptr', '') / ('scalar', type), ignoring direction."""
+    t = ks.parse_param_type(ptype)
+    return (t.kind, t.dtype or "") if t.kind != "scalar" else ("scalar", ptype)
+
+
+class ManifestBuilder:
+    """Accumulates declarations in first-use order, so the output is deterministic."""
+
+    def __init__(self, cfg: Qwen3Config, index: dict[str, Kernel]):
+        self.cfg = cfg
+        self.index = index
+        self.buffers: dict[str, Buffer] = {}
+        self.modules: dict[str, Module] = {}
+        self.ops: dict[str, Op] = {}
+        self.iface: dict[str, list[tuple[str, str]]] = {}  # op -> [(param name, type)]
+        self.kernels_of: dict[str, list[str]] = {}  # op -> index NAMEs of its launches
+        self.programs: dict[str, Program] = {}
+
+    # -- declarations --
+
+    def buffer(self, name: str, dtype: str, shape: list[int | str], cls: str) -> None:
+        assert name not in self.buffers, f"buffer `{name}` declared twice"
+        self.buffers[name] = Buffer(dtype=dtype, shape=shape, class_=cls)
+
+    def kernel(self, name: str) -> Kernel:
+        k = self.index.get(name)
+        if k is None:
+            raise GenError(
+                f"the kernel index has no `{name}` (needed for hidden_size {self.cfg.hidden_size}); "
+                f"rebuild it with tools/build_kernels.py --geometry for this model"
+            )
+        return k
+
+    def launch(self, op: str, iface: list[tuple[str, str]], kname: str, grid: Sequence[ks.Expr],
+               **wiring: P | S | int | float | str | ExprNode) -> Launch:
+        """A launch of index kernel `kname`, its args built in the kernel's parameter order from
+        `wiring` (kernel param name -> source). Every kernel param must be wired, nothing else."""
+        k = self.kernel(kname)
+        names = [n for n, _ in iface]
+        args: list[Arg] = []
+        for pname, ptype in zip(k.param_names, k.params):
+            where = f"op `{op}`, kernel `{kname}`, param `{pname}` ({ptype})"
+            if pname in TRITON_HIDDEN:
+                args.append(Arg(u64=0))
+                continue
+            if pname not in wiring:
+                raise GenError(f"{where}: not wired by the generator (kernel ABI changed?)")
+            src = wiring[pname]
+            if isinstance(src, P):
+                if src.name not in names:
+                    raise GenError(f"{where}: forwards `{src.name}`, which op `{op}` does not declare")
+                itype = iface[names.index(src.name)][1]
+                if _kind(itype) != _kind(ptype):
+                    raise GenError(f"{where}: op param `{src.name}` is `{itype}`")
+                args.append(Arg(param=names.index(src.name)))
+            elif isinstance(src, S):
+                args.append(Arg(scratch=src.name, offset=src.offset or None))
+            elif isinstance(src, (str, ExprNode)):
+                args.append(Arg(expr=src))
+            else:
+                if pname in k.aligned16 and int(src) % 16:
+                    raise GenError(f"{where}: {src} must be a multiple of 16 (aligned16)")
+                args.append(_literal(ptype, src, where))
+        extra = sorted(set(wiring) - set(k.param_names))
+        if extra:
+            raise GenError(f"op `{op}`, kernel `{kname}`: wires {extra}, which the kernel does not have")
+        mod = Path(k.module).stem
+        self.modules.setdefault(mod, Module(source=k.module, sha256=k.sha256))
+        self.kernels_of.setdefault(op, []).append(kname)
+        return Launch(module=mod, entry=k.entry, params=list(k.params), block=list(k.block), grid=list(grid),
+                      shared_mem=k.shared_mem or None, args=args)
+
+    def op(self, name: str, iface: list[tuple[str, str]], launches: list[Launch],
+           scratch: dict[str, Scratch] | None = None) -> None:
+        assert name not in self.ops, f"op `{name}` declared twice"
+        self.iface[name] = iface
+        self.ops[name] = Op(params=[t for _, t in iface], impl=Impl(scratch=scratch or {}, launches=launches))
+
+    def program(self, name: str) -> ProgramBuilder:
+        pb = ProgramBuilder(self)
+        self.programs[name] = Program(calls=pb.calls)
+        return pb
+
+    def manifest(self, model: str, chunk: int) -> Manifest:
+        return Manifest(
+            schema_version=ks.SCHEMA_VERSION, model=model,
+            vars={"tokens": Var(max=chunk)},
+            states={"kv": State(bytes_per_token=self.cfg.kv_bytes_per_token)},
+            buffers=self.buffers, modules=self.modules, ops=self.ops, programs=self.programs,
+        )
+
+
+@dataclass
+class ProgramBuilder:
+    b: ManifestBuilder
+    calls: list[Call] = field(default_factory=list)
+
+    def __call__(self, label: str, op: str, **args: Arg) -> None:
+        """Append a call; `args` are keyed by the op's parameter names, in any order."""
+        iface = self.b.iface[op]
+        names = [n for n, _ in iface]
+        if set(args) != set(names):
+            raise GenError(f"call `{label}` to `{op}`: args {sorted(args)} != params {names}")
+        assert all(c.label != label for c in self.calls), f"label `{label}` used twice"
+        self.calls.append(Call(label=label, op=op, args=[args[n] for n in names]))
+
+
+# ---------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------
+
+BF16_IN, BF16_OUT, BF16_INOUT = "in buffer<bf16>", "out buffer<bf16>", "inout buffer<bf16>"
+
+
+def declare_buffers(b: ManifestBuilder, max_positions: int) -> None:
+    c = b.cfg
+    H, N, I, V, D = c.hidden_size, c.qkv_size, c.intermediate_size, c.vocab_size, c.head_dim
+    T = "tokens"
+    # Written by the caller before each run (tools/README.md).
+    b.buffer("token_ids", "i64", [T], "input")
+    b.buffer("positions", "i64", [T], "input")
+    b.buffer("slot_mapping", "i64", [T], "input")
+    b.buffer("seq_lens", "i32", [1], "input")
+    b.buffer("cu_seqlens_q", "i32", [2], "input")
+    b.buffer("block_table", "i32", [math.ceil(max_positions / KV_PAGE_TOKENS)], "input")
+    b.buffer("next_token", "i64", [1], "output")
+    # Activations.
+    b.buffer("residual", "bf16", [T, H], "workspace")  # the residual stream
+    b.buffer("x", "bf16", [T, H], "workspace")  # normed input of a sublayer
+    b.buffer("qkv", "bf16", [T, N], "workspace")  # [q | k | v] per token; q rewritten in place by the prologue
+    b.buffer("attn", "bf16", [T, c.q_size], "workspace")  # attention output
+    b.buffer("h", "bf16", [T, H], "workspace")  # a sublayer's output, added into the residual next
+    b.buffer("gate_up", "bf16", [T, 2 * I], "workspace")
+    b.buffer("act", "bf16", [T, I], "workspace")
+    b.buffer("logits", "bf16", [1, V], "workspace")  # decode only: last token
+    # Weights (kern weights file, tools/export_weights.py).
+    b.buffer("model.embed_tokens.weight", "bf16", [V, H], "weight")
+    for l in range(c.num_hidden_layers):
+        p = f"model.layers.{l}."
+        b.buffer(p + "input_layernorm.weight", "bf16", [H], "weight")
+        b.buffer(p + "self_attn.qkv_proj.weight", "bf16", [N, H], "weight")
+        b.buffer(p + "self_attn.q_norm.weight", "bf16", [D], "weight")
+        b.buffer(p + "self_attn.k_norm.weight", "bf16", [D], "weight")
+        b.buffer(p + "self_attn.o_proj.weight", "bf16", [H, c.q_size], "weight")
+        b.buffer(p + "post_attention_layernorm.weight", "bf16", [H], "weight")
+        b.buffer(p + "mlp.gate_up_proj.weight", "bf16", [2 * I, H], "weight")
+        b.buffer(p + "mlp.down_proj.weight", "bf16", [H, I], "weight")
+    b.buffer("model.norm.weight", "bf16", [H], "weight")
+    if not c.tie_word_embeddings:
+        b.buffer("lm_head.weight", "bf16", [V, H], "weight")
+    b.buffer("rope.cos_sin", "f32", [max_positions, D], "weight")
+
+
+def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
+    c = b.cfg
+    H, D, NQ, NKV, V = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.vocab_size
+    eps, T = c.rms_norm_eps, "tokens"
+    q_stride = c.qkv_size  # elements between two tokens' q (the fused qkv row)
+    max_pages = b.buffers["block_table"].shape[0]
+
+    iface = [("ids", "in buffer<i64>"), ("table", BF16_IN), ("out", BF16_OUT)]
+    b.op("embedding", iface, [
+        b.launch("embedding", iface, "embedding", [T, 1, 1],
+                 ids=P("ids"), table=P("table"), out=P("out"), hidden=H, vocab=V),
+    ])
+
+    iface = [("x", BF16_IN), ("w", BF16_IN), ("out", BF16_OUT)]
+    b.op("rms_norm", iface, [
+        b.launch("rms_norm", iface, f"rms_norm_h{H}", [T, 1, 1], x=P("x"), w=P("w"), out=P("out"), eps=eps),
+    ])
+
+    iface = [("residual", BF16_INOUT), ("x", BF16_IN), ("w", BF16_IN), ("out", BF16_OUT)]
+    b.op("add_rms_norm", iface, [
+        b.launch("add_rms_norm", iface, f"add_rms_norm_h{H}", [T, 1, 1],
+                 residual=P("residual"), x=P("x"), w=P("w"), out=P("out"), eps=eps),
+    ])
+
+    # C[m, n] = A[m, k] · W[n, k]ᵀ through the runtime's cuBLASLt built-in.
+    iface = [("a", BF16_IN), ("w", BF16_IN), ("c", BF16_OUT), ("m", "i32"), ("n", "i32"), ("k", "i32")]
+    b.op("gemm", iface, [Launch(extern=GEMM, args=[Arg(param=i) for i in range(6)])])
+
+    # q/k RMS norm + rotary on q (in place) and k, k/v into the paged KV: one program per (token, kv head).
+    iface = [("qkv", BF16_INOUT), ("positions", "in buffer<i64>"), ("slot_mapping", "in buffer<i64>"),
+             ("q_norm_w", BF16_IN), ("k_norm_w", BF16_IN), ("cos_sin", "in buffer<f32>"), ("kv", "inout ptr")]
+    b.op("qk_norm_rope_kv", iface, [
+        b.launch("qk_norm_rope_kv", iface, "qk_norm_rope_kv", [T, NKV, 1],
+                 qkv=P("qkv"), positions=P("positions"), slot_mapping=P("slot_mapping"),
+                 q_norm_w=P("q_norm_w"), k_norm_w=P("k_norm_w"), cos_sin=P("cos_sin"), kv=P("kv"),
+                 num_q_heads=NQ, num_kv_heads=NKV, eps=eps, page_bytes=layout.kv_page_bytes),
+    ])
+
+    common = dict(num_q_heads=NQ, num_kv_heads=NKV, q_stride=q_stride, bt_stride=max_pages,
+                  page_bytes=layout.kv_page_bytes, sm_scale=1.0 / math.sqrt(D))
+
+    # Prefill: causal flash attention of the chunk against the cache (which already holds it).
+    iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+             ("cu_seqlens_q", "in buffer<i32>"), ("out", BF16_OUT)]
+    block_m = b.kernel("paged_prefill_attention").constexprs.get("BLOCK_M", 64)
+    b.op("attention_prefill", iface, [
+        b.launch("attention_prefill", iface, "paged_prefill_attention", [ceil_div(T, block_m), NQ, 1],
+                 q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                 cu_seqlens_q=P("cu_seqlens_q"), out=P("out"), **common),
+    ])
+
+    # Decode: split-KV partial results into private scratch, then a reduce. Fixed shapes (one token).
+    max_splits = b.kernel("paged_decode_reduce").constexprs.get("MAX_SPLITS", DECODE_SPLITS)
+    splits = min(DECODE_SPLITS, max_splits)
+    iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+             ("out", BF16_OUT)]
+    b.op("attention_decode", iface, [
+        b.launch("attention_decode", iface, "paged_decode_attention", [NKV, splits, 1],
+                 q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                 part_acc=S("part_acc"), part_ml=S("part_ml"), **common),
+        b.launch("attention_decode", iface, "paged_decode_reduce", [NQ, 1, 1],
+                 part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ, num_splits=splits),
+    ], scratch={"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
+                "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])})
+
+    iface = [("gate_up", BF16_IN), ("out", BF16_OUT)]
+    block = b.kernel("silu_and_mul").constexprs.get("BLOCK", 1024)
+    b.op("silu_and_mul", iface, [
+        b.launch("silu_and_mul", iface, "silu_and_mul", [T, ceil_div(c.intermediate_size, block), 1],
+                 gate_up=P("gate_up"), out=P("out"), inter=c.intermediate_size),
+    ])
+
+    # Greedy sampling over one row of logits: two stages through private scratch.
+    parts = math.ceil(V / ARGMAX_BLOCK_LOGITS)
+    iface = [("logits", BF16_IN), ("out", "out buffer<i64>")]
+    b.op("argmax", iface, [
+        b.launch("argmax", iface, "argmax_partial", [parts, 1, 1],
+                 logits=P("logits"), partial=S("partial"), n=V, parts=parts),
+        b.launch("argmax", iface, "argmax_reduce", [1, 1, 1], partial=S("partial"), out=P("out"), parts=parts),
+    ], scratch={"partial": Scratch(dtype="u64", shape=[parts])})
+
+
+def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
+    """One program: `prefill` (KV only) or `decode` (KV, then next_token)."""
+    c = b.cfg
+    H, N, I, L = c.hidden_size, c.qkv_size, c.intermediate_size, c.num_hidden_layers
+    decode = program == "decode"
+    call = b.program(program)
+    tokens = var("tokens")
+    q = layout.qkv["q"]
+
+    call("embed", "embedding", ids=buf("token_ids"), table=buf("model.embed_tokens.weight"), out=buf("residual"))
+    for l in range(L):
+        w = f"model.layers.{l}."
+        # residual = embedding (layer 0) or residual + previous MLP output; x = rmsnorm(residual) * w
+        if l == 0:
+            call("l0.input_norm", "rms_norm", x=buf("residual"), w=buf(w + "input_layernorm.weight"), out=buf("x"))
+        else:
+            call(f"l{l}.input_norm", "add_rms_norm", residual=buf("residual"), x=buf("h"),
+                 w=buf(w + "input_layernorm.weight"), out=buf("x"))
+        call(f"l{l}.qkv_proj", "gemm", a=buf("x"), w=buf(w + "self_attn.qkv_proj.weight"), c=buf("qkv"),
+             m=tokens, n=i32(N), k=i32(H))
+        call(f"l{l}.qk_norm_rope", "qk_norm_rope_kv", qkv=buf("qkv"), positions=buf("positions"),
+             slot_mapping=buf("slot_mapping"), q_norm_w=buf(w + "self_attn.q_norm.weight"),
+             k_norm_w=buf(w + "self_attn.k_norm.weight"), cos_sin=buf("rope.cos_sin"),
+             kv=state("kv", layout.kv_layer_offsets[l]))
+        if not decode and l == L - 1:
+            break  # prefill: the last layer's KV is written; everything after feeds only logits
+        kv = state("kv", layout.kv_layer_offsets[l])
+        if decode:
+            call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv, block_table=buf("block_table"),
+                 seq_lens=buf("seq_lens"), out=buf("attn"))
+        else:
+            call(f"l{l}.attn", "attention_prefill", q=buf(q.buffer, q.offset), kv=kv,
+                 block_table=buf("block_table"), seq_lens=buf("seq_lens"), cu_seqlens_q=buf("cu_seqlens_q"),
+                 out=buf("attn"))
+        call(f"l{l}.o_proj", "gemm", a=buf("attn"), w=buf(w + "self_attn.o_proj.weight"), c=buf("h"),
+             m=tokens, n=i32(H), k=i32(c.q_size))
+        call(f"l{l}.post_norm", "add_rms_norm", residual=buf("residual"), x=buf("h"),
+             w=buf(w + "post_attention_layernorm.weight"), out=buf("x"))
+        call(f"l{l}.gate_up_proj", "gemm", a=buf("x"), w=buf(w + "mlp.gate_up_proj.weight"), c=buf("gate_up"),
+             m=tokens, n=i32(2 * I), k=i32(H))
+        call(f"l{l}.act", "silu_and_mul", gate_up=buf("gate_up"), out=buf("act"))
+        call(f"l{l}.down_proj", "gemm", a=buf("act"), w=buf(w + "mlp.down_proj.weight"), c=buf("h"),
+             m=tokens, n=i32(H), k=i32(I))
+    if decode:
+        lm_head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+        call("final_norm", "add_rms_norm", residual=buf("residual"), x=buf("h"), w=buf("model.norm.weight"),
+             out=buf("x"))
+        call("lm_head", "gemm", a=buf("x"), w=buf(lm_head), c=buf("logits"), m=i32(1), n=i32(c.vocab_size), k=i32(H))
+        call("sample", "argmax", logits=buf("logits"), out=buf("next_token"))
+
+
+def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
+                   max_positions: int | None = None, layout: Layout | None = None,
+                   model: str | None = None) -> Manifest:
+    """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`)."""
+    if not 1 <= chunk <= 1 << 20:
+        raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
+    positions = max_positions or cfg.max_position_embeddings
+    layout = layout or make_layout(cfg)
+    b = ManifestBuilder(cfg, index)
+    declare_buffers(b, positions)
+    declare_ops(b, layout)
+    forward(b, layout, "prefill")
+    forward(b, layout, "decode")
+    m = b.manifest(model or cfg.name, chunk)
+    check_wiring(m, cfg, layout, {op: [index[k] for k in ks_] for op, ks_ in b.kernels_of.items()})
+    return m
+
+
+# ---------------------------------------------------------------------------------------
+# The generator's own wiring check
+# ---------------------------------------------------------------------------------------
+
+_LAYER_LABEL = re.compile(r"l(\d+)\.")
+_LAYER_WEIGHT = re.compile(r"model\.layers\.(\d+)\.")
+#: Weights every layer reads (the rotary table); all others belong to one layer or to none.
+SHARED_WEIGHTS = frozenset({"rope.cos_sin"})
+
+
+def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, kernels_of: dict[str, list[Kernel]]) -> None:
+    """Assert the manifest's wiring against `layout`. Raises WiringError listing every fault.
+
+    `kernels_of` maps each op to the index entries of its kernel launches, in launch order (extern
+    launches have none), so launch args can be read by kernel parameter name.
+    """
+    errs: list[str] = []
+    err = errs.append
+    esize = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u64": 8}
+
+    # -- the qkv views: inside the row, disjoint, in q|k|v order, matching the weight's row order --
+    qkv = m.buffers.get("qkv")
+    row_bytes = cfg.qkv_size * esize[qkv.dtype] if qkv else 0
+    if qkv is None or qkv.shape != ["tokens", cfg.qkv_size]:
+        err(f"buffer `qkv` must be [tokens, {cfg.qkv_size}] (NQ*D + 2*NKV*D)")
+    want_width = {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size}
+    spans = []
+    for name, v in layout.qkv.items():
+        lo, hi = v.offset, v.offset + 2 * v.width
+        if v.buffer != "qkv" or lo < 0 or hi > row_bytes or lo % 16:
+            err(f"view `{name}` [{lo}, {hi}) bytes is not a 16-byte-aligned range inside a qkv row of {row_bytes}")
+        if v.width != want_width[name]:
+            err(f"view `{name}` is {v.width} wide, but the qkv weight has {want_width[name]} `{name}` rows")
+        spans.append((lo, hi, name))
+    spans.sort()
+    for (lo1, hi1, n1), (lo2, hi2, n2) in zip(spans, spans[1:]):
+        if lo2 < hi1:
+            err(f"view `{n2}` [{lo2}, {hi2}) overlaps view `{n1}` [{lo1}, {hi1}) in `qkv`")
+    if [n for _, _, n in spans] != ["q", "k", "v"] or sum(h - l for l, h, _ in spans) != row_bytes:
+        err("views q|k|v must tile a qkv row in that order (the exporter stacks q, k, v rows)")
+
+    # -- per-call checks --
+    page_block = 16 * (m.states["kv"].bytes_per_token or 0)
+    if m.states["kv"].bytes_per_token != cfg.kv_bytes_per_token:
+        err(f"state `kv` bytes_per_token {m.states['kv'].bytes_per_token} != L*NKV*2*D*2 = {cfg.kv_bytes_per_token}")
+    if layout.kv_page_bytes != page_block:
+        err(f"page stride {layout.kv_page_bytes} != 16 tokens × bytes_per_token = {page_block}")
+    offs = layout.kv_layer_offsets
+    if len(offs) != cfg.num_hidden_layers or len(set(offs)) != len(offs):
+        err(f"KV layer offsets {offs} are not {cfg.num_hidden_layers} distinct offsets")
+    for l, o in enumerate(offs):
+        if o % layout.kv_layer_bytes or not 0 <= o <= page_block - layout.kv_layer_bytes:
+            err(f"layer {l}'s KV block [{o}, {o + layout.kv_layer_bytes}) is not a block inside the page of {page_block}")
+
+    weight_users: dict[str, set[str]] = {}
+    used: set[str] = set()
+    ops_used: set[str] = set()
+    for pname, prog in m.programs.items():
+        for ci, call in enumerate(prog.calls):
+            where = f"programs.{pname}.calls[{ci}] `{call.label}`"
+            ops_used.add(call.op)
+            op = m.ops[call.op]
+            lm = _LAYER_LABEL.match(call.label)
+            layer = int(lm.group(1)) if lm else None
+            for ai, a in enumerate(call.args):
+                if a.buf is not None:
+                    used.add(a.buf)
+                    b = m.buffers[a.buf]
+                    if b.class_ == "weight":
+                        weight_users.setdefault(a.buf, set()).add(call.label)
+                        wm = _LAYER_WEIGHT.match(a.buf)
+                        owner = int(wm.group(1)) if wm else None
+                        if owner != layer and a.buf not in SHARED_WEIGHTS:
+                            err(f"{where}: uses weight `{a.buf}`, which is not a weight of "
+                                f"{'layer ' + str(layer) if layer is not None else 'a call outside the layers'}")
+                    if a.buf == "qkv" and ks.parse_param_type(op.params[ai]).direction == "in":
+                        # a reader of a slice of qkv: must be exactly one of the views
+                        views = {(v.offset): n for n, v in layout.qkv.items()}
+                        if (a.offset or 0) not in views:
+                            err(f"{where}: reads `qkv` at byte {a.offset or 0}, which is no view of the layout")
+                        elif views[a.offset or 0] != "q":
+                            err(f"{where}: attention reads view `{views[a.offset or 0]}` as q")
+                    elif a.offset:
+                        err(f"{where}: `{a.buf}` at byte offset {a.offset}: only qkv has views")
+                if a.state is not None:
+                    if layer is None or not 0 <= layer < len(offs):
+                        err(f"{where}: passes state `{a.state}` outside a layer")
+                    elif a.offset != offs[layer]:
+                        err(f"{where}: KV offset {a.offset} != layer {layer}'s block at {offs[layer]}")
+            # 16-byte alignment the kernels were specialised for
+            kerns = iter(kernels_of.get(call.op, []))
+            for launch in op.impl.launches:
+                if launch.extern:
+                    continue
+                k = next(kerns)
+                for pn, la in zip(k.param_names, launch.args):
+                    if pn in k.aligned16 and la.param is not None:
+                        ca = call.args[la.param]
+                        if (ca.offset or 0) % 16:
+                            err(f"{where}: `{k.name}` needs `{pn}` 16-byte aligned, gets offset {ca.offset}")
+
+    # -- each weight is bound by one call label (the tied embedding by embed and lm_head) --
+    for w, users in weight_users.items():
+        allowed = 2 if (w == "model.embed_tokens.weight" and cfg.tie_word_embeddings) else 1
+        if w not in SHARED_WEIGHTS and len(users) > allowed:
+            err(f"weight `{w}` is used by {sorted(users)}")
+
+    # -- the kernels' view of the same layout: head counts, qkv row, page stride --
+    for op_name, kerns in kernels_of.items():
+        kern_launches = [la for la in m.ops[op_name].impl.launches if not la.extern]
+        for k, launch in zip(kerns, kern_launches):
+            lit = {pn: a.literal for pn, a in zip(k.param_names, launch.args) if a.literal is not None}
+            where = f"ops.{op_name} kernel `{k.name}`"
+            if "page_bytes" in lit and lit["page_bytes"] != layout.kv_page_bytes:
+                err(f"{where}: page_bytes {lit['page_bytes']} != page stride {layout.kv_page_bytes}")
+            if "num_q_heads" in lit and "num_kv_heads" in lit:
+                nq, nkv = lit["num_q_heads"], lit["num_kv_heads"]
+                # q heads, then k heads, then v heads, D each: where the kernel looks for k and v
+                if nq * cfg.head_dim * 2 != layout.qkv["k"].offset or (nq + nkv) * cfg.head_dim * 2 != layout.qkv["v"].offset:
+                    err(f"{where}: heads {nq}/{nkv} place k/v at other columns than the layout's views")
+            if "q_stride" in lit and lit["q_stride"] != cfg.qkv_size:
+                err(f"{where}: q_stride {lit['q_stride']} != qkv row {cfg.qkv_size}")
+            if "bt_stride" in lit and lit["bt_stride"] != m.buffers["block_table"].shape[0]:
+                err(f"{where}: bt_stride {lit['bt_stride']} != block_table length")
+
+    # -- every declaration used; decode-only buffers fixed-shape and out of prefill --
+    for name in m.buffers:
+        if name not in used:
+            err(f"buffer `{name}` is declared but no call uses it")
+    for name in m.ops:
+        if name not in ops_used:
+            err(f"op `{name}` is declared but no call uses it")
+    mods = {la.module for op in m.ops.values() for la in op.impl.launches if la.module}
+    for name, mod in m.modules.items():
+        if name not in mods:
+            err(f"module `{name}` is declared but no launch uses it")
+        if not (mod.sha256 and re.fullmatch(r"[0-9a-f]{64}", mod.sha256)):
+            err(f"module `{name}` is not pinned by a sha256")
+    for name in ("logits", "next_token"):
+        if any(isinstance(d, str) for d in m.buffers[name].shape):
+            err(f"decode-only buffer `{name}` is sized by a var: {m.buffers[name].shape}")
+        if any(a.buf == name for c in m.programs["prefill"].calls for a in c.args):
+            err(f"prefill uses decode-only buffer `{name}`")
+    for l in range(cfg.num_hidden_layers):
+        mine = {w for w in m.buffers if w.startswith(f"model.layers.{l}.")}
+        if len(mine) != 8:
+            err(f"layer {l} has {len(mine)} weights, expected 8")
+    if errs:
+        raise WiringError("wiring check failed:\n  " + "\n  ".join(errs))
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+
+def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
+             max_positions: int | None = None, model: str | None = None) -> Manifest:
+    m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model)
+    data = ks.dump(m)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(out) + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(out)
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="a published Qwen3 geometry: 0.6b 1.7b 4b 8b 14b 32b")
+    src.add_argument("--config", type=Path, help="an HF config.json (or the checkpoint directory holding it)")
+    ap.add_argument("--kernels", required=True, type=Path, help="kernels dir with index.json (tools/build_kernels.py)")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--chunk", type=int, default=2048, help="max tokens per prefill run (var `tokens`)")
+    ap.add_argument("--max-positions", type=int, default=None,
+                    help="KV capacity bound: rows of rope.cos_sin, block_table pages × 16 "
+                         "(default: max_position_embeddings)")
+    ap.add_argument("--model", default=None, help="the manifest's `model` label (default: qwen3-<preset>)")
+    a = ap.parse_args(argv)
+    try:
+        cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
+        m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model)
+    except (GenError, ConfigError) as e:
+        print(f"gen_qwen3: error: {e}", file=sys.stderr)
+        return 1
+    n = {p: len(prog.calls) for p, prog in m.programs.items()}
+    print(f"wrote {a.out}: {m.model}, {len(m.buffers)} buffers, {len(m.ops)} ops, "
+          f"prefill {n['prefill']} calls, decode {n['decode']} calls")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
