@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Prepare everything a GPU end-to-end run needs, in one work directory (idempotent).
+
+    python3 tools/gpu/prepare.py --work DIR [--geometry 0.6b --geometry 4b] [--seed 0]
+
+Layout written (each step skipped when its result exists):
+
+    DIR/kernels/                     tools/build_kernels.py (cubins + index.json)
+    DIR/qwen3-<g>/hf/                tools/make_random_checkpoint.py (seeded random HF checkpoint)
+    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py
+    DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json)
+
+The test tests-integration/gpu/test_e2e_qwen3.py and tools/bench_decode.py read
+this layout (KERN_E2E_DIR=DIR). Each step's output goes to DIR/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "tools"
+GEOMETRIES = ("0.6b", "4b")
+
+
+def paths(work: Path, geometry: str) -> dict[str, Path]:
+    d = Path(work) / f"qwen3-{geometry}"
+    return {"dir": d, "hf": d / "hf", "weights": d / "weights.safetensors", "manifest": d / "manifest.json",
+            "kernels": Path(work) / "kernels"}
+
+
+def step(name: str, argv: list[str], log_dir: Path) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    t0 = time.perf_counter()
+    print(f"[prepare] {name}: {' '.join(map(str, argv))}", flush=True)
+    with open(log, "w") as f:
+        r = subprocess.run([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    tail = log.read_text().strip().splitlines()[-3:]
+    print(f"[prepare] {name}: {'ok' if r.returncode == 0 else f'FAILED (exit {r.returncode})'} in "
+          f"{time.perf_counter() - t0:.1f} s" + "".join(f"\n    {line}" for line in tail), flush=True)
+    if r.returncode:
+        raise SystemExit(f"prepare: {name} failed, see {log}")
+
+
+def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: bool = False) -> None:
+    work = Path(work)
+    logs = work / "logs"
+    py = sys.executable
+    kernels = work / "kernels"
+    if rebuild_kernels or not (kernels / "index.json").is_file():
+        step("build_kernels", [py, TOOLS / "build_kernels.py", "--out", kernels, "-q"], logs)
+    for g in geometries:
+        p = paths(work, g)
+        if not (p["hf"] / "config.json").is_file():
+            step(f"checkpoint-{g}", [py, TOOLS / "make_random_checkpoint.py", "--geometry", g, "--seed", seed,
+                                     "--out", p["hf"]], logs)
+        if not p["weights"].is_file():
+            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
+        step(f"manifest-{g}", [py, TOOLS / "gen_qwen3.py", "--preset", g, "--kernels", kernels,
+                               "--out", p["manifest"]], logs)
+        example = ROOT / "examples" / f"qwen3-{g}.json"
+        if example.is_file():
+            same = example.read_bytes() == p["manifest"].read_bytes()
+            print(f"[prepare] {p['manifest']} {'==' if same else 'DIFFERS from'} {example.relative_to(ROOT)}"
+                  + ("" if same else " (kernels built here hash differently, or the example is stale)"), flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--geometry", action="append", choices=GEOMETRIES, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rebuild-kernels", action="store_true")
+    a = ap.parse_args(argv)
+    prepare(a.work, a.geometry or GEOMETRIES, a.seed, a.rebuild_kernels)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
