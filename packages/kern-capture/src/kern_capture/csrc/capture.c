@@ -91,10 +91,11 @@ static void *resolve(void *h, const char *name) {
   return p;
 }
 
-static void load_driver(void) {
+static int load_driver(void) {
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!h) h = dlopen("libcuda.so.1", RTLD_NOW);
   if (!h) h = dlopen("libcuda.so", RTLD_NOW);
+  if (!h && !dlsym(RTLD_DEFAULT, "cuInit")) return 0;
   drv.FuncGetName = (pfn_cuFuncGetName)resolve(h, "cuFuncGetName");
   drv.FuncGetModule = (pfn_cuFuncGetModule)resolve(h, "cuFuncGetModule");
   drv.FuncGetParamInfo = (pfn_cuFuncGetParamInfo)resolve(h, "cuFuncGetParamInfo");
@@ -103,6 +104,7 @@ static void load_driver(void) {
   drv.FuncGetAttribute = (pfn_cuFuncGetAttribute)resolve(h, "cuFuncGetAttribute");
   drv.MemGetAddressRange = (pfn_cuMemGetAddressRange)resolve(h, "cuMemGetAddressRange_v2");
   drv.GetErrorName = (pfn_cuGetErrorName)resolve(h, "cuGetErrorName");
+  return 1;
 }
 
 static const char *cu_err(CUresult r) {
@@ -605,7 +607,7 @@ static func_t *func_compute(CUfunction key, const char *cb_symbol) {
     if (err == CUDA_ERROR_NOT_SUPPORTED && n == MAX_PARAMS)
       snprintf(msg, sizeof msg, "more than %d parameters", MAX_PARAMS);
     else
-      snprintf(msg, sizeof msg, "cuFuncGetParamInfo failed at index %d: %s", n, cu_err(err));
+      snprintf(msg, sizeof msg, "cuFuncGetParamInfo failed at index %d: %s (%d)", n, cu_err(err), (int)err);
     f->param_err = strdup(msg);
   }
   if (fn && drv.FuncGetAttribute) {
@@ -1134,6 +1136,15 @@ static void write_error(const char *code, const char *message, int cupti_code) {
   fprintf(stderr, "kern-capture: ERROR (pid %d): %s\n", g_pid, message);
 }
 
+static int open_outputs(void) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/launches.jsonl", g_dir);
+  g_launch_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_TRUNC | O_CLOEXEC, 0644);
+  snprintf(path, sizeof path, "%s/modules.jsonl", g_dir);
+  g_module_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_TRUNC | O_CLOEXEC, 0644);
+  return g_launch_fd < 0 || g_module_fd < 0 ? -1 : 0;
+}
+
 /* Take DIR for the first process of the command, DIR/pid<N> for others. */
 static void choose_dir(void) {
   const char *out = getenv("KERN_CAPTURE_OUT");
@@ -1161,7 +1172,7 @@ EXPORT int InitializeInjection(void) {
   const char *buffered = getenv("KERN_CAPTURE_BUFFERED");
   g_buffered = buffered && *buffered && strcmp(buffered, "0") != 0;
   choose_dir();
-  load_driver();
+  int have_driver = load_driver();
 
   uint32_t cupti_version = 0;
   cuptiGetVersion(&cupti_version);
@@ -1177,6 +1188,11 @@ EXPORT int InitializeInjection(void) {
   write_json_file(g_dir, "capture.json", info.p);
   free(info.p);
 
+  if (!have_driver) {
+    write_error("no_driver", "libcuda.so.1 is not loaded in this process and cannot be opened (no NVIDIA driver?); "
+                "nothing captured", 0);
+    return 1;
+  }
   if (!drv.FuncGetParamInfo || !drv.FuncGetName || !drv.MemGetAddressRange) {
     write_error("driver_too_old",
                 "the CUDA driver lacks cuFuncGetParamInfo/cuFuncGetName (needs CUDA 12.4 or newer); "
@@ -1216,12 +1232,7 @@ EXPORT int InitializeInjection(void) {
     return 1;
   }
 
-  char path[4200];
-  snprintf(path, sizeof path, "%s/launches.jsonl", g_dir);
-  g_launch_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_TRUNC | O_CLOEXEC, 0644);
-  snprintf(path, sizeof path, "%s/modules.jsonl", g_dir);
-  g_module_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_TRUNC | O_CLOEXEC, 0644);
-  if (g_launch_fd < 0 || g_module_fd < 0) {
+  if (open_outputs() != 0) {
     char msg[4400];
     snprintf(msg, sizeof msg, "cannot write to %s: %s", g_dir, strerror(errno));
     write_error("output", msg, 0);
@@ -1266,3 +1277,176 @@ EXPORT int InitializeInjection(void) {
     fprintf(stderr, "kern-capture %s: capturing pid %d into %s\n", KERN_CAPTURE_VERSION, g_pid, g_dir);
   return 1;
 }
+
+#ifdef KERN_CAPTURE_SELFTEST
+/* ------------------------------------------------------------------ */
+/* CPU self-test: drives the callback with a scripted sequence of CUPTI
+ * events and stub driver functions, so the record format, the module-id
+ * binding and the pointer classification are tested without a GPU.
+ * Built only by the test suite (-DKERN_CAPTURE_SELFTEST).               */
+
+#define ST_FN_A ((CUfunction)(uintptr_t)0x1000)  /* vec_add, module handle H1 */
+#define ST_FN_B ((CUfunction)(uintptr_t)0x2000)  /* add_kernel, handle H2 */
+#define ST_FN_C ((CUfunction)(uintptr_t)0x3000)  /* vec_add, handle H3 */
+#define ST_FN_X ((CUfunction)(uintptr_t)0x4000)  /* unknown to the driver */
+#define ST_H1 ((CUmodule)(uintptr_t)0x51000)
+#define ST_H2 ((CUmodule)(uintptr_t)0x52000)
+#define ST_H3 ((CUmodule)(uintptr_t)0x53000)
+#define ST_DEV_BASE 0x7e0000000000ull
+#define ST_DEV_SIZE 0x200000ull
+
+static CUresult st_name(const char **n, CUfunction f) {
+  if (f == ST_FN_A || f == ST_FN_C) *n = "vec_add";
+  else if (f == ST_FN_B) *n = "add_kernel";
+  else return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+static CUresult st_module(CUmodule *m, CUfunction f) {
+  if (f == ST_FN_A) *m = ST_H1;
+  else if (f == ST_FN_B) *m = ST_H2;
+  else if (f == ST_FN_C) *m = ST_H3;
+  else return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+static CUresult st_param(CUfunction f, size_t i, size_t *o, size_t *s) {
+  static const size_t va[][2] = {{0, 8}, {8, 8}, {16, 8}, {24, 4}};
+  static const size_t ak[][2] = {{0, 8}, {8, 8}, {16, 8}, {24, 4}, {32, 8}, {40, 8}};
+  const size_t(*t)[2];
+  size_t n;
+  if (f == ST_FN_A || f == ST_FN_C) t = va, n = 4;
+  else if (f == ST_FN_B) t = ak, n = 6;
+  else return CUDA_ERROR_INVALID_HANDLE;
+  if (i >= n) return CUDA_ERROR_INVALID_VALUE;
+  *o = t[i][0];
+  *s = t[i][1];
+  return CUDA_SUCCESS;
+}
+static CUresult st_attr(int *v, CUfunction_attribute a, CUfunction f) {
+  if (f == ST_FN_X) return CUDA_ERROR_INVALID_HANDLE;
+  *v = a == CU_FUNC_ATTRIBUTE_NUM_REGS ? 32 : 0;
+  return CUDA_SUCCESS;
+}
+static CUresult st_range(CUdeviceptr *b, size_t *s, CUdeviceptr v) {
+  if (v >= ST_DEV_BASE && v < ST_DEV_BASE + ST_DEV_SIZE) {
+    *b = ST_DEV_BASE;
+    *s = ST_DEV_SIZE;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+static void st_api(CUpti_CallbackId id, const void *params, const char *symbol, CUresult ret) {
+  uint64_t corr = 0;
+  CUpti_CallbackData cb;
+  memset(&cb, 0, sizeof cb);
+  cb.context = (CUcontext)(uintptr_t)0xC0;
+  cb.functionParams = params;
+  cb.functionReturnValue = &ret;
+  cb.correlationData = &corr;
+  cb.symbolName = symbol;
+  cb.callbackSite = CUPTI_API_ENTER;
+  callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, id, &cb);
+  cb.callbackSite = CUPTI_API_EXIT;
+  callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, id, &cb);
+}
+
+static void st_module_loaded(uint32_t id, const void *img, size_t size) {
+  CUpti_ModuleResourceData md = {id, size, (const char *)img};
+  CUpti_ResourceData rd;
+  memset(&rd, 0, sizeof rd);
+  rd.context = (CUcontext)(uintptr_t)0xC0;
+  rd.resourceDescriptor = &md;
+  callback(NULL, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_MODULE_LOADED, &rd);
+}
+
+/* Loads the vec_add cubin as module 5 (through cuModuleLoadData: handle
+ * binding), the add_kernel cubin as module 6 and the vec_add cubin again as
+ * module 7 (both outside any API call: resolved by symbol), then launches. */
+EXPORT int kern_capture_selftest(const char *dir, const void *cubin_a, size_t size_a, const void *cubin_b,
+                                 size_t size_b) {
+  g_pid = (int)getpid();
+  snprintf(g_dir, sizeof g_dir, "%s", dir);
+  mkdir_p(g_dir);
+  if (open_outputs() != 0) return -1;
+  memset(&drv, 0, sizeof drv);
+  drv.FuncGetName = st_name;
+  drv.FuncGetModule = st_module;
+  drv.FuncGetParamInfo = st_param;
+  drv.FuncGetAttribute = st_attr;
+  drv.MemGetAddressRange = st_range;
+  g_active = 1;
+
+  /* module 5 via cuModuleLoadData */
+  CUmodule mod = NULL;
+  cuModuleLoadData_params lp = {&mod, cubin_a};
+  {
+    uint64_t corr = 0;
+    CUresult ok = CUDA_SUCCESS;
+    CUpti_CallbackData cb;
+    memset(&cb, 0, sizeof cb);
+    cb.functionParams = &lp;
+    cb.functionReturnValue = &ok;
+    cb.correlationData = &corr;
+    cb.callbackSite = CUPTI_API_ENTER;
+    callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData, &cb);
+    st_module_loaded(5, cubin_a, size_a);
+    mod = ST_H1;
+    cb.callbackSite = CUPTI_API_EXIT;
+    callback(NULL, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuModuleLoadData, &cb);
+  }
+  st_module_loaded(6, cubin_b, size_b);
+  st_module_loaded(7, cubin_a, size_a);
+
+  uint64_t p0 = ST_DEV_BASE + 16, p1 = ST_DEV_BASE + 4096, zero = 0;
+  static uint64_t host_var = 42;
+  uint64_t p2 = (uint64_t)(uintptr_t)&host_var;
+  int32_t n = 1024, neg = -7;
+
+  /* 0: cuLaunchKernel, flat: device, device, host pointer, int */
+  void *args_a[] = {&p0, &p1, &p2, &n};
+  cuLaunchKernel_params k0 = {ST_FN_A, 4, 1, 1, 256, 1, 1, 0, (CUstream)(uintptr_t)0x77, args_a, NULL};
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &k0, "vec_add", CUDA_SUCCESS);
+
+  /* 1: cuLaunchKernelEx with cluster dims and priority (Triton-like, 2 hidden params) */
+  void *args_b[] = {&p0, &p1, &p0, &neg, &zero, &zero};
+  CUlaunchAttribute at[2];
+  memset(at, 0, sizeof at);
+  at[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  at[0].value.clusterDim.x = 2, at[0].value.clusterDim.y = 1, at[0].value.clusterDim.z = 1;
+  at[1].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  at[1].value.priority = 3;
+  CUlaunchConfig cfg = {8, 2, 1, 128, 1, 1, 1024, (CUstream)0, at, 2};
+  cuLaunchKernelEx_params k1 = {&cfg, ST_FN_B, args_b, NULL};
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, &k1, "add_kernel", CUDA_SUCCESS);
+
+  /* 2: packed extra buffer */
+  unsigned char packed[28];
+  memcpy(packed, &p0, 8), memcpy(packed + 8, &p1, 8), memcpy(packed + 16, &p0, 8), memcpy(packed + 24, &n, 4);
+  size_t packed_size = sizeof packed;
+  void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &packed_size,
+                   CU_LAUNCH_PARAM_END};
+  cuLaunchKernel_params k2 = {ST_FN_A, 1, 1, 1, 32, 1, 1, 0, (CUstream)0, NULL, extra};
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz, &k2, "vec_add", CUDA_SUCCESS);
+
+  /* 3: cooperative launch of the second vec_add instance (module 7) */
+  void *args_c[] = {&p1, &p1, &p1, &n};
+  cuLaunchCooperativeKernel_params k3 = {ST_FN_C, 2, 1, 1, 64, 1, 1, 0, (CUstream)(uintptr_t)2, args_c};
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz, &k3, "vec_add", CUDA_SUCCESS);
+
+  /* 4: a function the driver does not know; a failing launch; a name to escape */
+  void *args_x[] = {&p0};
+  cuLaunchKernel_params k4 = {ST_FN_X, 1, 1, 1, 1, 1, 1, 0, (CUstream)0, args_x, NULL};
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &k4, "odd\"name\\x", CUDA_ERROR_INVALID_HANDLE);
+
+  /* 5: the first function again (cached path) */
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &k0, "vec_add", CUDA_SUCCESS);
+
+  pthread_mutex_lock(&g_lock);
+  flush_locked();
+  pthread_mutex_unlock(&g_lock);
+  close(g_launch_fd);
+  close(g_module_fd);
+  g_launch_fd = g_module_fd = -1;
+  return (int)g_seq;
+}
+#endif
