@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))  # for `verify_helpers` (pytest runs with --import-mode=importlib)
 KERNELS = HERE / "kernels"
 
 

@@ -85,11 +85,10 @@ def _arg(ctx: Context, arg: Arg, path: Path, pt: ParamType | None, what: str, op
                   "a ptr param takes a state, a scalar param a var, expr or literal" if pt.kind == "ptr"
                   else "a scalar param takes a var, an expr or a literal")
             return None
-        if pt.dtype != b.dtype:
+        if pt.dtype != b.dtype and b.dtype in DTYPES:
             r.add("E0052", path, f"{what}: buffer `{name}` is {b.dtype} but op `{op}` expects `{pt}`",
                   f"pass a buffer<{pt.dtype}>; dtypes must match exactly")
-            return None
-        return name
+        return name  # the direction is known even when the dtype is wrong: keep the dataflow exact
     if kind == "state":
         name = arg.state
         if name not in ctx.m.states:

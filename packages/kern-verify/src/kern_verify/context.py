@@ -89,7 +89,7 @@ class Context:
                 if r is None:
                     return None
                 d = r[1]
-            if not isinstance(d, int) or d < 0:
+            if not isinstance(d, int) or d < 1:
                 return None
             n *= d
         return n

@@ -270,14 +270,17 @@ def params_from_manifest(types: list[str]) -> list[ParamSlot]:
 
 def layout_problems(declared: list[ParamSlot], actual: list[ParamSlot]) -> list[tuple[int | None, str]]:
     """Like `compare_layout`, each problem paired with the param index it concerns
-    (None for the count)."""
+    (None for the count). Offsets that differ only because an earlier param's size
+    differs are not reported again."""
     problems: list[tuple[int | None, str]] = []
     if len(declared) != len(actual):
         problems.append((None, f"declares {len(declared)} params, the kernel has {len(actual)}"))
+    shifted = False  # after a size mismatch, later offsets differ as a consequence: not reported
     for d, a in zip(declared, actual):
         if d.size != a.size:
+            shifted = True
             problems.append((d.index, f"param {d.index}: declared {d.size} bytes, the kernel's is {a.size} bytes (offset {a.offset})"))
-        elif d.offset != a.offset:
+        elif d.offset != a.offset and not shifted:
             problems.append((d.index, f"param {d.index}: declared at offset {d.offset}, the kernel's is at offset {a.offset}"))
     return problems
 
@@ -286,6 +289,7 @@ def compare_layout(declared: list[ParamSlot], actual: list[ParamSlot]) -> list[s
     """Every difference between a declared parameter layout and a cubin's.
 
     Returns one sentence per problem (count mismatch, then each position whose
-    offset or size differs); an empty list means the layouts agree.
+    size differs, or whose offset differs while every earlier size agreed); an
+    empty list means the layouts agree.
     """
     return [m for _, m in layout_problems(declared, actual)]

@@ -52,7 +52,11 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
                 except ParamTypeError:
                     declared = None  # reported as E0020
                 if declared is not None:
+                    n_decl, n_act = len(declared), len(info.params)
+                    triton = n_act == n_decl + 2 and all(s.size == 8 for s in info.params[-2:])
                     for idx, msg in layout_problems(declared, info.params):
+                        if idx is None and triton:
+                            msg += " (Triton kernels carry two hidden trailing 8-byte params, global and profile scratch: declare them `in ptr` and pass {\"i64\": 0})"
                         p = lpath + ("params",) if idx is None else lpath + ("params", idx)
                         decl = f" (`{launch.params[idx]}`)" if idx is not None else ""
                         ctx.r.add("E0084", p, f"{what}: {msg}{decl}",

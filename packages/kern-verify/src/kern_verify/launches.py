@@ -37,6 +37,11 @@ class _Flow:
     written_scratch: set[str] = field(default_factory=set)
     # accesses of the current launch: (kind "param"/"scratch", key, reads, writes, path)
     pending: list[tuple[str, object, bool, bool, Path]] = field(default_factory=list)
+    # E0046 candidates (param index, path, message, hint): reported only for params some launch writes
+    out_reads: list[tuple[int, Path, str, str]] = field(default_factory=list)
+    # a launch whose params are unknown (unknown extern, malformed types): its accesses are
+    # unknown, so the "never written" / "read before written" conclusions are withheld
+    incomplete: bool = False
 
 
 def check_ops(ctx: Context) -> None:
@@ -58,28 +63,31 @@ def _op(ctx: Context, oname: str, op: Op) -> None:
         for kind, key, reads, _, path in flow.pending:
             if not reads:
                 continue
-            if kind == "scratch" and key not in flow.written_scratch:
+            if kind == "scratch" and key not in flow.written_scratch and not flow.incomplete:
                 ctx.r.add("E0044", path, f"op `{oname}` launch {li} reads scratch `{key}` before any launch wrote it",
                           "scratch starts uninitialised: write it in an earlier launch (check the launch order and the "
                           "directions of the launch params)")
             if kind == "param":
                 ip = iface[key]  # type: ignore[index]
-                if ip is not None and ip.direction == "out" and key not in flow.written_params:
-                    ctx.r.add("E0046", path,
-                              f"op `{oname}` launch {li} reads interface param {key} (`{ip}`) before any launch wrote it",
-                              f"an `out` argument's content is undefined on entry: declare interface param {key} `inout {_rest(ip)}`")
+                if ip is not None and ip.direction == "out" and key not in flow.written_params and not flow.incomplete:
+                    flow.out_reads.append((key, path,  # type: ignore[arg-type]
+                                           f"op `{oname}` launch {li} reads interface param {key} (`{ip}`) before any launch wrote it",
+                                           f"an `out` argument's content is undefined on entry: declare interface param {key} `inout {_rest(ip)}`"))
                 flow.read_params.add(key)  # type: ignore[arg-type]
         for kind, key, _, writes, _ in flow.pending:
             if writes:
                 (flow.written_scratch if kind == "scratch" else flow.written_params).add(key)  # type: ignore[arg-type]
         flow.pending.clear()
+    for key, path, msg, hint in flow.out_reads:
+        if key in flow.written_params:  # never written at all: E0041 says it better
+            ctx.r.add("E0046", path, msg, hint)
     for i, ip in enumerate(iface):
         ppath = base + ("params", i)
         if i not in flow.used_params:
             ctx.r.add("E0042", ppath, f"op `{oname}`: interface param {i} (`{op.params[i]}`) is passed to no launch",
                       f"forward it with {{\"param\": {i}}} or remove it from the interface")
             continue
-        if ip is None or not ip.is_pointer:
+        if ip is None or not ip.is_pointer or flow.incomplete:
             continue
         if ip.direction == "out" and i not in flow.written_params:
             ctx.r.add("E0041", ppath, f"op `{oname}`: interface param {i} (`{ip}`) is written by no launch",
@@ -146,6 +154,8 @@ def _launch(ctx: Context, oname: str, op: Op, iface: list[ParamType | None], li:
             r.add("E0035", lpath + ("args",), f"{what}: {len(launch.args)} args for {len(params)} declared params",
                   "one arg per param, in order (Triton kernels: include the two hidden trailing pointers, "
                   'passed as {"i64": 0})')
+    if params is None or None in params:
+        flow.incomplete = True
     for ai, arg in enumerate(launch.args):
         pt = params[ai] if params is not None and ai < len(params) else None
         _launch_arg(ctx, oname, op, iface, arg, lpath + ("args", ai), pt, f"{what} arg {ai}", flow)
@@ -159,7 +169,7 @@ def _block(ctx: Context, path: Path, block: list[int], what: str) -> None:
         if not 1 <= b <= hi:
             ctx.r.add("E0032", path + (i,), f"{what}: block.{'xyz'[i]} = {b} is outside 1..{hi}",
                       "CUDA blocks: x, y ≤ 1024, z ≤ 64, x·y·z ≤ 1024")
-    if all(1 <= b for b in block) and block[0] * block[1] * block[2] > 1024:
+    if all(1 <= b <= hi for b, hi in zip(block, BLOCK_MAX)) and block[0] * block[1] * block[2] > 1024:
         ctx.r.add("E0032", path, f"{what}: block {block} has {block[0] * block[1] * block[2]} threads, more than 1024",
                   "CUDA blocks have at most 1024 threads")
 
@@ -245,7 +255,7 @@ def _launch_arg(ctx: Context, oname: str, op: Op, iface: list[ParamType | None],
         if pt.kind == "scalar":
             r.add("E0036", path, f"{what}: scratch passed to the scalar param `{pt}`", "scratch goes to a buffer or ptr param")
             return
-        if pt.kind == "buffer" and sc.dtype != pt.dtype:
+        if pt.kind == "buffer" and sc.dtype != pt.dtype and sc.dtype in DTYPES:
             r.add("E0043", path, f"{what}: scratch `{name}` is {sc.dtype} but the launch param is `{pt}`",
                   f"declare the scratch dtype {pt.dtype}, or the param buffer<{sc.dtype}>")
             return

@@ -116,7 +116,15 @@ def _source_map(text: str | bytes) -> SourceMap | None:
 
 def _from_issue(issue: DecodeIssue) -> Diagnostic:
     code = _DECODE_CODES.get(issue.kind, "E0005")
-    if code == "E0005" and any(p in ("grid", "expr") for p in issue.path if isinstance(p, str)):
+    last = issue.path[-1] if issue.path else None
+    if code == "E0005" and issue.message.startswith(("an `extern` launch has only", "a kernel launch needs")):
+        return _diag("E0031", issue, issue.message,
+                     "a kernel launch has module, entry, params, block, grid and args; an extern launch only extern and args")
+    if code == "E0005" and last == "block":
+        return _diag("E0032", issue, f"malformed block: {issue.message}", "a block is [x, y, z], three integers")
+    if code == "E0005" and last == "grid":
+        return _diag("E0033", issue, f"malformed grid: {issue.message}", "a grid is [x, y, z], three expressions")
+    if code in ("E0004", "E0005") and any(p in ("grid", "expr") for p in issue.path if isinstance(p, str)):
         code = "E0021"
         message = f"unknown or malformed expression form: {issue.message}"
     else:
@@ -124,6 +132,11 @@ def _from_issue(issue: DecodeIssue) -> Diagnostic:
     pos = issue.position
     return Diagnostic(code, "error", tuple(issue.path), message, _DECODE_HINTS.get(code),
                       pos.line if pos else None, pos.col if pos else None)
+
+
+def _diag(code: str, issue: DecodeIssue, message: str, hint: str) -> Diagnostic:
+    pos = issue.position
+    return Diagnostic(code, "error", tuple(issue.path), message, hint, pos.line if pos else None, pos.col if pos else None)
 
 
 def _sorted(diags: list[Diagnostic]) -> list[Diagnostic]:
