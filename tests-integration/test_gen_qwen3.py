@@ -238,6 +238,13 @@ def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
     assert "weight `model.layers.1.mlp.down_proj.weight` is used by ['l1.down_proj', 'l2.down_proj']" in msg
     assert "buffer `model.layers.2.mlp.down_proj.weight` is declared but no call uses it" in msg
 
+    # o_proj with n and k swapped
+    def swapped_nk(t):
+        a = calls(t)["l4.o_proj"].args
+        a[4], a[5] = a[5], a[4]
+    assert ("`l4.o_proj`: gemm m=tokens n=2048 k=1024 does not fit a attn ['tokens', 2048], "
+            "w model.layers.4.self_attn.o_proj.weight [1024, 2048], c h ['tokens', 1024]") in tampered(swapped_nk)
+
     # a page stride that is not 16 × bytes_per_token
     def stride(t):
         la = t.ops["attention_decode"].impl.launches[0]

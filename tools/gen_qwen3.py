@@ -247,6 +247,13 @@ class ManifestBuilder:
             )
         return k
 
+    def constexpr(self, kname: str, name: str) -> int:
+        """A compile-time constant of index kernel `kname` that the launch geometry depends on."""
+        cx = self.kernel(kname).constexprs
+        if name not in cx:
+            raise GenError(f"kernel `{kname}`: the index gives no constexpr `{name}` (needed for its grid)")
+        return int(cx[name])
+
     def launch(self, op: str, iface: list[tuple[str, str]], kname: str, grid: Sequence[ks.Expr],
                **wiring: P | S | int | float | str | ExprNode) -> Launch:
         """A launch of index kernel `kname`, its args built in the kernel's parameter order from
@@ -411,7 +418,7 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     # Prefill: causal flash attention of the chunk against the cache (which already holds it).
     iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
              ("cu_seqlens_q", "in buffer<i32>"), ("out", BF16_OUT)]
-    block_m = b.kernel("paged_prefill_attention").constexprs.get("BLOCK_M", 64)
+    block_m = b.constexpr("paged_prefill_attention", "BLOCK_M")
     b.op("attention_prefill", iface, [
         b.launch("attention_prefill", iface, "paged_prefill_attention", [ceil_div(T, block_m), NQ, 1],
                  q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
@@ -419,8 +426,7 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     ])
 
     # Decode: split-KV partial results into private scratch, then a reduce. Fixed shapes (one token).
-    max_splits = b.kernel("paged_decode_reduce").constexprs.get("MAX_SPLITS", DECODE_SPLITS)
-    splits = min(DECODE_SPLITS, max_splits)
+    splits = min(DECODE_SPLITS, b.constexpr("paged_decode_reduce", "MAX_SPLITS"))
     iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
              ("out", BF16_OUT)]
     b.op("attention_decode", iface, [
@@ -433,7 +439,7 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
                 "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])})
 
     iface = [("gate_up", BF16_IN), ("out", BF16_OUT)]
-    block = b.kernel("silu_and_mul").constexprs.get("BLOCK", 1024)
+    block = b.constexpr("silu_and_mul", "BLOCK")
     b.op("silu_and_mul", iface, [
         b.launch("silu_and_mul", iface, "silu_and_mul", [T, ceil_div(c.intermediate_size, block), 1],
                  gate_up=P("gate_up"), out=P("out"), inter=c.intermediate_size),
@@ -618,6 +624,19 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, kernels_of: dict
                         ca = call.args[la.param]
                         if (ca.offset or 0) % 16:
                             err(f"{where}: `{k.name}` needs `{pn}` 16-byte aligned, gets offset {ca.offset}")
+
+    # -- GEMM dims agree with the buffers: a [m, k], w [n, k], c [m, n] (m ≤ the rows of a and c) --
+    for pname, prog in m.programs.items():
+        for ci, call in enumerate(prog.calls):
+            if call.op != "gemm":
+                continue
+            a, w, c, mm, n, k = call.args
+            sa, sw, sc = (m.buffers[x.buf].shape for x in (a, w, c))
+            rows = mm.var or mm.i32
+            if sw != [n.i32, k.i32] or sa[1:] != [k.i32] or sc[1:] != [n.i32] or rows not in (sa[0], 1) \
+                    or rows not in (sc[0], 1):
+                err(f"programs.{pname}.calls[{ci}] `{call.label}`: gemm m={rows} n={n.i32} k={k.i32} does not fit "
+                    f"a {a.buf} {sa}, w {w.buf} {sw}, c {c.buf} {sc}")
 
     # -- each weight is bound by one call label (the tied embedding by embed and lm_head) --
     for w, users in weight_users.items():
