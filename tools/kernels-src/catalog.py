@@ -132,10 +132,79 @@ def _shared_kernels() -> list[Kernel]:
     ]
 
 
+D_HEAD = 128
+DECODE_BLOCK_N = 64
+DECODE_MAX_SPLITS = 64
+PREFILL_BLOCK_M = 128
+PREFILL_BLOCK_N = 64
+KV = P("kv", "in ptr", True, "bf16")
+ATTN_TAIL = (P("num_q_heads", "i32"), P("num_kv_heads", "i32"), P("q_stride", "i32", True),
+             P("bt_stride", "i32"), P("page_bytes", "i32"), P("sm_scale", "f32"))
+
+
+def _attention_kernels() -> list[Kernel]:
+    return [
+        Kernel(
+            name="qk_norm_rope_kv", lang="triton", source="attention.py", entry="qk_norm_rope_kv",
+            params=(P("qkv", BF16_INOUT, True), P("positions", "in buffer<i64>", True),
+                    P("slot_mapping", "in buffer<i64>", True), P("q_norm_w", BF16_IN, True),
+                    P("k_norm_w", BF16_IN, True), P("cos_sin", "in buffer<f32>", True),
+                    P("kv", "inout ptr", True, "bf16"), P("num_q_heads", "i32"), P("num_kv_heads", "i32"),
+                    P("eps", "f32"), P("page_bytes", "i32")),
+            grid="(tokens, NKV, 1): one program per (token, kv head)",
+            doc="Fused attention prologue. qkv: bf16 [tokens, (NQ+2*NKV)*128] (q|k|v heads); q heads are "
+                "replaced IN PLACE by rope(rmsnorm(q)*q_norm_w); k := rope(rmsnorm(k)*k_norm_w) and v are "
+                "written to the paged KV (kv = state + layer*65536, page_bytes = L*65536) at slot_mapping[t] "
+                "(slot < 0: skipped); the k/v columns of qkv are not modified. positions, slot_mapping: i64 "
+                "[tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 [max_pos, 128] (cos then sin); "
+                "eps = rms_norm_eps. Neox rotary over the full head_dim. NQ/NKV <= 16.",
+            constexprs={"D": D_HEAD, "BLOCK_G": 16}, num_warps=4,
+        ),
+        Kernel(
+            name="paged_decode_attention", lang="triton", source="attention.py", entry="paged_decode_attention",
+            params=(P("q", BF16_IN, True), KV, P("block_table", "in buffer<i32>", True),
+                    P("seq_lens", "in buffer<i32>", True), P("part_acc", "out buffer<f32>", True),
+                    P("part_ml", "out buffer<f32>", True)) + ATTN_TAIL,
+            grid="(NKV, S, seqs), S = number of KV splits (1..64; 32 recommended): >= 132 CTAs",
+            doc="Decode attention stage 1 (one query token per sequence, GQA, split-KV). q: bf16, head j of "
+                "sequence b at q + b*q_stride + j*128 (q_stride = (NQ+2*NKV)*128 when q is the qkv buffer); "
+                "kv = state + layer*65536; block_table: i32 [seqs, bt_stride] page ids; seq_lens: i32 [seqs] "
+                "(>= 1, keys 0..L-1 incl. the current token). Writes impl scratch part_acc: f32 "
+                "[seqs, NQ, S, 128] and part_ml: f32 [seqs, NQ, S, 2] (running max in log2 units, sum). "
+                "sm_scale = 1/sqrt(128).",
+            constexprs={"D": D_HEAD, "BLOCK_H": 16, "BLOCK_N": DECODE_BLOCK_N}, num_warps=4, num_stages=2,
+        ),
+        Kernel(
+            name="paged_decode_reduce", lang="triton", source="attention.py", entry="paged_decode_reduce",
+            params=(P("part_acc", "in buffer<f32>", True), P("part_ml", "in buffer<f32>", True),
+                    P("out", BF16_OUT, True), P("num_q_heads", "i32"), P("num_splits", "i32")),
+            grid="(NQ, seqs, 1)",
+            doc="Decode attention stage 2: merges the S splits of paged_decode_attention (num_splits = S, "
+                "<= 64) into out: bf16 [seqs, NQ*128].",
+            constexprs={"D": D_HEAD, "MAX_SPLITS": DECODE_MAX_SPLITS}, num_warps=4,
+        ),
+        Kernel(
+            name="paged_prefill_attention", lang="triton", source="attention.py",
+            entry="paged_prefill_attention",
+            params=(P("q", BF16_IN, True), KV, P("block_table", "in buffer<i32>", True),
+                    P("seq_lens", "in buffer<i32>", True), P("cu_seqlens_q", "in buffer<i32>", True),
+                    P("out", BF16_OUT, True)) + ATTN_TAIL,
+            grid=f"(ceil_div(tokens, {PREFILL_BLOCK_M}), NQ, seqs)",
+            doc="Causal prefill attention of a chunk against the paged cache (which already holds the chunk's "
+                "k/v: run after qk_norm_rope_kv). Sequence b's queries are q rows cu_seqlens_q[b].."
+                "cu_seqlens_q[b+1]-1 (bf16, head j at row*q_stride + j*128); with L = seq_lens[b] and n "
+                "queries, query i is at position L-n+i and sees keys 0..L-n+i. out: bf16 [tokens, NQ*128]. "
+                "block_table: i32 [seqs, bt_stride]; sm_scale = 1/sqrt(128).",
+            constexprs={"D": D_HEAD, "BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N},
+            num_warps=8, num_stages=3,
+        ),
+    ]
+
+
 def instances(geometries: list[Geometry]) -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME."""
     out: dict[str, Kernel] = {}
-    for k in _shared_kernels() + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
+    for k in _shared_kernels() + _attention_kernels() + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")
         out[k.name] = k

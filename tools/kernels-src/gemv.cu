@@ -2,9 +2,8 @@
 // fp32 accumulation, m ≤ 8 (M is a template parameter: one entry per M).
 //
 // Decode is weight streaming: every weight byte is read exactly once, with
-// 16-byte loads coalesced across the warp (lane l reads bytes [16·(32i+l), +16) of
-// the row), each warp owning ROWS rows and keeping ROWS·UNROLL 16-byte loads in
-// flight per lane before the first use. x is tiny (≤ 80 KB) and is read from
+// 16-byte loads coalesced across the warp; a block owns a few rows and its 8 warps
+// split k, each lane keeping ~16 loads in flight before the first use. x is tiny (≤ 80 KB) and is read from
 // shared memory (norm variants, where the normalized x is computed once per
 // block) or through the read-only path (plain variants; it stays in L1/L2).
 //
@@ -25,23 +24,16 @@
 // Roundings follow HF transformers' bf16 Qwen3 exactly where it rounds (GEMM
 // output, SiLU, product, residual add), so decode tokens track the reference.
 //
-// Launch: block = [32·WARPS, 1, 1] = [256, 1, 1]; grid = [ceil(n / (WARPS·ROWS)), 1, 1]
-// with WARPS = 8, ROWS = 2, i.e. grid.x = ceil_div(n, 16); the SiLU variant pairs a
-// gate row with an up row per warp: grid.x = ceil_div(n, 8) (n = output columns).
+// Launch: block = [256, 1, 1] (8 warps splitting k); grid.x = ceil_div(n, rows per block):
+//   plain, norm: ceil_div(n, 8); residual: ceil_div(n, 4); norm_silu: ceil_div(n, 4)
+//   (n = output columns; the SiLU block reads 4 gate rows and their 4 up rows).
+// Dynamic shared memory: norm variants M·k·2 bytes, others 0.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 #define WARPS 8
-#define ROWS 2
 
 namespace {
-
-// 16-byte loads per row per lane issued before first use: more for small M, whose
-// accumulators leave registers free (M=1: 2 rows × 8 × 16 B = 256 B in flight per lane).
-template <int M>
-struct Unroll {
-    static constexpr int value = M == 1 ? 8 : (M == 2 ? 4 : 2);
-};
 
 __device__ __forceinline__ float bf(const __nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ __nv_bfloat16 tobf(const float v) { return __float2bfloat16_rn(v); }
@@ -73,53 +65,83 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
     return r;
 }
 
-// Computes acc[r][m] = Σ_k x[m, k] · w[row_r, k] for the warp's ROWS rows.
-// xs: x as uint4 vectors (row stride kv vectors), from shared or global memory.
-// rows[r] < 0 marks a row outside the matrix (its loads are skipped).
-template <int M>
-__device__ __forceinline__ void dot_rows(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
-                                         const long rows[ROWS], int kv, int lane,
-                                         float acc[ROWS][M]) {
+// 16-byte weight loads per row per lane issued before first use, so that each lane
+// keeps ~16 loads (256 B) in flight whatever the number of rows R per block.
+#ifndef LOADS_IN_FLIGHT
+#define LOADS_IN_FLIGHT 16
+#endif
+template <int M, int R>
+struct Unroll {
+    static constexpr int t = LOADS_IN_FLIGHT / (R * (M > 2 ? 2 : 1));
+    static constexpr int v = t > 0 ? t : 1;
+};
+
+// Block-wide dot products: out[r][m] = Σ_k x[m, k] · w[rows[r], k] for R rows.
+// The block's WARPS warps split k (each warp a contiguous range of 16-byte vectors,
+// lanes strided inside it), so a few rows keep the whole block — and many loads —
+// busy; partial sums meet in shared memory. Every thread gets the R·M results.
+// xs: x as 16-byte vectors ([M][kv]), shared or global. rows[r] < 0: row skipped.
+template <int M, int R>
+__device__ __forceinline__ void block_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
+                                          const long rows[R], int kv, float out[R][M]) {
+    constexpr int U = Unroll<M, R>::v;
+    __shared__ float partial[WARPS][R * M];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int per = (kv + WARPS - 1) / WARPS;
+    per += per & 1;  // even: each warp's range starts on a 32-byte sector
+    const int v0 = warp * per;
+    const int v1 = min(kv, v0 + per);
+    float acc[R][M];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-    constexpr int UNROLL = Unroll<M>::value;
-    int v = lane;
-    // Main loop: UNROLL vectors per row per lane, all loads issued before use.
-    for (; v + 32 * (UNROLL - 1) < kv; v += 32 * UNROLL) {
-        uint4 wv[ROWS][UNROLL];
+    int v = v0 + lane;
+    for (; v + 32 * (U - 1) < v1; v += 32 * U) {
+        uint4 wv[R][U];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
+            for (int u = 0; u < U; ++u)
                 wv[r][u] = rows[r] >= 0 ? ldg_stream(w + rows[r] * kv + v + 32 * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int m = 0; m < M; ++m) {
                 const uint4 xv = xs[m * kv + v + 32 * u];
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) acc8(acc[r][m], wv[r][u], xv);
+                for (int r = 0; r < R; ++r) acc8(acc[r][m], wv[r][u], xv);
             }
     }
-    // Tail: fewer than UNROLL·32 vectors left.
-    for (; v < kv; v += 32) {
-        uint4 wv[ROWS];
+    for (; v < v1; v += 32) {
+        uint4 wv[R];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
+        for (int r = 0; r < R; ++r)
             wv[r] = rows[r] >= 0 ? ldg_stream(w + rows[r] * kv + v) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4 xv = xs[m * kv + v];
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) acc8(acc[r][m], wv[r], xv);
+            for (int r = 0; r < R; ++r) acc8(acc[r][m], wv[r], xv);
         }
     }
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+        for (int m = 0; m < M; ++m) {
+            const float s = warp_sum(acc[r][m]);
+            if (lane == 0) partial[warp][r * M + m] = s;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < WARPS; ++i) s += partial[i][r * M + m];
+            out[r][m] = s;
+        }
 }
 
 // Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding.
@@ -181,26 +203,39 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 
 }  // namespace
 
+// Rows per block of each variant (the grid is ceil_div(n, rows per block)).
+#ifndef R_PLAIN
+#define R_PLAIN 8
+#endif
+#ifndef R_RESIDUAL
+#define R_RESIDUAL 4
+#endif
+#ifndef R_SILU
+#define R_SILU 8  // 4 gate rows + their 4 up rows: 4 output columns per block
+#endif
+
+template <int R>
+__device__ __forceinline__ void block_rows(long rows[R], int n) {
+    const long row0 = (long)blockIdx.x * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = row0 + r < n ? row0 + r : -1;
+}
+
 // ---- plain: y = x · Wᵀ -------------------------------------------------------
 template <int M>
 __device__ __forceinline__ void gemv_plain(const __nv_bfloat16 *__restrict__ x,
                                            const __nv_bfloat16 *__restrict__ w,
                                            __nv_bfloat16 *__restrict__ y, int n, int k) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kv = k >> 3;
-    long rows[ROWS];
-    const long row0 = ((long)blockIdx.x * WARPS + warp) * ROWS;
+    long rows[R_PLAIN];
+    block_rows<R_PLAIN>(rows, n);
+    float acc[R_PLAIN][M];
+    block_dot<M, R_PLAIN>(reinterpret_cast<const uint4 *>(x), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
+    const int t = threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) rows[r] = row0 + r < n ? row0 + r : -1;
-    float acc[ROWS][M];
-    dot_rows<M>(reinterpret_cast<const uint4 *>(x), reinterpret_cast<const uint4 *>(w), rows, kv, lane, acc);
-    if (lane == 0) {
+    for (int r = 0; r < R_PLAIN; ++r)
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-            if (rows[r] >= 0)
-#pragma unroll
-                for (int m = 0; m < M; ++m) y[(long)m * n + rows[r]] = tobf(acc[r][m]);
-    }
+        for (int m = 0; m < M; ++m)
+            if (t == r * M + m && rows[r] >= 0) y[(long)m * n + rows[r]] = tobf(acc[r][m]);
 }
 
 // ---- residual: residual += bf16(x · Wᵀ) ----------------------------------------
@@ -208,24 +243,19 @@ template <int M>
 __device__ __forceinline__ void gemv_residual(const __nv_bfloat16 *__restrict__ x,
                                               const __nv_bfloat16 *__restrict__ w,
                                               __nv_bfloat16 *__restrict__ residual, int n, int k) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kv = k >> 3;
-    long rows[ROWS];
-    const long row0 = ((long)blockIdx.x * WARPS + warp) * ROWS;
+    long rows[R_RESIDUAL];
+    block_rows<R_RESIDUAL>(rows, n);
+    float acc[R_RESIDUAL][M];
+    block_dot<M, R_RESIDUAL>(reinterpret_cast<const uint4 *>(x), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
+    const int t = threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) rows[r] = row0 + r < n ? row0 + r : -1;
-    float acc[ROWS][M];
-    dot_rows<M>(reinterpret_cast<const uint4 *>(x), reinterpret_cast<const uint4 *>(w), rows, kv, lane, acc);
-    if (lane == 0) {
+    for (int r = 0; r < R_RESIDUAL; ++r)
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-            if (rows[r] >= 0)
-#pragma unroll
-                for (int m = 0; m < M; ++m) {
-                    const long i = (long)m * n + rows[r];
-                    residual[i] = tobf(bf(residual[i]) + bf(tobf(acc[r][m])));
-                }
-    }
+        for (int m = 0; m < M; ++m)
+            if (t == r * M + m && rows[r] >= 0) {
+                const long i = (long)m * n + rows[r];
+                residual[i] = tobf(bf(residual[i]) + bf(tobf(acc[r][m])));
+            }
 }
 
 // ---- norm: y = rmsnorm(x) · Wᵀ ---------------------------------------------------
@@ -237,26 +267,21 @@ __device__ __forceinline__ void gemv_norm(const __nv_bfloat16 *__restrict__ x,
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
     norm_to_smem<M>(x, norm_w, xs, k, eps);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kv = k >> 3;
-    long rows[ROWS];
-    const long row0 = ((long)blockIdx.x * WARPS + warp) * ROWS;
+    long rows[R_PLAIN];
+    block_rows<R_PLAIN>(rows, n);
+    float acc[R_PLAIN][M];
+    block_dot<M, R_PLAIN>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
+    const int t = threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) rows[r] = row0 + r < n ? row0 + r : -1;
-    float acc[ROWS][M];
-    dot_rows<M>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w), rows, kv, lane, acc);
-    if (lane == 0) {
+    for (int r = 0; r < R_PLAIN; ++r)
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-            if (rows[r] >= 0)
-#pragma unroll
-                for (int m = 0; m < M; ++m) y[(long)m * n + rows[r]] = tobf(acc[r][m]);
-    }
+        for (int m = 0; m < M; ++m)
+            if (t == r * M + m && rows[r] >= 0) y[(long)m * n + rows[r]] = tobf(acc[r][m]);
 }
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
-// Each warp owns ROWS/2 output columns j and computes gate row j and up row n + j
-// together, so the loads of both rows are in flight at once.
+// A block owns R_SILU/2 output columns j and computes gate rows j and up rows n + j
+// together, so the loads of both are in flight at once.
 template <int M>
 __device__ __forceinline__ void gemv_norm_silu(const __nv_bfloat16 *__restrict__ x,
                                                const __nv_bfloat16 *__restrict__ norm_w,
@@ -265,21 +290,26 @@ __device__ __forceinline__ void gemv_norm_silu(const __nv_bfloat16 *__restrict__
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
     norm_to_smem<M>(x, norm_w, xs, k, eps);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kv = k >> 3;
-    static_assert(ROWS == 2, "gate/up pairing assumes two rows per warp");
-    const long j = (long)blockIdx.x * WARPS + warp;  // output column
-    long rows[ROWS] = {j < n ? j : -1, j < n ? n + j : -1};
-    float acc[ROWS][M];
-    dot_rows<M>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w), rows, kv, lane, acc);
-    if (lane == 0 && j < n) {
+    constexpr int C = R_SILU / 2;
+    long rows[R_SILU];
+    const long j0 = (long)blockIdx.x * C;
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const float g = bf(tobf(acc[0][m]));
-            const float u = bf(tobf(acc[1][m]));
-            y[(long)m * n + j] = tobf(bf(tobf(silu(g))) * u);
-        }
+    for (int c = 0; c < C; ++c) {
+        rows[c] = j0 + c < n ? j0 + c : -1;
+        rows[C + c] = j0 + c < n ? n + j0 + c : -1;
     }
+    float acc[R_SILU][M];
+    block_dot<M, R_SILU>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            if (t == c * M + m && rows[c] >= 0) {
+                const float g = bf(tobf(acc[c][m]));
+                const float u = bf(tobf(acc[C + c][m]));
+                y[(long)m * n + j0 + c] = tobf(bf(tobf(silu(g))) * u);
+            }
 }
 
 #define INSTANTIATE(M)                                                                            \

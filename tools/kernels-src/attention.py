@@ -1,0 +1,251 @@
+"""Attention-side Triton kernels over the paged KV state (Qwen3, head_dim D = 128).
+
+KV layout (tools/README.md): bf16, pages of 16 tokens interleaved by layer,
+``[page][layer][16 tokens][NKV][k|v][D]``.  A kernel gets ``kv = state + layer*65536``
+(bytes) and ``page_bytes = L * 16 * NKV * 2 * D * 2`` (the byte stride between pages,
+a multiple of 512).  The token at physical slot ``s`` is at element offset
+``(s // 16) * page_bytes/2 + (s % 16) * NKV*2*D``; kv head ``h``'s k at ``+ h*2*D``,
+its v at ``+ h*2*D + D``.  Attention maps logical position ``j`` of sequence ``b`` to
+page ``block_table[b*bt_stride + j//16]``.  All offsets are computed in int64.
+
+``q`` is read from (and the prologue writes it back into) the fused qkv buffer
+``[tokens, (NQ + 2*NKV) * D]``: q heads, then k heads, then v heads.
+
+Kernels:
+  qk_norm_rope_kv          fused prologue: q/k RMS norm, neox rotary, k/v -> paged KV
+  paged_decode_attention   decode (one query token per sequence), split-KV stage 1
+  paged_decode_reduce      decode stage 2: merge the splits -> bf16 output
+  paged_prefill_attention  causal flash attention of a chunk against the cache
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, kv,
+                    num_q_heads, num_kv_heads, eps, page_bytes,
+                    D: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Per-layer attention prologue, one program per (token t, kv head g).
+
+    qkv: bf16 [tokens, (NQ+2*NKV)*D], inout: the q heads g*G .. g*G+G-1 (G = NQ/NKV) are
+        replaced by rope(rmsnorm(q) * q_norm_w) in place; k and v are only read.
+    positions, slot_mapping: i64 [tokens]; cos_sin: f32 [max_pos, D] (cos of the D/2
+        frequencies, then sin); q_norm_w, k_norm_w: bf16 [D].
+    kv: the layer's KV base (inout); k head g := rope(rmsnorm(k) * k_norm_w), v head g := v,
+        written at slot_mapping[t] (a negative slot skips the write).
+    Rotary (neox, rotate-half over the full D): out[:D/2] = x1*cos - x2*sin,
+    out[D/2:] = x2*cos + x1*sin.  fp32 math, one rounding at each store.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    G = num_q_heads // num_kv_heads
+    row = qkv + t * ((num_q_heads + 2 * num_kv_heads) * D)
+    d = tl.arange(0, HALF)
+
+    pos = tl.load(positions + t)
+    cos = tl.load(cos_sin + pos * D + d)
+    sin = tl.load(cos_sin + pos * D + HALF + d)
+
+    # q heads of this group: a [BLOCK_G, D/2] tile per half, rows >= G masked off
+    rows = tl.arange(0, BLOCK_G)
+    rmask = rows[:, None] < G
+    qp = row + (g * G + rows)[:, None] * D + d[None, :]
+    q1 = tl.load(qp, mask=rmask, other=0.0).to(tl.float32)
+    q2 = tl.load(qp + HALF, mask=rmask, other=0.0).to(tl.float32)
+    r = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)
+    a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
+    b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
+    tl.store(qp, (a * cos[None, :] - b * sin[None, :]).to(tl.bfloat16), mask=rmask)
+    tl.store(qp + HALF, (b * cos[None, :] + a * sin[None, :]).to(tl.bfloat16), mask=rmask)
+
+    # k head g (normed + rotated) and v head g -> paged KV
+    kp = row + num_q_heads * D + g * D
+    k1 = tl.load(kp + d).to(tl.float32)
+    k2 = tl.load(kp + HALF + d).to(tl.float32)
+    rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
+    ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
+    kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
+    vp = row + (num_q_heads + num_kv_heads) * D + g * D
+    v1 = tl.load(vp + d)
+    v2 = tl.load(vp + HALF + d)
+    slot = tl.load(slot_mapping + t)
+    if slot >= 0:
+        page_elems = (page_bytes // 512).to(tl.int64) * 256
+        dst = kv + (slot // 16) * page_elems + (slot % 16) * (num_kv_heads * 2 * D) + g * (2 * D)
+        tl.store(dst + d, (ka * cos - kb * sin).to(tl.bfloat16))
+        tl.store(dst + HALF + d, (kb * cos + ka * sin).to(tl.bfloat16))
+        tl.store(dst + D + d, v1)
+        tl.store(dst + D + HALF + d, v2)
+
+
+@triton.jit
+def paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
+                           num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
+                           D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Decode attention, stage 1 (split-KV).  Grid (NKV, S, seqs), S = number of splits.
+
+    Program (h, s, b) handles the G = NQ/NKV q heads of kv head h (padded to BLOCK_H rows so
+    the products run on tensor cores) over split s of sequence b's keys: with
+    L = seq_lens[b], chunk = ceil(ceil(L/S)/BLOCK_N)*BLOCK_N, keys [s*chunk, min(L, (s+1)*chunk)).
+    q: bf16, head j of sequence b at q + b*q_stride + j*D (after the prologue).
+    Writes, for each q head j of the group, unnormalized partial results
+      part_acc[((b*NQ + j)*S + s)*D + :D] = sum_n p_n v_n   (f32)
+      part_ml [((b*NQ + j)*S + s)*2 + 0]  = m (running max of the scores, log2 units)
+      part_ml [((b*NQ + j)*S + s)*2 + 1]  = l = sum_n p_n,  p_n = 2^(score_n*log2e - m)
+    An empty split writes m = -inf, l = 0, acc = 0.
+    """
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    S = tl.num_programs(1)
+    G = num_q_heads // num_kv_heads
+    L = tl.load(seq_lens + b)
+    chunk = tl.cdiv(tl.cdiv(L, S), BLOCK_N) * BLOCK_N
+    start = s * chunk
+    end = tl.minimum(start + chunk, L)
+
+    d = tl.arange(0, D)
+    rows = tl.arange(0, BLOCK_H)
+    rmask = rows < G
+    qh = h * G + rows
+    qt = tl.load(q + b * q_stride + qh[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0)
+
+    page_elems = (page_bytes // 512).to(tl.int64) * 256
+    tok_stride = num_kv_heads * (2 * D)
+    kvh = kv + h * (2 * D)
+    bt = block_table + b * bt_stride
+    scale = sm_scale * 1.4426950408889634
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
+        tok = page * page_elems + (offs_n % 16) * tok_stride
+        k = tl.load(kvh + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        v = tl.load(kvh + D + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        qk = tl.dot(qt, tl.trans(k)) * scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        m_i = m_new
+
+    part = (b * num_q_heads + qh) * S + s
+    tl.store(part_acc + part[:, None] * D + d[None, :], acc, mask=rmask[:, None])
+    tl.store(part_ml + part * 2, m_i, mask=rmask)
+    tl.store(part_ml + part * 2 + 1, l_i, mask=rmask)
+
+
+@triton.jit
+def paged_decode_reduce(part_acc, part_ml, out, num_q_heads, num_splits,
+                        D: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """Decode attention, stage 2.  Grid (NQ, seqs).  num_splits = S of stage 1 (<= MAX_SPLITS).
+
+    out[b, j*D : (j+1)*D] = bf16(sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), M = max_s m_s.
+    out: bf16 [seqs, NQ*D] (contiguous).
+    """
+    j = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    sp = tl.arange(0, MAX_SPLITS)
+    smask = sp < num_splits
+    base = (b * num_q_heads + j) * num_splits
+    m = tl.load(part_ml + (base + sp) * 2, mask=smask, other=float("-inf"))
+    l = tl.load(part_ml + (base + sp) * 2 + 1, mask=smask, other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))
+    d = tl.arange(0, D)
+    acc = tl.load(part_acc + (base + sp)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out + (b * num_q_heads + j) * D + d, o.to(tl.bfloat16))
+
+
+@triton.jit
+def _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m, L, scale,
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
+    d = tl.arange(0, D)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if CAUSAL_MASK:
+        nmask = offs_n < L
+        page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt + offs_n // 16).to(tl.int64)
+    tok = page * page_elems + (offs_n % 16) * tok_stride
+    if CAUSAL_MASK:
+        k = tl.load(kvh + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+    else:
+        k = tl.load(kvh + tok[:, None] + d[None, :])
+    qk = tl.dot(qt, tl.trans(k)) * scale
+    if CAUSAL_MASK:
+        qk = tl.where((offs_n[None, :] <= pos_m[:, None]) & nmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if CAUSAL_MASK:
+        v = tl.load(kvh + D + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+    else:
+        v = tl.load(kvh + D + tok[:, None] + d[None, :])
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def paged_prefill_attention(q, kv, block_table, seq_lens, cu_seqlens_q, out,
+                            num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
+                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Causal attention of a chunk of queries against the paged cache (flash attention).
+
+    Grid (ceil_div(tokens, BLOCK_M), NQ, seqs).  Sequence b's queries are rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q (bf16, head j at row*q_stride + j*D);
+    with L = seq_lens[b] (cached + chunk, the chunk already written to KV) and
+    n = its query count, query i sits at position L - n + i and attends to keys
+    0 .. L - n + i.  out: bf16 [tokens, NQ*D], row cu_seqlens_q[b] + i.
+    Programs beyond a sequence's queries exit at once.
+    """
+    mb = tl.program_id(0)
+    j = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    q_start = tl.load(cu_seqlens_q + b)
+    q_len = tl.load(cu_seqlens_q + b + 1) - q_start
+    if mb * BLOCK_M >= q_len:
+        return
+    L = tl.load(seq_lens + b)
+    ctx = L - q_len
+    h = j // (num_q_heads // num_kv_heads)
+
+    d = tl.arange(0, D)
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = offs_m < q_len
+    rowp = (q_start + offs_m).to(tl.int64)
+    qt = tl.load(q + rowp[:, None] * q_stride + j * D + d[None, :], mask=mmask[:, None], other=0.0)
+    pos_m = ctx + offs_m
+
+    page_elems = (page_bytes // 512).to(tl.int64) * 256
+    tok_stride = num_kv_heads * (2 * D)
+    kvh = kv + h * (2 * D)
+    bt = block_table + b * bt_stride
+    scale = sm_scale * 1.4426950408889634
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    # keys visible to every query of the block: [0, ctx + mb*BLOCK_M] -> whole tiles unmasked
+    full_end = ((ctx + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(L, ctx + (mb + 1) * BLOCK_M)
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m, L,
+                                      scale, D, BLOCK_N, False)
+    for n0 in range(full_end, hi, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m, L,
+                                      scale, D, BLOCK_N, True)
+    o = acc / l_i[:, None]
+    tl.store(out + rowp[:, None] * (num_q_heads * D) + j * D + d[None, :], o.to(tl.bfloat16),
+             mask=mmask[:, None])
