@@ -230,7 +230,8 @@ _CODES: list[Code] = [
          "A var used by no shape, grid, argument or state. Remove it.",
          '"vars": {"seqs": {"max": 1}}    // never referenced'),
     Code("E0071", "error", "unused state",
-         "A state passed by no call. Remove it.",
+         "A state that no call passes: the runtime would allocate capacity × bytes_per_token for nothing. "
+         "Remove it, or pass it to the op that should use it.",
          '"states": {"kv_old": {"bytes_per_token": 4096}}'),
     Code("E0072", "error", "unused buffer",
          "A buffer passed by no call (a weight nobody reads is one too). Remove it.",
@@ -239,7 +240,8 @@ _CODES: list[Code] = [
          "A module no launch names. Remove it (the runtime would load it for nothing).",
          '"modules": {"old_kernels": {...}}'),
     Code("E0074", "error", "unused op",
-         "An op no call names. Remove it.",
+         "An op that no call of any program names: its modules would be loaded and checked for nothing. "
+         "Remove it, or call it.",
          '"ops": {"gelu": {...}}    // no call uses gelu'),
     # --- cubin checks (--kernels) -------------------------------------------------
     Code("E0080", "error", "module file missing",

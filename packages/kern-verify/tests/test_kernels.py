@@ -1,0 +1,168 @@
+"""Static cubin checks (`kernels_dir`): sha256, entries, parameter layouts, blocks —
+against real nvcc and Triton cubins."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from verify_helpers import check, found
+
+TRITON_PARAMS = ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "f32", "in ptr", "in ptr"]
+MIX_PARAMS = ["i32", "i64", "f32", "in buffer<f32>", "u8", "out buffer<f32>"]
+
+
+@pytest.fixture
+def kdir(tmp_path, nvcc_cubin, triton_cubin):
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "sample.cubin").write_bytes(nvcc_cubin)
+    (tmp_path / "add.cubin").write_bytes(triton_cubin)
+    return tmp_path
+
+
+def manifest(nvcc_cubin: bytes, triton_cubin: bytes) -> dict:
+    """Two ops: `add` (the Triton kernel, with its two hidden params) and `mix` (nvcc k_mix)."""
+    return {
+        "schema_version": 4,
+        "model": "cubin-checks",
+        "vars": {"n": {"max": 4096}},
+        "states": {},
+        "buffers": {
+            "x": {"dtype": "bf16", "shape": ["n"], "class": "input"},
+            "y": {"dtype": "bf16", "shape": ["n"], "class": "input"},
+            "z": {"dtype": "bf16", "shape": ["n"], "class": "output"},
+            "p": {"dtype": "f32", "shape": [4], "class": "input"},
+            "o": {"dtype": "f32", "shape": [64], "class": "output"},
+        },
+        "modules": {
+            "sample": {"source": "cuda/sample.cubin", "sha256": hashlib.sha256(nvcc_cubin).hexdigest()},
+            "triton_add": {"source": "add.cubin", "sha256": hashlib.sha256(triton_cubin).hexdigest()},
+        },
+        "ops": {
+            "add": {
+                "params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"],
+                "impl": {"launches": [{
+                    "module": "triton_add", "entry": "add_kernel", "params": list(TRITON_PARAMS),
+                    "block": [128, 1, 1], "grid": [{"ceil_div": ["n", 1024]}, 1, 1],
+                    "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"f32": 0.5},
+                             {"i64": 0}, {"i64": 0}],
+                }]},
+            },
+            "mix": {
+                "params": ["in buffer<f32>", "out buffer<f32>"],
+                "impl": {"launches": [{
+                    "module": "sample", "entry": "k_mix", "params": list(MIX_PARAMS),
+                    "block": [64, 1, 1], "grid": [1, 1, 1],
+                    "args": [{"i32": 1}, {"i64": 2}, {"f32": 3.0}, {"param": 0}, {"u8": 4}, {"param": 1}],
+                }]},
+            },
+        },
+        "programs": {"run": {"calls": [
+            {"label": "add", "op": "add", "args": [{"buf": "x"}, {"buf": "y"}, {"buf": "z"}, {"var": "n"}]},
+            {"label": "mix", "op": "mix", "args": [{"buf": "p"}, {"buf": "o"}]},
+        ]}},
+    }
+
+
+@pytest.fixture
+def doc(nvcc_cubin, triton_cubin):
+    return manifest(nvcc_cubin, triton_cubin)
+
+
+def mix_launch(d):
+    return d["ops"]["mix"]["impl"]["launches"][0]
+
+
+def add_launch(d):
+    return d["ops"]["add"]["impl"]["launches"][0]
+
+
+def test_clean(doc, kdir):
+    assert check(doc, kernels_dir=kdir) == []
+
+
+def test_clean_without_kernels_dir(doc):
+    assert check(doc) == []
+
+
+def test_sha256_mismatch(doc, kdir):
+    doc["modules"]["sample"]["sha256"] = "0" * 64
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0081", "modules.sample.sha256")
+    assert hashlib.sha256((kdir / "cuda" / "sample.cubin").read_bytes()).hexdigest() in d.message
+
+
+def test_missing_file(doc, kdir):
+    (kdir / "add.cubin").unlink()
+    assert found(check(doc, kernels_dir=kdir)) == [("E0080", "modules.triton_add.source")]
+
+
+def test_not_a_cubin(doc, kdir):
+    data = b"// PTX\n.version 8.0\n"
+    (kdir / "add.cubin").write_bytes(data)
+    doc["modules"]["triton_add"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0082", "modules.triton_add.source")
+    assert "not an ELF file" in d.message
+
+
+def test_entry_missing(doc, kdir):
+    mix_launch(doc)["entry"] = "k_mixx"
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0083", "ops.mix.impl.launches[0].entry")
+    assert "k_mix" in d.hint
+
+
+def test_entry_in_another_module(doc, kdir):
+    add_launch(doc)["module"] = "sample"  # add_kernel lives in triton_add
+    diags = check(doc, kernels_dir=kdir)
+    assert found(diags) == [("E0073", "modules.triton_add"), ("E0083", "ops.add.impl.launches[0].entry")]
+    (d,) = [x for x in diags if x.code == "E0083"]
+    assert "`triton_add`" in d.hint
+
+
+def test_declared_i32_where_kernel_has_8_bytes(doc, kdir):
+    mix_launch(doc)["params"][1] = "i32"
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0084", "ops.mix.impl.launches[0].params[1]")
+    assert "op `mix` launch 0 (`k_mix`)" in d.message and "param 1" in d.message and "8 bytes" in d.message
+
+
+def test_triton_hidden_params_forgotten(doc, kdir):
+    launch = add_launch(doc)
+    launch["params"] = launch["params"][:5]
+    launch["args"] = launch["args"][:5]
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0084", "ops.add.impl.launches[0].params")
+    assert "declares 5 params, the kernel has 7" in d.message and "hidden" in d.message
+
+
+def test_block_differs_from_reqntid(doc, kdir):
+    add_launch(doc)["block"] = [256, 1, 1]
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0085", "ops.add.impl.launches[0].block")
+    assert "[128, 1, 1]" in d.hint
+
+
+def test_block_over_launch_bounds(tmp_path, nvcc_cubin, doc):
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "sample.cubin").write_bytes(nvcc_cubin)
+    launch = mix_launch(doc)
+    launch.update(entry="k_struct", params=["in buffer<bf16>"], block=[512, 1, 1])
+    doc["ops"]["add"]["impl"]["launches"][0]["module"] = "sample"
+    doc["ops"]["add"]["impl"]["launches"][0]["entry"] = "k_mix"
+    diags = [d for d in check(doc, kernels_dir=tmp_path) if d.code == "E0085"]
+    assert [(d.code, d.location) for d in diags] == [("E0085", "ops.mix.impl.launches[0].block")]
+    assert "256" in diags[0].message
+
+
+def test_hf_module_not_present_warns(doc, kdir):
+    doc["modules"]["triton_add"]["source"] = "hf:org/kernels/triton/add.cubin"
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.severity, d.location) == ("E0086", "warning", "modules.triton_add.source")
+
+
+def test_hf_module_present_is_checked(doc, kdir, triton_cubin):
+    doc["modules"]["triton_add"]["source"] = "hf:org/kernels/add.cubin"
+    assert check(doc, kernels_dir=kdir) == []
