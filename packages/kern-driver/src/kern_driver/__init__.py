@@ -14,13 +14,13 @@ module hashes, weight binding) and is usable on any machine.
 
 from .errors import KernDriverError
 from .graphs import Graph
-from .plan import Plan, Region
+from .plan import Layout, Region
 from .resolve import EXTERNS, FakeModuleTable
 from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "NUMPY_DTYPES", "Plan", "Prepared", "Region",
+    "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "Prepared", "Region",
     "Runtime", "prepare",
 ]

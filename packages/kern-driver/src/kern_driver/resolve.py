@@ -22,16 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kern_schema import LITERAL_KEYS, Arg, Expr, Manifest, ParamType, parse_param_type, to_text, variables
+from kern_verify import EXTERNS as _VERIFY_EXTERNS
 from kern_verify.cubin import ParamSlot, compare_layout, params_from_manifest
 
 from .errors import KernDriverError
-from .plan import Plan
+from .plan import Layout
 
-#: The runtime's built-ins and their fixed signatures (DESIGN §2).
-EXTERNS: dict[str, list[str]] = {
-    "cublaslt.gemm_bf16_tn": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"],
-    "cublaslt.gemm_bf16_tn_acc": ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>", "i32", "i32", "i32"],
-}
+#: The runtime's built-ins and their fixed signatures (DESIGN §2), shared with the verifier.
+EXTERNS: dict[str, list[str]] = {name: list(e.params) for name, e in _VERIFY_EXTERNS.items()}
 
 
 class ModuleTable(Protocol):
@@ -261,7 +259,7 @@ def _const_eval(e: Expr, where: str) -> int:
 def resolve_program(
     manifest: Manifest,
     program: str,
-    plan: Plan,
+    plan: Layout,
     base: int,
     entries: dict[tuple[str, int], ResolvedEntry],
 ) -> list[Step]:

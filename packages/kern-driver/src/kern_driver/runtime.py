@@ -4,7 +4,7 @@ Load order (DESIGN §4), checks that need no GPU first so that they fail the
 same way on any machine:
 
 1. decode the manifest, `kern_verify.verify` it (refuse on any diagnostic);
-2. plan the arena (`plan.plan`), read every module and check its sha256
+2. plan the arena (`kern_verify.plan` + `plan.layout`), read every module and check its sha256
    (`modules.read_modules`), read the weights' safetensors headers and bind
    them by name, dtype and shape (`weights.bind`);
 3. initialize the device (one clear error when there is no GPU), load every
@@ -42,7 +42,9 @@ from .cuda import SUCCESS, PinnedBuffer, check, drv, raise_error
 from .errors import KernDriverError
 from .graphs import Graph
 from .modules import ModuleImage, read_modules
-from .plan import Plan, Region, plan as make_plan
+from kern_verify import Plan
+
+from .plan import Layout, Region, layout as make_layout
 from .resolve import EXTERNS, ResolvedEntry, Step, check_vars, resolve_entries, resolve_program
 from .staging import StagedProgram, extern_values
 from .weights import Binding, TensorRef, bind, read_headers, weight_paths
@@ -68,11 +70,12 @@ class Prepared:
 
     manifest: Manifest
     kernels_dir: str
-    plan: Plan
+    layout: Layout
     modules: dict[str, ModuleImage]
     tensors: dict[str, TensorRef]
     bindings: list[Binding]
     weight_files: list[str] = field(default_factory=list)
+    warnings: list[Any] = field(default_factory=list)
 
 
 def _decode(manifest: Any) -> tuple[Manifest, str | None, str | None]:
@@ -93,7 +96,7 @@ def _decode(manifest: Any) -> tuple[Manifest, str | None, str | None]:
         raise KernDriverError(f"the manifest cannot be decoded: {e}") from None
 
 
-def _verify(m: Manifest, text: str | None) -> None:
+def _verify(m: Manifest, text: str | None) -> list[Any]:
     try:
         from kern_verify import verify
     except ImportError:
@@ -103,13 +106,16 @@ def _verify(m: Manifest, text: str | None) -> None:
             "an already verified manifest",
         ) from None
     diags = verify(m, text) if text is not None else verify(m)
-    if diags:
+    errors = [d for d in diags if getattr(d, "severity", "error") == "error"]
+    if errors:
+        diags = errors
         lines = [str(d) for d in diags]
         raise KernDriverError(
             f"the manifest does not verify: {len(diags)} diagnostic(s):\n    " + "\n    ".join(
                 ln.replace("\n", "\n    ") for ln in lines),
             hint="run `kern-verify MANIFEST` for the full report with source lines and hints",
         )
+    return [d for d in diags if d not in errors]
 
 
 def prepare(
@@ -122,24 +128,23 @@ def prepare(
 ) -> Prepared:
     """Every load check that needs no GPU: decode, verify, plan, module hashes, weight binding.
 
-    Useful on its own as a dry run (`kern_driver.prepare(...).plan.describe()`).
+    Useful on its own as a dry run (`kern_driver.prepare(...).layout.plan.render()`).
 
     Raises:
         KernDriverError: the first stage that fails, with every problem of that stage.
     """
     m, text, mdir = _decode(manifest)
-    if verify:
-        _verify(m, text)
+    warnings = _verify(m, text) if verify else []
     if kernels_dir is None:
         if mdir is None:
             raise KernDriverError("kernels_dir is required when the manifest is not given as a path")
         kernels_dir = mdir
-    p = make_plan(m, capacity_tokens)
+    p = make_layout(m, capacity_tokens)
     images = read_modules(m, kernels_dir)
     files = weight_paths(weights)
     tensors = read_headers(files)
     bindings = bind(m, p, tensors)
-    return Prepared(m, os.fspath(kernels_dir), p, images, tensors, bindings, files)
+    return Prepared(m, os.fspath(kernels_dir), p, images, tensors, bindings, files, warnings)
 
 
 class _CudaModuleTable:
@@ -276,7 +281,7 @@ class Runtime:
                       "(dynamic + the kernel's static shared memory)")
 
         # arena, zeroed (stale bytes are deterministic), then the weights
-        p = prep.plan
+        p = prep.layout
         self._arena = cuda.mem_alloc(p.total_bytes, f"the arena ({p.total_bytes} bytes)")
         check(drv.cuMemsetD8Async(self._arena, 0, p.total_bytes, self._stream), "cuMemsetD8Async(arena)")
         dev.synchronize("zeroing the arena")
@@ -425,8 +430,14 @@ class Runtime:
 
     @property
     def plan(self) -> Plan:
-        """The memory plan (regions, bytes by class, arena total)."""
-        return self.prepared.plan
+        """The memory plan (kern-verify's `Plan`: buffers, scratch, states, bytes by class;
+        `render()` prints it as `kern-verify --plan` does)."""
+        return self.prepared.layout.plan
+
+    @property
+    def layout(self) -> Layout:
+        """The plan as arena regions (offsets of buffers, scratch and states)."""
+        return self.prepared.layout
 
     @property
     def programs(self) -> list[str]:
@@ -535,7 +546,7 @@ class Runtime:
             KernDriverError: unknown buffer, not an `input`, wrong dtype or shape.
         """
         self._alive()
-        r = self.plan.buffers.get(name)
+        r = self.layout.buffers.get(name)
         if r is None:
             raise KernDriverError(f"unknown buffer `{name}`", hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
         if r.cls != "input":
@@ -582,9 +593,9 @@ class Runtime:
             KernDriverError: unknown buffer; a failed earlier launch (reported by the sync).
         """
         self._alive()
-        r = self.plan.buffers.get(name)
+        r = self.layout.buffers.get(name)
         if r is None:
-            raise KernDriverError(f"unknown buffer `{name}`", hint=f"buffers: {', '.join(self.plan.buffers)}")
+            raise KernDriverError(f"unknown buffer `{name}`", hint=f"buffers: {', '.join(self.layout.buffers)}")
         shape = r.shape if full else self._shape_now(r, name)
         dt = np.dtype(NUMPY_DTYPES[r.dtype])
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -602,9 +613,9 @@ class Runtime:
     def read_output(self, name: str) -> np.ndarray:
         """`read_buffer` for an `output` buffer (refuses other classes)."""
         self._alive()
-        r = self.plan.buffers.get(name)
+        r = self.layout.buffers.get(name)
         if r is None or r.cls != "output":
-            outs = [n for n, b in self.plan.buffers.items() if b.cls == "output"]
+            outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
             what = "unknown buffer" if r is None else f"buffer `{name}` is a `{r.cls}` buffer, not an output;"
             raise KernDriverError(f"{what} `{name}`" if r is None else what,
                                   hint=f"outputs: {', '.join(outs) or '(none)'}; read_buffer reads any buffer")
@@ -613,9 +624,9 @@ class Runtime:
     def read_state(self, name: str) -> np.ndarray:
         """Synchronize and copy state `name` back as raw bytes (np.uint8)."""
         self._alive()
-        r = self.plan.states.get(name)
+        r = self.layout.states.get(name)
         if r is None:
-            raise KernDriverError(f"unknown state `{name}`", hint=f"states: {', '.join(self.plan.states) or '(none)'}")
+            raise KernDriverError(f"unknown state `{name}`", hint=f"states: {', '.join(self.layout.states) or '(none)'}")
         out = np.empty(r.nbytes, dtype=np.uint8)
         if r.nbytes:
             check(drv.cuMemcpyDtoHAsync(out.ctypes.data, self._arena + r.offset, r.nbytes, self._stream),
@@ -635,7 +646,7 @@ class Runtime:
     def address(self, name: str) -> int:
         """Device address of buffer or state `name` (interop: e.g. wrap it in a torch tensor)."""
         self._alive()
-        r = self.plan.buffers.get(name) or self.plan.states.get(name)
+        r = self.layout.buffers.get(name) or self.layout.states.get(name)
         if r is None:
             raise KernDriverError(f"unknown buffer or state `{name}`")
         return self._arena + r.offset
@@ -654,7 +665,7 @@ class Runtime:
         """Start-up summary: device, vars, states, buffer bytes by class, each op's launches
         and what each resolved to, weights bound, programs, graphs captured."""
         m = self.manifest
-        p = self.plan
+        p = self.layout
         prep = self.prepared
         mib = lambda n: f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} B"  # noqa: E731
         L = [f"kern runtime: model `{m.model}` on device {self._dev.index} ({self._dev.name}, sm_{self._dev.cc[0]}{self._dev.cc[1]})"
@@ -691,6 +702,8 @@ class Runtime:
             nk = sum(1 for s in prog.steps if s.extern is None)
             L.append(f"program {pn}: {len(m.programs[pn].calls)} calls, {len(prog.steps)} launches "
                      f"({nk} kernels, {len(prog.steps) - nk} cuBLASLt); vars: {', '.join(sorted(prog.required)) or '(none)'}")
+        for w in prep.warnings:
+            L.append(f"verifier warning: {w}")
         L.append(f"launch mode: {self.launch_mode}" + ("; debug: sync after each launch" if self.debug else ""))
         if self._graphs:
             for g in self._graphs.values():

@@ -24,7 +24,7 @@ from pathlib import Path
 from kern_schema import DTYPES, Manifest
 
 from .errors import KernDriverError
-from .plan import Plan, Region
+from .plan import Layout, Region
 
 #: safetensors dtype tags → manifest dtypes.
 SAFETENSORS_DTYPES: dict[str, str] = {
@@ -161,7 +161,7 @@ def weight_paths(weights: str | os.PathLike[str] | list | tuple | None) -> list[
     return [os.fspath(p)]
 
 
-def bind(manifest: Manifest, plan: Plan, tensors: dict[str, TensorRef]) -> list[Binding]:
+def bind(manifest: Manifest, plan: Layout, tensors: dict[str, TensorRef]) -> list[Binding]:
     """Bind every `weight` buffer of `manifest` to the tensor of the same name.
 
     Returns the bindings in plan order.

@@ -1,0 +1,173 @@
+"""Helpers for tests and benchmarks of kern manifests (no GPU needed to import).
+
+- `to_bf16` / `from_bf16`: float32 ↔ bf16 raw bits (np.uint16), round to nearest even;
+- `write_safetensors`: write a safetensors file from numpy arrays with explicit dtypes
+  (bf16 given as uint16 bits), following the format in `kern_driver.weights`;
+- `find_nvcc` / `build_cubin`: compile CUDA C to an sm_90 cubin;
+- `VADD_CU`, `vadd_manifest`, `gemm_manifest`: the small manifests the tests use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .weights import SAFETENSORS_DTYPES
+
+_TAGS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_NP = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8, "u8": np.uint8,
+       "i16": np.int16, "u16": np.uint16, "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64,
+       "fp8e4m3": np.uint8, "fp8e5m2": np.uint8}
+
+
+def to_bf16(x: Any) -> np.ndarray:
+    """float → bf16 bits (np.uint16), round to nearest even (NaN kept quiet)."""
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    r[np.isnan(f)] = 0x7FC0
+    return r
+
+
+def from_bf16(bits: Any) -> np.ndarray:
+    """bf16 bits (np.uint16) → float32 (exact)."""
+    b = np.ascontiguousarray(bits, dtype=np.uint16)
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """Write `{name: (kern dtype, array)}` as a safetensors file (arrays are written as raw
+    bytes: bf16 must be np.uint16 bits; the dtype tag comes from the kern dtype)."""
+    header: dict[str, Any] = {}
+    blobs = []
+    off = 0
+    for name, (dtype, arr) in tensors.items():
+        a = np.ascontiguousarray(arr)
+        if a.dtype != np.dtype(_NP[dtype]):
+            raise ValueError(f"{name}: array dtype {a.dtype} for kern dtype {dtype} (expected {np.dtype(_NP[dtype])})")
+        b = a.tobytes()
+        header[name] = {"dtype": _TAGS[dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, or in /usr/local/cuda/bin, or None."""
+    return shutil.which("nvcc") or next(
+        (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if os.path.exists(p)), None)
+
+
+def build_cubin(source: str, out: str | os.PathLike[str], arch: str = "sm_90") -> bytes:
+    """Compile CUDA C `source` to a cubin at `out` with nvcc; returns its bytes.
+
+    Raises:
+        RuntimeError: nvcc not found, or compilation failed (with nvcc's output).
+    """
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (PATH, /usr/local/cuda/bin)")
+    out = Path(out)
+    src = out.with_suffix(".cu")
+    src.write_text(source)
+    r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(src)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed:\n{r.stdout}\n{r.stderr}")
+    return out.read_bytes()
+
+
+VADD_CU = r"""
+extern "C" __global__ void vadd(const float* x, const float* y, float* out, int n, float alpha) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] + alpha * y[i];
+}
+"""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def vadd_manifest(cubin_sha: str | None, *, n_max: int = 4096, alpha: float = 2.0, n_type: str = "i32",
+                  calls: int = 1, source: str = "vadd.cubin") -> dict[str, Any]:
+    """`out[i] = x[i] + alpha · w[i]` for i < n: input x f32[n], weight w f32[n_max],
+    output out f32[n]; program `main` makes `calls` identical calls (labels add0, add1...)."""
+    mod: dict[str, Any] = {"source": source}
+    if cubin_sha is not None:
+        mod["sha256"] = cubin_sha
+    return {
+        "schema_version": 4,
+        "model": "vadd-test",
+        "vars": {"n": {"min": 1, "max": n_max}},
+        "states": {},
+        "buffers": {
+            "x": {"dtype": "f32", "shape": ["n"], "class": "input"},
+            "w": {"dtype": "f32", "shape": [n_max], "class": "weight"},
+            "out": {"dtype": "f32", "shape": ["n"], "class": "output"},
+        },
+        "modules": {"vec": mod},
+        "ops": {
+            "add": {
+                "params": ["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", "i32"],
+                "impl": {"launches": [{
+                    "module": "vec", "entry": "vadd",
+                    "params": ["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", n_type, "f32"],
+                    "block": [256, 1, 1], "grid": [{"ceil_div": ["n", 256]}, 1, 1],
+                    "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"f32": alpha}],
+                }]},
+            },
+        },
+        "programs": {"main": {"calls": [
+            {"label": f"add{i}", "op": "add", "args": [{"buf": "x"}, {"buf": "w"}, {"buf": "out"}, {"var": "n"}]}
+            for i in range(calls)
+        ]}},
+    }
+
+
+def gemm_manifest(n: int, k: int, *, m_max: int = 64) -> dict[str, Any]:
+    """GEMM built-ins: program `mm`: `c = a · w1ᵀ`; program `mm_acc`: `c = a · w1ᵀ; c += a · w2ᵀ`.
+    a input bf16[m, k], w1/w2 weight bf16[n, k], c output bf16[m, n]; var m in [1, m_max]."""
+    params = ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"]
+
+    def call(label: str, op: str, w: str) -> dict[str, Any]:
+        return {"label": label, "op": op, "args": [{"buf": "a"}, {"buf": w}, {"buf": "c"}, {"var": "m"},
+                                                    {"i32": n}, {"i32": k}]}
+
+    def op(extern: str, ps: list[str]) -> dict[str, Any]:
+        return {"params": ps, "impl": {"launches": [{"extern": extern, "args": [{"param": i} for i in range(6)]}]}}
+
+    return {
+        "schema_version": 4,
+        "model": f"gemm-test-n{n}-k{k}",
+        "vars": {"m": {"min": 1, "max": m_max}},
+        "states": {},
+        "buffers": {
+            "a": {"dtype": "bf16", "shape": ["m", k], "class": "input"},
+            "w1": {"dtype": "bf16", "shape": [n, k], "class": "weight"},
+            "w2": {"dtype": "bf16", "shape": [n, k], "class": "weight"},
+            "c": {"dtype": "bf16", "shape": ["m", n], "class": "output"},
+        },
+        "modules": {},
+        "ops": {
+            "gemm": op("cublaslt.gemm_bf16_tn", params),
+            "gemm_acc": op("cublaslt.gemm_bf16_tn_acc", params[:2] + ["inout buffer<bf16>"] + params[3:]),
+        },
+        "programs": {
+            "mm": {"calls": [call("proj", "gemm", "w1")]},
+            "mm_acc": {"calls": [call("proj", "gemm", "w1"), call("proj_acc", "gemm_acc", "w2")]},
+        },
+    }

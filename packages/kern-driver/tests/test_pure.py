@@ -1,0 +1,349 @@
+"""CPU tests: everything of the load and launch path that needs no GPU."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from kern_schema import SCALARS, load
+from kern_verify import verify
+from kern_verify.cubin import ParamSlot
+
+from kern_driver import FakeModuleTable, KernDriverError, prepare
+from kern_driver.plan import layout
+from kern_driver.resolve import Dyn, Ptr, check_vars, resolve_entries, resolve_program
+from kern_driver.staging import StagedProgram, pack_scalar
+from kern_driver.testing import (VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
+                                 vadd_manifest, write_safetensors)
+from kern_driver.weights import read_header
+
+BASE = 0x7F00_0000_0000
+VADD_LAYOUT = [ParamSlot(0, 0, 8), ParamSlot(1, 8, 8), ParamSlot(2, 16, 8), ParamSlot(3, 24, 4), ParamSlot(4, 28, 4)]
+
+
+def manifest(d):
+    return load(json.dumps(d).encode())
+
+
+def vadd(**kw):
+    return manifest(vadd_manifest("0" * 64, **kw))
+
+
+def fake_vadd():
+    return FakeModuleTable({"vec": {"vadd": VADD_LAYOUT}})
+
+
+# ---------------------------------------------------------------- staging
+
+
+@pytest.mark.parametrize("name,value,fmt", [
+    ("i8", -128, "<b"), ("u8", 255, "<B"), ("i16", -32768, "<h"), ("u16", 65535, "<H"),
+    ("i32", -(2**31), "<i"), ("u32", 2**32 - 1, "<I"), ("i64", -(2**63), "<q"), ("u64", 2**64 - 1, "<Q"),
+    ("f32", 1e-6, "<f"), ("f64", 1e-300, "<d"),
+])
+def test_pack_scalar_width_and_encoding(name, value, fmt):
+    buf = bytearray(b"\xaa" * 16)
+    pack_scalar(buf, 4, SCALARS[name], value, "here")
+    size = struct.calcsize(fmt)
+    assert buf[4 : 4 + size] == struct.pack(fmt, value)
+    assert buf[:4] == b"\xaa" * 4 and buf[4 + size :] == b"\xaa" * (12 - size)  # nothing else touched
+
+
+def test_pack_f32_is_ieee_single():
+    buf = bytearray(4)
+    pack_scalar(buf, 0, SCALARS["f32"], 0.1, "x")
+    assert buf == bytes.fromhex("cdcccc3d")  # 0x3dcccccd little-endian
+
+
+@pytest.mark.parametrize("name,value,needle", [
+    ("i32", 2**31, "does not fit `i32`"), ("u8", -1, "does not fit `u8`"), ("i32", 1.5, "integer `i32`"),
+    ("f32", 1e39, "overflows `f32`"), ("i64", True, "integer `i64`"),
+])
+def test_pack_scalar_refuses(name, value, needle):
+    with pytest.raises(KernDriverError) as e:
+        pack_scalar(bytearray(8), 0, SCALARS[name], value, "programs.p.calls[0]")
+    assert needle in str(e.value) and "programs.p.calls[0]" in str(e.value)
+
+
+def staged_vadd(**kw):
+    m = vadd(**kw)
+    lay = layout(m, 16)
+    entries = resolve_entries(m, fake_vadd())
+    return m, lay, StagedProgram(resolve_program(m, "main", lay, BASE, entries))
+
+
+def test_staged_params_bytes_are_the_kernel_abi():
+    m, lay, sp = staged_vadd()
+    s = sp.steps[0]
+    assert isinstance(s.args[3], Dyn) and s.args[3].expr == "n"
+    assert sp.sizes[0] == 32  # exact: end of the last param, no tail padding
+    assert sp.refresh({"n": 1000}) is True
+    raw = sp.param_bytes(0)
+    x, w, out, n, alpha = struct.unpack("<QQQif", raw)
+    assert x == BASE + lay.buffers["x"].offset
+    assert w == BASE + lay.buffers["w"].offset
+    assert out == BASE + lay.buffers["out"].offset
+    assert (n, alpha) == (1000, 2.0)
+    assert sp.grids[0] == (4, 1, 1)  # ceil_div(1000, 256)
+    # unchanged vars: no work; changed: slot and grid refreshed
+    assert sp.refresh({"n": 1000}) is False
+    sp.refresh({"n": 257})
+    assert struct.unpack_from("<i", sp.param_bytes(0), 24)[0] == 257 and sp.grids[0] == (2, 1, 1)
+
+
+def test_kernel_params_and_extra_point_into_the_packed_buffer():
+    _, _, sp = staged_vadd()
+    pbase = sp.params.ctypes.data + sp.offsets[0]
+    kp = np.frombuffer(sp.kparams.tobytes(), dtype=np.uint64)[:5]
+    assert list(kp) == [pbase + o for o in (0, 8, 16, 24, 28)]
+    assert sp.kparams_addr(0) == sp.kparams.ctypes.data
+    ex = sp.extra[0]
+    assert list(ex) == [1, pbase, 2, sp.sizes.ctypes.data, 0]  # BUFFER_POINTER, BUFFER_SIZE, END
+    assert sp.extra_addr(0) == sp.extra.ctypes.data
+
+
+def test_many_calls_get_distinct_aligned_param_blocks():
+    _, _, sp = staged_vadd(calls=3)
+    assert sp.offsets == [0, 32, 64]
+    sp.refresh({"n": 5})
+    assert all(struct.unpack_from("<i", sp.param_bytes(i), 24)[0] == 5 for i in range(3))
+
+
+def test_grid_out_of_range_is_refused():
+    m = vadd_manifest("0" * 64)
+    m["ops"]["add"]["impl"]["launches"][0]["grid"] = [{"mul": ["n", 0]}, 1, 1]
+    man = manifest(m)
+    sp = StagedProgram(resolve_program(man, "main", layout(man, 1), BASE, resolve_entries(man, fake_vadd())))
+    with pytest.raises(KernDriverError) as e:
+        sp.refresh({"n": 3})
+    msg = str(e.value)
+    assert "grid x = 0" in msg and "call `add0`" in msg and "launch 0" in msg
+
+
+# ---------------------------------------------------------------- entry resolution
+
+
+def test_declared_param_of_wrong_size_names_launch_and_param():
+    man = vadd(n_type="i64")
+    with pytest.raises(KernDriverError) as e:
+        resolve_entries(man, fake_vadd())
+    msg = str(e.value)
+    assert "ops.add.impl.launches[0]" in msg and "entry `vadd`" in msg
+    assert "param 3: declared 8 bytes, the kernel's is 4 bytes" in msg
+
+
+def test_entry_missing_from_named_module_says_where_it_is():
+    table = FakeModuleTable({"vec": {"other": VADD_LAYOUT}, "vec2": {"vadd": VADD_LAYOUT}})
+    with pytest.raises(KernDriverError) as e:
+        resolve_entries(vadd(), table)
+    assert "entry not found in module `vec`" in str(e.value) and "exported by: vec2" in str(e.value)
+
+
+def test_named_module_with_wrong_layout_points_at_matching_module():
+    bad = VADD_LAYOUT[:3] + [ParamSlot(3, 24, 8), ParamSlot(4, 32, 4)]
+    table = FakeModuleTable({"vec": {"vadd": bad}, "vec2": {"vadd": VADD_LAYOUT}})
+    with pytest.raises(KernDriverError) as e:
+        resolve_entries(vadd(), table)
+    assert "is `module` wrong?" in str(e.value) and "vec2" in str(e.value)
+
+
+def _moduleless(man):
+    man.ops["add"].impl.launches[0].module = None
+    return man
+
+
+def test_moduleless_launch_picks_the_module_whose_layout_matches():
+    other = [ParamSlot(0, 0, 8), ParamSlot(1, 8, 4)]
+    table = FakeModuleTable({"a": {"vadd": other}, "b": {"vadd": VADD_LAYOUT}, "c": {"x": other}})
+    e = resolve_entries(_moduleless(vadd()), table)[("add", 0)]
+    assert e.module == "b" and e.param_bytes == 32
+
+
+def test_moduleless_launch_ambiguity_and_no_match_are_errors():
+    table = FakeModuleTable({"a": {"vadd": VADD_LAYOUT}, "b": {"vadd": VADD_LAYOUT}})
+    with pytest.raises(KernDriverError, match="ambiguous: modules a, b"):
+        resolve_entries(_moduleless(vadd()), table)
+    table = FakeModuleTable({"a": {"vadd": VADD_LAYOUT[:4]}})
+    with pytest.raises(KernDriverError, match="declares 5 params, the kernel has 4"):
+        resolve_entries(_moduleless(vadd()), table)
+    with pytest.raises(KernDriverError, match="no module exports this entry"):
+        resolve_entries(_moduleless(vadd()), FakeModuleTable({"a": {}}))
+
+
+@pytest.fixture(scope="session")
+def vadd_cubin(tmp_path_factory):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    return build_cubin(VADD_CU, tmp_path_factory.mktemp("cubin") / "vadd.cubin")
+
+
+def test_test_manifests_verify_and_match_the_real_cubin(vadd_cubin):
+    man = manifest(vadd_manifest(sha256(vadd_cubin)))
+    assert [str(d) for d in verify(man)] == []
+    e = resolve_entries(man, FakeModuleTable.from_cubins({"vec": vadd_cubin}))[("add", 0)]
+    assert [(s.offset, s.size) for s in e.layout] == [(s.offset, s.size) for s in VADD_LAYOUT]
+    for n, k in ((8, 16), (13, 64), (1000, 384)):
+        assert [str(d) for d in verify(manifest(gemm_manifest(n, k)))] == []
+
+
+# ---------------------------------------------------------------- gemm steps
+
+
+def test_gemm_steps_resolve_pointers_and_shape_exprs():
+    man = manifest(gemm_manifest(13, 64))
+    lay = layout(man, 1)
+    steps = resolve_program(man, "mm_acc", lay, BASE, {})
+    assert [s.extern for s in steps] == ["cublaslt.gemm_bf16_tn", "cublaslt.gemm_bf16_tn_acc"]
+    a, w2, c = steps[1].args[:3]
+    assert isinstance(a, Ptr) and a.addr == BASE + lay.buffers["a"].offset
+    assert w2.addr == BASE + lay.buffers["w2"].offset and c.addr == BASE + lay.buffers["c"].offset
+    assert steps[1].var_names == {"m"} and "call `proj_acc`" in steps[1].where()
+
+
+# ---------------------------------------------------------------- layout
+
+
+def test_layout_aligns_every_region_and_places_states_after_the_arena():
+    d = vadd_manifest("0" * 64, n_max=1000)
+    d["states"] = {"kv": {"bytes_per_token": 100, "align": 4096}, "s": {"bytes_per_token": 3}}
+    d["ops"]["add"]["impl"]["scratch"] = {"tmp": {"dtype": "u8", "shape": [3]}}
+    man = manifest(d)
+    lay = layout(man, 10)
+    regs = lay.regions()
+    assert all(r.offset % 256 == 0 for r in regs)
+    assert lay.states["kv"].offset % 4096 == 0 and lay.states["kv"].nbytes == 4096  # 1000 rounded up to its align
+    for r1, r2 in zip(regs, regs[1:]):
+        assert r1.offset + r1.nbytes <= r2.offset  # no overlap
+    assert lay.buffers["x"].nbytes == 4000 and lay.buffers["x"].shape == (1000,)
+    assert lay.total_bytes >= regs[-1].offset + regs[-1].nbytes and lay.total_bytes % 256 == 0
+    with pytest.raises(KernDriverError, match="capacity_tokens must be a positive integer"):
+        layout(man, 0)
+
+
+# ---------------------------------------------------------------- vars
+
+
+def test_var_checks():
+    man = vadd()
+    assert check_vars(man, {"n"}, {"n": np.int64(7)}, "run") == {"n": 7}
+    with pytest.raises(KernDriverError) as e:
+        check_vars(man, {"n"}, {"n": 4097}, "run('main')")
+    assert "var `n` = 4097 is outside its bounds [1, 4096]" in str(e.value)
+    with pytest.raises(KernDriverError, match="missing var"):
+        check_vars(man, {"n"}, {}, "run")
+    with pytest.raises(KernDriverError, match="unknown var `tokens`"):
+        check_vars(man, {"n"}, {"n": 1, "tokens": 2}, "run")
+    with pytest.raises(KernDriverError, match="must be an int"):
+        check_vars(man, {"n"}, {"n": 2.0}, "run")
+
+
+# ---------------------------------------------------------------- prepare: modules and weights
+
+
+@pytest.fixture
+def vadd_dir(tmp_path, vadd_cubin):
+    (tmp_path / "vadd.cubin").write_bytes(vadd_cubin)
+    mpath = tmp_path / "vadd.json"
+    mpath.write_text(json.dumps(vadd_manifest(sha256(vadd_cubin), n_max=64)))
+    write_safetensors(tmp_path / "w.safetensors", {"w": ("f32", np.arange(64, dtype=np.float32))})
+    return tmp_path
+
+
+def test_prepare_checks_everything_without_a_gpu(vadd_dir):
+    p = prepare(vadd_dir / "vadd.json", vadd_dir, vadd_dir / "w.safetensors", capacity_tokens=8)
+    assert list(p.modules) == ["vec"] and p.modules["vec"].pinned
+    (b,) = p.bindings
+    assert b.buffer == "w" and b.tensor.nbytes == 256 and b.region.offset == p.layout.buffers["w"].offset
+    assert "weight" in p.layout.plan.render()
+
+
+def test_tampered_cubin_is_refused(vadd_dir):
+    data = bytearray((vadd_dir / "vadd.cubin").read_bytes())
+    data[-1] ^= 0xFF
+    (vadd_dir / "vadd.cubin").write_bytes(bytes(data))
+    with pytest.raises(KernDriverError) as e:
+        prepare(vadd_dir / "vadd.json", vadd_dir, vadd_dir / "w.safetensors")
+    assert "modules.vec: sha256 mismatch" in str(e.value) and "the manifest pins" in str(e.value)
+
+
+def test_missing_module_file_and_bad_paths(vadd_dir):
+    d = json.loads((vadd_dir / "vadd.json").read_text())
+    d["modules"]["vec"]["source"] = "../vadd.cubin"
+    with pytest.raises(KernDriverError, match="without `..`"):
+        prepare(json.dumps(d).encode(), vadd_dir, vadd_dir / "w.safetensors", verify=False)
+    d["modules"]["vec"]["source"] = "nope.cubin"
+    with pytest.raises(KernDriverError, match="cannot read .*nope.cubin"):
+        prepare(json.dumps(d).encode(), vadd_dir, vadd_dir / "w.safetensors", verify=False)
+
+
+@pytest.mark.parametrize("tensors,needles", [
+    ({}, ["missing: weight buffer `w` (f32 [64])"]),
+    ({"w": ("f32", np.zeros(64, np.float32)), "bias": ("f32", np.zeros(2, np.float32))},
+     ["extra: tensor `bias`", "is not a weight buffer"]),
+    ({"w": ("f16", np.zeros(64, np.float16))}, ["tensor `w`", "dtype f16, the manifest declares f32"]),
+    ({"w": ("f32", np.zeros((8, 8), np.float32))}, ["tensor `w`", "shape [8, 8], the manifest declares [64]"]),
+    ({"w": ("f32", np.zeros(64, np.float32)), "x": ("f32", np.zeros(64, np.float32))},
+     ["extra: tensor `x`", "is a `input` buffer, not a weight"]),
+])
+def test_weight_binding_errors_name_the_tensor(vadd_dir, tensors, needles):
+    write_safetensors(vadd_dir / "bad.safetensors", tensors)
+    with pytest.raises(KernDriverError) as e:
+        prepare(vadd_dir / "vadd.json", vadd_dir, vadd_dir / "bad.safetensors")
+    for n in needles:
+        assert n in str(e.value)
+
+
+def test_weights_across_files_and_duplicates(vadd_dir):
+    write_safetensors(vadd_dir / "empty.safetensors", {})
+    p = prepare(vadd_dir / "vadd.json", vadd_dir, [vadd_dir / "w.safetensors", vadd_dir / "empty.safetensors"])
+    assert len(p.bindings) == 1
+    with pytest.raises(KernDriverError, match="tensor `w` is in two weights files"):
+        prepare(vadd_dir / "vadd.json", vadd_dir, [vadd_dir / "w.safetensors", vadd_dir / "w.safetensors"])
+
+
+def test_malformed_safetensors(tmp_path):
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(b"\x01\x00")
+    with pytest.raises(KernDriverError, match="too short"):
+        read_header(p)
+    p.write_bytes(struct.pack("<Q", 10**9) + b"{}")
+    with pytest.raises(KernDriverError, match="impossible"):
+        read_header(p)
+    h = json.dumps({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+    with pytest.raises(KernDriverError, match="outside the file"):
+        read_header(p)
+
+
+def test_unverifiable_manifest_is_refused_with_the_diagnostics(vadd_dir):
+    d = json.loads((vadd_dir / "vadd.json").read_text())
+    d["programs"]["main"]["calls"][0]["args"][3] = {"i32": 5000}  # fine for the verifier? (literal fits i32)
+    d["buffers"]["unused"] = {"dtype": "f32", "shape": [4], "class": "workspace"}
+    with pytest.raises(KernDriverError) as e:
+        prepare(json.dumps(d).encode(), vadd_dir, vadd_dir / "w.safetensors")
+    msg = str(e.value)
+    assert "does not verify" in msg and "unused" in msg
+
+
+def test_bf16_helpers_round_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.5, 3.0e38], dtype=np.float32)
+    assert list(from_bf16(to_bf16(x))) == [1.0, 1.0, 1.015625, -2.5, from_bf16(to_bf16(np.float32(3.0e38)))[0]]
+
+
+def test_load_without_gpu_is_one_clear_error(vadd_dir):
+    from cuda.bindings import driver as drv
+
+    try:
+        ok = drv.cuInit(0)[0] == drv.CUresult.CUDA_SUCCESS and drv.cuDeviceGetCount()[1] > 0
+    except Exception:
+        ok = False
+    if ok:
+        pytest.skip("a GPU is present")
+    from kern_driver import Runtime
+
+    with pytest.raises(KernDriverError) as e:
+        Runtime.load(vadd_dir / "vadd.json", vadd_dir, vadd_dir / "w.safetensors")
+    assert "no NVIDIA driver" in str(e.value) or "no CUDA device" in str(e.value) or "cuInit" in str(e.value)
+    assert e.value.__cause__ is None or isinstance(e.value, KernDriverError)
