@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -49,40 +50,8 @@ def write_fake_index(d: Path, geometries: list[str]) -> Path:
             "params": params, "param_names": names, "aligned16": [p.name for p in k.params if p.div16],
             "block": k.block, "shared_mem": 0, "grid": k.grid, "constexprs": dict(k.constexprs), "doc": k.doc,
         }
-    for name, e in _ATTENTION_UNTIL_CATALOGUED.items():
-        if name not in kernels:
-            blob = f"placeholder {name}".encode()
-            (d / f"{name}.cubin").write_bytes(blob)
-            kernels[name] = e | {"module": f"{name}.cubin", "sha256": hashlib.sha256(blob).hexdigest(),
-                                 "entry": name, "block": [128, 1, 1], "shared_mem": 0, "grid": "", "doc": ""}
     (d / "index.json").write_text(json.dumps({"format": 1, "target": "sm_90", "kernels": kernels}, indent=1))
     return d
-
-
-def _abi(*params: str, aligned16: tuple[str, ...] = (), **constexprs: int) -> dict:
-    names = [p.split(":")[0] for p in params] + ["global_scratch", "profile_scratch"]
-    types = [p.split(":")[1] for p in params] + ["u64", "u64"]
-    return {"params": types, "param_names": names, "aligned16": list(aligned16), "constexprs": constexprs}
-
-
-# The attention kernels' ABI as read from tools/kernels-src/attention.py, until catalog.py lists them.
-_ATTENTION_UNTIL_CATALOGUED = {
-    "qk_norm_rope_kv": _abi(
-        "qkv:inout buffer<bf16>", "positions:in buffer<i64>", "slot_mapping:in buffer<i64>",
-        "q_norm_w:in buffer<bf16>", "k_norm_w:in buffer<bf16>", "cos_sin:in buffer<f32>", "kv:inout ptr",
-        "num_q_heads:i32", "num_kv_heads:i32", "eps:f32", "page_bytes:i32", D=128, BLOCK_G=8),
-    "paged_decode_attention": _abi(
-        "q:in buffer<bf16>", "kv:in ptr", "block_table:in buffer<i32>", "seq_lens:in buffer<i32>",
-        "part_acc:out buffer<f32>", "part_ml:out buffer<f32>", "num_q_heads:i32", "num_kv_heads:i32",
-        "q_stride:i32", "bt_stride:i32", "page_bytes:i32", "sm_scale:f32", D=128, BLOCK_H=16, BLOCK_N=64),
-    "paged_decode_reduce": _abi(
-        "part_acc:in buffer<f32>", "part_ml:in buffer<f32>", "out:out buffer<bf16>", "num_q_heads:i32",
-        "num_splits:i32", D=128, MAX_SPLITS=32),
-    "paged_prefill_attention": _abi(
-        "q:in buffer<bf16>", "kv:in ptr", "block_table:in buffer<i32>", "seq_lens:in buffer<i32>",
-        "cu_seqlens_q:in buffer<i32>", "out:out buffer<bf16>", "num_q_heads:i32", "num_kv_heads:i32",
-        "q_stride:i32", "bt_stride:i32", "page_bytes:i32", "sm_scale:f32", D=128, BLOCK_M=64, BLOCK_N=64),
-}
 
 
 @pytest.fixture(scope="module")
@@ -314,3 +283,37 @@ def test_stale_index_is_refused(fake_kernels: Path, tmp_path: Path) -> None:
         gen.load_index(d)
     with pytest.raises(gen.GenError, match="no kernel index"):
         gen.load_index(tmp_path)
+
+
+# ------------------------------------------------------------------ the committed examples
+
+EXAMPLES = {"0.6b": ROOT / "examples" / "qwen3-0.6b.json", "4b": ROOT / "examples" / "qwen3-4b.json"}
+
+
+@pytest.fixture(scope="session")
+def built_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real kernels of the example geometries, built by tools/build_kernels.py (nvcc + Triton AOT)."""
+    d = tmp_path_factory.mktemp("kernels")
+    cmd = [sys.executable, str(ROOT / "tools" / "build_kernels.py"), "--out", str(d), "-q"]
+    subprocess.run(cmd + [a for g in EXAMPLES for a in ("--geometry", g)], check=True)
+    return d
+
+
+@pytest.mark.parametrize("preset", list(EXAMPLES))
+def test_example_regenerates_byte_identically(preset: str, built_kernels: Path, tmp_path: Path) -> None:
+    out = tmp_path / EXAMPLES[preset].name
+    gen_cmd = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", preset, "--kernels"]
+    subprocess.run(gen_cmd + [str(built_kernels), "--out", str(out)], check=True, capture_output=True)
+    assert out.read_bytes() == EXAMPLES[preset].read_bytes(), (
+        f"examples/{EXAMPLES[preset].name} is stale; regenerate it (examples/README.md):\n"
+        f"  uv run python tools/gen_qwen3.py --preset {preset} --kernels build/kernels --out examples/{out.name}"
+    )
+
+
+@pytest.mark.parametrize("preset", list(EXAMPLES))
+def test_example_verifies_with_kernels(preset: str, built_kernels: Path) -> None:
+    cli = Path(sys.executable).parent / "kern-verify"  # the console script of this environment
+    r = subprocess.run([str(cli), str(EXAMPLES[preset]), "--kernels", str(built_kernels)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    diags = kern_verify.verify_path(EXAMPLES[preset], kernels_dir=built_kernels)
+    assert diags == [], "\n".join(map(str, diags))

@@ -53,8 +53,8 @@ GEMM = "cublaslt.gemm_bf16_tn"
 TRITON_HIDDEN = ("global_scratch", "profile_scratch")
 #: Logits per block of the argmax's first stage (kernels-src: recommended 2048 → 75 blocks for V=151936).
 ARGMAX_BLOCK_LOGITS = 2048
-#: Key splits of decode attention: NKV × 16 = 128 programs fill most of the H200's 132 SMs.
-DECODE_SPLITS = 16
+#: Key splits of decode attention (kernels-src recommends 32): NKV × 32 = 256 programs ≥ the H200's 132 SMs.
+DECODE_SPLITS = 32
 
 
 class GenError(ValueError):
