@@ -60,22 +60,36 @@ def test_709_tokens_at_512_is_two_chunks_with_prefix_writes():
     slots = [c[2] for c in writes if c[1] == "slot_mapping"]
     assert all((a == b).all() for a, b in zip(slots, pos))
     seq = [c[2].tolist() for c in writes if c[1] == "seq_lens"]
-    assert seq == [[512], [708], [709], [710]]
+    assert seq == [[512], [708], [709], [710], [711]]  # the last is staged for a step never run
     cu = [c[2].tolist() for c in writes if c[1] == "cu_seqlens_q"]
     assert cu == [[0, 512], [0, 196], [0, 1]]  # [0, 1] written once for the whole decode loop
     bt = [c for c in writes if c[1] == "block_table"]
     assert len(bt) == 1 and bt[0][2].tolist() == list(range(256)) and not bt[0][3]
 
 
-def test_decode_step_host_work_is_four_writes_one_run_one_read():
+def test_between_decode_steps_the_host_writes_only_the_token():
     rt, s = session()
     list(s.generate(prompt(34), 5, 512))
-    last_decode = max(i for i, c in enumerate(rt.calls) if c[:2] == ("run", "decode"))
-    prev_read = max(i for i, c in enumerate(rt.calls[:last_decode]) if c[0] == "read")
-    step = rt.calls[prev_read + 1 : last_decode + 2]
-    assert [c[:2] for c in step] == [("write", "token_ids"), ("write", "positions"), ("write", "slot_mapping"),
-                                     ("write", "seq_lens"), ("run", "decode"), ("read", "next_token")]
+    runs = [i for i, c in enumerate(rt.calls) if c[:2] == ("run", "decode")]
+    for a, b in zip(runs, runs[1:]):
+        step = [c[:2] for c in rt.calls[a : b + 1]]
+        # the next position's inputs are queued right behind the run, before the 8-byte read
+        assert step == [("run", "decode"), ("write", "positions"), ("write", "slot_mapping"), ("write", "seq_lens"),
+                        ("read", "next_token"), ("write", "token_ids"), ("run", "decode")]
     assert not any(c[0] == "sync" for c in rt.calls)  # reading the 8-byte token is the only synchronisation
+
+
+def test_decode_positions_and_seq_lens_follow_the_sequence():
+    rt, s = session()
+    p = prompt(34)
+    out = list(s.generate(p, 4, 512))
+    # the fake's run checks the buffers at each run; the recorded writes tell the same story
+    pos = [c[2][0] for c in rt.calls if c[:2] == ("write", "positions") and len(c[2]) == 1]
+    assert pos[:4] == [33, 34, 35, 36]
+    seq = [c[2][0] for c in rt.calls if c[:2] == ("write", "seq_lens")]
+    assert seq[1:5] == [34, 35, 36, 37]  # after the prefill chunk's 33
+    toks = [c[2][0] for c in rt.calls if c[:2] == ("write", "token_ids") and len(c[2]) == 1]
+    assert toks == [p[-1], *out[:3]]
 
 
 @pytest.mark.parametrize("n", [1, 85, 709])

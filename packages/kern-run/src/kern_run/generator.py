@@ -171,6 +171,7 @@ class Qwen3Session:
         self._pos = np.zeros(1, np.int64)
         self._seq_len = np.zeros(1, np.int32)
         self._cu_decode = np.array([0, 1], np.int32)
+        self._staged: int | None = None  # position whose decode inputs are already written
 
     # -- checks ------------------------------------------------------------
 
@@ -192,6 +193,7 @@ class Qwen3Session:
         """
         chunk = self.clamp_chunk(chunk)
         rt = self.rt
+        self._staged = None  # prefill rewrites the position inputs
         for lo in range(0, len(ids), chunk):
             n = min(chunk, len(ids) - lo)
             positions = np.arange(start + lo, start + lo + n, dtype=np.int64)
@@ -204,20 +206,33 @@ class Qwen3Session:
             self.stats.prefill_chunks.append(n)
 
     def begin_decode(self) -> None:
-        """Set the inputs that stay constant across decode steps (after any prefill)."""
+        """Set the input that stays constant across decode steps (after any prefill)."""
         self.rt.write_input("cu_seqlens_q", self._cu_decode)
+        self._staged = None
 
-    def decode(self, token: int, position: int) -> int:
-        """Feed `token` at `position`; return the greedy next token (8 bytes read back)."""
-        self._token[0] = token
+    def stage_position(self, position: int) -> None:
+        """Write the position inputs of a decode step at `position` (slot = position)."""
         self._pos[0] = position
         self._seq_len[0] = position + 1
-        w = self.rt.write_input
-        w("token_ids", self._token, prefix=True)
-        w("positions", self._pos, prefix=True)
-        w("slot_mapping", self._pos, prefix=True)
-        w("seq_lens", self._seq_len)
+        self.rt.write_input("positions", self._pos, prefix=True)
+        self.rt.write_input("slot_mapping", self._pos, prefix=True)
+        self.rt.write_input("seq_lens", self._seq_len)
+        self._staged = position
+
+    def decode(self, token: int, position: int) -> int:
+        """Feed `token` at `position`; return the greedy next token (8 bytes read back).
+
+        The next step's position inputs are known in advance: they are written right
+        after this step is enqueued (the copies queue behind it on the runtime's
+        stream), so the host work between two steps is one write (the token), the
+        launch and the 8-byte read.
+        """
+        if self._staged != position:
+            self.stage_position(position)
+        self._token[0] = token
+        self.rt.write_input("token_ids", self._token, prefix=True)
         self.rt.run("decode", graph=self.graph, tokens=1)
+        self.stage_position(position + 1)  # overlaps with the GPU running this step
         return int(self.rt.read_output("next_token")[0])
 
     # -- generation --------------------------------------------------------
