@@ -1,0 +1,87 @@
+"""Minimal launcher for the built kernels (index.json + cubins) through cuda.bindings.
+
+Used by the GPU tests (tests-integration/gpu/test_kernels_gpu.py) and the benchmark
+(tools/bench_kernels.py); not part of kern.  Memory comes from torch (the caller's
+tensors); launches go on torch's current stream so events and torch ops order with them.
+
+    ks = KernelSet("build/kernels")                # reads index.json
+    ks.launch("rms_norm_h2560", grid=(T, 1, 1), args=[x, w, out, 1e-6])
+
+``args`` are the kernel's params *without* Triton's two hidden trailing u64 params
+(appended as 0): a torch tensor or an int address for buffer/ptr params, Python
+numbers for scalars (packed as the index's i32/i64/u32/u64/f32 type).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+from pathlib import Path
+
+from cuda.bindings import driver as cu
+
+_CT = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
+       "f32": ctypes.c_float, "f64": ctypes.c_double, "i16": ctypes.c_int16, "u16": ctypes.c_uint16,
+       "i8": ctypes.c_int8, "u8": ctypes.c_uint8}
+_PTR = re.compile(r"^(in|out|inout) (buffer<\w+>|ptr)$")
+
+
+def check(res):
+    """Unwrap a cuda.bindings result tuple, raising on any error."""
+    err, *rest = res if isinstance(res, tuple) else (res,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, msg = cu.cuGetErrorString(err)
+        raise RuntimeError(f"CUDA driver error {err}: {msg.decode() if msg else '?'}")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+class KernelSet:
+    def __init__(self, kernels_dir):
+        self.dir = Path(kernels_dir)
+        self.index = json.loads((self.dir / "index.json").read_text())
+        self.kernels = self.index["kernels"]
+        self._modules: dict[str, object] = {}
+        self._funcs: dict[str, object] = {}
+        self._images: list[bytes] = []
+        check(cu.cuInit(0))
+
+    def function(self, name: str):
+        if name not in self._funcs:
+            k = self.kernels[name]
+            mod = self._modules.get(k["module"])
+            if mod is None:
+                image = (self.dir / k["module"]).read_bytes()
+                self._images.append(image)
+                mod = check(cu.cuModuleLoadData(image))
+                self._modules[k["module"]] = mod
+            f = check(cu.cuModuleGetFunction(mod, k["entry"].encode()))
+            if k["shared_mem"] > 48 * 1024:
+                check(cu.cuFuncSetAttribute(
+                    f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k["shared_mem"]))
+            self._funcs[name] = f
+        return self._funcs[name]
+
+    def launch(self, name: str, grid, args, stream: int | None = None):
+        k = self.kernels[name]
+        f = self.function(name)
+        types = k["params"]
+        n_hidden = 2 if k["param_names"][-2:] == ["global_scratch", "profile_scratch"] else 0
+        args = list(args) + [0] * n_hidden
+        if len(args) != len(types):
+            raise TypeError(f"{name}: {len(args)} args for {len(types)} params {k['param_names']}")
+        holders = []
+        for a, t in zip(args, types):
+            if _PTR.match(t):
+                holders.append(ctypes.c_uint64(a if isinstance(a, int) else a.data_ptr()))
+            else:
+                holders.append(_CT[t](a))
+        ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        if stream is None:
+            import torch
+
+            stream = torch.cuda.current_stream().cuda_stream
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = k["block"]
+        check(cu.cuLaunchKernel(self.function(name), gx, gy, gz, bx, by, bz, k["shared_mem"],
+                                cu.CUstream(stream), ctypes.addressof(ptrs), 0))
