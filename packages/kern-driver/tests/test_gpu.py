@@ -1,0 +1,205 @@
+"""GPU tests (`-m gpu`): skip cleanly without an NVIDIA GPU or nvcc."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kern_driver import KernDriverError, Runtime
+from kern_driver.testing import (VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
+                                 vadd_manifest, write_safetensors)
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu() -> bool:
+    try:
+        from cuda.bindings import driver as drv
+
+        return drv.cuInit(0)[0] == drv.CUresult.CUDA_SUCCESS and drv.cuDeviceGetCount()[1] > 0
+    except Exception:
+        return False
+
+
+if not _gpu():
+    pytest.skip("no NVIDIA GPU / driver", allow_module_level=True)
+
+N_MAX = 4096
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    return build_cubin(VADD_CU, tmp_path_factory.mktemp("k") / "vadd.cubin")
+
+
+@pytest.fixture
+def vdir(tmp_path, cubin):
+    (tmp_path / "vadd.cubin").write_bytes(cubin)
+    (tmp_path / "vadd.json").write_text(json.dumps(vadd_manifest(sha256(cubin), n_max=N_MAX)))
+    w = np.random.default_rng(0).standard_normal(N_MAX).astype(np.float32)
+    write_safetensors(tmp_path / "w.safetensors", {"w": ("f32", w)})
+    return tmp_path, w
+
+
+def load_vadd(vdir, **kw):
+    d, _ = vdir
+    return Runtime.load(d / "vadd.json", d, d / "w.safetensors", **kw)
+
+
+@pytest.mark.parametrize("mode", ["packed", "params"])
+def test_vadd_matches_numpy(vdir, mode):
+    _, w = vdir
+    with load_vadd(vdir, launch_mode=mode) as rt:
+        for n in (1, 255, 1000, N_MAX):
+            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+            rt.write_input("x", x, prefix=True)
+            rt.run("main", n=n)
+            out = rt.read_output("out")
+            assert out.shape == (n,)
+            np.testing.assert_array_equal(out, x + np.float32(2.0) * w[:n])
+        text = rt.describe()
+        assert "vadd in module `vec`" in text and "program main: 1 calls" in text and "weights: 1 tensors bound" in text
+
+
+def test_graph_replay_equals_eager_bit_for_bit_and_inputs_stay_outside(vdir):
+    with load_vadd(vdir) as rt:
+        x = np.random.default_rng(1).standard_normal(777).astype(np.float32)
+        rt.write_input("x", x, prefix=True)
+        rt.run("main", n=777)
+        eager = rt.read_output("out")
+        g = rt.capture("main", n=777)
+        g.replay()
+        assert rt.read_output("out").tobytes() == eager.tobytes()
+        # a new input is seen by the next replay: staging copies are not in the graph
+        rt.write_input("x", -x, prefix=True)
+        rt.run("main", graph=True, n=777)
+        out2 = rt.read_output("out")
+        rt.run("main", n=777)
+        assert out2.tobytes() == rt.read_output("out").tobytes()
+        assert len(rt.graphs) == 1  # run(graph=True) reused the captured graph
+        with pytest.raises(KernDriverError, match="replay with n=5 is refused"):
+            g.replay(n=5)
+        assert "graph: main {'n': 777}" in rt.describe()
+
+
+def test_var_out_of_bounds(vdir):
+    with load_vadd(vdir) as rt:
+        with pytest.raises(KernDriverError) as e:
+            rt.run("main", n=N_MAX + 1)
+        assert f"var `n` = {N_MAX + 1} is outside its bounds [1, {N_MAX}]" in str(e.value)
+        with pytest.raises(KernDriverError, match="missing var"):
+            rt.run("main")
+        with pytest.raises(KernDriverError, match="array dtype float64"):
+            rt.write_input("x", np.zeros(3), prefix=True)
+        with pytest.raises(KernDriverError, match="pass prefix=True"):
+            rt.write_input("x", np.zeros(3, np.float32))
+        with pytest.raises(KernDriverError, match="is a `weight` buffer"):
+            rt.write_input("w", np.zeros(3, np.float32), prefix=True)
+
+
+def test_tampered_cubin(vdir):
+    d, _ = vdir
+    data = bytearray((d / "vadd.cubin").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (d / "vadd.cubin").write_bytes(bytes(data))
+    with pytest.raises(KernDriverError) as e:
+        load_vadd(vdir)
+    assert "modules.vec: sha256 mismatch" in str(e.value)
+
+
+def test_declared_param_of_wrong_size(vdir, cubin):
+    d, _ = vdir
+    (d / "bad.json").write_text(json.dumps(vadd_manifest(sha256(cubin), n_max=N_MAX, n_type="i64")))
+    with pytest.raises(KernDriverError) as e:
+        Runtime.load(d / "bad.json", d, d / "w.safetensors")
+    msg = str(e.value)
+    assert "ops.add.impl.launches[0] (entry `vadd`)" in msg
+    assert "param 3: declared 8 bytes, the kernel's is 4 bytes" in msg
+
+
+def test_missing_weight(vdir):
+    d, _ = vdir
+    write_safetensors(d / "none.safetensors", {"v": ("f32", np.zeros(4, np.float32))})
+    with pytest.raises(KernDriverError) as e:
+        Runtime.load(d / "vadd.json", d, d / "none.safetensors")
+    assert "missing: weight buffer `w`" in str(e.value) and "extra: tensor `v`" in str(e.value)
+
+
+def test_debug_mode_and_close(vdir):
+    rt = load_vadd(vdir, debug=True)
+    rt.write_input("x", np.ones(10, np.float32), prefix=True)
+    rt.run("main", n=10)
+    rt.close()
+    rt.close()
+    with pytest.raises(KernDriverError, match="closed"):
+        rt.run("main", n=10)
+
+
+# ---------------------------------------------------------------- cuBLASLt
+
+
+def gemm_rt(tmp_path, n, k, m_max=64, seed=0):
+    rng = np.random.default_rng(seed)
+    w1 = to_bf16(rng.uniform(-1, 1, (n, k)))
+    w2 = to_bf16(rng.uniform(-1, 1, (n, k)))
+    (tmp_path / "g.json").write_text(json.dumps(gemm_manifest(n, k, m_max=m_max)))
+    write_safetensors(tmp_path / "g.safetensors", {"w1": ("bf16", w1), "w2": ("bf16", w2)})
+    rt = Runtime.load(tmp_path / "g.json", tmp_path, tmp_path / "g.safetensors")
+    return rt, w1, w2
+
+
+def close_to(c_bits, ref):
+    c = from_bf16(c_bits).astype(np.float64)
+    tol = 2.0**-7 * np.abs(ref) + 1e-3 * max(np.abs(ref).max(), 1e-30)
+    bad = np.abs(c - ref) > tol
+    assert not bad.any(), f"{bad.sum()} of {bad.size} elements off; worst {np.abs(c - ref).max()} (max |ref| {np.abs(ref).max()})"
+
+
+@pytest.mark.parametrize("n,k,ms", [(8, 16, (1, 2)), (13, 64, (1, 7, 64)), (1000, 384, (1, 17)), (2048, 1024, (1, 64))])
+def test_gemm_matches_float64_reference(tmp_path, n, k, ms):
+    rt, w1, w2 = gemm_rt(tmp_path, n, k)
+    with rt:
+        assert "cublaslt.gemm_bf16_tn: cuBLASLt built-in" in rt.describe()
+        for m in ms:
+            a = to_bf16(np.random.default_rng(m).uniform(-1, 1, (m, k)))
+            rt.write_input("a", a, prefix=True)
+            rt.run("mm", m=m)
+            c = rt.read_output("c")
+            assert c.shape == (m, n) and c.dtype == np.uint16
+            ref = from_bf16(a).astype(np.float64) @ from_bf16(w1).astype(np.float64).T
+            close_to(c, ref)
+
+
+def test_gemm_acc_accumulates_and_graph_is_bitwise_equal(tmp_path):
+    n, k, m = 300, 256, 5
+    rt, w1, w2 = gemm_rt(tmp_path, n, k)
+    with rt:
+        a = to_bf16(np.random.default_rng(3).uniform(-1, 1, (m, k)))
+        rt.write_input("a", a, prefix=True)
+        rt.run("mm_acc", m=m)
+        c = rt.read_output("c")
+        A = from_bf16(a).astype(np.float64)
+        first = from_bf16(to_bf16(A @ from_bf16(w1).astype(np.float64).T)).astype(np.float64)
+        close_to(c, first + A @ from_bf16(w2).astype(np.float64).T)
+        rt.run("mm_acc", m=m, graph=True)
+        assert rt.read_output("c").tobytes() == c.tobytes()
+        rt.run("mm", m=m)
+        plain = rt.read_output("c")
+        assert plain.tobytes() != c.tobytes()
+
+
+def test_gemm_bounds_are_checked(tmp_path):
+    d = gemm_manifest(16, 32)
+    d["programs"]["mm"]["calls"][0]["args"][5] = {"i32": 64}  # k larger than the buffers
+    (tmp_path / "g.json").write_text(json.dumps(d))
+    rng = np.random.default_rng(0)
+    write_safetensors(tmp_path / "g.safetensors", {"w1": ("bf16", to_bf16(rng.uniform(-1, 1, (16, 32)))),
+                                                    "w2": ("bf16", to_bf16(rng.uniform(-1, 1, (16, 32))))})
+    with Runtime.load(tmp_path / "g.json", tmp_path, tmp_path / "g.safetensors", verify=False) as rt:
+        with pytest.raises(KernDriverError) as e:
+            rt.run("mm", m=1)
+        assert "past its end" in str(e.value) and "call `proj`" in str(e.value)
