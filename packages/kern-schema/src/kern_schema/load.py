@@ -399,5 +399,6 @@ def dump(manifest: Manifest) -> bytes:
 
 
 def to_builtins(manifest: Manifest) -> dict[str, Any]:
-    """The manifest as plain dicts/lists (what `dump` writes)."""
-    return msgspec.to_builtins(manifest)
+    """The manifest as plain JSON data (dicts, lists, str, int, float): exactly what `dump`
+    writes, defaults omitted."""
+    return _untyped_decoder.decode(_encoder.encode(manifest))

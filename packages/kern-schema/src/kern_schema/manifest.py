@@ -76,6 +76,10 @@ Grid3 = Annotated[
 ]
 
 
+def _map(description: str) -> Meta:
+    return Meta(description=description)
+
+
 class _Base(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):
     pass
 
@@ -214,6 +218,10 @@ class Arg(_Base, kw_only=True):
         return None
 
 
+#: An argument in a list: the JSON Schema adds "one form (+ offset)" as 1-2 properties.
+ArgItem = Annotated[Arg, Meta(extra_json_schema={"minProperties": 1, "maxProperties": 2})]
+
+
 class Launch(_Base, kw_only=True):
     """One step of an impl: a kernel launch or a runtime built-in (`extern`).
 
@@ -237,7 +245,7 @@ class Launch(_Base, kw_only=True):
         Meta(description="A runtime built-in instead of a kernel.",
              examples=["cublaslt.gemm_bf16_tn", "cublaslt.gemm_bf16_tn_acc"]),
     ] | None = None
-    args: list[Arg]
+    args: list[ArgItem]
 
     def __post_init__(self) -> None:
         if self.extern is not None:
@@ -280,7 +288,7 @@ class Call(_Base, kw_only=True):
 
     label: Annotated[str, Meta(description="Unique within the program; names the call in diagnostics.")]
     op: Annotated[str, _NAME]
-    args: list[Arg]
+    args: list[ArgItem]
 
 
 class Program(_Base, kw_only=True):
@@ -294,9 +302,9 @@ class Manifest(_Base, kw_only=True):
 
     schema_version: Annotated[int, Meta(description="Format version; this runtime reads 4.")]
     model: Annotated[str, Meta(description="A label; the runtime gives it no meaning.")]
-    vars: dict[str, Var]
-    states: dict[str, State]
-    buffers: dict[str, Buffer]
-    modules: dict[str, Module]
-    ops: dict[str, Op]
-    programs: dict[str, Program]
+    vars: Annotated[dict[str, Var], _map("Scalars the caller supplies at each run, by name.")]
+    states: Annotated[dict[str, State], _map("Persistent opaque memory (e.g. the KV cache), by name.")]
+    buffers: Annotated[dict[str, Buffer], _map("Typed tensors, by name (weights by their name in the weights file).")]
+    modules: Annotated[dict[str, Module], _map("Kernel files (cubins), by name.")]
+    ops: Annotated[dict[str, Op], _map("Interfaces with their implementations (launches), by name.")]
+    programs: Annotated[dict[str, Program], _map("Ordered call lists the caller runs (e.g. prefill, decode), by name.")]
