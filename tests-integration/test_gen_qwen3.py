@@ -141,6 +141,34 @@ def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> 
     assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels))
 
 
+# ------------------------------------------------------------------ the exporter writes what the manifest binds
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_exported_weights_are_the_manifest_weights(tmp_path: Path, tied: bool) -> None:
+    """Names, dtypes and shapes of tools/export_weights.py's output == the manifest's weight buffers."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_export_weights import TINY, hf_tensors, read_export, write_checkpoint
+
+    hf = TINY | {"hidden_size": 256, "head_dim": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 256,
+                 "tie_word_embeddings": tied}
+    ckpt = write_checkpoint(tmp_path / "ckpt", hf, hf_tensors(hf))
+    gen_qwen3_index = write_fake_index(tmp_path / "kernels", [str(ckpt / "config.json")])
+    out = tmp_path / "m.json"
+    assert gen.main(["--config", str(ckpt), "--kernels", str(gen_qwen3_index), "--out", str(out)]) == 0
+    m = ks.load(out)
+    assert kern_verify.verify(m) == []
+
+    import export_weights
+
+    export_weights.export(ckpt, tmp_path / "w.safetensors", progress=False)
+    got, _ = read_export(tmp_path / "w.safetensors")
+    dt = {"bf16": "uint16", "f32": "float32"}
+    weights = {n: (dt[b.dtype], b.shape) for n, b in m.buffers.items() if b.class_ == "weight"}
+    assert weights == {n: (str(a.dtype), list(a.shape)) for n, a in got.items()}
+
+
 # ------------------------------------------------------------------ the generator's own checks
 
 
@@ -271,6 +299,27 @@ def test_kernel_abi_drift_names_the_param(fake_kernels: Path, tmp_path: Path) ->
     def retyped(k):
         k["embedding"]["params"][0] = "in buffer<i32>"
     assert "param `ids` (in buffer<i32>): op param `ids` is `in buffer<i64>`" in with_index(retyped)
+
+
+def test_presets_agree_with_the_kernel_build() -> None:
+    """tools/qwen3_config.py and tools/kernels-src/geometries.py list the same six geometries."""
+    import geometries as kgeom
+
+    assert set(kgeom.PRESETS) == set(PRESETS)
+    for name, g in kgeom.PRESETS.items():
+        c = Qwen3Config.preset(name)
+        for f in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                  "num_hidden_layers", "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings"):
+            assert getattr(g, f) == getattr(c, f), (name, f)
+
+
+def test_geometry_the_kernels_cannot_serve(fake_kernels: Path) -> None:
+    cfg = replace(Qwen3Config.preset("4b"), num_attention_heads=8 * 17)
+    with pytest.raises(gen.GenError, match=r"`qk_norm_rope_kv` handles at most 16 q heads per kv head \(BLOCK_G\)"):
+        gen.build_manifest(cfg, gen.load_index(fake_kernels))
+    cfg = replace(Qwen3Config.preset("4b"), head_dim=64)
+    with pytest.raises(gen.GenError, match="compiled for head_dim 128; the config has head_dim 64"):
+        gen.build_manifest(cfg, gen.load_index(fake_kernels))
 
 
 def test_stale_index_is_refused(fake_kernels: Path, tmp_path: Path) -> None:

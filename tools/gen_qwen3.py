@@ -381,6 +381,16 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     q_stride = c.qkv_size  # elements between two tokens' q (the fused qkv row)
     max_pages = b.buffers["block_table"].shape[0]
 
+    # What the attention kernels were compiled for must fit this geometry.
+    group = NQ // NKV
+    for kname in ("qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention"):
+        if (d := b.constexpr(kname, "D")) != D:
+            raise GenError(f"kernel `{kname}` is compiled for head_dim {d}; the config has head_dim {D}")
+    for kname, cx in (("qk_norm_rope_kv", "BLOCK_G"), ("paged_decode_attention", "BLOCK_H")):
+        if group > (n := b.constexpr(kname, cx)):
+            raise GenError(f"kernel `{kname}` handles at most {n} q heads per kv head ({cx}); "
+                           f"the config has {NQ}/{NKV} = {group}")
+
     iface = [("ids", "in buffer<i64>"), ("table", BF16_IN), ("out", BF16_OUT)]
     b.op("embedding", iface, [
         b.launch("embedding", iface, "embedding", [T, 1, 1],
