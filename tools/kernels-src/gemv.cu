@@ -67,57 +67,73 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
 
 // 16-byte weight loads per row per lane issued before first use, so that each lane
 // keeps ~16 loads (256 B) in flight whatever the number of rows R per block.
-#ifndef LOADS_IN_FLIGHT
-#define LOADS_IN_FLIGHT 16
-#endif
-template <int M, int R>
+// 16-byte weight loads per row per lane in one pipeline stage (two stages in flight).
+template <int M>
 struct Unroll {
-    static constexpr int t = LOADS_IN_FLIGHT / (R * (M > 2 ? 2 : 1));
-    static constexpr int v = t > 0 ? t : 1;
+    static constexpr int v = M == 1 ? 4 : 2;
 };
 
-// Block-wide dot products: out[r][m] = Σ_k x[m, k] · w[rows[r], k] for R rows.
-// The block's WARPS warps split k (each warp a contiguous range of 16-byte vectors,
-// lanes strided inside it), so a few rows keep the whole block — and many loads —
-// busy; partial sums meet in shared memory. Every thread gets the R·M results.
-// xs: x as 16-byte vectors ([M][kv]), shared or global. rows[r] < 0: row skipped.
+// One weight load that the compiler may not reorder against the other loads of
+// its stage (volatile asm keeps program order among volatile asm statements).
+__device__ __forceinline__ uint4 ldg_stage(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// Warp-level dot products over the vector range [v0, v1) of k:
+//   acc[r][m] = Σ_{v0 ≤ v < v1} x[m, v] · w[rows[r], v]   (v counts 16-byte vectors)
+// Software-pipelined: the loads of stage i+1 (R·U 16-byte loads per lane) are issued
+// before the FMAs of stage i, and an empty asm that launders the x pointer keeps the
+// compiler from hoisting those FMAs above the loads, so ~2·R·U·512 B per warp are in
+// flight. Rows must be valid (callers clamp out-of-range rows and drop their results).
 template <int M, int R>
-__device__ __forceinline__ void block_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
-                                          const long rows[R], int kv, float out[R][M]) {
-    constexpr int U = Unroll<M, R>::v;
-    __shared__ float partial[WARPS][R * M];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int per = (kv + WARPS - 1) / WARPS;
-    per += per & 1;  // even: each warp's range starts on a 32-byte sector
-    const int v0 = warp * per;
-    const int v1 = min(kv, v0 + per);
-    float acc[R][M];
+__device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
+                                         const long rows[R], int kv, int v0, int v1, int lane,
+                                         float acc[R][M]) {
+    constexpr int U = Unroll<M>::v;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     int v = v0 + lane;
-    for (; v + 32 * (U - 1) < v1; v += 32 * U) {
-        uint4 wv[R][U];
+    const int full = v1 - v >= 32 * U ? (v1 - v - 32 * (U - 1) + 32 * U - 1) / (32 * U) : 0;
+    if (full > 0) {
+        uint4 cur[R][U], nxt[R][U];
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int u = 0; u < U; ++u)
-                wv[r][u] = rows[r] >= 0 ? ldg_stream(w + rows[r] * kv + v + 32 * u) : make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < U; ++u) cur[r][u] = ldg_stage(w + rows[r] * kv + v + 32 * u);
+        for (int c = 0; c < full; ++c) {
+            const uint4 *xp = xs;
+            if (c + 1 < full) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+                for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const uint4 xv = xs[m * kv + v + 32 * u];
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc8(acc[r][m], wv[r][u], xv);
+                    for (int u = 0; u < U; ++u) nxt[r][u] = ldg_stage(w + rows[r] * kv + v + 32 * (U + u));
             }
+            asm volatile("" : "+l"(xp));
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    const uint4 xv = xp[m * kv + v + 32 * u];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc8(acc[r][m], cur[r][u], xv);
+                }
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int u = 0; u < U; ++u) cur[r][u] = nxt[r][u];
+            v += 32 * U;
+        }
     }
     for (; v < v1; v += 32) {
         uint4 wv[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-            wv[r] = rows[r] >= 0 ? ldg_stream(w + rows[r] * kv + v) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < R; ++r) wv[r] = ldg_stream(w + rows[r] * kv + v);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4 xv = xs[m * kv + v];
@@ -128,19 +144,47 @@ __device__ __forceinline__ void block_dot(const uint4 *__restrict__ xs, const ui
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const float s = warp_sum(acc[r][m]);
-            if (lane == 0) partial[warp][r * M + m] = s;
-        }
+        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+}
+
+// Rows of a warp: the block's 8 warps form 8/ksplit row groups of R rows; the ksplit
+// warps of a group split k. Grid: grid.x = ceil_div(n, R · 8 / ksplit).
+// Returns the warp's vector range [v0, v1) of k and fills rows (clamped to n-1;
+// valid[r] says which results to keep).
+template <int R>
+__device__ __forceinline__ void warp_rows(long rows[R], bool valid[R], long first_row_of_block_unit,
+                                          int n, int kv, int ksplit, int &v0, int &v1) {
+    const int warp = threadIdx.x >> 5;
+    const int group = warp / ksplit, part = warp % ksplit;
+    const long row0 = (first_row_of_block_unit * (WARPS / ksplit) + group) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        valid[r] = row0 + r < n;
+        rows[r] = valid[r] ? row0 + r : n - 1;
+    }
+    int per = (kv + ksplit - 1) / ksplit;
+    per = (per + 31) & ~31;  // whole warp-wide loads
+    v0 = min(kv, part * per);
+    v1 = min(kv, v0 + per);
+}
+
+// Sums the ksplit partial results of each row group in shared memory; afterwards
+// the group's part-0 warp holds the totals in acc (other warps' acc are stale).
+template <int R, int M>
+__device__ __forceinline__ void reduce_split(float acc[R][M], int ksplit) {
+    if (ksplit == 1) return;
+    __shared__ float partial[WARPS][R * M];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < R * M; ++i) partial[warp][i] = acc[i / M][i % M];
     __syncthreads();
+    if (warp % ksplit == 0)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
+        for (int i = 0; i < R * M; ++i) {
             float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < WARPS; ++i) s += partial[i][r * M + m];
-            out[r][m] = s;
+            for (int p = 0; p < ksplit; ++p) s += partial[warp + p][i];
+            acc[i / M][i % M] = s;
         }
 }
 
@@ -203,137 +247,91 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 
 }  // namespace
 
-// Rows per block of each variant (the grid is ceil_div(n, rows per block)).
-#ifndef R_PLAIN
-#define R_PLAIN 8
-#endif
-#ifndef R_RESIDUAL
-#define R_RESIDUAL 4
-#endif
-#ifndef R_SILU
-#define R_SILU 8  // 4 gate rows + their 4 up rows: 4 output columns per block
-#endif
+#define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
-template <int R>
-__device__ __forceinline__ void block_rows(long rows[R], int n) {
-    const long row0 = (long)blockIdx.x * R;
+// ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
+template <int M, bool RESIDUAL>
+__device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
+                                          __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kv = k >> 3;
+    long rows[R];
+    bool valid[R];
+    int v0, v1;
+    warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
+    float acc[R][M];
+    warp_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, acc);
+    reduce_split<R, M>(acc, ksplit);
+    if (warp % ksplit != 0) return;
 #pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = row0 + r < n ? row0 + r : -1;
-}
-
-// ---- plain: y = x · Wᵀ -------------------------------------------------------
-template <int M>
-__device__ __forceinline__ void gemv_plain(const __nv_bfloat16 *__restrict__ x,
-                                           const __nv_bfloat16 *__restrict__ w,
-                                           __nv_bfloat16 *__restrict__ y, int n, int k) {
-    long rows[R_PLAIN];
-    block_rows<R_PLAIN>(rows, n);
-    float acc[R_PLAIN][M];
-    block_dot<M, R_PLAIN>(reinterpret_cast<const uint4 *>(x), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
-    const int t = threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < R_PLAIN; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m)
-            if (t == r * M + m && rows[r] >= 0) y[(long)m * n + rows[r]] = tobf(acc[r][m]);
-}
-
-// ---- residual: residual += bf16(x · Wᵀ) ----------------------------------------
-template <int M>
-__device__ __forceinline__ void gemv_residual(const __nv_bfloat16 *__restrict__ x,
-                                              const __nv_bfloat16 *__restrict__ w,
-                                              __nv_bfloat16 *__restrict__ residual, int n, int k) {
-    long rows[R_RESIDUAL];
-    block_rows<R_RESIDUAL>(rows, n);
-    float acc[R_RESIDUAL][M];
-    block_dot<M, R_RESIDUAL>(reinterpret_cast<const uint4 *>(x), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
-    const int t = threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < R_RESIDUAL; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-            if (t == r * M + m && rows[r] >= 0) {
+            if (lane == r * M + m && valid[r]) {
                 const long i = (long)m * n + rows[r];
-                residual[i] = tobf(bf(residual[i]) + bf(tobf(acc[r][m])));
+                if (RESIDUAL)
+                    y[i] = tobf(bf(y[i]) + bf(tobf(acc[r][m])));
+                else
+                    y[i] = tobf(acc[r][m]);
             }
-}
-
-// ---- norm: y = rmsnorm(x) · Wᵀ ---------------------------------------------------
-template <int M>
-__device__ __forceinline__ void gemv_norm(const __nv_bfloat16 *__restrict__ x,
-                                          const __nv_bfloat16 *__restrict__ norm_w,
-                                          const __nv_bfloat16 *__restrict__ w,
-                                          __nv_bfloat16 *__restrict__ y, int n, int k, float eps) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
-    norm_to_smem<M>(x, norm_w, xs, k, eps);
-    long rows[R_PLAIN];
-    block_rows<R_PLAIN>(rows, n);
-    float acc[R_PLAIN][M];
-    block_dot<M, R_PLAIN>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
-    const int t = threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < R_PLAIN; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-            if (t == r * M + m && rows[r] >= 0) y[(long)m * n + rows[r]] = tobf(acc[r][m]);
 }
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
-// A block owns R_SILU/2 output columns j and computes gate rows j and up rows n + j
-// together, so the loads of both are in flight at once.
+// A warp owns one output column j: gate row j and up row n + j, loaded together.
 template <int M>
-__device__ __forceinline__ void gemv_norm_silu(const __nv_bfloat16 *__restrict__ x,
-                                               const __nv_bfloat16 *__restrict__ norm_w,
-                                               const __nv_bfloat16 *__restrict__ w,
-                                               __nv_bfloat16 *__restrict__ y, int n, int k, float eps) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
-    norm_to_smem<M>(x, norm_w, xs, k, eps);
-    constexpr int C = R_SILU / 2;
-    long rows[R_SILU];
-    const long j0 = (long)blockIdx.x * C;
+__device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
+                                               __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kv = k >> 3;
+    const int group = warp / ksplit, part = warp % ksplit;
+    const long j = (long)blockIdx.x * (WARPS / ksplit) + group;
+    const bool ok = j < n;
+    const long jc = ok ? j : n - 1;
+    long rows[R] = {jc, n + jc};
+    int per = (kv + ksplit - 1) / ksplit;
+    per = (per + 31) & ~31;
+    const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
+    float acc[R][M];
+    warp_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, acc);
+    reduce_split<R, M>(acc, ksplit);
+    if (part != 0 || !ok) return;
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        rows[c] = j0 + c < n ? j0 + c : -1;
-        rows[C + c] = j0 + c < n ? n + j0 + c : -1;
-    }
-    float acc[R_SILU][M];
-    block_dot<M, R_SILU>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w), rows, k >> 3, acc);
-    const int t = threadIdx.x;
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-            if (t == c * M + m && rows[c] >= 0) {
-                const float g = bf(tobf(acc[c][m]));
-                const float u = bf(tobf(acc[C + c][m]));
-                y[(long)m * n + j0 + c] = tobf(bf(tobf(silu(g))) * u);
-            }
+    for (int m = 0; m < M; ++m)
+        if (lane == m) {
+            const float g = bf(tobf(acc[0][m]));
+            const float u = bf(tobf(acc[1][m]));
+            y[(long)m * n + j] = tobf(bf(tobf(silu(g))) * u);
+        }
 }
 
 #define INSTANTIATE(M)                                                                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M(                      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
-        __nv_bfloat16 *__restrict__ y, int n, int k) {                                            \
-        gemv_plain<M>(x, w, y, n, k);                                                             \
+        __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit);              \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M(             \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
-        __nv_bfloat16 *__restrict__ residual, int n, int k) {                                     \
-        gemv_residual<M>(x, w, residual, n, k);                                                   \
+        __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
+        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit);        \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M(                 \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
-        float eps) {                                                                              \
-        gemv_norm<M>(x, norm_w, w, y, n, k, eps);                                                 \
+        float eps, int ksplit) {                                                                  \
+        extern __shared__ __align__(16) unsigned char smem[];                                     \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
+        norm_to_smem<M>(x, norm_w, xs, k, eps);                                                   \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit);             \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M(            \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
-        float eps) {                                                                              \
-        gemv_norm_silu<M>(x, norm_w, w, y, n, k, eps);                                            \
+        float eps, int ksplit) {                                                                  \
+        extern __shared__ __align__(16) unsigned char smem[];                                     \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
+        norm_to_smem<M>(x, norm_w, xs, k, eps);                                                   \
+        gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit);               \
     }
 
 INSTANTIATE(1)
