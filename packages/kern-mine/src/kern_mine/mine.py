@@ -1,0 +1,166 @@
+"""The pipeline: capture → windows → passes → sites → reference → fits → pointers → report.
+
+>>> report = mine("capture_dir")                     # doctest: +SKIP
+>>> [p.tokens for w in report.requests for p in w.passes if p.kind == "prefill"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from kern_capture.records import LaunchRecord
+
+from .capture import load_capture
+from .fields import AXES, fit_field, site_fields
+from .fit import Fit
+from .passes import Pass, choose_anchor, split_passes
+from .pointers import classify_pointers
+from .reference import choose_reference, reference_candidates
+from .report import (
+    FORMAT, AnchorOut, CandidateOut, MineReport, Options, PassOut, PointerOut, ReferenceOut,
+    ScalarOut, SiteOut, Summary, WindowOut,
+)
+from .sites import align_sites, kernel_keys
+from .windows import split_windows
+
+__all__ = ["MineOptions", "mine", "mine_launches"]
+
+
+@dataclass(frozen=True)
+class MineOptions:
+    """``gap_ms``: request-split threshold (None: auto, see ``windows``).
+    ``tokens_max``: range ``[1, tokens_max]`` the fits are claimed on (None: the
+    largest token count of the capture)."""
+
+    gap_ms: float | None = None
+    tokens_max: int | None = None
+
+
+def mine(dir: str | os.PathLike[str], options: MineOptions = MineOptions()) -> MineReport:
+    """Mine a capture directory (``launches.jsonl`` or ``launches.jsonl.gz``)."""
+    return mine_launches(load_capture(dir).launches, str(dir), options)
+
+
+def _classify_windows(passes: list[Pass], n_windows: int) -> list[bool]:
+    """A window is a generation request when its passes are all regular, their
+    token counts known, and every pass after the first has 1 token."""
+    by_w: dict[int, list[Pass]] = {}
+    for p in passes:
+        by_w.setdefault(p.window, []).append(p)
+    is_req = []
+    for w in range(n_windows):
+        ps = by_w.get(w, [])
+        ok = (len(ps) >= 2 and all(p.regular and p.tokens is not None for p in ps)
+              and all(p.tokens == 1 for p in ps[1:]))
+        is_req.append(ok)
+        if ok:
+            ps[0].kind = "prefill"
+            for p in ps[1:]:
+                p.kind = "decode"
+    return is_req
+
+
+def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions = MineOptions()) -> MineReport:
+    """Mine launches already in memory (record order)."""
+    n = len(launches)
+    t = np.fromiter((r.t_ns for r in launches), np.int64, n)
+    ws = split_windows(t, options.gap_ms)
+    sym_ids: dict[str, int] = {}
+    sym = np.fromiter((sym_ids.setdefault(r.symbol, len(sym_ids)) for r in launches), np.int64, n)
+    symbols = list(sym_ids)
+    kid_list, kernels = kernel_keys(launches)
+    kid = np.asarray(kid_list, dtype=np.int64)
+
+    anchor_out = None
+    passes: list[Pass] = []
+    if n:
+        anchor_id, anchor = choose_anchor(sym, t, ws.ranges, symbols)
+        passes, per_pass = split_passes(sym, kid, t, ws.ranges, anchor_id)
+        anchor_out = AnchorOut(anchor.symbol, anchor.count, anchor.bursts, anchor.windows, per_pass, anchor.why)
+
+    sites = align_sites(launches, kid_list, kernels, passes)
+    fields = site_fields(launches, sites)
+    cands = reference_candidates(launches, sites, passes)
+    best = choose_reference(cands, fields, options.tokens_max)
+    tokens: dict[int, int] = dict(best.tokens) if best else {}
+    for p in passes:
+        p.tokens = tokens.get(p.index)
+    r_max = options.tokens_max if options.tokens_max is not None else (max(tokens.values()) if tokens else 1)
+    fits: list[Fit] = best.fits if best else [fit_field(f, tokens, r_max) for f in fields]
+    is_req = _classify_windows(passes, len(ws.ranges))
+
+    ref_out = None
+    if best:
+        cand_out = [
+            CandidateOut(c.site, c.symbol, c.axis_name, len(c.tokens), sorted(set(c.tokens.values())),
+                         c.unfit, c.underdetermined, c.unobserved, c.complexity, c.score)
+            for c in cands
+        ]
+        runner = f"; next best scores {cands[1].score}" if len(cands) > 1 else "; the only candidate"
+        ref_out = ReferenceOut(
+            best.site, best.symbol, best.axis_name,
+            f"launched once per pass with a varying grid.{best.axis_name}; leaves {best.score} of "
+            f"{len(fields)} fields unexplained ({best.unfit} unfit, {best.underdetermined} underdetermined, "
+            f"{best.unobserved} unobserved){runner}",
+            cand_out,
+        )
+
+    # windows
+    req_out, other_out = [], []
+    by_w: dict[int, list[Pass]] = {}
+    for p in passes:
+        by_w.setdefault(p.window, []).append(p)
+    for w, (a, b) in enumerate(ws.ranges):
+        pouts = [
+            PassOut(p.index, p.kind, p.tokens, (p.start, p.end), (int(t[p.start]), int(t[p.end - 1])),
+                    p.anchor_count, p.regular, p.note, p.extra.get("start_moved"))
+            for p in by_w.get(w, [])
+        ]
+        wo = WindowOut(w, (a, b), (int(t[a]), int(t[b - 1])), pouts)
+        (req_out if is_req[w] else other_out).append(wo)
+
+    # sites
+    fits_by_site: dict[int, dict[tuple[str, int], Fit]] = {}
+    for f, fit in zip(fields, fits):
+        fits_by_site.setdefault(f.site, {})[(f.kind, f.index)] = fit
+    site_out = []
+    grid_fitted = 0
+    for s in sites:
+        sf = fits_by_site[s.id]
+        recs = [launches[i] for i in s.launches.values()]
+        block = Counter(r.block for r in recs).most_common(1)[0][0]
+        smem = Counter(r.shared_mem for r in recs).most_common(1)[0][0]
+        grid = [sf[("grid", a)] for a in range(len(AXES))]
+        if s.kernel.flat and all(g.status == "fit" for g in grid):
+            grid_fitted += 1
+        site_out.append(SiteOut(
+            s.id, s.kernel.symbol, s.occurrence, s.kernel.flat, sorted(s.kernel.module_ids), len(s.launches),
+            tuple(block), smem, grid,
+            [ScalarOut(p.index, p.offset, p.size, sf[("scalar", p.index)]) for p in s.params if p.kind == "scalar"],
+            [p.index for p in s.params if p.kind == "pointer"],
+            [p.index for p in s.params if p.kind == "host"],
+            [p.index for p in s.params if p.kind == "opaque"],
+        ))
+
+    ptrs = classify_pointers(launches, sites)
+    ptr_out = [PointerOut(p.site, p.param, p.offset, p.cls, p.reason, p.passes, p.distinct,
+                          p.alloc_base, p.alloc_size, p.alloc_offset, p.kernels) for p in ptrs]
+
+    summary = Summary(
+        launches=n,
+        flat_launches=sum(1 for r in launches if r.params is not None),
+        windows=len(ws.ranges),
+        requests=sum(is_req),
+        passes=len(passes),
+        regular_passes=sum(p.regular for p in passes),
+        sites=len(sites),
+        flat_sites=sum(s.kernel.flat for s in sites),
+        flat_sites_grid_fitted=grid_fitted,
+        fields=dict(Counter(f.status for f in fits)),
+        pointers=dict(Counter(p.cls for p in ptrs)),
+    )
+    return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max), summary, anchor_out,
+                      ref_out, req_out, other_out, site_out, ptr_out)

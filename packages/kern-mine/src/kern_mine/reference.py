@@ -1,0 +1,95 @@
+"""Step 4: choose the token-count reference by letting the data speak.
+
+The token count of a pass is the grid of some kernel launched exactly once
+per pass whose grid varies from pass to pass (a final norm, an embedding
+gather, ...). Which one is not assumed: every such (kernel, axis) is tried;
+for each, every field of every site is fitted (``fit.py``) against it, and the
+candidate leaving the fewest fields ``unfit``, ``underdetermined`` or
+unobserved wins. A wrong reference (one that counts tiles of 64 tokens, or
+stays 1 for both 1- and 2-token passes) leaves many fields unfit. Ties go to
+the candidate whose fits are simplest (a reference counting ``2·tokens``
+explains as much as ``tokens`` but needs ``ceil_div(…, 2)`` everywhere), then
+to the one present in more passes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kern_capture.records import LaunchRecord
+
+from .fields import AXES, Field, fit_field
+from .fit import Fit, expr_complexity
+from .passes import Pass
+from .sites import Site
+
+__all__ = ["Candidate", "reference_candidates", "score_candidate", "choose_reference"]
+
+
+@dataclass
+class Candidate:
+    """A (site, grid axis) tried as the token-count reference, and its score."""
+
+    site: int
+    symbol: str
+    axis: int
+    tokens: dict[int, int]  # pass index -> token count
+    unfit: int = 0
+    underdetermined: int = 0
+    unobserved: int = 0
+    complexity: int = 0
+    fits: list[Fit] = field(default_factory=list, repr=False)
+
+    @property
+    def score(self) -> int:
+        """Fields the candidate leaves unexplained (lower is better)."""
+        return self.unfit + self.underdetermined + self.unobserved
+
+    @property
+    def axis_name(self) -> str:
+        return AXES[self.axis]
+
+    def rank_key(self) -> tuple:
+        return (self.score, self.complexity, -len(self.tokens), min(self.tokens.values()), self.site, self.axis)
+
+
+def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes: list[Pass]) -> list[Candidate]:
+    """Sites of kernels launched at most once per regular pass, with a varying grid axis."""
+    occurrences = Counter(s.kernel.id for s in sites)
+    out = []
+    for s in sites:
+        if s.occurrence != 0 or occurrences[s.kernel.id] != 1 or len(s.launches) < 2:
+            continue
+        for a in range(3):
+            vals = {p: launches[i].grid[a] for p, i in s.launches.items()}
+            if len(set(vals.values())) >= 2 and min(vals.values()) >= 1:
+                out.append(Candidate(s.id, s.kernel.symbol, a, vals))
+    return out
+
+
+def score_candidate(c: Candidate, fields: list[Field], tokens_max: int | None) -> Candidate:
+    """Fit every field against ``c.tokens`` and count the outcomes."""
+    r = tokens_max if tokens_max is not None else max(c.tokens.values())
+    c.unfit = c.underdetermined = c.unobserved = c.complexity = 0
+    c.fits = []
+    for f in fields:
+        fit = fit_field(f, c.tokens, r)
+        c.fits.append(fit)
+        if fit.status == "fit":
+            c.complexity += expr_complexity(fit.expr)  # type: ignore[arg-type]
+        elif fit.status == "unfit":
+            c.unfit += 1
+        elif not fit.samples:
+            c.unobserved += 1
+        else:
+            c.underdetermined += 1
+    return c
+
+
+def choose_reference(candidates: list[Candidate], fields: list[Field], tokens_max: int | None) -> Candidate | None:
+    """Score every candidate and return the best (None when there is no candidate)."""
+    for c in candidates:
+        score_candidate(c, fields, tokens_max)
+    candidates.sort(key=Candidate.rank_key)
+    return candidates[0] if candidates else None

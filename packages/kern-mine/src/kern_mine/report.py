@@ -1,0 +1,212 @@
+"""The output document (stable JSON for generators) and its readable rendering.
+
+``MineReport`` is encoded with msgspec; ``FORMAT`` names its version. Fields
+may be added in a later version, never renamed or removed within one.
+Expressions are kern-schema expressions (``int``, ``"tokens"``,
+``{"ceil_div": [E, c]}``, ``{"mul": [E, c]}``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+from kern_schema import to_text
+
+from .fit import Fit
+
+__all__ = [
+    "FORMAT", "PassOut", "WindowOut", "AnchorOut", "CandidateOut", "ReferenceOut", "ScalarOut",
+    "SiteOut", "PointerOut", "Summary", "Options", "MineReport", "to_json", "render_text",
+]
+
+FORMAT = "kern-mine/1"
+
+
+class PassOut(msgspec.Struct, omit_defaults=True):
+    """``launches``: half-open range of launch indices (0-based line numbers of launches.jsonl)."""
+
+    index: int
+    kind: str  # prefill | decode | other
+    tokens: int | None
+    launches: tuple[int, int]
+    t_ns: tuple[int, int]
+    anchor_launches: int
+    regular: bool
+    note: str | None = None
+    start_moved: int | None = None
+
+
+class WindowOut(msgspec.Struct):
+    index: int
+    launches: tuple[int, int]
+    t_ns: tuple[int, int]
+    passes: list[PassOut]
+
+
+class AnchorOut(msgspec.Struct):
+    symbol: str
+    launches: int
+    bursts: int
+    windows: int
+    per_pass: int
+    why: str
+
+
+class CandidateOut(msgspec.Struct):
+    site: int
+    symbol: str
+    axis: str
+    passes: int
+    values: list[int]
+    unfit: int
+    underdetermined: int
+    unobserved: int
+    complexity: int
+    score: int
+
+
+class ReferenceOut(msgspec.Struct):
+    site: int
+    symbol: str
+    axis: str
+    why: str
+    candidates: list[CandidateOut]
+
+
+class ScalarOut(msgspec.Struct):
+    param: int
+    offset: int
+    size: int
+    fit: Fit
+
+
+class SiteOut(msgspec.Struct):
+    id: int
+    symbol: str
+    occurrence: int
+    flat: bool
+    module_ids: list[int]
+    passes: int
+    block: tuple[int, int, int]
+    shared_mem: int
+    grid: list[Fit]
+    scalars: list[ScalarOut]
+    pointer_params: list[int]
+    host_params: list[int]
+    opaque_params: list[int]
+
+
+class PointerOut(msgspec.Struct, omit_defaults=True):
+    site: int
+    param: int
+    offset: int
+    class_: str = msgspec.field(name="class")
+    reason: str = ""
+    passes: int = 0
+    distinct: int = 0
+    alloc_base: int | None = None
+    alloc_size: int | None = None
+    alloc_offset: int | None = None
+    kernels: list[str] = []
+
+
+class Summary(msgspec.Struct):
+    launches: int
+    flat_launches: int
+    windows: int
+    requests: int
+    passes: int
+    regular_passes: int
+    sites: int
+    flat_sites: int
+    flat_sites_grid_fitted: int
+    fields: dict[str, int]
+    pointers: dict[str, int]
+
+
+class Options(msgspec.Struct):
+    gap_ns: int
+    gap_rule: str
+    tokens_max: int | None
+
+
+class MineReport(msgspec.Struct):
+    format: str
+    capture: str
+    options: Options
+    summary: Summary
+    anchor: AnchorOut | None
+    reference: ReferenceOut | None
+    requests: list[WindowOut]
+    other_windows: list[WindowOut]
+    sites: list[SiteOut]
+    pointers: list[PointerOut]
+
+
+def to_json(report: MineReport) -> bytes:
+    """The report as indented JSON."""
+    return msgspec.json.format(msgspec.json.encode(report), indent=1)
+
+
+def _fit_text(f: Fit) -> str:
+    if f.status == "fit":
+        return to_text(f.expr)  # type: ignore[arg-type]
+    vals = sorted({v for _, v in f.samples})
+    shown = ",".join(map(str, vals[:4])) + (",…" if len(vals) > 4 else "")
+    if f.status == "underdetermined":
+        c = " | ".join(to_text(e) for e in (f.candidates or [])[:3])
+        return f"?{{{c}}}" if c else "?(unobserved)"
+    return f"!{{{shown}}}"
+
+
+def _short(sym: str, n: int = 44) -> str:
+    return sym if len(sym) <= n else sym[: n - 1] + "…"
+
+
+def render_text(r: MineReport) -> str:
+    """A readable report: windows and passes, anchor, reference, sites, pointers."""
+    s = r.summary
+    out = [
+        f"kern-mine report: {r.capture}",
+        f"  {s.launches} launches ({s.flat_launches} flat), {s.windows} windows "
+        f"(gap > {r.options.gap_ns / 1e6:.3g} ms, {r.options.gap_rule}), {s.requests} requests, "
+        f"{s.passes} passes ({s.regular_passes} regular)",
+    ]
+    if r.anchor:
+        a = r.anchor
+        out.append(f"  anchor: {_short(a.symbol, 80)} ×{a.per_pass}/pass — {a.why}")
+    if r.reference:
+        ref = r.reference
+        out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} grid.{ref.axis} — {ref.why}")
+        out.append("    candidates (score = unfit + underdetermined + unobserved fields):")
+        for c in ref.candidates[:8]:
+            out.append(f"      site {c.site:>4} grid.{c.axis} score {c.score:>4} (unfit {c.unfit}, under {c.underdetermined}, "
+                       f"unobs {c.unobserved}, complexity {c.complexity}) {_short(c.symbol, 50)}")
+    for title, wins in (("requests", r.requests), ("other windows", r.other_windows)):
+        out.append(f"\n{title}:")
+        for w in wins:
+            passes = ", ".join(
+                f"{p.kind}:{p.tokens if p.tokens is not None else '?'}" + ("" if p.regular else "*")
+                for p in w.passes
+            )
+            out.append(f"  window {w.index:>3} launches [{w.launches[0]}, {w.launches[1]}) "
+                       f"{(w.t_ns[1] - w.t_ns[0]) / 1e6:8.2f} ms  passes: {passes}")
+    out.append("  (* irregular pass, excluded from fitting)")
+    f = s.fields
+    out.append(f"\nsites: {s.sites} ({s.flat_sites} flat, {s.flat_sites_grid_fitted} of them with a fitted grid); "
+               f"fields: {f.get('fit', 0)} fit, {f.get('underdetermined', 0)} underdetermined, {f.get('unfit', 0)} unfit")
+    out.append("  legend: expr = fitted, ?{a | b} = underdetermined candidates, !{values} = unfit")
+    ptr_by_site: dict[int, list[PointerOut]] = {}
+    for p in r.pointers:
+        ptr_by_site.setdefault(p.site, []).append(p)
+    letter = {"weight": "W", "state": "S", "workspace": "w", "unknown": "?"}
+    for site in r.sites:
+        grid = "[" + ", ".join(_fit_text(g) for g in site.grid) + "]"
+        scal = " ".join(f"p{x.param}={_fit_text(x.fit)}" for x in site.scalars if x.fit.status != "fit" or not isinstance(x.fit.expr, int))
+        ptrs = "".join(letter[p.class_] for p in ptr_by_site.get(site.id, []))
+        out.append(f"  {site.id:>4} {_short(site.symbol):<44} #{site.occurrence:<3} ×{site.passes:<3} grid {grid}"
+                   + (f" ptr {ptrs}" if ptrs else "") + (f" {scal}" if scal else "")
+                   + ("" if site.flat else " (params via extra)"))
+    pc = s.pointers
+    out.append(f"\npointers: " + ", ".join(f"{pc.get(k, 0)} {k}" for k in ("weight", "state", "workspace", "unknown"))
+               + "  (W weight, S state, w workspace, ? unknown; scalars shown only when not constant)")
+    return "\n".join(out) + "\n"

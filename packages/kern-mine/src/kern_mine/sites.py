@@ -1,0 +1,124 @@
+"""Step 3: align call sites across passes and extract what varies per site.
+
+A call site is ``(kernel, occurrence)``: the n-th launch of one kernel inside a
+pass. A kernel is a symbol together with its parameter layout (the
+``(offset, size)`` list; ``None`` for launches whose parameters went through
+the packed ``extra`` buffer): two graphs of one compiled program may reuse a
+kernel name for differently specialised code, which then shows a different
+layout. Only regular passes are aligned.
+
+Each flat site's parameters are sorted into:
+
+- ``pointer``: some observation points into a device allocation;
+- ``host``: an 8-byte value the capture flagged as a host pointer (never
+  dereferenced, never fitted);
+- ``scalar``: 1–8 bytes, read as an unsigned little-endian integer;
+- ``opaque``: larger by-value structs (reported, not fitted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kern_capture.records import LaunchRecord
+
+from .passes import Pass
+
+__all__ = ["Kernel", "Site", "ParamInfo", "align_sites", "kernel_keys"]
+
+
+@dataclass
+class Kernel:
+    """A kernel: symbol + parameter layout, and the module ids it was seen in."""
+
+    id: int
+    symbol: str
+    layout: tuple[tuple[int, int], ...] | None
+    module_ids: set[int] = field(default_factory=set)
+
+    @property
+    def flat(self) -> bool:
+        return self.layout is not None
+
+
+@dataclass
+class ParamInfo:
+    """One parameter of a site: ``kind`` is pointer | host | scalar | opaque."""
+
+    index: int
+    offset: int
+    size: int
+    kind: str
+
+
+@dataclass
+class Site:
+    """One call site and its launch in each regular pass it occurs in."""
+
+    id: int
+    kernel: Kernel
+    occurrence: int
+    launches: dict[int, int] = field(default_factory=dict)  # pass index -> launch index
+    params: list[ParamInfo] = field(default_factory=list)
+
+
+def kernel_keys(launches: list[LaunchRecord]) -> tuple[list[int], list[Kernel]]:
+    """Kernel id of every launch, and the kernels."""
+    table: dict[tuple, Kernel] = {}
+    kid: list[int] = []
+    for r in launches:
+        layout = None if r.params is None else tuple((p.offset, p.size) for p in r.params)
+        key = (r.symbol, layout)
+        k = table.get(key)
+        if k is None:
+            k = table[key] = Kernel(len(table), r.symbol, layout)
+        if r.module_id is not None:
+            k.module_ids.add(r.module_id)
+        kid.append(k.id)
+    return kid, list(table.values())
+
+
+def align_sites(launches: list[LaunchRecord], kid: list[int], kernels: list[Kernel],
+                passes: list[Pass]) -> list[Site]:
+    """Sites in order of first appearance (pass order, then launch order)."""
+    sites: dict[tuple[int, int], Site] = {}
+    for p in passes:
+        if not p.regular:
+            continue
+        occ: dict[int, int] = {}
+        for i in range(p.start, p.end):
+            k = kid[i]
+            n = occ.get(k, 0)
+            occ[k] = n + 1
+            s = sites.get((k, n))
+            if s is None:
+                s = sites[(k, n)] = Site(len(sites), kernels[k], n)
+            s.launches[p.index] = i
+    out = list(sites.values())
+    for s in out:
+        s.params = _param_kinds(launches, s)
+    return out
+
+
+def _param_kinds(launches: list[LaunchRecord], s: Site) -> list[ParamInfo]:
+    if s.kernel.layout is None:
+        return []
+    kinds = []
+    recs = [launches[i] for i in s.launches.values()]
+    for j, (off, size) in enumerate(s.kernel.layout):
+        obs = [r.params[j] for r in recs]  # type: ignore[index]
+        if any(p.alloc is not None for p in obs):
+            kind = "pointer"
+        elif any(p.host for p in obs):
+            kind = "host"
+        elif size <= 8:
+            kind = "scalar"
+        else:
+            kind = "opaque"
+        kinds.append(ParamInfo(j, off, size, kind))
+    return kinds
+
+
+def scalar_value(r: LaunchRecord, j: int) -> int:
+    """Parameter ``j`` of a launch read as an unsigned little-endian integer."""
+    return int.from_bytes(bytes.fromhex(r.params[j].hex), "little")  # type: ignore[index]

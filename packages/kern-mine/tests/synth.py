@@ -1,0 +1,179 @@
+"""A synthetic capture writer: a fake L-layer model whose every launch, grid,
+scalar and pointer is known, so the tests can assert exact mining results.
+
+Per pass of ``t`` tokens (``*`` = launched once per pass):
+
+==========  ==========================  ===========================================
+kernel      grid                        params
+==========  ==========================  ===========================================
+embed*      [t, 1, 1]                   ids(ws), table(weight), out(ws), i32 64·t
+rope*       [ceil_div(t, 2), 1, 1]      out(ws), i32 t
+bucket*     [ceil_div(t, 32), 1, 1]     out(ws)           (a degenerate reference)
+per layer:
+ rms_norm   [t, 1, 1]                   x(ws), w(weight: one allocation, 512 B/layer), y(ws), i32 64, f32 eps
+ gemm_qkv   [ceil_div(t, 64), 3, 1]     params via extra (null)
+ kv_write   [t, 2, 1]                   k(ws), kv(state, layer offset), i32 t, i64 position (unfit)
+ attn       [ceil_div(t, 16), 4, 1]     q(ws), kv(state), out(ws), i32 position + t (unfit)
+ gemm_o     [ceil_div(t, 64), 1, 1]     extra
+ rms_norm   [t, 1, 1]                   post-attention norm (weights at +4096 in the same allocation)
+ act        [mul(t, 3), 1, 1]           x(ws), y(ws), i32 384·t
+ gemm_down  [ceil_div(t, 64), 1, 1]     extra
+rms_norm*   [t, 1, 1]                   final norm (weight at +8192)
+lm_head*    [1, 150, 1]                 extra
+argmax*     [1, 1, 1]                   logits(ws), token(weight-like: the same buffer every pass)
+==========  ==========================  ===========================================
+
+Workspace pointers move between passes inside one arena allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+W_BASE, W_SIZE = 0x7F00_0000_0000, 1 << 20
+E_BASE, E_SIZE = 0x7F00_1000_0000, 1 << 22
+KV_BASE, KV_SIZE = 0x7F00_2000_0000, 1 << 24
+A_BASE, A_SIZE = 0x7F00_4000_0000, 1 << 26
+TOK_BASE, TOK_SIZE = 0x7F00_5000_0000, 1 << 21
+
+SYMBOLS = ["embed", "rope", "bucket", "rms_norm", "gemm_qkv", "kv_write", "attn", "gemm_o", "act",
+           "gemm_down", "lm_head", "argmax"]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class Spec:
+    """What to generate. ``prompts``: one request per prompt; ``new_tokens`` passes each
+    (the prefill and ``new_tokens - 1`` decodes). ``warmup``: token counts of passes
+    launched in one window before the requests. ``late_tail``/``early_head``: global
+    pass numbers whose argmax lands after the host pause / whose embed lands before it
+    (±1 launch jitter at a boundary)."""
+
+    prompts: list[int]
+    new_tokens: int = 4
+    layers: int = 3
+    warmup: list[int] = field(default_factory=list)
+    late_tail: set[int] = field(default_factory=set)
+    early_head: set[int] = field(default_factory=set)
+    request_gap_ns: int = 60_000_000
+    pass_gap_ns: int = 800_000
+    seed: int = 0
+
+
+def _ptr(value: int, base: int, size: int) -> dict:
+    return {"offset": 0, "size": 8, "hex": value.to_bytes(8, "little").hex(),
+            "alloc": {"base": base, "size": size}, "host": False}
+
+
+def _i32(v: int) -> dict:
+    return {"offset": 0, "size": 4, "hex": (v & 0xFFFFFFFF).to_bytes(4, "little").hex(), "alloc": None, "host": False}
+
+
+def _i64(v: int) -> dict:
+    return {"offset": 0, "size": 8, "hex": (v & (2**64 - 1)).to_bytes(8, "little").hex(), "alloc": None, "host": False}
+
+
+def _f32(v: float) -> dict:
+    return {"offset": 0, "size": 4, "hex": struct.pack("<f", v).hex(), "alloc": None, "host": False}
+
+
+def _layout(params: list[dict]) -> list[dict]:
+    off = 0
+    for p in params:
+        off = (off + p["size"] - 1) // p["size"] * p["size"]
+        p["offset"] = off
+        off += p["size"]
+    return params
+
+
+def pass_launches(t: int, pass_no: int, position: int, layers: int) -> list[tuple[str, list[int], list[dict] | None]]:
+    """(symbol, grid, params) of one pass of ``t`` tokens at sequence position ``position``."""
+    ws = lambda slot: _ptr(A_BASE + (pass_no % 11) * 0x10_0000 + slot * 0x1000, A_BASE, A_SIZE)  # noqa: E731
+    out: list[tuple[str, list[int], list[dict] | None]] = [
+        ("embed", [t, 1, 1], [ws(0), _ptr(E_BASE, E_BASE, E_SIZE), ws(1), _i32(64 * t)]),
+        ("rope", [cdiv(t, 2), 1, 1], [ws(2), _i32(t)]),
+        ("bucket", [cdiv(t, 32), 1, 1], [ws(3)]),
+    ]
+    for l in range(layers):
+        kv = _ptr(KV_BASE + l * 0x10000, KV_BASE, KV_SIZE)
+        out += [
+            ("rms_norm", [t, 1, 1], [ws(1), _ptr(W_BASE + l * 512, W_BASE, W_SIZE), ws(4), _i32(64), _f32(1e-6)]),
+            ("gemm_qkv", [cdiv(t, 64), 3, 1], None),
+            ("kv_write", [t, 2, 1], [ws(5), dict(kv), _i32(t), _i64(position)]),
+            ("attn", [cdiv(t, 16), 4, 1], [ws(6), dict(kv), ws(7), _i32(position + t)]),
+            ("gemm_o", [cdiv(t, 64), 1, 1], None),
+            ("rms_norm", [t, 1, 1], [ws(7), _ptr(W_BASE + 4096 + l * 512, W_BASE, W_SIZE), ws(8), _i32(64), _f32(1e-6)]),
+            ("act", [3 * t, 1, 1], [ws(8), ws(9), _i32(384 * t)]),
+            ("gemm_down", [cdiv(t, 64), 1, 1], None),
+        ]
+    out += [
+        ("rms_norm", [t, 1, 1], [ws(1), _ptr(W_BASE + 8192, W_BASE, W_SIZE), ws(10), _i32(64), _f32(1e-6)]),
+        ("lm_head", [1, 150, 1], None),
+        ("argmax", [1, 1, 1], [ws(11), _ptr(TOK_BASE, TOK_BASE, TOK_SIZE)]),
+    ]
+    return [(s, g, None if p is None else _layout(p)) for s, g, p in out]
+
+
+@dataclass
+class Truth:
+    """What the generator did: per window, the token counts of its passes."""
+
+    windows: list[list[int]]
+    requests: list[int]  # window indices that are requests
+
+
+def write_capture(dir: Path, spec: Spec) -> Truth:
+    """Write ``dir/launches.jsonl`` for ``spec``; returns the ground truth."""
+    rng = random.Random(spec.seed)
+    dir.mkdir(parents=True, exist_ok=True)
+    windows: list[list[tuple[int, int]]] = []  # (tokens, position)
+    if spec.warmup:
+        windows.append([(t, 0) for t in spec.warmup])
+    for p in spec.prompts:
+        passes = [(p, 0)] + [(1, p + i) for i in range(spec.new_tokens - 1)]
+        windows.append(passes)
+    lines = []
+    t_ns = 1_000_000_000
+    seq = 0
+    pass_no = 0
+    for w, passes in enumerate(windows):
+        if w:
+            t_ns += spec.request_gap_ns
+        for j, (tokens, pos) in enumerate(passes):
+            launches = pass_launches(tokens, pass_no, pos, spec.layers)
+            times = []
+            for k in range(len(launches)):
+                t_ns += rng.randint(3_000, 9_000)
+                times.append(t_ns)
+            if pass_no in spec.late_tail:  # argmax after the host pause
+                times[-1] += spec.pass_gap_ns
+                t_ns = times[-1]
+            if pass_no in spec.early_head:  # embed before the host pause
+                times = [times[0]] + [x + spec.pass_gap_ns for x in times[1:]]
+                t_ns = times[-1]
+            for (sym, grid, params), tt in zip(launches, times):
+                lines.append({
+                    "seq": seq, "t_ns": tt, "pid": 10, "tid": 10, "ctx": 1, "stream": 7,
+                    "module_id": SYMBOLS.index(sym) + 1, "symbol": sym,
+                    "api": "cuLaunchKernel" if params is None else "cuLaunchKernelEx",
+                    "grid": grid, "block": [128, 1, 1], "shared_mem": 0, "attrs": None,
+                    "params": params, "params_reason": "extra" if params is None else None,
+                })
+                seq += 1
+            if pass_no in spec.late_tail or pass_no + 1 in spec.early_head:
+                t_ns += rng.randint(3_000, 9_000)  # the pause was moved inside a pass
+            else:
+                t_ns += spec.pass_gap_ns + rng.randint(0, 200_000)
+            pass_no += 1
+    with open(dir / "launches.jsonl", "w") as f:
+        for rec in lines:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    first_req = 1 if spec.warmup else 0
+    return Truth([[t for t, _ in ps] for ps in windows], list(range(first_req, len(windows))))
