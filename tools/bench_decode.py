@@ -76,9 +76,12 @@ class Results:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
             getattr(self, table).append((name, None, f"FAILED: {msg}"))
         finally:
-            import torch
+            try:
+                import torch
 
-            torch.cuda.synchronize()
+                torch.cuda.synchronize()
+            except Exception as e:  # a sticky CUDA error: report it, the next peers will say more
+                log(f"   synchronize after {name}: {e}")
             log(f"   ({time.perf_counter() - t0:.1f} s)")
 
 
@@ -204,6 +207,19 @@ def bench_hf_eager(res: Results, p, args, state):
 
 
 def bench_hf_compile(res: Results, p, args, state):
+    """fullgraph=True first; if Dynamo cannot trace the HF forward whole, once more with graph breaks."""
+    try:
+        _bench_hf_compile(res, p, args, state, fullgraph=True)
+    except Exception:
+        traceback.print_exc()
+        log("transformers + torch.compile: fullgraph=True failed (above); retrying with fullgraph=False")
+        import torch
+
+        torch._dynamo.reset()
+        _bench_hf_compile(res, p, args, state, fullgraph=False)
+
+
+def _bench_hf_compile(res: Results, p, args, state, fullgraph: bool):
     import torch
     import transformers
 
@@ -221,7 +237,7 @@ def bench_hf_compile(res: Results, p, args, state):
         logits = hf(token, past_key_values=cache, cache_position=cache_position, use_cache=True).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
-    cstep = torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    cstep = torch.compile(step, mode="reduce-overhead", fullgraph=fullgraph, dynamic=False)
     positions = [torch.tensor([T + i], device=dev) for i in range(steps)]
     tokens = [int(tok)]
     warm = 4
@@ -249,7 +265,8 @@ def bench_hf_compile(res: Results, p, args, state):
     note = f"{match_note(tokens, state.get('kern_tokens', []))}; " + (
         "compiled once" if recompiled == 0 else f"RECOMPILED {recompiled}x in the timed loop")
     log(f"transformers + torch.compile: {ms:.3f} ms/token; {note}")
-    res.decode.append(("transformers + torch.compile (StaticCache, manual loop, reduce-overhead)", ms, note))
+    res.decode.append((f"transformers + torch.compile (StaticCache, manual loop, reduce-overhead, fullgraph={fullgraph})",
+                       ms, note))
 
 
 # -- gpt-fast style -------------------------------------------------------------
