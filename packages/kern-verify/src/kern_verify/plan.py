@@ -171,6 +171,8 @@ def plan(manifest: Manifest, capacity_tokens: int) -> Plan:
     states = []
     total_states = 0
     for name, s in manifest.states.items():
+        if s.align < 1 or s.align & (s.align - 1):
+            raise PlanError(f"states.{name}: align {s.align} is not a power of two (run kern-verify first)")
         if s.bytes_per_token is not None:
             n = _align(capacity_tokens * s.bytes_per_token, s.align)
             st = PlanState(name, "token", s.bytes_per_token, s.align, 1000 * s.bytes_per_token, n)
