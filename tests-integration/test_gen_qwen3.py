@@ -192,25 +192,19 @@ def test_attention_reading_k_as_q_trips_the_wiring_check(fake_kernels: Path) -> 
     assert "views q|k|v must tile a qkv row in that order" in msg
 
 
-def _kernels_of(m: ks.Manifest, fake_kernels: Path) -> dict:
-    index = gen.load_index(fake_kernels)
-    by_entry = {(Path(k.module).stem, k.entry): k for k in index.values()}
-    return {name: [by_entry[(la.module, la.entry)] for la in op.impl.launches if not la.extern]
-            for name, op in m.ops.items()}
-
-
 def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
     cfg = Qwen3Config.preset("0.6b")
     m = _build("0.6b", fake_kernels)
     lay = gen.make_layout(cfg)
-    kof = _kernels_of(m, fake_kernels)
-    gen.check_wiring(m, cfg, lay, kof)  # as built: clean
+    index = gen.load_index(fake_kernels)
+    kof = gen.kernels_by_op(m, index)
+    gen.check_wiring(m, cfg, lay, index)  # as built: clean
 
     def tampered(edit) -> str:
         t = ks.load(ks.dump(m))
         edit(t)
         with pytest.raises(gen.WiringError) as e:
-            gen.check_wiring(t, cfg, lay, kof)
+            gen.check_wiring(t, cfg, lay, index)
         return str(e.value)
 
     def calls(t, prog="decode"):

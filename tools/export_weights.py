@@ -48,7 +48,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_config import ConfigError, Qwen3Config, load_config  # noqa: E402
 
-__all__ = ["ExportError", "SafetensorsFile", "Checkpoint", "plan_export", "export", "rope_cos_sin", "f32_to_bf16", "main"]
+__all__ = ["ExportError", "SafetensorsFile", "Checkpoint", "plan_export", "export", "rope_cos_sin", "f32_to_bf16",
+           "main"]
 
 CHUNK_BYTES = 64 << 20
 
@@ -155,7 +156,8 @@ class Checkpoint:
             for shard, sf in shards.items():
                 for name in sf.tensors:
                     if weight_map.get(name) != shard:
-                        raise ExportError(f"{shard}: tensor `{name}` is not in {index.name}'s weight_map for this shard")
+                        raise ExportError(
+                            f"{shard}: tensor `{name}` is not in {index.name}'s weight_map for this shard")
         elif single.is_file():
             self.tensors = SafetensorsFile(single).tensors
         else:

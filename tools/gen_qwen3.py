@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
-           "build_manifest", "check_wiring", "generate", "main"]
+           "build_manifest", "check_wiring", "kernels_by_op", "generate", "main"]
 
 GEMM = "cublaslt.gemm_bf16_tn"
 #: Triton's two hidden trailing params (global / profile scratch): always 0 (kernels-src/README.md).
@@ -229,7 +229,6 @@ class ManifestBuilder:
         self.modules: dict[str, Module] = {}
         self.ops: dict[str, Op] = {}
         self.iface: dict[str, list[tuple[str, str]]] = {}  # op -> [(param name, type)]
-        self.kernels_of: dict[str, list[str]] = {}  # op -> index NAMEs of its launches
         self.programs: dict[str, Program] = {}
 
     # -- declarations --
@@ -289,7 +288,6 @@ class ManifestBuilder:
             raise GenError(f"op `{op}`, kernel `{kname}`: wires {extra}, which the kernel does not have")
         mod = Path(k.module).stem
         self.modules.setdefault(mod, Module(source=k.module, sha256=k.sha256))
-        self.kernels_of.setdefault(op, []).append(kname)
         return Launch(module=mod, entry=k.entry, params=list(k.params), block=list(k.block), grid=list(grid),
                       shared_mem=k.shared_mem or None, args=args)
 
@@ -530,7 +528,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     forward(b, layout, "prefill")
     forward(b, layout, "decode")
     m = b.manifest(model or cfg.name, chunk)
-    check_wiring(m, cfg, layout, {op: [index[k] for k in ks_] for op, ks_ in b.kernels_of.items()})
+    check_wiring(m, cfg, layout, index)
     return m
 
 
@@ -544,21 +542,38 @@ _LAYER_WEIGHT = re.compile(r"model\.layers\.(\d+)\.")
 SHARED_WEIGHTS = frozenset({"rope.cos_sin"})
 
 
-def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, kernels_of: dict[str, list[Kernel]]) -> None:
+def kernels_by_op(m: Manifest, index: dict[str, Kernel]) -> dict[str, list[Kernel]]:
+    """Each op's kernel launches (externs skipped) as index entries, found by (module file, entry)."""
+    by_launch = {(Path(k.module).stem, k.entry): k for k in index.values()}
+    out: dict[str, list[Kernel]] = {}
+    for name, op in m.ops.items():
+        out[name] = []
+        for i, la in enumerate(op.impl.launches):
+            if la.extern:
+                continue
+            k = by_launch.get((la.module or "", la.entry or ""))
+            if k is None:
+                raise WiringError(
+                    f"ops.{name}.impl.launches[{i}]: `{la.entry}` of module `{la.module}` is not in the index")
+            out[name].append(k)
+    return out
+
+
+def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str, Kernel]) -> None:
     """Assert the manifest's wiring against `layout`. Raises WiringError listing every fault.
 
-    `kernels_of` maps each op to the index entries of its kernel launches, in launch order (extern
-    launches have none), so launch args can be read by kernel parameter name.
+    `index` is the kernel index the manifest was built from: launch args are read by the kernels'
+    parameter names, and their 16-byte alignment requirements checked.
     """
     errs: list[str] = []
     err = errs.append
-    esize = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u64": 8}
+    kernels_of = kernels_by_op(m, index)
 
     # -- the qkv views: inside the row, disjoint, in q|k|v order, matching the weight's row order --
     qkv = m.buffers.get("qkv")
-    row_bytes = cfg.qkv_size * esize[qkv.dtype] if qkv else 0
-    if qkv is None or qkv.shape != ["tokens", cfg.qkv_size]:
-        err(f"buffer `qkv` must be [tokens, {cfg.qkv_size}] (NQ*D + 2*NKV*D)")
+    row_bytes = 2 * cfg.qkv_size  # bf16
+    if qkv is None or qkv.dtype != "bf16" or qkv.shape != ["tokens", cfg.qkv_size]:
+        err(f"buffer `qkv` must be bf16 [tokens, {cfg.qkv_size}] (NQ*D + 2*NKV*D)")
     want_width = {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size}
     spans = []
     for name, v in layout.qkv.items():
@@ -586,7 +601,8 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, kernels_of: dict
         err(f"KV layer offsets {offs} are not {cfg.num_hidden_layers} distinct offsets")
     for l, o in enumerate(offs):
         if o % layout.kv_layer_bytes or not 0 <= o <= page_block - layout.kv_layer_bytes:
-            err(f"layer {l}'s KV block [{o}, {o + layout.kv_layer_bytes}) is not a block inside the page of {page_block}")
+            err(f"layer {l}'s KV block [{o}, {o + layout.kv_layer_bytes}) is not a block inside "
+                f"the page of {page_block}")
 
     weight_users: dict[str, set[str]] = {}
     used: set[str] = set()
@@ -611,11 +627,12 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, kernels_of: dict
                                 f"{'layer ' + str(layer) if layer is not None else 'a call outside the layers'}")
                     if a.buf == "qkv" and ks.parse_param_type(op.params[ai]).direction == "in":
                         # a reader of a slice of qkv: must be exactly one of the views
-                        views = {(v.offset): n for n, v in layout.qkv.items()}
-                        if (a.offset or 0) not in views:
-                            err(f"{where}: reads `qkv` at byte {a.offset or 0}, which is no view of the layout")
-                        elif views[a.offset or 0] != "q":
-                            err(f"{where}: attention reads view `{views[a.offset or 0]}` as q")
+                        views = {v.offset: n for n, v in layout.qkv.items()}
+                        at = a.offset or 0
+                        if at not in views:
+                            err(f"{where}: reads `qkv` at byte {at}, which is no view of the layout")
+                        elif views[at] != "q":
+                            err(f"{where}: attention reads view `{views[at]}` as q")
                     elif a.offset:
                         err(f"{where}: `{a.buf}` at byte offset {a.offset}: only qkv has views")
                 if a.state is not None:
@@ -665,7 +682,8 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, kernels_of: dict
             if "num_q_heads" in lit and "num_kv_heads" in lit:
                 nq, nkv = lit["num_q_heads"], lit["num_kv_heads"]
                 # q heads, then k heads, then v heads, D each: where the kernel looks for k and v
-                if nq * cfg.head_dim * 2 != layout.qkv["k"].offset or (nq + nkv) * cfg.head_dim * 2 != layout.qkv["v"].offset:
+                k_at, v_at = 2 * nq * cfg.head_dim, 2 * (nq + nkv) * cfg.head_dim
+                if k_at != layout.qkv["k"].offset or v_at != layout.qkv["v"].offset:
                     err(f"{where}: heads {nq}/{nkv} place k/v at other columns than the layout's views")
             if "q_stride" in lit and lit["q_stride"] != cfg.qkv_size:
                 err(f"{where}: q_stride {lit['q_stride']} != qkv row {cfg.qkv_size}")

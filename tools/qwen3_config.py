@@ -168,7 +168,8 @@ class Qwen3Config:
                 raise ConfigError(f"{where}: field `rope_parameters` has no `rope_theta`")
             if rope.get("rope_type", "default") != "default":
                 raise ConfigError(
-                    f"{where}: field `rope_parameters.rope_type` = {rope['rope_type']!r}; only plain rotary is supported"
+                    f"{where}: field `rope_parameters.rope_type` = {rope['rope_type']!r}; "
+                    "only plain rotary is supported"
                 )
             theta = rope["rope_theta"]
         else:
