@@ -1,0 +1,90 @@
+"""``kern-mine trim IN OUT [--max-bytes N]``: a compact copy of a capture, for fixtures.
+
+Writes ``OUT/launches.jsonl.gz`` (gzip, the launches with the optional fields
+mining never reads removed: ``extra_hex``, ``func``, ``num_regs``,
+``static_shared_mem``, ``result``), copies ``modules.jsonl`` and
+``capture.json`` when present, and drops the module binaries. When the
+result is larger than ``--max-bytes``, the windows without any regular pass
+(compilation, autotuning) are dropped too; if it is still too large, nothing
+is written and the exit status is 1. Launch ``seq`` and ``t_ns`` are kept, so
+a trimmed capture mines like the original.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sys
+from pathlib import Path
+
+import msgspec
+from kern_capture.records import INFO_FILE, LAUNCHES_FILE, MODULES_FILE, LaunchRecord
+
+from .capture import GZ_SUFFIX, load_capture
+
+__all__ = ["trim", "trim_main", "DROPPED_FIELDS"]
+
+DROPPED_FIELDS = ("extra_hex", "func", "num_regs", "static_shared_mem", "result")
+_enc = msgspec.json.Encoder()
+
+
+def _encode(launches: list[LaunchRecord]) -> bytes:
+    out = bytearray()
+    for r in launches:
+        d = msgspec.structs.asdict(r)
+        for k in DROPPED_FIELDS:
+            d.pop(k, None)
+        d["params"] = None if r.params is None else [
+            {"offset": p.offset, "size": p.size, "hex": p.hex,
+             "alloc": None if p.alloc is None else {"base": p.alloc.base, "size": p.alloc.size}, "host": p.host}
+            for p in r.params
+        ]
+        out += _enc.encode(d) + b"\n"
+    return gzip.compress(bytes(out), compresslevel=9, mtime=0)
+
+
+def trim(src: str | Path, dst: str | Path, max_bytes: int | None = None) -> tuple[int, int, str]:
+    """Trim ``src`` into ``dst``; returns (launches kept, bytes written, what was done)."""
+    cap = load_capture(src)
+    launches = cap.launches
+    data = _encode(launches)
+    done = "optional fields removed"
+    if max_bytes is not None and len(data) > max_bytes:
+        from .mine import mine_launches
+
+        report = mine_launches(launches, str(src))
+        keep = []
+        for w in report.requests + report.other_windows:
+            if any(p.regular for p in w.passes):
+                keep.append(w.launches)
+        launches = [r for a, b in sorted(keep) for r in launches[a:b]]
+        data = _encode(launches)
+        done += f"; {len(report.requests) + len(report.other_windows) - len(keep)} window(s) without a regular pass dropped"
+        if len(data) > max_bytes:
+            raise ValueError(f"trimmed capture is {len(data)} bytes, over --max-bytes {max_bytes}")
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / (LAUNCHES_FILE + GZ_SUFFIX)).write_bytes(data)
+    for name in (MODULES_FILE, INFO_FILE):
+        if (Path(src) / name).is_file():
+            shutil.copyfile(Path(src) / name, out / name)
+    return len(launches), len(data), done
+
+
+def trim_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="kern-mine trim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("src", help="capture directory")
+    ap.add_argument("dst", help="output directory")
+    ap.add_argument("--max-bytes", type=int, default=None, help="fail when the result is larger")
+    a = ap.parse_args(argv)
+    try:
+        n, size, done = trim(a.src, a.dst, a.max_bytes)
+    except FileNotFoundError as e:
+        print(f"kern-mine trim: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"kern-mine trim: {e}", file=sys.stderr)
+        return 1
+    print(f"{a.dst}: {n} launches, {size} bytes ({done})")
+    return 0

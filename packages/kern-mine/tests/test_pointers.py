@@ -1,0 +1,35 @@
+from synth import A_BASE, KV_BASE, TOK_BASE, W_BASE
+
+
+def _ptrs(r, symbol, occ=0):
+    site = next(s for s in r.sites if s.symbol == symbol and s.occurrence == occ)
+    return {p.param: p for p in r.pointers if p.site == site.id}
+
+
+def test_two_logical_buffers_in_one_allocation(standard):
+    _, _, r = standard
+    # the 7 norm weights share one allocation at distinct offsets: 7 weights, not 1
+    w = [_ptrs(r, "rms_norm", k)[1] for k in range(7)]
+    assert all(p.class_ == "weight" and p.alloc_base == W_BASE for p in w)
+    assert [p.alloc_offset for p in w] == [0, 4096, 512, 4608, 1024, 5120, 8192]
+    assert w[0].reason == "the same (allocation, offset) in every pass, reached by one kernel"
+
+
+def test_state_is_reached_by_two_kernels(standard):
+    _, _, r = standard
+    for layer in range(3):
+        kw, at = _ptrs(r, "kv_write", layer)[1], _ptrs(r, "attn", layer)[1]
+        assert kw.class_ == at.class_ == "state"
+        assert (kw.alloc_base, kw.alloc_offset) == (at.alloc_base, at.alloc_offset) == (KV_BASE, layer * 0x10000)
+        assert kw.kernels == ["attn", "kv_write"]
+
+
+def test_workspace_moves_inside_one_allocation(standard):
+    _, _, r = standard
+    x = _ptrs(r, "rms_norm", 2)[0]
+    assert x.class_ == "workspace" and x.alloc_base is None
+    assert x.distinct == 11 and x.reason == "11 distinct (allocation, offset) over 19 passes inside one allocation"
+    tok = _ptrs(r, "argmax")[1]
+    assert tok.class_ == "weight" and tok.alloc_base == TOK_BASE  # a persistent output buffer looks like a weight
+    assert r.summary.pointers == {"workspace": 34, "weight": 9, "state": 6}
+    assert A_BASE not in {p.alloc_base for p in r.pointers}

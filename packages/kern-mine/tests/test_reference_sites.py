@@ -1,0 +1,66 @@
+from kern_schema import to_text
+
+
+def _site(r, symbol, occ=0):
+    return next(s for s in r.sites if s.symbol == symbol and s.occurrence == occ)
+
+
+def test_reference_is_chosen_by_score(standard):
+    _, _, r = standard
+    ref = r.reference
+    assert (ref.symbol, ref.axis) == ("embed", "x")
+    scores = {c.symbol: (c.score, c.unfit, c.underdetermined, c.values) for c in ref.candidates}
+    # 118 fields: the 6 position-dependent scalars are unfit under any reference;
+    # bucket's grid (ceil_div(tokens, 32) seen up to 64) is underdetermined.
+    assert scores["embed"] == (7, 6, 1, [1, 3, 5, 16, 17, 30, 64])
+    # rope counts pairs of tokens: 22 more fields are not functions of it
+    assert scores["rope"][0] == 29 and scores["rope"][3] == [1, 2, 3, 8, 9, 15, 32]
+    # the degenerate candidate (values 1 and 2 only) explains the least
+    assert scores["bucket"][0] == 32 and scores["bucket"][3] == [1, 2]
+    assert [c.symbol for c in ref.candidates] == ["embed", "rope", "bucket"]
+
+
+def test_sites_align_by_symbol_and_occurrence(standard):
+    _, _, r = standard
+    assert r.summary.sites == 30 and r.summary.flat_sites == 20
+    norms = [s for s in r.sites if s.symbol == "rms_norm"]
+    assert [s.occurrence for s in norms] == list(range(7))
+    assert all(s.passes == 19 for s in r.sites)
+    # params via extra: no scalars, no pointers, but the grid is still fitted
+    g = _site(r, "gemm_qkv", 1)
+    assert not g.flat and g.scalars == [] and [to_text(f.expr) for f in g.grid] == ["1", "3", "1"]
+
+
+def test_grid_and_scalar_fits(standard):
+    _, _, r = standard
+    grid = lambda s: [to_text(f.expr) if f.status == "fit" else f.status for f in s.grid]  # noqa: E731
+    assert grid(_site(r, "rms_norm", 3)) == ["tokens", "1", "1"]
+    assert grid(_site(r, "attn", 2)) == ["ceil_div(tokens, 16)", "4", "1"]
+    assert grid(_site(r, "act", 0)) == ["mul(tokens, 3)", "1", "1"]
+    assert grid(_site(r, "rope")) == ["ceil_div(tokens, 2)", "1", "1"]
+    bucket = _site(r, "bucket").grid[0]
+    assert bucket.status == "underdetermined"
+    assert [to_text(c) for c in bucket.candidates] == ["ceil_div(tokens, 32)", "ceil_div(tokens, 63)"]
+    sc = {x.param: x.fit for x in _site(r, "embed").scalars}
+    assert to_text(sc[3].expr) == "mul(tokens, 64)"
+    kv = {x.param: x.fit for x in _site(r, "kv_write", 1).scalars}
+    assert to_text(kv[2].expr) == "tokens"
+    assert kv[3].status == "unfit" and kv[3].reason.startswith("not a function of tokens: tokens=1 gives")
+    norm = {x.param: x.fit for x in _site(r, "rms_norm", 0).scalars}
+    assert norm[3].expr == 64 and norm[4].expr == 0x358637BD  # f32 1e-6, as its bits
+    assert r.summary.flat_sites_grid_fitted == 19  # all flat sites but `bucket`
+    assert r.summary.fields == {"fit": 111, "underdetermined": 1, "unfit": 6}
+
+
+def test_degenerate_token_counts(degenerate):
+    _, truth, r = degenerate
+    assert [[p.tokens for p in w.passes] for w in r.requests] == truth.windows == [[2, 1]] * 3
+    # tokens ∈ {1, 2} claimed on [1, 64]: `tokens` cannot be told from ceil_div(mul(tokens, 3), 4),
+    # nor 1 from ceil_div(tokens, 2)
+    norm = _site(r, "rms_norm").grid[0]
+    assert norm.status == "underdetermined"
+    assert [to_text(c) for c in norm.candidates][:2] == ["tokens", "ceil_div(mul(tokens, 3), 4)"]
+    attn = _site(r, "attn").grid[0]
+    assert attn.status == "underdetermined"
+    assert [to_text(c) for c in attn.candidates][:2] == ["1", "ceil_div(tokens, 2)"]
+    assert r.summary.flat_sites_grid_fitted == 0
