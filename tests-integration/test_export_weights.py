@@ -335,3 +335,43 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
         ew.export(ckpt, out, progress=False)
     assert out.read_bytes() == b"previous export"
     assert [p.name for p in out.parent.iterdir()] == ["w.safetensors"]
+
+
+# ------------------------------------------------------------------ with torch + transformers (GPU machine)
+
+
+@pytest.mark.slow
+def test_random_checkpoint_exports_to_the_hf_tensors(tmp_path: Path) -> None:
+    """make_random_checkpoint → export_weights equals the fused state dict transformers loads.
+
+    Needs torch and transformers (the GPU machine; runs on its CPU too): skipped elsewhere.
+    """
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import subprocess
+
+    make = [sys.executable, str(ROOT / "tools" / "make_random_checkpoint.py"), "--geometry", "0.6b", "--seed", "7"]
+    one, two = tmp_path / "l1", tmp_path / "l2"
+    subprocess.run(make + ["--layers", "1", "--out", str(one)], check=True)
+    subprocess.run(make + ["--layers", "2", "--out", str(two), "--max-shard-size", "200MB"], check=True)
+    assert (two / "model.safetensors.index.json").is_file()  # sharded
+
+    ew.export(two, tmp_path / "w.safetensors", progress=False)
+    got, meta = read_export(tmp_path / "w.safetensors")
+    assert meta["tie_word_embeddings"] == "true" and "lm_head.weight" not in got
+
+    model = transformers.Qwen3ForCausalLM.from_pretrained(two, dtype=torch.bfloat16)
+    sd = {k: v.contiguous().view(torch.int16).numpy().view(np.uint16) for k, v in model.state_dict().items()}
+    cfg = {"num_hidden_layers": 2, "tie_word_embeddings": True}
+    for name, want in fused_reference(cfg, sd).items():
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    # not degenerate: matrices ~ N(0, 0.02), norm weights around 1 but not all ones
+    q = (got["model.layers.0.self_attn.qkv_proj.weight"].astype(np.uint32) << 16).view(np.float32)
+    assert 0.015 < q.std() < 0.025
+    n = (got["model.layers.1.input_layernorm.weight"].astype(np.uint32) << 16).view(np.float32)
+    assert 0.05 < n.std() < 0.15 and abs(n.mean() - 1) < 0.05
+    # per-tensor seeds: the 1-layer checkpoint is the first layer of the 2-layer one
+    ew.export(one, tmp_path / "w1.safetensors", progress=False)
+    got1, _ = read_export(tmp_path / "w1.safetensors")
+    for name, arr in got1.items():
+        np.testing.assert_array_equal(arr, got[name], err_msg=name)
