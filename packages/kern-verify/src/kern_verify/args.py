@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from kern_schema import SCALARS, Arg, ParamType, Path
 
-from .context import Context, suggest
+from .context import Context, arg_kind, suggest
 
 
 def _fmt(v: int | float) -> str:
-    if isinstance(v, int) and abs(v) >= 1 << 31:
-        return f"{v} (2^{v.bit_length() - (0 if v > 0 else 1)}{'−1' if v > 0 and (v + 1) & v == 0 else ''})"
     return str(v)
 
 
@@ -22,7 +20,7 @@ def check_scalar_arg(ctx: Context, arg: Arg, path: Path, pt: ParamType, what: st
     """
     st = pt.scalar
     assert st is not None
-    kind = arg.kind
+    kind = arg_kind(arg)
     rng_desc: str
     if kind == "var":
         name = arg.var

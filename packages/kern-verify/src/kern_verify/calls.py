@@ -7,19 +7,18 @@ for the dataflow rules of group 8.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kern_schema import DTYPES, Arg, ParamType, Path
 
 from .args import check_scalar_arg
-from .context import Context, suggest
+from .context import Context, arg_kind, suggest
 
 #: State offsets are multiples of this many bytes (the widest CUDA vector access, 16 B).
 STATE_OFFSET_ALIGN = 16
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+class Access(NamedTuple):
     """A call passing buffer `buffer` to an op param that `reads` and/or `writes` it."""
 
     program: str
@@ -68,7 +67,7 @@ def check_calls(ctx: Context) -> list[Access]:
 def _arg(ctx: Context, arg: Arg, path: Path, pt: ParamType | None, what: str, op: str) -> str | None:
     """Check one call argument; return the buffer name when it is a well-typed buffer access."""
     r = ctx.r
-    kind = arg.kind
+    kind = arg_kind(arg)
     if kind == "buf":
         name = arg.buf
         b = ctx.m.buffers.get(name)  # type: ignore[arg-type]
@@ -125,8 +124,10 @@ def _arg(ctx: Context, arg: Arg, path: Path, pt: ParamType | None, what: str, op
 
 
 def _buf_offset(ctx: Context, arg: Arg, path: Path, name: str, what: str) -> None:
-    b = ctx.m.buffers[name]
     off = arg.offset or 0
+    if not off:
+        return
+    b = ctx.m.buffers[name]
     esize = DTYPES.get(b.dtype)
     if esize is None:
         return
@@ -135,7 +136,7 @@ def _buf_offset(ctx: Context, arg: Arg, path: Path, name: str, what: str) -> Non
         ctx.r.add("E0055", opath, f"{what}: offset {off} into buffer `{name}` ({b.dtype}) is not a non-negative multiple of {esize}",
                   f"offsets are bytes: use a multiple of the element size ({esize})")
         return
-    nb = ctx.nbytes_at_max(b.dtype, b.shape)
+    nb = ctx.buffer_nbytes(name)
     if nb is not None and off >= nb:
         ctx.r.add("E0056", opath, f"{what}: offset {off} is outside buffer `{name}` ({b.dtype} {b.shape}: {nb} bytes at the var maxima)",
                   "the offset must be less than the buffer's size; check the buffer's shape")

@@ -10,10 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kern_schema import DTYPES, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, parse_param_type
+from kern_schema import DTYPES, Arg, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, parse_param_type
 from kern_schema.dtypes import INT64_MAX
 
 from .diagnostic import Report
+
+
+_FAST_KINDS = ("buf", "var", "i32", "state", "param", "i64", "expr", "scratch", "f32")
+
+
+def arg_kind(arg: Arg) -> str:
+    """`arg.kind`, checking the common forms first (the verifier's hot path)."""
+    for k in _FAST_KINDS:
+        if getattr(arg, k) is not None:
+            return k
+    return arg.kind
 
 
 def parse_type(text: object) -> ParamType | None:
@@ -39,6 +50,8 @@ class Context:
     used_buffers: set[str] = field(default_factory=set)
     used_modules: set[str] = field(default_factory=set)
     used_ops: set[str] = field(default_factory=set)
+    #: buffer name -> bytes at the var maxima (None when unresolvable), filled lazily.
+    buffer_bytes: dict[str, int | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, m: Manifest) -> "Context":
@@ -75,6 +88,15 @@ class Context:
             self.used_vars.add(e)
 
     # --- sizes ---------------------------------------------------------------------
+
+    def buffer_nbytes(self, name: str) -> int | None:
+        """Bytes of declared buffer `name` at the var maxima (memoized)."""
+        try:
+            return self.buffer_bytes[name]
+        except KeyError:
+            b = self.m.buffers[name]
+            n = self.buffer_bytes[name] = self.nbytes_at_max(b.dtype, b.shape)
+            return n
 
     def nbytes_at_max(self, dtype: str, shape: list[int | str]) -> int | None:
         """Bytes of a tensor at the var maxima, or None when a dim or the dtype does not

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from kern_schema import DTYPES, Arg, Launch, Op, ParamType, Path
 
 from .args import check_scalar_arg
-from .context import Context, parse_type, suggest
+from .context import Context, arg_kind, parse_type, suggest
 from .decls import check_tensor
 from .externs import EXTERNS
 
@@ -193,7 +193,7 @@ def _grid(ctx: Context, path: Path, grid: list, what: str) -> None:
 def _launch_arg(ctx: Context, oname: str, op: Op, iface: list[ParamType | None], arg: Arg, path: Path,
                 pt: ParamType | None, what: str, flow: _Flow) -> None:
     r = ctx.r
-    kind = arg.kind
+    kind = arg_kind(arg)
     if kind == "param":
         i = arg.param
         assert i is not None
