@@ -65,7 +65,8 @@ def test_no_paths_leak(built):
 def test_index_format(built):
     _, idx = built
     assert idx["format"] == 1 and idx["target"] == "sm_90"
-    need = {"embedding", "argmax_partial", "argmax_reduce", "silu_and_mul",
+    need = {"embedding", "argmax_partial", "argmax_reduce", "silu_and_mul", "qk_norm_rope_kv",
+            "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention",
             "rms_norm_h1024", "rms_norm_h2560", "add_rms_norm_h1024", "add_rms_norm_h2560"}
     assert need <= set(idx["kernels"]), need - set(idx["kernels"])
     for name, k in idx["kernels"].items():
@@ -80,6 +81,19 @@ def test_index_format(built):
         if k["module"] != "embedding.cubin" and k["module"] != "argmax.cubin":  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
+
+
+def test_index_matches_catalog_and_sources(built):
+    """param_names are the kernels' own argument names; the scratch-using kernels say so in their docs."""
+    _, idx = built
+    k = idx["kernels"]
+    assert k["paged_decode_attention"]["param_names"][:6] == ["q", "kv", "block_table", "seq_lens", "part_acc",
+                                                              "part_ml"]
+    assert k["paged_decode_attention"]["params"][1] == "in ptr"
+    assert k["qk_norm_rope_kv"]["params"][6] == "inout ptr"
+    assert k["paged_decode_reduce"]["constexprs"]["MAX_SPLITS"] == 64
+    assert k["paged_prefill_attention"]["shared_mem"] > 48 * 1024  # needs the opt-in above 48 KB
+    assert k["argmax_partial"]["module"] == k["argmax_reduce"]["module"] == "argmax.cubin"
 
 
 def test_index_matches_cubins(built):

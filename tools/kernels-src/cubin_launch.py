@@ -45,6 +45,10 @@ class KernelSet:
         self._funcs: dict[str, object] = {}
         self._images: list[bytes] = []
         check(cu.cuInit(0))
+        ctx = check(cu.cuCtxGetCurrent())
+        if ctx is None or int(ctx) == 0:  # nobody made a context current: use device 0's primary one
+            dev = check(cu.cuDeviceGet(0))
+            check(cu.cuCtxSetCurrent(check(cu.cuDevicePrimaryCtxRetain(dev))))
 
     def function(self, name: str):
         if name not in self._funcs:
