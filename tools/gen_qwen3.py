@@ -84,9 +84,6 @@ class Kernel:
     constexprs: dict[str, Any]
     doc: str
 
-    def type_of(self, param: str) -> str:
-        return self.params[self.param_names.index(param)]
-
 
 def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str, Kernel]:
     """Read DIR/index.json. With `check_files`, each module must exist with the index's sha256."""
