@@ -51,7 +51,7 @@ from math import ceil, floor
 import msgspec
 from kern_schema import Expr, ExprNode, evaluate
 
-__all__ = ["Fit", "fit_samples", "expr_complexity", "COMPOSITION_LOG2_MAX"]
+__all__ = ["Fit", "fit_samples", "fit_pairs", "expr_complexity", "COMPOSITION_LOG2_MAX"]
 
 COMPOSITION_LOG2_MAX = 12
 """Largest composition divisor is ``2**COMPOSITION_LOG2_MAX`` (Triton blocks are ≤ 4096)."""
@@ -185,6 +185,7 @@ def _fit_cached(pairs: tuple[tuple[int, int], ...], r: int) -> Fit:
         distinct = False
     if not distinct:
         expr: Expr = const if const is not None else _expr_of(xs[0])
+        assert all(evaluate(expr, {"tokens": t}) == v for t, v in pairs), (expr, pairs)  # self-check
         return Fit("fit", samples, expr=expr)
     cands: list[Expr] = [] if const is None else [const]
     seen: set[Fraction] = set()
@@ -205,10 +206,11 @@ def fit_samples(samples, tokens_max: int = 1) -> Fit:
     ``tokens_max`` is raised to the largest sampled token count. Duplicate
     samples are ignored. An empty sample set is ``underdetermined``.
     """
-    pairs = tuple(sorted(set((int(t), int(v)) for t, v in samples)))
+    return fit_pairs(tuple(sorted(set((int(t), int(v)) for t, v in samples))), int(tokens_max))
+
+
+def fit_pairs(pairs: tuple[tuple[int, int], ...], tokens_max: int) -> Fit:
+    """``fit_samples`` for samples already distinct and sorted (memoised)."""
     if not pairs:
         return Fit("underdetermined", [], candidates=[], reason="never observed with a known token count")
-    out = _fit_cached(pairs, int(tokens_max))
-    if out.expr is not None:  # self-check against the language's own evaluator
-        assert all(evaluate(out.expr, {"tokens": t}) == v for t, v in pairs), (out, pairs)
-    return out
+    return _fit_cached(pairs, tokens_max)

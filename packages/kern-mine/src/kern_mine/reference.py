@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kern_capture.records import LaunchRecord
 
-from .fields import AXES, Field, fit_field
+from .fields import AXES, Field, fit_field, site_token_counts
 from .fit import Fit, expr_complexity
 from .passes import Pass
 from .sites import Site
@@ -73,8 +73,12 @@ def score_candidate(c: Candidate, fields: list[Field], tokens_max: int | None) -
     r = tokens_max if tokens_max is not None else max(c.tokens.values())
     c.unfit = c.underdetermined = c.unobserved = c.complexity = 0
     c.fits = []
+    site_ts: dict[int, tuple[int, ...]] = {}
     for f in fields:
-        fit = fit_field(f, c.tokens, r)
+        ts = site_ts.get(f.site)
+        if ts is None:
+            ts = site_ts[f.site] = site_token_counts(f, c.tokens)
+        fit = fit_field(f, c.tokens, r, ts)
         c.fits.append(fit)
         if fit.status == "fit":
             c.complexity += expr_complexity(fit.expr)  # type: ignore[arg-type]
