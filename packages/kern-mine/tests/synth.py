@@ -65,6 +65,7 @@ class Spec:
     request_gap_ns: int = 60_000_000
     pass_gap_ns: int = 800_000
     seed: int = 0
+    embed_blocks: int = 1  # embed's grid is [embed_blocks · t, 1, 1]
 
 
 def _ptr(value: int, base: int, size: int) -> dict:
@@ -93,11 +94,12 @@ def _layout(params: list[dict]) -> list[dict]:
     return params
 
 
-def pass_launches(t: int, pass_no: int, position: int, layers: int) -> list[tuple[str, list[int], list[dict] | None]]:
+def pass_launches(t: int, pass_no: int, position: int, layers: int,
+                  embed_blocks: int = 1) -> list[tuple[str, list[int], list[dict] | None]]:
     """(symbol, grid, params) of one pass of ``t`` tokens at sequence position ``position``."""
     ws = lambda slot: _ptr(A_BASE + (pass_no % 11) * 0x10_0000 + slot * 0x1000, A_BASE, A_SIZE)  # noqa: E731
     out: list[tuple[str, list[int], list[dict] | None]] = [
-        ("embed", [t, 1, 1], [ws(0), _ptr(E_BASE, E_BASE, E_SIZE), ws(1), _i32(64 * t)]),
+        ("embed", [embed_blocks * t, 1, 1], [ws(0), _ptr(E_BASE, E_BASE, E_SIZE), ws(1), _i32(64 * t)]),
         ("rope", [cdiv(t, 2), 1, 1], [ws(2), _i32(t)]),
         ("bucket", [cdiv(t, 32), 1, 1], [ws(3)]),
     ]
@@ -147,7 +149,7 @@ def write_capture(dir: Path, spec: Spec) -> Truth:
         if w:
             t_ns += spec.request_gap_ns
         for j, (tokens, pos) in enumerate(passes):
-            launches = pass_launches(tokens, pass_no, pos, spec.layers)
+            launches = pass_launches(tokens, pass_no, pos, spec.layers, spec.embed_blocks)
             times = []
             for k in range(len(launches)):
                 t_ns += rng.randint(3_000, 9_000)

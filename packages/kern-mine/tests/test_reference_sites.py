@@ -64,3 +64,21 @@ def test_degenerate_token_counts(degenerate):
     assert attn.status == "underdetermined"
     assert [to_text(c) for c in attn.candidates][:2] == ["1", "ceil_div(tokens, 2)"]
     assert r.summary.flat_sites_grid_fitted == 0
+
+
+def test_a_reference_counting_blocks_is_divided(tmp_path):
+    from synth import Spec, write_capture
+
+    from kern_mine.mine import mine
+
+    # embed launches 4 blocks per token; rope (ceil_div(t, 2)) is the other candidate
+    write_capture(tmp_path, Spec(prompts=[1, 5, 16, 30], warmup=[64, 17, 3], embed_blocks=4))
+    r = mine(tmp_path)
+    assert (r.reference.symbol, r.reference.divisor) == ("embed", 4)
+    assert [w.passes[0].tokens for w in r.requests] == [1, 5, 16, 30]
+    undivided = next(c for c in r.reference.candidates if c.symbol == "embed" and c.divisor == 1)
+    best = r.reference.candidates[0]
+    # undivided, 1 token is 4 "tokens": more fits become ceil_divs, some can no longer be pinned
+    assert (undivided.score, undivided.complexity) == (10, 48) and (best.score, best.complexity) == (7, 38)
+    embed = next(s for s in r.sites if s.symbol == "embed")
+    assert to_text(embed.grid[0].expr) == "mul(tokens, 4)"

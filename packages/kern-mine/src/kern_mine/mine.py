@@ -95,14 +95,15 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     ref_out = None
     if best:
         cand_out = [
-            CandidateOut(c.site, c.symbol, c.axis_name, len(c.tokens), sorted(set(c.tokens.values())),
+            CandidateOut(c.site, c.symbol, c.axis_name, c.divisor, len(c.tokens), sorted(set(c.tokens.values())),
                          c.unfit, c.underdetermined, c.unobserved, c.complexity, c.score)
             for c in cands
         ]
         runner = f"; next best scores {cands[1].score}" if len(cands) > 1 else "; the only candidate"
+        scaled = f" / {best.divisor}" if best.divisor > 1 else ""
         ref_out = ReferenceOut(
-            best.site, best.symbol, best.axis_name,
-            f"launched once per pass with a varying grid.{best.axis_name}; leaves {best.score} of "
+            best.site, best.symbol, best.axis_name, best.divisor,
+            f"launched once per pass with a varying grid.{best.axis_name}{scaled}; leaves {best.score} of "
             f"{len(fields)} fields unexplained ({best.unfit} unfit, {best.underdetermined} underdetermined, "
             f"{best.unobserved} unobserved){runner}",
             cand_out,

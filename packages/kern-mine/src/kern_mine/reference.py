@@ -5,7 +5,8 @@ per pass whose grid varies from pass to pass (a final norm, an embedding
 gather, ...). Which one is not assumed: every such (kernel, axis) is tried;
 for each, every field of every site is fitted (``fit.py``) against it, and the
 candidate leaving the fewest fields ``unfit``, ``underdetermined`` or
-unobserved wins. A wrong reference (one that counts tiles of 64 tokens, or
+unobserved wins. A candidate whose values share a common factor ``g`` (a
+grid of 4 blocks per token) is also tried divided by ``g``. A wrong reference (one that counts tiles of 64 tokens, or
 stays 1 for both 1- and 2-token passes) leaves many fields unfit. Ties go to
 the candidate whose fits are simplest (a reference counting ``2·tokens``
 explains as much as ``tokens`` but needs ``ceil_div(…, 2)`` everywhere), then
@@ -15,6 +16,7 @@ to the one present in more passes.
 from __future__ import annotations
 
 from collections import Counter
+from math import gcd
 from dataclasses import dataclass, field
 
 from kern_capture.records import LaunchRecord
@@ -35,6 +37,7 @@ class Candidate:
     symbol: str
     axis: int
     tokens: dict[int, int]  # pass index -> token count
+    divisor: int = 1  # token count = grid value / divisor
     unfit: int = 0
     underdetermined: int = 0
     unobserved: int = 0
@@ -51,7 +54,8 @@ class Candidate:
         return AXES[self.axis]
 
     def rank_key(self) -> tuple:
-        return (self.score, self.complexity, -len(self.tokens), min(self.tokens.values()), self.site, self.axis)
+        return (self.score, self.complexity, -len(self.tokens), min(self.tokens.values()), self.site, self.axis,
+                self.divisor)
 
 
 def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes: list[Pass]) -> list[Candidate]:
@@ -65,6 +69,9 @@ def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes
             vals = {p: launches[i].grid[a] for p, i in s.launches.items()}
             if len(set(vals.values())) >= 2 and min(vals.values()) >= 1:
                 out.append(Candidate(s.id, s.kernel.symbol, a, vals))
+                g = gcd(*vals.values())
+                if g > 1:  # a grid of (say) 4 blocks per token: also try it divided
+                    out.append(Candidate(s.id, s.kernel.symbol, a, {p: v // g for p, v in vals.items()}, g))
     return out
 
 

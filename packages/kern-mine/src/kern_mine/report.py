@@ -52,9 +52,12 @@ class AnchorOut(msgspec.Struct):
 
 
 class CandidateOut(msgspec.Struct):
+    """``values``: the distinct token counts this candidate gives (grid value / divisor)."""
+
     site: int
     symbol: str
     axis: str
+    divisor: int
     passes: int
     values: list[int]
     unfit: int
@@ -65,9 +68,12 @@ class CandidateOut(msgspec.Struct):
 
 
 class ReferenceOut(msgspec.Struct):
+    """tokens of a pass = the site's grid[axis] / divisor."""
+
     site: int
     symbol: str
     axis: str
+    divisor: int
     why: str
     candidates: list[CandidateOut]
 
@@ -176,10 +182,12 @@ def render_text(r: MineReport) -> str:
         out.append(f"  anchor: {_short(a.symbol, 80)} ×{a.per_pass}/pass — {a.why}")
     if r.reference:
         ref = r.reference
-        out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} grid.{ref.axis} — {ref.why}")
+        div = f" / {ref.divisor}" if ref.divisor > 1 else ""
+        out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} grid.{ref.axis}{div} — {ref.why}")
         out.append("    candidates (score = unfit + underdetermined + unobserved fields):")
         for c in ref.candidates[:8]:
-            out.append(f"      site {c.site:>4} grid.{c.axis} score {c.score:>4} (unfit {c.unfit}, under {c.underdetermined}, "
+            div = f"/{c.divisor}" if c.divisor > 1 else ""
+            out.append(f"      site {c.site:>4} grid.{c.axis}{div} score {c.score:>4} (unfit {c.unfit}, under {c.underdetermined}, "
                        f"unobs {c.unobserved}, complexity {c.complexity}) {_short(c.symbol, 50)}")
     for title, wins in (("requests", r.requests), ("other windows", r.other_windows)):
         out.append(f"\n{title}:")
