@@ -148,3 +148,12 @@ def test_cli_plan(capsys):
 def test_cli_kernels_missing_dir(capsys, tmp_path):
     rc, out, _ = run(capsys, FIXTURES / "launch.json", "--kernels", tmp_path)
     assert rc == 1 and "E0080" in out
+
+
+def test_cli_plan_json(capsys):
+    rc, out, _ = run(capsys, FIXTURES / "carry.json", "--plan", "--format", "json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["ok"] is True and doc["plan"]["capacity_tokens"] == 512
+    names = [b["name"] for b in doc["plan"]["buffers"]]
+    assert names[0] == "token_ids" and doc["plan"]["buffers"][0]["nbytes"] == 512 * 8

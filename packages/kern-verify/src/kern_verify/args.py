@@ -46,17 +46,18 @@ def check_scalar_arg(ctx: Context, arg: Arg, path: Path, pt: ParamType, what: st
                       "use a wider literal type or a smaller value")
             return
         if lit_t.is_float != st.is_float:
-            ctx.r.add("E0053", path, f"{what}: {'float' if lit_t.is_float else 'integer'} literal `{kind}` passed to a `{st.name}` param",
+            ctx.r.add("E0053", path + (kind,), f"{what}: {'float' if lit_t.is_float else 'integer'} literal `{kind}` passed to a `{st.name}` param",
                       f'write the literal with the param\'s type: {{"{st.name}": ...}}')
             return
         if not st.contains(v, v):
             ctx.r.add("E0053", path + (kind,), f"{what}: literal {v} does not fit the param type {st.name} [{_fmt(st.lo)}, {_fmt(st.hi)}]",
                       "change the value or the param's type")
         return
+    vpath = path + (kind,)
     if st.is_float:
-        ctx.r.add("E0053", path, f"{what}: {rng_desc}, an integer, but the param is `{st.name}`",
+        ctx.r.add("E0053", vpath, f"{what}: {rng_desc}, an integer, but the param is `{st.name}`",
                   "vars and expressions are integers: make the param an integer type")
         return
     if not st.contains(*rng):
-        ctx.r.add("E0053", path, f"{what}: {rng_desc}, which does not fit {st.name} [{_fmt(st.lo)}, {_fmt(st.hi)}]",
-                  f"widen the param type (e.g. i32/i64), or narrow the var bounds")
+        ctx.r.add("E0053", vpath, f"{what}: {rng_desc}, which does not fit {st.name} [{_fmt(st.lo)}, {_fmt(st.hi)}]",
+                  "widen the param type (e.g. i32/i64), or narrow the var bounds")

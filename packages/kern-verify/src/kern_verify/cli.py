@@ -66,12 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     n_ops = len(manifest.ops) if manifest else None
     n_calls = sum(len(p.calls) for p in manifest.programs.values()) if manifest else None
     line = summary(diags, n_ops, n_calls)
-    if args.format == "json":
-        print(as_json(diags, line))
-    else:
-        if diags:
-            print(human(diags, text, args.manifest))
-        print(line)
+    p = None
     if manifest is not None and args.plan:
         cap = args.capacity
         if cap is None:
@@ -82,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         except PlanError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_ERRORS
-        if args.format == "human":
+    if args.format == "json":
+        print(as_json(diags, line, p))
+    else:
+        if diags:
+            print(human(diags, text, args.manifest))
+        print(line)
+        if p is not None:
             print()
             print(p.render())
     if any(d.code == "E0001" for d in diags):

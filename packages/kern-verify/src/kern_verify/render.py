@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from .diagnostic import Diagnostic
+from .plan import Plan
 
 
 def summary(diags: list[Diagnostic], n_ops: int | None = None, n_calls: int | None = None) -> str:
@@ -54,13 +56,16 @@ def human(diags: list[Diagnostic], text: str | None = None, filename: str | None
     return "\n".join(out)
 
 
-def as_json(diags: list[Diagnostic], summary_line: str) -> str:
-    """`{"ok": bool, "errors": n, "warnings": n, "summary": str, "diagnostics": [...]}`."""
+def as_json(diags: list[Diagnostic], summary_line: str, plan: Plan | None = None) -> str:
+    """`{"ok": bool, "errors": n, "warnings": n, "summary": str, "diagnostics": [...]}`,
+    plus `"plan"` (the `Plan` as plain data) when given."""
     ne = sum(1 for d in diags if d.is_error)
+    extra = {"plan": dataclasses.asdict(plan)} if plan is not None else {}
     return json.dumps({
         "ok": ne == 0,
         "errors": ne,
         "warnings": len(diags) - ne,
         "summary": summary_line,
         "diagnostics": [d.to_json() for d in diags],
+        **extra,
     }, indent=1, ensure_ascii=False)
