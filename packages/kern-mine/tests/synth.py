@@ -66,6 +66,7 @@ class Spec:
     pass_gap_ns: int = 800_000
     seed: int = 0
     embed_blocks: int = 1  # embed's grid is [embed_blocks · t, 1, 1]
+    autotune: int = 0  # a first window where `act` is benchmarked: this many bursts of 50 launches
 
 
 def _ptr(value: int, base: int, size: int) -> dict:
@@ -144,6 +145,21 @@ def write_capture(dir: Path, spec: Spec) -> Truth:
     lines = []
     t_ns = 1_000_000_000
     seq = 0
+    for b in range(spec.autotune):  # autotuning: (L2 flush, act) × 25 per config, host sync between
+        for k in range(50):
+            sym = "l2_flush" if k % 2 == 0 else "act"
+            params = _layout([_ptr(A_BASE + 0x100_0000, A_BASE, A_SIZE), _i32(1 << 20)]) if k % 2 == 0 else \
+                _layout([_ptr(A_BASE, A_BASE, A_SIZE), _ptr(A_BASE + 0x1000, A_BASE, A_SIZE), _i32(384 * 64)])
+            t_ns += rng.randint(3_000, 9_000)
+            lines.append({"seq": seq, "t_ns": t_ns, "pid": 10, "tid": 10, "ctx": 1, "stream": 7,
+                          "module_id": 100 if k % 2 == 0 else SYMBOLS.index("act") + 1, "symbol": sym,
+                          "api": "cuLaunchKernelEx", "grid": [4096 if k % 2 == 0 else 192, 1, 1],
+                          "block": [128, 1, 1], "shared_mem": 0, "attrs": None, "params": params,
+                          "params_reason": None})
+            seq += 1
+        t_ns += 300_000
+    if spec.autotune:
+        t_ns += spec.request_gap_ns
     pass_no = 0
     for w, passes in enumerate(windows):
         if w:
@@ -177,5 +193,6 @@ def write_capture(dir: Path, spec: Spec) -> Truth:
     with open(dir / "launches.jsonl", "w") as f:
         for rec in lines:
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-    first_req = 1 if spec.warmup else 0
-    return Truth([[t for t, _ in ps] for ps in windows], list(range(first_req, len(windows))))
+    first_req = (1 if spec.warmup else 0) + (1 if spec.autotune else 0)
+    wins = [[t for t, _ in ps] for ps in windows]
+    return Truth(([[]] if spec.autotune else []) + wins, list(range(first_req, first_req + len(spec.prompts))))

@@ -75,3 +75,18 @@ def test_fixed_gap_option(standard):
     d, _, _ = standard
     r = mine(d, MineOptions(gap_ms=0.5))  # below the pause between passes: one window per pass
     assert r.summary.windows == 19 and r.summary.requests == 0 and r.options.gap_rule == "fixed"
+
+
+def test_autotuning_noise_does_not_disturb_passes(tmp_path, standard):
+    # A compile window where `act` is benchmarked in 8 bursts of 25 (with L2 flushes
+    # between): `act` now has the most bursts and becomes the anchor; it is launched
+    # once per layer, so it delimits the same passes.
+    spec = Spec(prompts=[1, 5, 16, 30], warmup=[64, 17, 3], late_tail={5}, early_head={9}, autotune=8)
+    write_capture(tmp_path, spec)
+    r = mine(tmp_path)
+    assert r.anchor.symbol == "act" and r.anchor.per_pass == 3
+    noise = r.other_windows[0]
+    assert noise.launches == (0, 400) and [p.regular for p in noise.passes] == [False] * 8
+    assert [[p.tokens for p in w.passes] for w in r.requests] == [[1, 1, 1, 1], [5, 1, 1, 1], [16, 1, 1, 1], [30, 1, 1, 1]]
+    _, _, ref = standard
+    assert r.summary.fields == ref.summary.fields and r.summary.pointers == ref.summary.pointers
