@@ -159,8 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         ("dump", *_time(lambda: dump(m), args.repeat)),
         ("SourceMap.build (error path only)", *_time(lambda: SourceMap.build(text), max(3, args.repeat // 10))),
     ]
+    example = ROOT / "examples" / "qwen3-4b.json"
+    if example.exists():
+        ex = example.read_bytes()
+        n = sum(len(p.calls) for p in load(ex).programs.values())
+        rows.append((f"load(examples/qwen3-4b.json), {n} calls, {len(ex) / 1024:.0f} KiB",
+                     *_time(lambda: load(ex), args.repeat)))
     cpus = os.cpu_count()
-    machine = f"{platform.machine()}, {cpus} cores, Python {platform.python_version()}, {platform.node()}"
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    machine = (f"{platform.machine()}, {cpus} cores, Python {platform.python_version()}, {platform.node()}, "
+               f"load average {load1:.1f} (other work on the machine inflates the medians)")
     lines = [
         f"### kern-schema load ({datetime.date.today().isoformat()}, commit {_git_commit()})",
         "",

@@ -133,7 +133,8 @@ class SourceMap:
                 m = _STRING.match(text, i)
                 if not m:
                     raise SourceScanError("expected a string key", self.position(i))
-                key = json.loads(m.group())
+                raw = m.group()
+                key = raw[1:-1] if "\\" not in raw else json.loads(raw)
                 kpos = self.position(i)
                 if key in seen:
                     self.duplicates.append(DuplicateKey(path, key, seen[key], kpos))
