@@ -30,6 +30,7 @@ sys.path.insert(0, str(TESTS))
 from synth import Spec, write_capture  # noqa: E402
 
 from kern_mine.capture import load_capture  # noqa: E402
+from kern_mine.fit import _fit_cached  # noqa: E402
 from kern_mine.mine import mine_launches  # noqa: E402
 
 TARGET_S = 5.0
@@ -46,6 +47,7 @@ def _git_commit() -> str:
 def _bench(name: str, d: Path, repeat: int) -> list[str]:
     best_load = best_mine = float("inf")
     for _ in range(repeat):
+        _fit_cached.cache_clear()  # each run starts cold
         t0 = time.perf_counter()
         cap = load_capture(d)
         t1 = time.perf_counter()
