@@ -166,3 +166,17 @@ def test_hf_module_not_present_warns(doc, kdir):
 def test_hf_module_present_is_checked(doc, kdir, triton_cubin):
     doc["modules"]["triton_add"]["source"] = "hf:org/kernels/add.cubin"
     assert check(doc, kernels_dir=kdir) == []
+
+
+def test_cubin_for_another_arch_warns(doc, kdir, tmp_path):
+    import subprocess
+
+    from conftest import KERNELS, _nvcc
+
+    out = tmp_path / "sm80.cubin"
+    subprocess.run([_nvcc(), "-cubin", "-arch=sm_80", "-o", str(out), str(KERNELS / "sample.cu")], check=True)
+    (kdir / "cuda" / "sample.cubin").write_bytes(out.read_bytes())
+    doc["modules"]["sample"]["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()
+    diags = check(doc, kernels_dir=kdir)
+    assert found(diags) == [("E0087", "modules.sample.source")]
+    assert "sm_80" in diags[0].message and diags[0].severity == "warning"

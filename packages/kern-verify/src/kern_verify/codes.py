@@ -271,6 +271,11 @@ _CODES: list[Code] = [
          "An `hf:` module is not present under the kernels directory, so its hash and parameter tables "
          "were not checked offline. Place the file at DIR/<path after hf:org/repo/> to check it.",
          '"source": "hf:org/kernels/norm.cubin"'),
+    Code("E0087", "warning", "cubin for another GPU architecture",
+         "The module's cubin was built for an SM version other than sm_90 (the H200 target). A cubin only "
+         "runs on GPUs of its own major architecture: rebuild it with `-arch=sm_90` (Triton: "
+         "GPUTarget(\"cuda\", 90, 32)).",
+         'nvcc -cubin -arch=sm_80 norm.cu    // then listed as a module'),
     Code("E0099", "error", "internal verifier error",
          "The verifier itself failed on this input. This is a bug in kern-verify; please report it with "
          "the manifest.",

@@ -1,7 +1,8 @@
 """Static cubin checks (`--kernels DIR`), no GPU: each module file exists (E0080), its
 sha256 matches (E0081), it is a cubin (E0082); each launch's entry is in its module
 (E0083), its declared params match the cubin's `.nv.info` table (E0084), and its block
-respects the kernel's launch bounds / required block (E0085). `hf:` modules absent from
+respects the kernel's launch bounds / required block (E0085); a cubin for another SM
+version warns (E0087). `hf:` modules absent from
 DIR are skipped with a warning (E0086)."""
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from kern_schema import ParamTypeError, Path
 
 from .context import Context
 from .cubin import Cubin, CubinError, layout_problems, params_from_manifest, read_cubin
+
+
+#: The SM version the runtime targets (NVIDIA H200).
+TARGET_ARCH = 90
 
 
 def module_file(kernels_dir: str | os.PathLike[str], source: str) -> FsPath:
@@ -84,10 +89,14 @@ def _module(ctx: Context, kernels_dir, name: str, source: str, sha: str | None) 
         ctx.r.add("E0081", path + ("sha256",), f"module `{name}`: {file} has sha256 {actual}, the manifest says {sha}",
                   "the cubin changed: regenerate the manifest, or restore the file it was generated from")
     try:
-        return read_cubin(data, str(file))
+        cubin = read_cubin(data, str(file))
     except CubinError as e:
         ctx.r.add("E0082", path + ("source",), f"module `{name}`: {e}", "modules are sm_90 cubins (nvcc -cubin -arch=sm_90)")
         return None
+    if cubin.arch is not None and cubin.arch != TARGET_ARCH:
+        ctx.r.add("E0087", path + ("source",), f"module `{name}`: {file} is built for sm_{cubin.arch}, not sm_{TARGET_ARCH}",
+                  f"rebuild it with -arch=sm_{TARGET_ARCH}")
+    return cubin
 
 
 def _block(ctx: Context, lpath: Path, block, info, what: str) -> None:
