@@ -142,7 +142,7 @@ def split_passes(sym: np.ndarray, kid: np.ndarray, t_ns: np.ndarray, windows: li
             passes.append(Pass(len(passes), w, ws, we, 0, False, "no anchor launch in this window"))
             continue
         cuts = [ws]
-        for (f0, l0), (f1, l1) in zip(bursts, bursts[1:]):
+        for (_, l0), (f1, _) in zip(bursts, bursts[1:]):
             lo, hi = l0 + 1, f1  # candidate first launches of the next pass: lo..hi
             gaps = np.diff(t_ns[lo - 1:hi + 1])
             if len(gaps) and gaps.max() > gaps.min():

@@ -215,6 +215,6 @@ def render_text(r: MineReport) -> str:
                    + (f" ptr {ptrs}" if ptrs else "") + (f" {scal}" if scal else "")
                    + ("" if site.flat else " (params via extra)"))
     pc = s.pointers
-    out.append(f"\npointers: " + ", ".join(f"{pc.get(k, 0)} {k}" for k in ("weight", "state", "workspace", "unknown"))
+    out.append("\npointers: " + ", ".join(f"{pc.get(k, 0)} {k}" for k in ("weight", "state", "workspace", "unknown"))
                + "  (W weight, S state, w workspace, ? unknown; scalars shown only when not constant)")
     return "\n".join(out) + "\n"
