@@ -63,8 +63,9 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
                         if idx is None and triton:
                             msg += " (Triton kernels carry two hidden trailing 8-byte params, global and profile scratch: declare them `in ptr` and pass {\"i64\": 0})"
                         p = lpath + ("params",) if idx is None else lpath + ("params", idx)
-                        decl = f" (`{launch.params[idx]}`)" if idx is not None else ""
-                        ctx.r.add("E0084", p, f"{what}: {msg}{decl}",
+                        if idx is not None:
+                            msg = msg.replace(f"param {idx}:", f"param {idx} (`{launch.params[idx]}`):", 1)
+                        ctx.r.add("E0084", p, f"{what}: {msg}",
                                   "declare the kernel's real parameter list: the cubin's table is "
                                   + ", ".join(f"{s.size}B@{s.offset}" for s in info.params))
             _block(ctx, lpath, launch.block, info, what)
