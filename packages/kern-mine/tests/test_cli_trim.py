@@ -23,7 +23,7 @@ def test_json_document(standard, capsys):
                                "samples": [[1, 1], [3, 1], [5, 1], [16, 1], [17, 2], [30, 2], [64, 4]]}
     kv = next(p for p in doc["pointers"] if p["site"] == attn["id"] and p["param"] == 1)
     assert kv["class"] == "state" and kv["alloc_offset"] == 0
-    assert doc["reference"]["symbol"] == "embed" and len(doc["reference"]["candidates"]) == 3
+    assert doc["reference"]["symbol"] == "embed" and len(doc["reference"]["candidates"]) == 5
     # the document decodes back into the typed report
     assert msgspec.json.decode(json.dumps(doc), type=MineReport).summary.requests == 4
 

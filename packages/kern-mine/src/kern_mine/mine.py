@@ -95,7 +95,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     ref_out = None
     if best:
         cand_out = [
-            CandidateOut(c.site, c.symbol, c.axis_name, c.divisor, len(c.tokens), sorted(set(c.tokens.values())),
+            CandidateOut(c.site, c.symbol, c.axis_name, c.divisor, c.once_per_pass, len(c.tokens), sorted(set(c.tokens.values())),
                          c.unfit, c.underdetermined, c.unobserved, c.complexity, c.score)
             for c in cands
         ]

@@ -2,7 +2,9 @@
 
 The token count of a pass is the grid of some kernel launched exactly once
 per pass whose grid varies from pass to pass (a final norm, an embedding
-gather, ...). Which one is not assumed: every such (kernel, axis) is tried;
+gather, ...). Which one is not assumed: every such (kernel, axis) is tried,
+and so is the first launch of every other kernel (a norm launched 57 times
+per pass may be the only one whose grid is exactly the token count);
 for each, every field of every site is fitted (``fit.py``) against it, and the
 candidate leaving the fewest fields ``unfit``, ``underdetermined`` or
 unobserved wins. A candidate whose values share a common factor ``g`` (a
@@ -10,7 +12,7 @@ grid of 4 blocks per token) is also tried divided by ``g``. A wrong reference (o
 stays 1 for both 1- and 2-token passes) leaves many fields unfit. Ties go to
 the candidate whose fits are simplest (a reference counting ``2·tokens``
 explains as much as ``tokens`` but needs ``ceil_div(…, 2)`` everywhere), then
-to the one present in more passes.
+to the one present in more passes, then to a once-per-pass kernel.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Candidate:
     axis: int
     tokens: dict[int, int]  # pass index -> token count
     divisor: int = 1  # token count = grid value / divisor
+    once_per_pass: bool = True
     unfit: int = 0
     underdetermined: int = 0
     unobserved: int = 0
@@ -54,24 +57,39 @@ class Candidate:
         return AXES[self.axis]
 
     def rank_key(self) -> tuple:
-        return (self.score, self.complexity, -len(self.tokens), min(self.tokens.values()), self.site, self.axis,
-                self.divisor)
+        return (self.score, self.complexity, -len(self.tokens), not self.once_per_pass, min(self.tokens.values()),
+                self.site, self.axis, self.divisor)
 
 
 def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes: list[Pass]) -> list[Candidate]:
-    """Sites of kernels launched at most once per regular pass, with a varying grid axis."""
+    """Every (site, grid axis) whose grid varies across the regular passes.
+
+    Kernels launched once per pass come first (the seed's rule); the first
+    launch of every other kernel is tried too, in case no once-per-pass kernel
+    counts tokens exactly. Candidates giving the same token count to every
+    pass as an earlier one are dropped.
+    """
     occurrences = Counter(s.kernel.id for s in sites)
-    out = []
-    for s in sites:
-        if s.occurrence != 0 or occurrences[s.kernel.id] != 1 or len(s.launches) < 2:
-            continue
+    ordered = sorted((s for s in sites if s.occurrence == 0 and len(s.launches) >= 2),
+                     key=lambda s: (occurrences[s.kernel.id] != 1, s.id))
+    out: list[Candidate] = []
+    seen: set[tuple] = set()
+
+    def add(c: Candidate) -> None:
+        key = tuple(sorted(c.tokens.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+
+    for s in ordered:
+        once = occurrences[s.kernel.id] == 1
         for a in range(3):
             vals = {p: launches[i].grid[a] for p, i in s.launches.items()}
             if len(set(vals.values())) >= 2 and min(vals.values()) >= 1:
-                out.append(Candidate(s.id, s.kernel.symbol, a, vals))
+                add(Candidate(s.id, s.kernel.symbol, a, vals, once_per_pass=once))
                 g = gcd(*vals.values())
                 if g > 1:  # a grid of (say) 4 blocks per token: also try it divided
-                    out.append(Candidate(s.id, s.kernel.symbol, a, {p: v // g for p, v in vals.items()}, g))
+                    add(Candidate(s.id, s.kernel.symbol, a, {p: v // g for p, v in vals.items()}, g, once))
     return out
 
 

@@ -58,6 +58,7 @@ class CandidateOut(msgspec.Struct):
     symbol: str
     axis: str
     divisor: int
+    once_per_pass: bool
     passes: int
     values: list[int]
     unfit: int
