@@ -6,7 +6,7 @@ Run it under the capture on the GPU machine::
 
     kern-capture run --out /tmp/q3c -- python3 tools/gpu/capture_qwen3_compile.py
     kern-mine /tmp/q3c                       # check: 4 requests, prefill 1/34/85/175
-    kern-mine trim /tmp/q3c packages/kern-mine/tests/fixtures/qwen3-0.6b-compile --max-bytes 20000000
+    kern-mine trim /tmp/q3c packages/kern-mine/tests/fixtures/qwen3-0.6b-compile --max-bytes 8000000
 
 What it does, in order (all on one CUDA stream, each forward pass ends with a
 host sync on the sampled token, so passes are separated by a host pause):
