@@ -229,16 +229,18 @@ def standalone(g, geom, bw):
         nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         it = [0]
+        cur_ks = [1]
 
         def ours():
             w = ws[it[0] % copies]
             it[0] += 1
+            ks = cur_ks[0]
             if name in ("qkv", "lm_head"):
                 run_norm(g, x, nw, w, y, n, k, ks)
             elif name == "gate_up":
-                run_norm_silu(g, x, nw, w, y, n // 2, k)
+                run_norm_silu(g, x, nw, w, y, n // 2, k, ks)
             elif name in ("o", "down"):
-                run_residual(g, x, w, y, n, k)
+                run_residual(g, x, w, y, n, k, ks)
 
         def cublas():
             w = ws[it[0] % copies]
