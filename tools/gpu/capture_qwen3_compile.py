@@ -112,9 +112,12 @@ def main() -> int:
     cache = make_cache(torch, cfg, max_len)
 
     def forward(input_ids, cache_position):
+        # All positions' logits and their argmax inside the graph; the last one is picked
+        # eagerly. (`logits_to_keep=1` slices `hidden_states[:, -1:, :]`, which Dynamo
+        # refuses on a size-oblivious dynamic dim in torch 2.11: seen on the H200.)
         out = model(input_ids=input_ids, cache_position=cache_position, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :]
+                    use_cache=True, logits_to_keep=0)
+        return out.logits.argmax(-1)
 
     compiled = torch.compile(forward, dynamic=True)
     gen = torch.Generator().manual_seed(a.seed)
@@ -125,8 +128,8 @@ def main() -> int:
         torch._dynamo.mark_dynamic(ids, 1)
         cache_position = torch.arange(pos, pos + n, device="cuda")
         torch._dynamo.mark_dynamic(cache_position, 0)
-        logits = compiled(ids, cache_position)
-        return int(logits.argmax(-1).item())  # host sync: the pause between passes
+        tokens = compiled(ids, cache_position)
+        return int(tokens[0, n - 1].item())  # host sync: the pause between passes
 
     def rand_ids(n: int):
         return torch.randint(0, cfg.vocab_size, (1, n), generator=gen).cuda()
