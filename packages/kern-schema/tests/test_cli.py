@@ -52,6 +52,8 @@ def test_schema_content_is_useful_for_editors():
     assert defs["Module"]["properties"]["sha256"]["anyOf"][0]["pattern"] == "^[0-9a-f]{64}$"
     launch = defs["Launch"]["properties"]
     assert launch["block"]["anyOf"][0]["minItems"] == 3 and launch["block"]["anyOf"][0]["maxItems"] == 3
+    assert launch["pdl"]["type"] == "boolean" and launch["pdl"]["default"] is False
+    assert "griddepcontrol.wait" in launch["pdl"]["description"]
 
 
 def test_schema_validates_the_article_fixture_if_jsonschema_is_available():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,7 +78,7 @@ kernel_launches = st.builds(
     Launch,
     module=names, entry=names, params=st.lists(param_types, max_size=4),
     block=st.lists(small_ints, min_size=3, max_size=3), grid=st.lists(exprs, min_size=3, max_size=3),
-    shared_mem=st.none() | small_ints, args=arg_lists,
+    shared_mem=st.none() | small_ints, pdl=st.booleans(), args=arg_lists,
 )
 extern_launches = st.builds(Launch, extern=names, args=arg_lists)
 impls = st.builds(
@@ -139,3 +141,18 @@ def test_dump_keeps_map_order_and_omits_defaults():
     assert doc["states"]["s"] == {"bytes_per_seq": 8}
     assert doc["ops"]["o"]["impl"] == {"launches": []}
     assert decode(dump(m)) == m
+
+
+def test_committed_examples_dump_byte_identically():
+    """The optional launch fields (`shared_mem`, `pdl`) are omitted at their defaults, so
+    adding a field never changes an existing manifest's canonical text."""
+    from pathlib import Path
+
+    from kern_schema import load
+
+    root = Path(__file__).resolve().parents[3] / "examples"
+    files = sorted(root.glob("qwen3-*.json"))
+    if not files:
+        pytest.skip("examples/ not present")
+    for f in files:
+        assert dump(load(f)) == f.read_bytes(), f.name

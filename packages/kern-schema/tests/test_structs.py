@@ -191,6 +191,27 @@ def test_extern_launch_refuses_kernel_fields(extra):
         dec(Launch, doc)
 
 
+def test_pdl_defaults_to_false_and_is_omitted_when_false():
+    launch = dec(Launch, KERNEL)
+    assert launch.pdl is False
+    assert "pdl" not in msgspec.json.decode(msgspec.json.encode(launch))  # existing manifests dump unchanged
+    assert "pdl" not in msgspec.json.decode(msgspec.json.encode(dec(Launch, {**KERNEL, "pdl": False})))
+    on = dec(Launch, {**KERNEL, "pdl": True})
+    assert on.pdl is True and msgspec.json.decode(msgspec.json.encode(on))["pdl"] is True
+    assert dec(Launch, msgspec.json.decode(msgspec.json.encode(on))) == on
+
+
+def test_pdl_is_a_boolean():
+    with pytest.raises(msgspec.ValidationError, match="Expected `bool`, got `int`"):
+        dec(Launch, {**KERNEL, "pdl": 1})
+
+
+def test_pdl_on_an_extern_decodes_for_the_verifier_to_refuse():
+    # the form is valid (a boolean on a launch); kern-verify reports E0090 with its own hint
+    ext = dec(Launch, {"extern": "cublaslt.gemm_bf16_tn", "args": [], "pdl": True})
+    assert ext.is_extern and ext.pdl is True
+
+
 @pytest.mark.parametrize("field", ["block", "grid"])
 @pytest.mark.parametrize("n", [0, 2, 4])
 def test_launch_dims_have_three_entries(field, n):

@@ -42,7 +42,8 @@ OFFSET_KINDS: frozenset[str] = frozenset(("scratch", "buf", "state"))
 _OFFSET_KINDS = OFFSET_KINDS
 
 #: Launch fields of the kernel form (all but `shared_mem` required there, all absent in the
-#: extern form).
+#: extern form). The `pdl` flag (default false) is not among them: kern-verify refuses
+#: `"pdl": true` on an extern launch with its own code.
 KERNEL_LAUNCH_FIELDS: tuple[str, ...] = ("module", "entry", "params", "block", "grid", "shared_mem")
 
 Number = int | float
@@ -227,8 +228,10 @@ class Launch(_Base, kw_only=True):
 
     Kernel launch: `module`, `entry` (cubin symbol), `params` (the kernel's real parameter
     list, type strings), `block` [x, y, z], `grid` [E, E, E], optional `shared_mem`
-    (dynamic shared memory, bytes), `args`. Built-in: `extern` (e.g.
-    `cublaslt.gemm_bf16_tn`) and `args` only.
+    (dynamic shared memory, bytes), optional `pdl` (programmatic dependent launch, default
+    false; omitted from `dump` when false), `args`. Built-in: `extern` (e.g.
+    `cublaslt.gemm_bf16_tn`) and `args` only (`"pdl": true` on a built-in decodes, and
+    kern-verify refuses it with its own code, E0090).
 
     Raises (on construction and decoding): `ValueError` when the fields mix the two forms
     or the kernel form lacks one of module, entry, params, block, grid.
@@ -240,6 +243,13 @@ class Launch(_Base, kw_only=True):
     block: Dim3 | None = None
     grid: Grid3 | None = None
     shared_mem: Annotated[int, Meta(description="Dynamic shared memory in bytes (≤ 232448).")] | None = None
+    pdl: Annotated[
+        bool,
+        Meta(description="Programmatic dependent launch (kernel launches only; default false): the launch may "
+             "begin before the previous launch of the program completes. The kernel promises to execute "
+             "`griddepcontrol.wait` in every block before it reads anything an earlier launch wrote, and to "
+             "write nothing before it."),
+    ] = False
     extern: Annotated[
         str,
         Meta(description="A runtime built-in instead of a kernel.",
