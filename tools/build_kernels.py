@@ -31,12 +31,13 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent / "kernels-src"
 sys.path.insert(0, str(SRC))
 
-from catalog import TRITON_HIDDEN, Kernel, instances  # noqa: E402
+from catalog import CUDA_FLAGS, TRITON_HIDDEN, Kernel, instances  # noqa: E402
 from geometries import load_geometry  # noqa: E402
 
 TARGET = "sm_90"
 DEFAULT_GEOMETRIES = ["0.6b", "4b"]
-NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-O3", "-std=c++17", "--use_fast_math"]
+#: Common nvcc flags; each source adds its own from catalog.CUDA_FLAGS.
+NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-O3", "-std=c++17"]
 
 _TRITON_TYPES = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "i32": "*i32", "i64": "*i64",
                  "u64": "*u64", "u8": "*u8"}
@@ -106,11 +107,25 @@ def compile_triton(k: Kernel, tmp: str) -> tuple[bytes, str, int]:
     return cc.asm["cubin"], md.name, int(md.shared)
 
 
-def compile_cuda(source: str, tmp: str) -> bytes:
+def start_cuda(source: str, tmp: str) -> tuple[subprocess.Popen, Path]:
+    """Start nvcc on one CUDA C source (it runs while Triton compiles); `finish_cuda` collects it."""
     out = Path(tmp) / (Path(source).stem + ".cubin")
+    if source not in CUDA_FLAGS:
+        raise AssertionError(f"{source}: no nvcc flags in catalog.CUDA_FLAGS")
     # Compile from inside the source dir with a relative name: no absolute path can leak.
-    subprocess.run([_nvcc(), *NVCC_FLAGS, "-o", str(out), source], cwd=SRC, check=True)
+    cmd = [_nvcc(), *NVCC_FLAGS, *CUDA_FLAGS[source], "-o", str(out), source]
+    return subprocess.Popen(cmd, cwd=SRC), out
+
+
+def finish_cuda(job: tuple[subprocess.Popen, Path]) -> bytes:
+    proc, out = job
+    if proc.wait() != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
     return out.read_bytes()
+
+
+def compile_cuda(source: str, tmp: str) -> bytes:
+    return finish_cuda(start_cuda(source, tmp))
 
 
 def _triton_job(args):
@@ -127,21 +142,26 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
         _private_env(tmp)
         modules: dict[str, bytes] = {}
         built: dict[str, tuple[str, str, int]] = {}  # NAME -> (module file, entry, shared)
-        for src in sorted({k.source for k in kernels if k.lang == "cuda"}):
-            mod = Path(src).stem + ".cubin"
-            modules[mod] = compile_cuda(src, tmp)
+        nvcc = {Path(src).stem + ".cubin": start_cuda(src, tmp)
+                for src in sorted({k.source for k in kernels if k.lang == "cuda"})}
         for k in kernels:
             if k.lang == "cuda":
                 built[k.name] = (Path(k.source).stem + ".cubin", k.entry, 0)
         tri = [k for k in kernels if k.lang == "triton"]
         jobs = jobs or min(len(tri), os.cpu_count() or 1) or 1
-        if jobs > 1:
-            import multiprocessing as mp
+        try:
+            if jobs > 1:
+                import multiprocessing as mp
 
-            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
-                results = list(ex.map(_triton_job, [(k, tmp) for k in tri]))
-        else:
-            results = [_triton_job((k, tmp)) for k in tri]
+                with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
+                    results = list(ex.map(_triton_job, [(k, tmp) for k in tri]))
+            else:
+                results = [_triton_job((k, tmp)) for k in tri]
+        finally:
+            for proc, _ in nvcc.values():  # never leave nvcc writing into a deleted temp dir
+                proc.wait()
+        for mod, job in nvcc.items():
+            modules[mod] = finish_cuda(job)
         for name, (cubin, entry, shared) in results:
             modules[name + ".cubin"] = cubin
             built[name] = (name + ".cubin", entry, shared)
@@ -163,6 +183,7 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
                 "aligned16": [p.name for p in k.params if p.div16],
                 "block": k.block,
                 "shared_mem": shared,
+                "shared_mem_per": dict(k.shared_mem_per),
                 "grid": k.grid,
                 "constexprs": dict(k.constexprs),
                 "doc": k.doc,

@@ -12,7 +12,8 @@ that need the same instance share it (built once).
 Param types are the manifest grammar (``in buffer<bf16>``, ``inout ptr``, ``i32`` ...).
 ``div16`` is the Triton specialization declared at build time, which the caller must
 honour: for a pointer, the address is a multiple of 16 bytes; for an integer, the
-value is a multiple of 16.  Nothing else is specialized (in particular an integer
+value is a multiple of 16 (for CUDA C kernels it is the same requirement, stated, not compiled
+in).  Nothing else is specialized (in particular an integer
 equal to 1 is *not*), so each instance's parameter list is fixed.  Triton kernels
 get two hidden trailing ``u64`` params (global / profile scratch, always passed 0).
 """
@@ -47,6 +48,9 @@ class Kernel:
     num_warps: int = 4  # Triton; for CUDA: block.x // 32
     num_stages: int = 1
     block_x: int | None = None  # CUDA only (Triton: 32 * num_warps)
+    # Dynamic shared memory that grows with a scalar param: bytes = shared_mem + Σ coeff × value
+    # of that param at the launch (e.g. {"k": 2} for a bf16 row of k elements staged in smem).
+    shared_mem_per: dict = field(default_factory=dict)
 
     @property
     def block(self) -> list[int]:
@@ -54,7 +58,7 @@ class Kernel:
 
     def key(self):
         return (self.lang, self.source, self.entry, self.params, tuple(sorted(self.constexprs.items())),
-                self.num_warps, self.num_stages, self.block_x)
+                self.num_warps, self.num_stages, self.block_x, tuple(sorted(self.shared_mem_per.items())))
 
 
 def P(name, type_, div16=False, elem=None):
@@ -201,10 +205,81 @@ def _attention_kernels() -> list[Kernel]:
     ]
 
 
+#: nvcc flags per CUDA source, after the common `-cubin -arch=sm_90 -O3 -std=c++17`.  The GEMV
+#: kernels round where HF rounds and were checked against float64 without fast math
+#: (IEEE division, no flush-to-zero): keep it that way.
+CUDA_FLAGS: dict[str, tuple[str, ...]] = {
+    "embedding.cu": ("--use_fast_math",),
+    "argmax.cu": ("--use_fast_math",),
+    "gemv.cu": (),
+}
+
+#: The decode GEMV block: 8 warps (gemv.cu `WARPS`), 256 threads.
+GEMV_WARPS = 8
+#: Values of M (rows of x) with a GEMV entry (gemv.cu `INSTANTIATE`).
+GEMV_MS = (1, 2, 4, 8)
+#: ksplit values the GEMV kernels accept: the warps of a block split k in groups of ksplit.
+GEMV_KSPLITS = (1, 2, 4, 8)
+
+
+def _gemv_kernels() -> list[Kernel]:
+    """The decode GEMV family of gemv.cu: 4 variants × M in 1, 2, 4, 8, one module.
+
+    Each warp group (ksplit warps of the block, splitting k) produces COLS_PER_WARP
+    output columns of y for all M rows, so grid.x = ceil_div(n, COLS_PER_WARP·8/ksplit).
+    """
+    out = []
+    x, w = P("x", BF16_IN, True), P("w", BF16_IN, True)
+    nw = P("norm_w", BF16_IN, True)
+    n, k, eps, ksplit = P("n", "i32"), P("k", "i32"), P("eps", "f32"), P("ksplit", "i32")
+    common = ("k: multiple of 8; every pointer 16-byte aligned; ksplit in 1, 2, 4, 8 (the block's 8 warps "
+              "split k in groups of ksplit). bf16 storage, fp32 accumulation.")
+    for M in GEMV_MS:
+        rows_grid = "(ceil_div(n, 16 / ksplit), 1, 1): 8 warps × 2 rows per block, ksplit warps per row pair"
+        out += [
+            Kernel(
+                name=f"kern_gemv_m{M}", lang="cuda", source="gemv.cu", entry=f"kern_gemv_m{M}", block_x=256,
+                params=(x, w, P("y", BF16_OUT, True), n, k, ksplit), grid=rows_grid,
+                doc=f"y[m,j] = bf16(sum_k x[m,k] w[j,k]) for m < {M}, j < n. x: bf16 [{M}, k]; w: bf16 [n, k]; "
+                    f"y: bf16 [{M}, n]. " + common,
+                constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 2},
+            ),
+            Kernel(
+                name=f"kern_gemv_norm_m{M}", lang="cuda", source="gemv.cu", entry=f"kern_gemv_norm_m{M}",
+                block_x=256, params=(x, nw, w, P("y", BF16_OUT, True), n, k, eps, ksplit), grid=rows_grid,
+                doc=f"RMS norm prologue + GEMV: xn[m,:] = bf16(norm_w * bf16(x[m,:] * rsqrt(mean(x[m,:]^2) + eps))) "
+                    f"(HF Qwen3RMSNorm rounding), y[m,j] = bf16(sum_k xn[m,k] w[j,k]). x: bf16 [{M}, k]; norm_w: "
+                    f"bf16 [k]; w: bf16 [n, k]; y: bf16 [{M}, n]. Dynamic shared memory {M}*k*2 bytes "
+                    f"(shared_mem_per). " + common,
+                constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 2}, shared_mem_per={"k": 2 * M},
+            ),
+            Kernel(
+                name=f"kern_gemv_norm_silu_m{M}", lang="cuda", source="gemv.cu", entry=f"kern_gemv_norm_silu_m{M}",
+                block_x=256, params=(x, nw, w, P("y", BF16_OUT, True), n, k, eps, ksplit),
+                grid="(ceil_div(n, 8 / ksplit), 1, 1): one output column (its gate and up row) per warp group",
+                doc=f"RMS norm prologue (as kern_gemv_norm) + gate/up GEMV + SiLU-and-mul: g = bf16(xn·w[j]), "
+                    f"u = bf16(xn·w[n+j]), y[m,j] = bf16(bf16(silu(g)) * u). x: bf16 [{M}, k]; norm_w: bf16 [k]; "
+                    f"w: bf16 [2n, k] (gate rows, then up rows); y: bf16 [{M}, n]. Dynamic shared memory "
+                    f"{M}*k*2 bytes (shared_mem_per). " + common,
+                constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 1}, shared_mem_per={"k": 2 * M},
+            ),
+            Kernel(
+                name=f"kern_gemv_residual_m{M}", lang="cuda", source="gemv.cu", entry=f"kern_gemv_residual_m{M}",
+                block_x=256, params=(x, w, P("residual", BF16_INOUT, True), n, k, ksplit), grid=rows_grid,
+                doc=f"GEMV + residual add, in place: residual[m,j] = bf16(residual[m,j] + bf16(sum_k x[m,k] w[j,k])) "
+                    f"for m < {M}, j < n (nothing else is touched). x: bf16 [{M}, k]; w: bf16 [n, k]; residual: "
+                    f"bf16 [{M}, n]. " + common,
+                constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 2},
+            ),
+        ]
+    return out
+
+
 def instances(geometries: list[Geometry]) -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME."""
     out: dict[str, Kernel] = {}
-    for k in _shared_kernels() + _attention_kernels() + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
+    shared = _shared_kernels() + _attention_kernels() + _gemv_kernels()
+    for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")
         out[k.name] = k
