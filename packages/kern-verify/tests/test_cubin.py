@@ -15,7 +15,18 @@ def slots(*pairs: tuple[int, int]) -> list[ParamSlot]:
 def test_nvcc_entries(nvcc_cubin):
     c = read_cubin(nvcc_cubin)
     assert c.arch == 90
-    assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf"}
+    assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf", "k_mix_pdl"}
+
+
+def test_grid_dependency_wait_is_found_in_the_code(nvcc_cubin):
+    e = read_cubin(nvcc_cubin).entries
+    assert e["k_mix_pdl"].grid_dep_wait is True
+    assert e["k_mix"].grid_dep_wait is False and e["k_noparams"].grid_dep_wait is False
+    assert e["k_mix_pdl"].params == e["k_mix"].params
+
+
+def test_grid_dependency_wait_in_a_triton_kernel(triton_cubin):
+    assert read_cubin(triton_cubin).entries["add_kernel"].grid_dep_wait is False
 
 
 def test_nvcc_scalar_and_pointer_params(nvcc_cubin):

@@ -168,6 +168,20 @@ def test_hf_module_present_is_checked(doc, kdir, triton_cubin):
     assert check(doc, kernels_dir=kdir) == []
 
 
+def test_pdl_kernel_without_wait_warns(doc, kdir):
+    mix_launch(doc)["pdl"] = True  # k_mix has no griddepcontrol.wait
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.severity, d.location) == ("E0088", "warning", "ops.mix.impl.launches[0].pdl")
+    assert "griddepcontrol.wait" in d.message
+
+
+def test_pdl_kernel_with_wait_is_clean(doc, kdir):
+    mix_launch(doc).update(pdl=True, entry="k_mix_pdl")
+    assert check(doc, kernels_dir=kdir) == []
+    mix_launch(doc)["pdl"] = False  # the wait is a no-op without the attribute: fine too
+    assert check(doc, kernels_dir=kdir) == []
+
+
 def test_cubin_for_another_arch_warns(doc, kdir, tmp_path):
     import subprocess
 

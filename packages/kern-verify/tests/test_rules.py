@@ -3,6 +3,8 @@ the listed (code, location) diagnostics."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from verify_helpers import NAMES, check, fixture, found
@@ -22,6 +24,30 @@ def call(d, prog, i=0):
 
 def s(**kw):
     return kw
+
+
+def _gemm_then_pdl_kernel(d, pdl_index=0):
+    """The gemm fixture plus a kernel call after the GEMM built-in whose launch has `pdl`."""
+    ln = fixture("launch")
+    d["modules"].update(ln["modules"])
+    d["ops"]["rms_norm"] = ln["ops"]["rms_norm"]
+    d["ops"]["rms_norm"]["impl"]["launches"][0]["pdl"] = True
+    d["buffers"]["y"] = {"dtype": "bf16", "shape": ["tokens", 2560], "class": "output"}
+    d["buffers"]["norm.weight"] = {"dtype": "bf16", "shape": [2560], "class": "weight"}
+    d["programs"]["decode"]["calls"].append(
+        {"label": "l0.norm", "op": "rms_norm", "args": [{"buf": "y"}, {"buf": "x"}, {"buf": "norm.weight"}, {"var": "tokens"}]})
+
+
+def _extern_then_pdl_launch_in_one_op(d):
+    _gemm_then_pdl_kernel(d)
+    d["ops"]["rms_norm"]["impl"]["launches"][0]["pdl"] = False
+    # one op: the GEMM built-in, then a pdl kernel reading its output
+    gemm = d["ops"]["gemm"]
+    k = copy.deepcopy(d["ops"]["rms_norm"]["impl"]["launches"][0])
+    k.update(pdl=True, args=[{"param": 2}, {"param": 0}, {"i64": 2560}, {"i64": 0}, {"i64": 0}, {"i64": 0}, {"i64": 0},
+                             {"param": 0}, {"i64": 0}, {"f32": 1e-6}, {"param": 3}, {"i32": 2560}])
+    k["params"][0] = "inout buffer<bf16>"
+    gemm["impl"]["launches"].append(k)
 
 
 # (id, fixture, mutation, expected [(code, location)])
@@ -209,6 +235,13 @@ CASES = [
     ("unused-module", "launch", lambda d: d["modules"].update(old={"source": "old.cubin", "sha256": "0" * 64}),
      [("E0073", "modules.old")]),
     ("unused-op", "launch", lambda d: d["ops"].update(rms_norm2=d["ops"]["rms_norm"]), [("E0074", "ops.rms_norm2")]),
+    # --- launch attributes: programmatic dependent launch ---
+    ("pdl-on-extern", "gemm", lambda d: launch(d, "gemm").update(pdl=True), [("E0090", "ops.gemm.impl.launches[0].pdl")]),
+    ("pdl-first-launch-of-program (warning)", "carry", lambda d: launch(d, "embed").update(pdl=True),
+     [("E0091", "programs.prefill.calls[0]")]),
+    ("pdl-after-extern-call (warning)", "gemm", _gemm_then_pdl_kernel, [("E0091", "programs.decode.calls[1]")]),
+    ("pdl-after-extern-launch (warning)", "gemm", _extern_then_pdl_launch_in_one_op,
+     [("E0091", "ops.gemm.impl.launches[1].pdl")]),
 ]
 
 
@@ -231,8 +264,32 @@ def test_rule(case, fix, mutate, expected):
 
 def test_every_rule_code_is_tested():
     tested = {code for *_, exp in CASES for code, _ in exp}
-    untestable_here = {"E0001", "E0002", "E0099"} | {f"E008{i}" for i in range(8)}  # test_text.py, test_kernels.py
+    untestable_here = {"E0001", "E0002", "E0099"} | {f"E008{i}" for i in range(9)}  # test_text.py, test_kernels.py
     assert set(CODES) - tested - untestable_here == set()
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: launch(d, "fill_kv").update(pdl=True),             # after embed's kernel
+    lambda d: launch(d, "lm_head_argmax", 1).update(pdl=True),   # after the op's own first kernel
+    lambda d: launch(d, "lm_head_argmax", 0).update(pdl=True),   # decode's first launch: warned
+    lambda d: launch(d, "fill_kv").update(pdl=False),            # explicit false: nothing at all
+], ids=["after-kernel-call", "after-kernel-launch", "program-start", "explicit-false"])
+def test_pdl_after_a_kernel_is_clean(mutate):
+    d = fixture("carry")
+    mutate(d)
+    diags = check(d)
+    if launch(d, "lm_head_argmax", 0).get("pdl"):
+        assert found(diags) == [("E0091", "programs.decode.calls[0]")]
+    else:
+        assert diags == []
+
+
+def test_pdl_warning_names_the_builtin():
+    d = fixture("gemm")
+    _gemm_then_pdl_kernel(d)
+    (diag,) = check(d)
+    assert "cublaslt.gemm_bf16_tn" in diag.message and diag.severity == "warning"
+    assert "correctness is not affected" in diag.hint
 
 
 def test_line_and_column_point_at_the_value():

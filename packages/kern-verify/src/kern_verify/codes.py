@@ -6,7 +6,8 @@ Numbering follows DESIGN §3: E00xx decoding, E001x declarations (groups 1–4),
 E002x type strings and expressions, E003x launches (group 5), E004x impl
 against interface (group 6), E005x calls (group 7), E006x program dataflow
 (group 8), E007x unused declarations (group 9), E008x cubin checks
-(`--kernels`), E0099 internal errors.
+(`--kernels`), E009x launch attributes (programmatic dependent launch, `pdl`),
+E0099 internal errors.
 """
 
 from __future__ import annotations
@@ -276,6 +277,30 @@ _CODES: list[Code] = [
          "runs on GPUs of its own major architecture: rebuild it with `-arch=sm_90` (Triton: "
          "GPUTarget(\"cuda\", 90, 32)).",
          'nvcc -cubin -arch=sm_80 norm.cu    // then listed as a module'),
+    Code("E0088", "warning", "`pdl` kernel never waits for its predecessor",
+         "A launch with `\"pdl\": true` may begin before the previous launch has completed; its kernel promises "
+         "to execute `griddepcontrol.wait` (cudaGridDependencySynchronize) before reading anything an earlier launch "
+         "wrote. With `--kernels`, the verifier looks for that instruction (SASS `ACQBULK`) in the entry's code "
+         "(`.text.<entry>`) and finds none: the kernel would read its inputs while the previous kernel still writes "
+         "them. Add the wait (PTX `griddepcontrol.wait;`, sm_90) or remove `pdl`. Only presence is checked, not that "
+         "the wait comes before the first dependent read (that stays the kernel's promise); a wait inside a "
+         "non-inlined device function is not seen, hence a warning.",
+         '"entry": "kern_gemv_m1", "pdl": true    // gemv.cu built without griddepcontrol.wait'),
+    Code("E0090", "error", "`pdl` on a built-in",
+         "`\"pdl\": true` (programmatic dependent launch) applies to kernel launches only. A built-in (`extern`) is "
+         "run by a library (cuBLASLt) that launches its own kernels: none of them promises to execute "
+         "`griddepcontrol.wait`, so it could read its inputs before the previous launch finished writing them. "
+         "Remove the flag.",
+         '{"extern": "cublaslt.gemm_bf16_tn", "pdl": true, "args": [...]}'),
+    Code("E0091", "warning", "`pdl` launch with no kernel before it",
+         "A `pdl` launch overlaps its start with the previous kernel's tail. Here the previous launch in program "
+         "order is a built-in (cuBLASLt kernels never execute `griddepcontrol.launch_dependents`), or there is none "
+         "(the first launch of a program: a root node of its CUDA graph). The program stays correct — the kernel's "
+         "wait still returns only after everything before it completed, and the launch degrades to an ordinary one "
+         "— but the flag buys nothing, hence a warning: an op's impl with `pdl` may be shared by call sites after "
+         "kernels and after built-ins. Reported at the call (first launch of an op) or at the launch (after a "
+         "built-in of the same impl).",
+         'decode: [{"op": "gemm"  /* extern */}, {"op": "gemv"  /* launches[0].pdl = true */}]'),
     Code("E0099", "error", "internal verifier error",
          "The verifier itself failed on this input. This is a bug in kern-verify; please report it with "
          "the manifest.",

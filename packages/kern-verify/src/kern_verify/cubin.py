@@ -63,6 +63,13 @@ EIATTR_KPARAM_INFO = 0x17
 EIATTR_CBANK_PARAM_SIZE = 0x19
 EIATTR_REGCOUNT = 0x2F
 
+#: sm_90 SASS: every instruction is 16 bytes, its opcode in bits 0..11 of the first
+#: little-endian 64-bit word (bits 12..15 hold the guard predicate). `griddepcontrol.wait`
+#: assembles to `ACQBULK` (0x82e), `griddepcontrol.launch_dependents` to `PREEXIT` (0x82d);
+#: checked with nvcc 13.0 / cuobjdump (tests/test_cubin.py builds both forms).
+SASS_OPCODE_MASK = 0xFFF
+SASS_ACQBULK = 0x82E
+
 _KPARAM = struct.Struct("<IHHI")
 
 
@@ -102,6 +109,8 @@ class KernelInfo:
         required_block: `__reqntid__`/`.reqntid` block [x, y, z], or None.
         static_shared_bytes: size of the `.nv.shared.<name>` section (0 when absent).
         registers: registers per thread from `EIATTR_REGCOUNT`, or None.
+        grid_dep_wait: whether the entry's own code (`.text.<name>`) contains
+            `griddepcontrol.wait` (SASS `ACQBULK`); None when the section is absent.
     """
 
     name: str
@@ -111,6 +120,7 @@ class KernelInfo:
     required_block: tuple[int, int, int] | None = None
     static_shared_bytes: int = 0
     registers: int | None = None
+    grid_dep_wait: bool | None = None
 
 
 @dataclass(slots=True)
@@ -238,6 +248,8 @@ def _kernel(elf: ELFFile, sym: str, registers: int | None, name: str) -> KernelI
     if param_bytes is None:
         param_bytes = max((p.offset + p.size for p in params), default=0)
     shared = elf.get_section_by_name(f".nv.shared.{sym}")
+    text = elf.get_section_by_name(f".text.{sym}")
+    waits = None if text is None else _has_opcode(text.data(), SASS_ACQBULK)
     return KernelInfo(
         name=sym,
         params=params,
@@ -246,7 +258,14 @@ def _kernel(elf: ELFFile, sym: str, registers: int | None, name: str) -> KernelI
         required_block=required,
         static_shared_bytes=int(shared["sh_size"]) if shared is not None else 0,
         registers=registers,
+        grid_dep_wait=waits,
     )
+
+
+def _has_opcode(code: bytes, opcode: int) -> bool:
+    """Whether any 16-byte sm_90 instruction of `code` has this 12-bit opcode."""
+    n = len(code) // 16 * 16
+    return any((lo & SASS_OPCODE_MASK) == opcode for lo, _ in struct.iter_unpack("<QQ", code[:n]))
 
 
 def params_from_manifest(types: list[str]) -> list[ParamSlot]:

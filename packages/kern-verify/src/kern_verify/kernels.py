@@ -2,7 +2,8 @@
 sha256 matches (E0081), it is a cubin (E0082); each launch's entry is in its module
 (E0083), its declared params match the cubin's `.nv.info` table (E0084), and its block
 respects the kernel's launch bounds / required block (E0085); a cubin for another SM
-version warns (E0087). `hf:` modules absent from
+version warns (E0087); a `pdl` launch whose entry has no `griddepcontrol.wait` in its
+code warns (E0088). `hf:` modules absent from
 DIR are skipped with a warning (E0086)."""
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
                                   "declare the kernel's real parameter list: the cubin's table is "
                                   + ", ".join(f"{s.size}B@{s.offset}" for s in info.params))
             _block(ctx, lpath, launch.block, info, what)
+            if launch.pdl and info.grid_dep_wait is False:
+                ctx.r.add("E0088", lpath + ("pdl",),
+                          f"{what}: `pdl` launch, but the entry's code has no griddepcontrol.wait (SASS ACQBULK)",
+                          "the kernel would read its inputs while the previous kernel may still write them: execute "
+                          "`asm volatile(\"griddepcontrol.wait;\" ::: \"memory\")` before the first dependent read, "
+                          "or remove `pdl`")
     return cubins
 
 

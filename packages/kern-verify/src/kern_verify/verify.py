@@ -16,6 +16,7 @@ from .decls import check_declarations
 from .diagnostic import Diagnostic, locate
 from .kernels import check_kernels
 from .launches import check_ops
+from .pdl import check_pdl
 from .usage import check_usage
 
 _DECODE_CODES = {
@@ -55,6 +56,7 @@ def verify(manifest: Manifest, source: str | bytes | SourceMap | None = None, *,
         ("ops", lambda: check_ops(ctx)),
         ("calls", lambda: check_dataflow(ctx, check_calls(ctx))),
         ("usage", lambda: check_usage(ctx)),
+        ("pdl", lambda: check_pdl(ctx)),
     ]
     if kernels_dir is not None:
         stages.append(("kernels", lambda: check_kernels(ctx, kernels_dir)))

@@ -18,3 +18,15 @@ extern "C" __global__ void k_noparams() {}
 
 // A C++ (mangled) entry: _Z4cppkiPf
 __global__ void cppk(int n, float* x) { x[n] = 1.f; }
+
+// k_mix for programmatic dependent launch: waits for the previous grid (SASS ACQBULK)
+// before its first read and lets the next one launch (PREEXIT) after its last write.
+extern "C" __global__ void k_mix_pdl(int a, long long b, float c, const float* p, unsigned char u, float* out) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  out[threadIdx.x] = a + b + c + p[0] + u;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
