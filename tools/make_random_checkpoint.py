@@ -13,8 +13,25 @@ tools/qwen3_config.py) with random weights. The result is a normal HF checkpoint
 turns it into kern weights.
 
 Weights (bf16):
-- every matrix (embedding, projections, lm_head when untied) ~ N(0, 0.02²), the
-  `initializer_range` of the config, as transformers itself initialises them;
+- every projection matrix ~ N(0, 0.02²), the `initializer_range` of the config, as
+  transformers itself initialises them;
+- the embedding (= the tied lm_head; the lm_head too when untied): row v is
+  s · r_v · N(0, 1) with s = --logit-std / √hidden (default 4.0) and a log-normal row
+  scale r_v = exp(0.5·N(0, 1) − 0.25) (E[r²] = 1). Why: the logits are
+  final_norm(h) · E_v, and |final_norm(h)| ≈ √hidden (unit RMS times norm weights
+  ≈ 1), so logit std ≈ √hidden · s. At transformers' 0.02 that is 0.64 on 0.6B: flat
+  logits, a Gaussian over 151,936 tokens whose best two are only ~0.2 std apart
+  (extreme-value spacing, std/√(2 ln V)), so bf16 rounding (±0.04 there) flips greedy
+  decoding every ~10 steps (seen on the H200: near-ties at steps 5, 11, 15). The scale
+  alone does not fix that: every logit and every rounding error scales with s, so the
+  gap/noise ratio is unchanged; it only makes the numbers look like a trained model's
+  (logit std of a few units). What makes near-ties rarer is the row scale: trained
+  embeddings have unequal row norms (frequent tokens), the top of the logit
+  distribution becomes heavy-tailed, and the best logit stands further apart. Measured
+  on a numpy model of the last layer (V = 151,936, H = 1024, bf16-sized hidden noise
+  calibrated to the H200's e_hf): median top-2 gap 0.14 std -> 1.1 std, greedy flips
+  between two noisy evaluations ~8% -> ~2-3% of steps. Nothing in the kernels' arithmetic
+  gets easier: the same GEMMs, norms and attention, on other numbers;
 - every RMS-norm weight (input/post-attention/final norms, q_norm, k_norm) = 1 + 0.1·N(0, 1)
   instead of transformers' all-ones, so that a kernel that drops or misplaces a norm
   weight changes the output.
@@ -26,6 +43,10 @@ number generator (CUDA Philox on the GPU, the CPU generator otherwise): the same
 seed on the same kind of device gives the same checkpoint. Initialisation runs on
 the GPU when there is one (a 4B checkpoint takes seconds; the time goes to writing
 ~8 GB).
+
+`--logit-std 0` restores transformers' plain N(0, 0.02²) embedding (flat logits).
+The init scheme is recorded in OUT/kern_random_init.json; tools/gpu/prepare.py remakes
+a checkpoint whose record differs.
 
 `--layers N` keeps the first N layers (config num_hidden_layers = N), for fast tests.
 `--tokenizer DIR` copies the tokenizer files of DIR (tokenizer.json, its config, its
@@ -47,6 +68,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_config import PRESETS, preset_hf_config  # noqa: E402
 
 NORM_SUFFIXES = ("layernorm.weight", "norm.weight")  # input/post_attention_layernorm, q/k_norm, model.norm
+EMBEDDING_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
+ROW_SCALE_SIGMA = 0.5  # log-normal spread of the embedding's row norms
+INIT_VERSION = 2  # bump when the drawing below changes (tools/gpu/prepare.py remakes older checkpoints)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "generation_config.json", "NOTICE.md", "LICENSE")
 
@@ -54,6 +78,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 def tensor_seed(seed: int, name: str) -> int:
     """Seed of one tensor's generator: independent of construction order, stable across runs."""
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def init_record(args, cfg) -> dict:
+    """What decides the weights (written next to them; prepare.py compares it)."""
+    return {"init_version": INIT_VERSION, "geometry": args.geometry, "seed": args.seed, "layers": args.layers,
+            "initializer_range": cfg.initializer_range, "logit_std": args.logit_std,
+            "row_scale_sigma": ROW_SCALE_SIGMA if args.logit_std else 0.0}
+
+
+def embedding_std(logit_std: float, hidden: int, initializer_range: float) -> float:
+    """Per-element std of the embedding that gives logits of std ≈ logit_std (0: transformers' default)."""
+    return logit_std / hidden**0.5 if logit_std else initializer_range
 
 
 def build_config(geometry: str, layers: int | None):
@@ -79,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (tests)")
     ap.add_argument("--tokenizer", type=Path, default=None, help="directory whose tokenizer files to copy")
+    ap.add_argument("--logit-std", type=float, default=4.0,
+                    help="target logit std: embedding std = this / sqrt(hidden), log-normal row norms "
+                         "(default 4.0; 0 = plain N(0, initializer_range^2))")
     ap.add_argument("--max-shard-size", default="5GB", help="shard size for save_pretrained (default 5GB)")
     ap.add_argument("--device", default=None, help="where to initialise (default: cuda if available)")
     args = ap.parse_args(argv)
@@ -110,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             if name.endswith(NORM_SUFFIXES):
                 noise = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
                 p.copy_(1.0 + 0.1 * noise)
+            elif name in EMBEDDING_NAMES and args.logit_std:
+                x = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
+                u = torch.randn((p.shape[0], 1), generator=g, device=device, dtype=torch.float32)
+                row = torch.exp(ROW_SCALE_SIGMA * u - ROW_SCALE_SIGMA**2)  # E[row^2] = 1
+                p.copy_(embedding_std(args.logit_std, cfg.hidden_size, std) * row * x)
             else:
                 p.normal_(0.0, std, generator=g)
     if device.type == "cuda":
@@ -129,11 +173,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
         for f in copied:
             shutil.copy2(args.tokenizer / f, args.out / f)
+    (args.out / "kern_random_init.json").write_text(json.dumps(init_record(args, cfg), indent=1) + "\n")
     saved = json.loads((args.out / "config.json").read_text())
     n = sum(p.numel() for p in model.parameters())
     print(
         f"wrote {args.out}: qwen3-{args.geometry} ({saved['num_hidden_layers']} layers, "
-        f"{n / 1e9:.2f} B params, tied={saved.get('tie_word_embeddings')}), seed {args.seed}, "
+        f"{n / 1e9:.2f} B params, tied={saved.get('tie_word_embeddings')}), seed {args.seed}, embedding std "
+        f"{embedding_std(args.logit_std, cfg.hidden_size, std):.4f} (logit std ~{args.logit_std or 'flat'}), "
         f"init {t_init:.1f} s on {device}, total {time.perf_counter() - t0:.1f} s"
     )
     return 0

@@ -6,7 +6,9 @@
 Layout written (each step skipped when its result exists):
 
     DIR/kernels/                     tools/build_kernels.py (cubins + index.json)
-    DIR/qwen3-<g>/hf/                tools/make_random_checkpoint.py (seeded random HF checkpoint)
+    DIR/qwen3-<g>/hf/                tools/make_random_checkpoint.py (seeded random HF checkpoint;
+                                     remade, with its export, when its kern_random_init.json records
+                                     another init scheme or seed than the script's current one)
     DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py
     DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json)
 
@@ -17,6 +19,8 @@ this layout (KERN_E2E_DIR=DIR). Each step's output goes to DIR/logs/.
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import subprocess
 import sys
 import time
@@ -26,11 +30,24 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "tools"
 GEOMETRIES = ("0.6b", "4b")
 
+sys.path.insert(0, str(TOOLS))
+from make_random_checkpoint import INIT_VERSION  # noqa: E402  (no torch at import)
+
 
 def paths(work: Path, geometry: str) -> dict[str, Path]:
     d = Path(work) / f"qwen3-{geometry}"
     return {"dir": d, "hf": d / "hf", "weights": d / "weights.safetensors", "manifest": d / "manifest.json",
             "kernels": Path(work) / "kernels"}
+
+
+def checkpoint_is_current(hf: Path, geometry: str, seed: int) -> bool:
+    """The checkpoint exists and was drawn by the current init scheme with this seed (full depth)."""
+    try:
+        rec = json.loads((hf / "kern_random_init.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return (rec.get("init_version") == INIT_VERSION and rec.get("seed") == seed and rec.get("geometry") == geometry
+            and rec.get("layers") is None and (hf / "config.json").is_file())
 
 
 def step(name: str, argv: list[str], log_dir: Path) -> None:
@@ -56,7 +73,12 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
         step("build_kernels", [py, TOOLS / "build_kernels.py", "--out", kernels, "-q"], logs)
     for g in geometries:
         p = paths(work, g)
-        if not (p["hf"] / "config.json").is_file():
+        if not checkpoint_is_current(p["hf"], g, seed):
+            if p["hf"].exists():
+                print(f"[prepare] {p['hf']}: not drawn by init scheme {INIT_VERSION} with seed {seed}: remaking it",
+                      flush=True)
+                shutil.rmtree(p["hf"])
+            p["weights"].unlink(missing_ok=True)  # exported from the old checkpoint
             step(f"checkpoint-{g}", [py, TOOLS / "make_random_checkpoint.py", "--geometry", g, "--seed", seed,
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file():
