@@ -26,7 +26,14 @@ manifest, kernels). One run measures, on one GPU:
   (every layer's qkv, o, gate_up, down and the lm_head at m=1) replayed in a CUDA graph.
 
 Every peer's first tokens are compared with kern's (same weights, greedy): a peer
-that computes another model is flagged. Each peer is guarded: a failure prints its
+that computes another model is flagged. The first FIRST_TOKENS tokens of kern, HF
+eager, each compiled peer and each compiled peer's own step run uncompiled (same
+harness: prefill of the whole prompt, then the step at positions T, T+1, ...) are
+printed one above the other, with kern's top-2 logit gap at each of those steps:
+a peer whose uncompiled step agrees with kern while its compiled step does not, at a
+step where kern's gap is tiny, met a bf16 near-tie under Inductor's numerics (no
+harness bug); a peer whose uncompiled step already differs has a harness bug. Each
+peer is guarded: a failure prints its
 error and the run goes on. The table is printed and appended to --append.
 """
 
@@ -53,6 +60,14 @@ for pkg in ("kern-schema", "kern-verify", "kern-driver", "kern-run"):
 from prepare import paths  # noqa: E402
 
 MATCH_TOKENS = 32  # tokens compared with kern's for each peer
+FIRST_TOKENS = 8  # tokens printed side by side, per peer
+
+
+def top2_gap(bits) -> float:
+    """Best minus second-best logit of a bf16 logits buffer (np.uint16 bits)."""
+    from kern_run.compare import top2_gap as gap
+
+    return gap(bits)
 
 
 def log(msg=""):
@@ -89,11 +104,28 @@ def random_prompt(n, seed=0):
     return np.random.default_rng(seed + 12345).integers(0, 151643, size=n).tolist()
 
 
-def match_note(tokens, ref):
+def match_note(tokens, ref, state=None):
     n = min(len(tokens), len(ref), MATCH_TOKENS)
+    if n == 0:
+        return "no kern tokens to compare"
     same = sum(1 for a, b in zip(tokens[:n], ref[:n]) if a == b)
     first = next((i for i in range(n) if tokens[i] != ref[i]), None)
-    return f"tokens = kern's {n}/{n}" if first is None else f"tokens differ from kern's at step {first} ({same}/{n} equal)"
+    if first is None:
+        return f"tokens = kern's {n}/{n}"
+    note = f"tokens differ from kern's at step {first} ({same}/{n} equal)"
+    gaps = (state or {}).get("kern_top2", [])
+    if first < len(gaps):
+        note += f", kern's top-2 logit gap there {gaps[first]:.4f}"
+    return note
+
+
+def show_first(state, name, tokens):
+    """Log a run's first FIRST_TOKENS tokens under kern's (and remember them for the summary)."""
+    row = [int(t) for t in tokens[:FIRST_TOKENS]]
+    state.setdefault("first_tokens", []).append((name, row))
+    kern = state.get("kern_tokens", [])[:FIRST_TOKENS]
+    marks = " ".join(f"{t:>7}{'' if i < len(kern) and t == kern[i] else '*'}" for i, t in enumerate(row))
+    log(f"   first tokens {name:<34} {marks}   (* = differs from kern)")
 
 
 def time_cuda(fn, reps):
@@ -124,14 +156,24 @@ def bench_kern(res: Results, p, args, state):
         for graph, steps in ((True, args.steps), (False, min(args.steps, 64))):
             s = Qwen3Session(rt, info, capacity=4096, graph=graph)
             s.warmup()
-            list(s.generate(prompt, 8, 512))  # warm: the prompt's remainder chunk, caches
+            warm = []  # warm run (untimed): the prompt's remainder chunk, caches; and the first steps' logits
+            for t in s.generate(prompt, FIRST_TOKENS, 512):
+                warm.append(t)
+                if graph:
+                    state.setdefault("kern_top2", []).append(top2_gap(rt.read_buffer("logits")))
             tokens = list(s.generate(prompt, steps, 512))
+            if tokens[:FIRST_TOKENS] != warm:
+                log(f"   WARNING: kern's warm run and timed run disagree: {warm} vs {tokens[:FIRST_TOKENS]}")
             st = s.stats
             name = f"kern decode ({'CUDA graph' if graph else 'eager'})"
             log(f"{name}: {st.decode_ms_per_token:.3f} ms/token over {st.decode_steps} steps")
             res.decode.append((name, st.decode_ms_per_token, f"{st.decode_steps} steps, 8-byte read-back per step"))
             if graph:
                 state["kern_tokens"] = tokens
+                show_first(state, "kern (graph)", tokens)
+                log("   kern top-2 logit gaps " + " ".join(f"{g:.4f}" for g in state.get("kern_top2", [])))
+            else:
+                show_first(state, "kern (eager)", tokens)
         s = Qwen3Session(rt, info, capacity=4096, graph=True)
         for n in (512, 2048):
             if n > info.tokens_max:
@@ -189,7 +231,8 @@ def bench_hf_eager(res: Results, p, args, state):
     t_short, _ = gen(8)
     t_long, tokens = gen(8 + steps)
     ms = 1e3 * (t_long - t_short) / steps
-    note = match_note(tokens, state.get("kern_tokens", []))
+    note = match_note(tokens, state.get("kern_tokens", []), state)
+    show_first(state, "transformers generate (eager)", tokens)
     log(f"transformers static eager: {ms:.3f} ms/token; {note}")
     res.decode.append(("transformers generate, static cache, eager", ms, note))
     for n in (512, 2048):
@@ -226,16 +269,30 @@ def _bench_hf_compile(res: Results, p, args, state, fullgraph: bool):
     hf = load_hf(p, state)
     prompt = random_prompt(args.context)
     T, steps = len(prompt), args.steps
-    cache = transformers.StaticCache(config=hf.config, max_cache_len=T + steps + 16)
     dev = "cuda"
-    with torch.no_grad():
-        out = hf(torch.tensor([prompt], device=dev), past_key_values=cache,
-                 cache_position=torch.arange(T, device=dev), use_cache=True, logits_to_keep=1)
-    tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+    caches = [transformers.StaticCache(config=hf.config, max_cache_len=T + steps + 16)]
+
+    def prefill():
+        """A fresh static cache holding the prompt; the first new token [1, 1] (the T-1 logits' argmax)."""
+        caches[0] = transformers.StaticCache(config=hf.config, max_cache_len=T + steps + 16)
+        with torch.no_grad():
+            out = hf(torch.tensor([prompt], device=dev), past_key_values=caches[0],
+                     cache_position=torch.arange(T, device=dev), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].argmax(-1, keepdim=True)
 
     def step(token, cache_position):
-        logits = hf(token, past_key_values=cache, cache_position=cache_position, use_cache=True).logits
+        logits = hf(token, past_key_values=caches[0], cache_position=cache_position, use_cache=True).logits
         return logits[:, -1].argmax(-1, keepdim=True)
+
+    if fullgraph:  # the same harness, uncompiled: tells a harness bug from Inductor numerics at a near-tie
+        tok = prefill()
+        eager = [int(tok)]
+        with torch.no_grad():
+            for i in range(FIRST_TOKENS - 1):
+                tok = step(tok, torch.tensor([T + i], device=dev))
+                eager.append(int(tok))
+        show_first(state, "HF manual loop, uncompiled", eager)
+    tok = prefill()
 
     cstep = torch.compile(step, mode="reduce-overhead", fullgraph=fullgraph, dynamic=False)
     positions = [torch.tensor([T + i], device=dev) for i in range(steps)]
@@ -261,8 +318,9 @@ def _bench_hf_compile(res: Results, p, args, state, fullgraph: bool):
     torch.cuda.synchronize()
     ms = 1e3 * (time.perf_counter() - t0) / (steps - warm)
     tokens = [int(t) for t in tokens]
+    show_first(state, f"HF manual loop, compiled (fullgraph={fullgraph})", tokens)
     recompiled = counters["stats"]["unique_graphs"] - graphs_before
-    note = f"{match_note(tokens, state.get('kern_tokens', []))}; " + (
+    note = f"{match_note(tokens, state.get('kern_tokens', []), state)}; " + (
         "compiled once" if recompiled == 0 else f"RECOMPILED {recompiled}x in the timed loop")
     log(f"transformers + torch.compile: {ms:.3f} ms/token; {note}")
     res.decode.append((f"transformers + torch.compile (StaticCache, manual loop, reduce-overhead, fullgraph={fullgraph})",
@@ -290,6 +348,13 @@ def bench_gpt_fast(res: Results, p, args, state):
     T, steps = len(prompt), args.steps
     m = Qwen3Torch(cfg, w, max_seq=-(-(T + steps + 1) // 64) * 64)
     tok = m.prefill(prompt).argmax(-1)  # [1]
+    eager = [int(tok)]  # the same harness, uncompiled (see the docstring)
+    with torch.no_grad():
+        for i in range(FIRST_TOKENS - 1):
+            tok = m.decode_step(tok, torch.tensor([T + i], device="cuda"))
+            eager.append(int(tok))
+    show_first(state, "gpt-fast step, uncompiled", eager)
+    tok = m.prefill(prompt).argmax(-1)  # the compiled loop rewrites positions T.. before reading them
     step = m.compiled_decode()
     positions = [torch.tensor([T + i], device="cuda") for i in range(steps)]
     tokens = [tok]
@@ -307,7 +372,8 @@ def bench_gpt_fast(res: Results, p, args, state):
     torch.cuda.synchronize()
     ms = 1e3 * (time.perf_counter() - t0) / (steps - warm)
     tokens = [int(t) for t in tokens]
-    note = f"{match_note(tokens, state.get('kern_tokens', []))}; KV cache {m.max_seq} positions"
+    show_first(state, "gpt-fast step, compiled", tokens)
+    note = f"{match_note(tokens, state.get('kern_tokens', []), state)}; KV cache {m.max_seq} positions"
     log(f"gpt-fast: {ms:.3f} ms/token; {note}")
     res.decode.append(("gpt-fast-style PyTorch (torch.compile reduce-overhead)", ms, note))
     del m
@@ -449,6 +515,14 @@ def main(argv=None) -> int:
     for key, fn in benches:
         if key not in skip:
             res.guard(key, lambda fn=fn: fn(res, p, args, state))
+    if state.get("first_tokens"):
+        log("\nfirst tokens, side by side (* = differs from kern graph):")
+        kern = state.get("kern_tokens", [])[:FIRST_TOKENS]
+        for name, row in state["first_tokens"]:
+            log(f"   {name:<40} " + " ".join(f"{t:>7}{'' if i < len(kern) and t == kern[i] else '*'}"
+                                            for i, t in enumerate(row)))
+        if state.get("kern_top2"):
+            log(f"   {'kern top-2 logit gap':<40} " + " ".join(f"{g:>8.4f}" for g in state["kern_top2"]))
     text = table(res, args)
     log("\n" + text)
     if args.append:
