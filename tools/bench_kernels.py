@@ -1,16 +1,28 @@
 #!/usr/bin/env python3
 """Micro-benchmark of the provider kernels on the GPU (Qwen3-4B geometry).
 
-    uv run python tools/bench_kernels.py [--kernels DIR] [--reps 200] [--md BENCHMARKS.md]
+    uv run python tools/bench_kernels.py [--kernels DIR] [--reps 200] [--graph-reps 50] [--md BENCHMARKS.md]
+    python3 tools/bench_kernels.py --dry-run      # list the cases (no GPU, no torch needed)
 
-For each kernel at decode (tokens = 1) and prefill (tokens = 2048) sizes: the median
-of many CUDA-event-timed launches through the cubin (L2 flushed before every
-launch by a 512 MiB memset, which also keeps the GPU busy while the host enqueues
-the launch, so host launch overhead is not counted), next to its floor:
-max(bytes / measured copy bandwidth, flops / measured bf16 matmul rate), both
-measured in the same run.  Bytes count each input read once and each output written
-once.  Prints a table and appends it to BENCHMARKS.md (and $OUT/bench_kernels.md
-when $OUT is set) with date, commit and machine.
+For each kernel at decode (tokens = 1) and prefill (tokens = 2048) sizes, two times
+next to its floor: max(bytes / measured copy bandwidth, flops / measured bf16 matmul
+rate), both measured in the same run.  Bytes count each input read once and each
+output written once.
+
+- standalone: the median of many CUDA-event-timed launches through the cubin (L2
+  flushed before every launch by a 512 MiB memset, which also keeps the GPU busy
+  while the host enqueues the launch, so host launch overhead is not counted).  Each
+  time still carries the launch latency and ramp-up of one isolated launch (~4-5 µs).
+- in-graph (decode cases only): a torch CUDA graph of L = 36 (the 4B layer count)
+  back-to-back calls over L distinct input/output sets (decode attention: the L
+  layers' blocks of one layer-interleaved KV pool, as the decode program addresses
+  them; per-op scratch shared, as in the program), replayed with L2 flushed before
+  each replay; the median replay time / L is what one call costs inside the decode
+  program's graph.  The launches are the standalone ones (cubin_launch launches on
+  torch's current stream, which is the capture stream inside ``torch.cuda.graph``).
+
+Prints a table and appends it to BENCHMARKS.md (or --md) and writes it to
+$OUT/bench_kernels.md when $OUT is set, with date, commit and machine.
 """
 
 from __future__ import annotations
@@ -23,25 +35,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-import torch  # noqa: E402
-
-from cubin_launch import KernelSet  # noqa: E402
 from geometries import PRESETS  # noqa: E402
 
+# torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
+torch = None
+
 D = 128
-BF = torch.bfloat16
 DEV = "cuda"
+GRAPH_MAX_BYTES = 40 * 2**30  # per case, all L sets together
 
 
 class Timer:
-    def __init__(self, reps: int):
+    def __init__(self, reps: int, graph_reps: int):
         self.reps = reps
+        self.graph_reps = max(20, graph_reps)
         self.flush = torch.empty(512 * 2**20, dtype=torch.uint8, device=DEV)
 
     def median_us(self, fn, reps: int | None = None) -> float:
@@ -59,6 +74,31 @@ class Timer:
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) for s, e in times) * 1e3
 
+    def graph_us_per_call(self, fns: list[Callable[[], None]]) -> float:
+        """Capture fns back to back in one CUDA graph; median replay time / len(fns)."""
+        for f in fns:  # eager once: loads modules / functions outside the capture
+            f()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):  # makes its capture stream current: cubin_launch launches there
+            for f in fns:
+                f()
+        torch.cuda.synchronize()
+        for _ in range(3):
+            g.replay()
+        times = []
+        for _ in range(self.graph_reps):
+            self.flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            times.append((s, e))
+        torch.cuda.synchronize()
+        t = statistics.median(s.elapsed_time(e) for s, e in times) * 1e3
+        del g
+        return t / len(fns)
+
 
 def copy_bandwidth(timer: Timer) -> float:
     """bytes/s of a 1 GiB device-to-device copy, counting read + write."""
@@ -71,8 +111,8 @@ def copy_bandwidth(timer: Timer) -> float:
 
 def matmul_rate(timer: Timer) -> float:
     n = 8192
-    a = torch.randn(n, n, device=DEV).to(BF)
-    b = torch.randn(n, n, device=DEV).to(BF)
+    a = torch.randn(n, n, device=DEV).to(torch.bfloat16)
+    b = torch.randn(n, n, device=DEV).to(torch.bfloat16)
     t = timer.median_us(lambda: a @ b, reps=20)
     return 2 * n**3 / (t * 1e-6)
 
@@ -85,12 +125,201 @@ def commit() -> str:
         return os.environ.get("KERN_COMMIT", "unknown")
 
 
+@dataclass
+class Case:
+    name: str
+    T: int
+    note: str
+    nbytes: float
+    flops: float
+    # setup(n) allocates n distinct input/output sets and returns one zero-arg launcher per set
+    # (set 0 is the standalone one).  Called only on the GPU path.
+    setup: Callable[[int], list[Callable[[], None]]]
+    graph: bool  # also timed in-graph (decode sizes)
+    set_bytes: int = 0  # device memory one extra set needs (the in-graph memory cap)
+    fixed_bytes: int = 0  # device memory shared by all sets
+
+
+def build_cases(g, ks, L: int) -> list[Case]:
+    """Every case, in table order.  ks (a KernelSet) is used only inside the setups."""
+    H, NQ, NKV, I, V, NL = (g.hidden_size, g.num_attention_heads, g.num_key_value_heads, g.intermediate_size,
+                            g.vocab_size, g.num_hidden_layers)
+    eps, scale = g.rms_norm_eps, 1 / math.sqrt(D)
+    layer_bytes = 16 * NKV * 2 * D * 2  # one layer's 16-token block inside a page
+    page_elems = NL * 16 * NKV * 2 * D  # [page][layer][16 tokens][kv_heads][k|v][head_dim]
+    page_bytes = 2 * page_elems
+    QS = (NQ + 2 * NKV) * D
+    assert L <= NL, f"in-graph sets use the KV pool's {NL} layer blocks; L={L} > {NL}"
+    shared: dict[str, object] = {}
+
+    def bf(*s):
+        return torch.randn(*s, device=DEV).to(torch.bfloat16)
+
+    def once(key, make):
+        if key not in shared:
+            shared[key] = make()
+        return shared[key]
+
+    def table():
+        return once("table", lambda: bf(V, H))
+
+    def cos_sin():
+        return once("cos_sin", lambda: torch.randn(40960, D, device=DEV))
+
+    cases: list[Case] = []
+
+    def add(name, T, note, setup, nbytes, flops=0.0, set_bytes=0, fixed_bytes=0):
+        cases.append(Case(name, T, note, nbytes, flops, setup, T == 1, set_bytes, fixed_bytes))
+
+    for T in (1, 2048):
+        def emb(n, T=T):
+            tb, out = table(), []
+            for _ in range(n):
+                ids, o = torch.randint(0, V, (T,), device=DEV), bf(T, H)
+                out.append(lambda ids=ids, o=o: ks.launch("embedding", (T,), [ids, tb, o, H, V]))
+            return out
+        add("embedding", T, "", emb, T * H * 4 + T * 8, set_bytes=T * (8 + 2 * H), fixed_bytes=V * H * 2)
+
+        def rms(n, T=T):
+            out = []
+            for _ in range(n):
+                x, w, o = bf(T, H), bf(H), bf(T, H)
+                out.append(lambda x=x, w=w, o=o: ks.launch(f"rms_norm_h{H}", (T,), [x, w, o, eps]))
+            return out
+        add(f"rms_norm_h{H}", T, "", rms, T * H * 4 + 2 * H, set_bytes=T * H * 4 + 2 * H)
+
+        def add_rms(n, T=T):
+            out = []
+            for _ in range(n):
+                res, x, w, o = bf(T, H), bf(T, H), bf(H), bf(T, H)
+                out.append(lambda res=res, x=x, w=w, o=o: ks.launch(
+                    f"add_rms_norm_h{H}", (T,), [res, x, w, o, eps]))
+            return out
+        add(f"add_rms_norm_h{H}", T, "", add_rms, T * H * 8 + 2 * H, set_bytes=T * H * 6 + 2 * H)
+
+        def silu(n, T=T):
+            out = []
+            for _ in range(n):
+                gu, act = bf(T, 2 * I), bf(T, I)
+                out.append(lambda gu=gu, act=act: ks.launch("silu_and_mul", (T, -(-I // 1024)), [gu, act, I]))
+            return out
+        add("silu_and_mul", T, "", silu, T * I * 6, set_bytes=T * I * 6)
+
+        def qk(n, T=T):
+            # positions (= slot mapping) and cos/sin shared, per-layer q/k weights and qkv,
+            # KV written at layer l's block of one interleaved pool (pages only written)
+            pos = torch.arange(30000, 30000 + T, device=DEV)
+            kv = torch.empty((30000 + T) // 16 + 1, page_elems, dtype=torch.bfloat16, device=DEV)
+            cs, out = cos_sin(), []
+            for l in range(n):
+                qkv, qn, kn = bf(T, QS), bf(D), bf(D)
+                out.append(lambda qkv=qkv, qn=qn, kn=kn, kvp=kv.data_ptr() + l * layer_bytes, kv=kv: ks.launch(
+                    "qk_norm_rope_kv", (T, NKV), [qkv, pos, pos, qn, kn, cs, kvp, NQ, NKV, eps, page_bytes]))
+            return out
+        add("qk_norm_rope_kv", T, "", qk, T * (QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16),
+            set_bytes=T * QS * 2 + 4 * D, fixed_bytes=((30000 + T) // 16 + 1) * page_bytes)
+
+    parts = -(-V // 2048)
+
+    def argmax(n):
+        partial = torch.empty(parts, dtype=torch.int64, device=DEV)  # the op's scratch: shared
+        out = []
+        for _ in range(n):
+            logits, nt = bf(1, V), torch.empty(1, dtype=torch.int64, device=DEV)
+
+            def f(logits=logits, nt=nt):
+                ks.launch("argmax_partial", (parts, 1), [logits, partial, V, parts])
+                ks.launch("argmax_reduce", (1,), [partial, nt, parts])
+            out.append(f)
+        return out
+    add("argmax (2 launches)", 1, f"V={V}", argmax, V * 2 + 8, set_bytes=V * 2 + 8)
+
+    # decode attention: one token, 36-layer interleaved pages, random page order.  In-graph:
+    # call l reads layer l's blocks of the same pool (state + layer offset, as the decode
+    # program does), so the L calls touch L distinct KV regions; block table and seq_lens
+    # shared, split-KV scratch (acc, ml) shared per op, qkv and output per call.
+    for ctx in (512, 4096, 32768):
+        npages = -(-ctx // 16)
+        for S in (16, 32, 64):
+            def dec(n, ctx=ctx, S=S, npages=npages):
+                if shared.get("ctx") != ctx:  # one pool (+ block table) alive at a time, reused across S
+                    for k in ("kv", "bt", "seq"):
+                        shared.pop(k, None)
+                    torch.cuda.empty_cache()
+                    shared.update(ctx=ctx, kv=bf(npages, page_elems),
+                                  bt=torch.randperm(npages, device=DEV).to(torch.int32),
+                                  seq=torch.tensor([ctx], dtype=torch.int32, device=DEV))
+                kv, bt, seq = shared["kv"], shared["bt"], shared["seq"]
+                acc = torch.empty(NQ * S * D, device=DEV)
+                ml = torch.empty(NQ * S * 2, device=DEV)
+                out = []
+                for l in range(n):
+                    qkv, o = bf(1, QS), bf(1, NQ * D)
+
+                    def f(qkv=qkv, o=o, kvp=kv.data_ptr() + l * layer_bytes, kv=kv):
+                        ks.launch("paged_decode_attention", (NKV, S, 1),
+                                  [qkv, kvp, bt, seq, acc, ml, NQ, NKV, QS, npages, page_bytes, scale])
+                        ks.launch("paged_decode_reduce", (NQ, 1), [acc, ml, o, NQ, S])
+                    out.append(f)
+                return out
+            nbytes = ctx * NKV * D * 4 + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * S * (D + 2) * 4
+            add("paged_decode_attention+reduce", 1, f"ctx={ctx} S={S}", dec, nbytes, 4 * NQ * D * ctx,
+                set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=npages * page_bytes)
+
+    # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
+    T = 2048
+    for ctx in (2048, 8192):
+        npages = -(-ctx // 16)
+
+        def pre(n, ctx=ctx, npages=npages):
+            shared.clear()  # the decode cases' pool, table, cos/sin
+            torch.cuda.empty_cache()
+            kv = bf(npages, page_elems)
+            bt = torch.arange(npages, dtype=torch.int32, device=DEV)
+            seq = torch.tensor([ctx], dtype=torch.int32, device=DEV)
+            cu = torch.tensor([0, T], dtype=torch.int32, device=DEV)
+            qkv, o = bf(T, QS), bf(T, NQ * D)
+            return [lambda: ks.launch("paged_prefill_attention", (-(-T // 128), NQ, 1),
+                                      [qkv, kv, bt, seq, cu, o, NQ, NKV, QS, npages, page_bytes, scale])]
+        pairs = sum(ctx - T + i + 1 for i in range(T))
+        cases.append(Case("paged_prefill_attention", T, f"ctx={ctx}", T * NQ * D * 4 + ctx * NKV * D * 4,
+                          4 * NQ * D * pairs, pre, False))
+    return cases
+
+
+def graph_sets(c: Case, L: int) -> int:
+    """Distinct sets for the in-graph run: L, fewer only if they would not fit GRAPH_MAX_BYTES."""
+    if c.set_bytes <= 0:
+        return L
+    return max(1, min(L, (GRAPH_MAX_BYTES - c.fixed_bytes) // c.set_bytes))
+
+
 def main(argv=None) -> int:
+    global torch
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", type=Path, help="prebuilt kernels dir (default: build the 4b set to a temp dir)")
-    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=200, help="standalone launches per case (median)")
+    ap.add_argument("--graph-reps", type=int, default=50, help="graph replays per case (median; at least 20)")
     ap.add_argument("--md", type=Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU, no torch)")
     a = ap.parse_args(argv)
+    g = PRESETS["4b"]
+    L = g.num_hidden_layers  # 36 back-to-back calls per graph, as in the 4B decode program
+
+    if a.dry_run:
+        cases = build_cases(g, None, L)
+        print(f"{len(cases)} cases; in-graph: L={L} calls per graph, sets capped at {GRAPH_MAX_BYTES / 2**30:.0f} GiB")
+        for c in cases:
+            mem = c.fixed_bytes + graph_sets(c, L) * c.set_bytes
+            ing = f"in-graph {graph_sets(c, L)} sets, {mem / 2**20:9.1f} MiB" if c.graph else "standalone only"
+            print(f"  {c.name:30s} T={c.T:<5d} {c.note:16s} {c.nbytes / 1e6:10.3f} MB {c.flops / 1e9:9.2f} GFLOP  {ing}")
+        return 0
+
+    import torch as _torch
+
+    torch = _torch
+    from cubin_launch import KernelSet
+
     kdir = a.kernels or os.environ.get("KERN_KERNELS_DIR")
     if not kdir:
         import build_kernels
@@ -100,109 +329,48 @@ def main(argv=None) -> int:
     torch.cuda.init()
     torch.empty(1, device=DEV)
     ks = KernelSet(kdir)
-    g = PRESETS["4b"]
-    H, NQ, NKV, I, V, NL = (g.hidden_size, g.num_attention_heads, g.num_key_value_heads, g.intermediate_size,
-                            g.vocab_size, g.num_hidden_layers)
-    eps, scale = g.rms_norm_eps, 1 / math.sqrt(D)
-    page_elems = NL * 16 * NKV * 2 * D
-    page_bytes = 2 * page_elems
-    QS = (NQ + 2 * NKV) * D
-    timer = Timer(a.reps)
+    timer = Timer(a.reps, a.graph_reps)
     bw = copy_bandwidth(timer)
     mm = matmul_rate(timer)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
 
-    rows = []  # (kernel, tokens, note, us, floor_us)
-
-    def add(name, T, note, fn, nbytes, flops=0.0):
-        t = timer.median_us(fn)
-        floor = max(nbytes / bw, flops / mm) * 1e6
-        rows.append((name, T, note, t, floor))
-        print(f"  {name:28s} T={T:<5d} {note:18s} {t:9.2f} us  floor {floor:8.2f} us  {100 * floor / t:5.1f}%",
-              flush=True)
-
-    rnd = lambda *s: torch.randn(*s, device=DEV).to(BF)  # noqa: E731
-    table = rnd(V, H)
-    cos_sin = torch.randn(40960, D, device=DEV)
-    w = rnd(H)
-    for T in (1, 2048):
-        ids = torch.randint(0, V, (T,), device=DEV)
-        x, res, out = rnd(T, H), rnd(T, H), rnd(T, H)
-        add("embedding", T, "", lambda: ks.launch("embedding", (T,), [ids, table, out, H, V]), T * H * 4 + T * 8)
-        add(f"rms_norm_h{H}", T, "", lambda: ks.launch(f"rms_norm_h{H}", (T,), [x, w, out, eps]), T * H * 4 + 2 * H)
-        add(f"add_rms_norm_h{H}", T, "",
-            lambda: ks.launch(f"add_rms_norm_h{H}", (T,), [res, x, w, out, eps]), T * H * 8 + 2 * H)
-        gu, act = rnd(T, 2 * I), rnd(T, I)
-        add("silu_and_mul", T, "", lambda: ks.launch("silu_and_mul", (T, -(-I // 1024)), [gu, act, I]), T * I * 6)
-        qkv = rnd(T, QS)
-        pos = torch.arange(30000, 30000 + T, device=DEV)
-        kv = torch.empty((30000 + T) // 16 + 1, page_elems, dtype=BF, device=DEV)  # written only
-        qn, kn = rnd(D), rnd(D)
-        add("qk_norm_rope_kv", T, "", lambda: ks.launch(
-            "qk_norm_rope_kv", (T, NKV), [qkv, pos, pos, qn, kn, cos_sin, kv, NQ, NKV, eps, page_bytes]),
-            T * (QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16))
-        del kv
-    logits = rnd(1, V)
-    parts = -(-V // 2048)
-    partial = torch.empty(parts, dtype=torch.int64, device=DEV)
-    nt = torch.empty(1, dtype=torch.int64, device=DEV)
-
-    def argmax():
-        ks.launch("argmax_partial", (parts, 1), [logits, partial, V, parts])
-        ks.launch("argmax_reduce", (1,), [partial, nt, parts])
-    add("argmax (2 launches)", 1, f"V={V}", argmax, V * 2 + 8)
-
-    # decode attention: one token, 36-layer interleaved pages, random page order
-    for ctx in (512, 4096, 32768):
-        npages = -(-ctx // 16)
-        kv = rnd(npages, page_elems)
-        bt = torch.randperm(npages, device=DEV).to(torch.int32)
-        seq = torch.tensor([ctx], dtype=torch.int32, device=DEV)
-        qkv = rnd(1, QS)
-        o = rnd(1, NQ * D)
-        for S in (16, 32, 64):
-            acc = torch.empty(NQ * S * D, device=DEV)
-            ml = torch.empty(NQ * S * 2, device=DEV)
-
-            def dec(S=S, acc=acc, ml=ml):
-                ks.launch("paged_decode_attention", (NKV, S, 1),
-                          [qkv, kv, bt, seq, acc, ml, NQ, NKV, QS, npages, page_bytes, scale])
-                ks.launch("paged_decode_reduce", (NQ, 1), [acc, ml, o, NQ, S])
-            nbytes = ctx * NKV * D * 4 + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * S * (D + 2) * 4
-            add("paged_decode_attention+reduce", 1, f"ctx={ctx} S={S}", dec, nbytes,
-                4 * NQ * D * ctx)
-        del kv
-
-    # prefill attention: a 2048-token chunk, with and without earlier context
-    T = 2048
-    for ctx in (2048, 8192):
-        npages = -(-ctx // 16)
-        kv = rnd(npages, page_elems)
-        bt = torch.arange(npages, dtype=torch.int32, device=DEV)
-        seq = torch.tensor([ctx], dtype=torch.int32, device=DEV)
-        cu = torch.tensor([0, T], dtype=torch.int32, device=DEV)
-        qkv = rnd(T, QS)
-        o = rnd(T, NQ * D)
-        pairs = sum(ctx - T + i + 1 for i in range(T))
-        add("paged_prefill_attention", T, f"ctx={ctx}", lambda: ks.launch(
-            "paged_prefill_attention", (-(-T // 128), NQ, 1),
-            [qkv, kv, bt, seq, cu, o, NQ, NKV, QS, npages, page_bytes, scale]),
-            T * NQ * D * 4 + ctx * NKV * D * 4, 4 * NQ * D * pairs)
-        del kv
+    rows = []  # (kernel, tokens, note, us, floor_us, graph_us_per_call or None, graph sets)
+    for c in build_cases(g, ks, L):
+        n = graph_sets(c, L) if c.graph else 1
+        fns = c.setup(n)
+        t = timer.median_us(fns[0])
+        tg = timer.graph_us_per_call(fns) if c.graph else None
+        del fns
+        torch.cuda.empty_cache()
+        floor = max(c.nbytes / bw, c.flops / mm) * 1e6
+        rows.append((c.name, c.T, c.note, t, floor, tg, n))
+        gtxt = f"  in-graph {tg:8.2f} us/call {100 * floor / tg:5.1f}%" if tg is not None else ""
+        print(f"  {c.name:28s} T={c.T:<5d} {c.note:18s} {t:9.2f} us  floor {floor:8.2f} us  "
+              f"{100 * floor / t:5.1f}%{gtxt}", flush=True)
 
     dev = torch.cuda.get_device_name()
     head = (f"\n## Provider kernels (tools/bench_kernels.py), Qwen3-4B geometry\n\n"
             f"{datetime.date.today().isoformat()}, commit {commit()}, {dev}, torch {torch.__version__}; "
-            f"median of {a.reps} CUDA-event-timed launches, L2 flushed before each; floor = max(bytes / "
-            f"{bw / 1e12:.2f} TB/s measured D2D copy, flops / {mm / 1e12:.0f} TFLOP/s measured bf16 matmul).\n\n"
-            "| kernel | tokens | case | time µs | floor µs | % of floor |\n|---|---:|---|---:|---:|---:|\n")
-    body = "".join(f"| {n} | {t} | {note} | {us:.2f} | {fl:.2f} | {100 * fl / us:.1f}% |\n"
-                   for n, t, note, us, fl in rows)
-    print(head + body)
+            f"floor = max(bytes / {bw / 1e12:.2f} TB/s measured D2D copy, flops / {mm / 1e12:.0f} TFLOP/s "
+            f"measured bf16 matmul).\n\n"
+            "| kernel | tokens | case | floor µs | standalone µs | standalone % of floor "
+            "| in-graph µs/call | in-graph % of floor |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
+    body = "".join(
+        f"| {n} | {t} | {note} | {fl:.3f} | {us:.2f} | {100 * fl / us:.1f}% | "
+        + (f"{tg:.2f} | {100 * fl / tg:.1f}% |" if tg is not None else "— | — |") + "\n"
+        for n, t, note, us, fl, tg, _ in rows)
+    sets = sorted({k for *_, tg, k in rows if tg is not None})
+    note = (f"\nStandalone: median of {a.reps} CUDA-event-timed single launches, L2 flushed before each, so each "
+            f"carries one isolated launch's latency and ramp-up (~4–5 µs). In-graph (decode sizes): one CUDA graph "
+            f"of {L} back-to-back calls over {'/'.join(map(str, sets))} distinct input/output sets (decode "
+            f"attention: the {L} layers' blocks of one layer-interleaved KV pool, as the decode program addresses "
+            f"them; per-op scratch shared), median of {timer.graph_reps} replays with L2 flushed before each, "
+            f"divided by {L}: the per-call cost inside the decode program's graph.\n")
+    print(head + body + note)
     with open(a.md, "a") as f:
-        f.write(head + body)
+        f.write(head + body + note)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_kernels.md").write_text(head + body)
+        Path(os.environ["OUT"], "bench_kernels.md").write_text(head + body + note)
     return 0
 
 
