@@ -48,7 +48,8 @@ def write_fake_index(d: Path, geometries: list[str]) -> Path:
         kernels[k.name] = {
             "module": module, "sha256": hashlib.sha256(blob).hexdigest(), "entry": k.entry,
             "params": params, "param_names": names, "aligned16": [p.name for p in k.params if p.div16],
-            "block": k.block, "shared_mem": 0, "grid": k.grid, "constexprs": dict(k.constexprs), "doc": k.doc,
+            "block": k.block, "shared_mem": 0, "shared_mem_per": dict(k.shared_mem_per), "grid": k.grid,
+            "constexprs": dict(k.constexprs), "doc": k.doc,
         }
     (d / "index.json").write_text(json.dumps({"format": 1, "target": "sm_90", "kernels": kernels}, indent=1))
     return d
@@ -81,12 +82,22 @@ def test_every_geometry_verifies(preset: str, fake_kernels: Path) -> None:
     prefill = [c.label for c in m.programs["prefill"].calls]
     per_layer = ["input_norm", "qkv_proj", "qk_norm_rope", "attn", "o_proj", "post_norm", "gate_up_proj", "act",
                  "down_proj"]
-    assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["final_norm", "lm_head", "sample"]
-    assert prefill == decode[: 1 + 9 * (L - 1) + 3]  # ... up to the last layer's KV write
+    all_prefill = ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer]
+    assert prefill == all_prefill[: 1 + 9 * (L - 1) + 3]  # ... up to the last layer's KV write
+    # decode: 6 calls (7 launches) per layer through the fused GEMV ops
+    per_layer = ["norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add"]
+    assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["norm_lm_head", "sample"]
     assert len(set(decode)) == len(decode)
+    launches = {name: len(op.impl.launches) for name, op in m.ops.items()}
+    assert sum(launches[c.op] for c in m.programs["decode"].calls if c.label.startswith("l3.")) == 7
+    assert {c.op for c in m.programs["decode"].calls} == {
+        "embedding", "gemv_norm_qkv", "qk_norm_rope_kv", "attention_decode", "gemv_residual_o_proj",
+        "gemv_norm_silu_gate_up", "gemv_residual_down_proj", "gemv_norm_lm_head", "argmax"}
+    assert {c.op for c in m.programs["prefill"].calls} == {
+        "embedding", "rms_norm", "add_rms_norm", "gemm", "qk_norm_rope_kv", "attention_prefill", "silu_and_mul"}
     # tied models read the embedding in lm_head; untied (8b and larger) their own lm_head.weight
-    lm = next(c for c in m.programs["decode"].calls if c.label == "lm_head")
-    assert lm.args[1].buf == ("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
+    lm = next(c for c in m.programs["decode"].calls if c.label == "norm_lm_head")
+    assert lm.args[2].buf == ("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
     assert ("lm_head.weight" in m.buffers) == (not cfg.tie_word_embeddings)
     assert m.buffers["logits"].shape == [1, 151936] and m.buffers["next_token"].shape == [1]
     assert m.buffers["rope.cos_sin"].shape == [40960, 128] and m.buffers["block_table"].shape == [2560]
@@ -101,11 +112,19 @@ def test_every_geometry_verifies(preset: str, fake_kernels: Path) -> None:
 
 def test_4b_wiring_details(fake_kernels: Path) -> None:
     m = _build("4b", fake_kernels)
-    calls = {c.label: c for c in m.programs["decode"].calls}
+    calls = {c.label: c for c in m.programs["prefill"].calls}
     qkv = calls["l3.qkv_proj"]
     assert [a.buf or a.var or a.i32 for a in qkv.args] == [
         "x", "model.layers.3.self_attn.qkv_proj.weight", "qkv", "tokens", 32 * 128 + 2 * 8 * 128, 2560]
-    assert calls["lm_head"].args[3].i32 == 1
+    calls = {c.label: c for c in m.programs["decode"].calls}
+    assert [a.buf for a in calls["l3.norm_qkv"].args] == [
+        "residual", "model.layers.3.input_layernorm.weight", "model.layers.3.self_attn.qkv_proj.weight", "qkv"]
+    assert [a.buf for a in calls["l3.o_proj_add"].args] == ["attn", "model.layers.3.self_attn.o_proj.weight", "residual"]
+    assert [a.buf for a in calls["l3.norm_gate_up_silu"].args] == [
+        "residual", "model.layers.3.post_attention_layernorm.weight", "model.layers.3.mlp.gate_up_proj.weight", "act"]
+    assert [a.buf for a in calls["l3.down_proj_add"].args] == ["act", "model.layers.3.mlp.down_proj.weight", "residual"]
+    assert [a.buf for a in calls["norm_lm_head"].args] == [
+        "residual", "model.norm.weight", "model.embed_tokens.weight", "logits"]
     attn = m.ops["attention_decode"].impl
     assert len(attn.launches) == 2 and set(attn.scratch) == {"part_acc", "part_ml"}
     # the literal geometry the kernels get
@@ -116,6 +135,61 @@ def test_4b_wiring_details(fake_kernels: Path) -> None:
     assert lit["eps"] == pytest.approx(1e-6)
     assert rope.args[-2:] == [ks.Arg(u64=0), ks.Arg(u64=0)]  # Triton's hidden params
     assert m.ops["gemm"].impl.launches == [ks.Launch(extern="cublaslt.gemm_bf16_tn", args=[ks.Arg(param=i) for i in range(6)])]
+
+
+def _gemv(m: ks.Manifest, op: str, index) -> tuple[str, list, int | None, dict]:
+    la = m.ops[op].impl.launches[0]
+    k = next(k for k in index.values() if k.entry == la.entry)
+    return la.entry, la.grid, la.shared_mem, {n: a.literal for n, a in zip(k.param_names, la.args)
+                                              if a.literal is not None}
+
+
+def test_decode_gemv_ops(fake_kernels: Path) -> None:
+    """Shapes, ksplit (gen.gemv_ksplit), grid and shared memory of every decode GEMV op, 4B and 0.6B."""
+    index = gen.load_index(fake_kernels)
+    m = _build("4b", fake_kernels)
+    eps = pytest.approx(1e-6)
+    assert _gemv(m, "gemv_norm_qkv", index) == (
+        "kern_gemv_norm_m1", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
+    assert _gemv(m, "gemv_residual_o_proj", index) == (
+        "kern_gemv_residual_m1", [2560 // 16, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 1})
+    assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
+        "kern_gemv_norm_silu_m1", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
+    assert _gemv(m, "gemv_residual_down_proj", index) == (
+        "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
+    assert _gemv(m, "gemv_norm_lm_head", index) == (
+        "kern_gemv_norm_m1", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
+    assert m.ops["gemv_residual_o_proj"].params == ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>"]
+    assert m.ops["gemv_norm_qkv"].params == ["in buffer<bf16>"] * 3 + ["out buffer<bf16>"]
+
+    m = _build("0.6b", fake_kernels)
+    # the small model: only down (512 row pairs over k = 3072) splits k
+    assert _gemv(m, "gemv_residual_down_proj", index)[1:] == ([1024 * 4 // 16, 1, 1], None,
+                                                              {"n": 1024, "k": 3072, "ksplit": 4})
+    assert {op: _gemv(m, op, index)[3]["ksplit"] for op in gen.GEMV_OPS} == {
+        "gemv_norm_qkv": 1, "gemv_residual_o_proj": 1, "gemv_norm_silu_gate_up": 1, "gemv_residual_down_proj": 4,
+        "gemv_norm_lm_head": 1}
+
+
+@pytest.mark.parametrize(("warps", "k", "ksplit"), [
+    (1056, 1024, 1),    # one 8-warp block per SM already: no split
+    (75968, 2560, 1),   # lm_head
+    (1280, 9728, 1),    # 4B down
+    (512, 3072, 4),     # 0.6B down: 2048 warps, 768 of k each
+    (512, 2048, 1),     # 0.6B o: ksplit 4 would leave 512 of k per warp; ksplit 2 reaches only 1024 warps
+    (1024, 2048, 2),    # 1.7B o / down-like: 2048 warps, 1024 of k each
+    (200, 8192, 8),     # a tiny n: 1600 warps
+    (100, 8192, 1),     # not even ksplit 8 fills the GPU
+])
+def test_gemv_ksplit_rule(warps: int, k: int, ksplit: int) -> None:
+    assert gen.gemv_ksplit(warps, k) == ksplit
+
+
+def test_gemv_k_must_be_a_multiple_of_8(fake_kernels: Path) -> None:
+    b = gen.ManifestBuilder(Qwen3Config.preset("0.6b"), gen.load_index(fake_kernels))
+    with pytest.raises(gen.GenError, match=r"op `gemv_residual_down_proj`: k = 3076 is not a multiple of 8"):
+        gen.declare_gemv(b, "gemv_residual_down_proj", 1024, 3076, 1e-6)
+    gen.declare_gemv(b, "gemv_residual_down_proj", 1024, 3080, 1e-6)  # a multiple of 8 is fine
 
 
 def test_deterministic_and_chunk(fake_kernels: Path, tmp_path: Path) -> None:
@@ -222,16 +296,19 @@ def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
 
     # layer 2 multiplies by layer 1's down projection
     def w_of_1(t):
-        for prog in ("prefill", "decode"):
-            calls(t, prog)["l2.down_proj"].args[1] = ks.Arg(buf="model.layers.1.mlp.down_proj.weight")
+        calls(t, "prefill")["l2.down_proj"].args[1] = ks.Arg(buf="model.layers.1.mlp.down_proj.weight")
+        calls(t)["l2.down_proj_add"].args[1] = ks.Arg(buf="model.layers.1.mlp.down_proj.weight")
     msg = tampered(w_of_1)
     assert "uses weight `model.layers.1.mlp.down_proj.weight`, which is not a weight of layer 2" in msg
-    assert "weight `model.layers.1.mlp.down_proj.weight` is used by ['l1.down_proj', 'l2.down_proj']" in msg
+    assert ("programs.prefill: weight `model.layers.1.mlp.down_proj.weight` is used by "
+            "['l1.down_proj', 'l2.down_proj']") in msg
+    assert ("programs.decode: weight `model.layers.1.mlp.down_proj.weight` is used by "
+            "['l1.down_proj_add', 'l2.down_proj_add']") in msg
     assert "buffer `model.layers.2.mlp.down_proj.weight` is declared but no call uses it" in msg
 
     # o_proj with n and k swapped
     def swapped_nk(t):
-        a = calls(t)["l4.o_proj"].args
+        a = calls(t, "prefill")["l4.o_proj"].args
         a[4], a[5] = a[5], a[4]
     assert ("`l4.o_proj`: gemm m=tokens n=2048 k=1024 does not fit a attn ['tokens', 2048], "
             "w model.layers.4.self_attn.o_proj.weight [1024, 2048], c h ['tokens', 1024]") in tampered(swapped_nk)
@@ -245,10 +322,50 @@ def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
 
     # an unaligned view offset into a 16-byte-specialised parameter
     def unaligned(t):
-        calls(t)["l0.act"].args[0] = ks.Arg(buf="gate_up", offset=8)
+        calls(t, "prefill")["l0.act"].args[0] = ks.Arg(buf="gate_up", offset=8)
     msg = tampered(unaligned)
     assert "`gate_up` at byte offset 8: only qkv has views" in msg
     assert "`silu_and_mul` needs `gate_up` 16-byte aligned, gets offset 8" in msg
+
+    # decode GEMV: the o projection multiplies by the down projection (wrong shape, and used twice)
+    def o_by_down(t):
+        calls(t)["l4.o_proj_add"].args[1] = ks.Arg(buf="model.layers.4.mlp.down_proj.weight")
+    msg = tampered(o_by_down)
+    assert ("`l4.o_proj_add`: `kern_gemv_residual_m1` w = `model.layers.4.mlp.down_proj.weight` [1024, 3072] does "
+            "not fit n = 1024, k = 2048, M = 1 (wants [1024, 2048])") in msg
+
+    # the MLP output lands in the residual stream through a non-residual op
+    def silu_into_residual(t):
+        calls(t)["l3.norm_gate_up_silu"].args[3] = ks.Arg(buf="residual")
+    msg = tampered(silu_into_residual)
+    assert ("programs.decode `l3.norm_gate_up_silu`: writes `residual` through `gemv_norm_silu_gate_up`; in decode "
+            "only the embedding and the gemv_residual ops do") in msg
+    assert "`kern_gemv_norm_silu_m1` y = `residual` ['tokens', 1024] does not fit n = 3072" in msg
+
+    # the down projection writes into a scratch activation instead of adding into the residual
+    def down_elsewhere(t):
+        calls(t)["l5.down_proj_add"].args[2] = ks.Arg(buf="h")
+    assert "`residual` is written by ['embed', 'l0.o_proj_add'" in tampered(down_elsewhere)
+
+    # the norm prologue's shared memory is not M·k·2
+    def smem(t):
+        t.ops["gemv_norm_qkv"].impl.launches[0].shared_mem = 1024
+    assert "ops.gemv_norm_qkv kernel `kern_gemv_norm_m1`: shared_mem 1024 != the 2048 bytes it needs" in tampered(smem)
+
+    # ksplit changed without the grid, and a ksplit that does not divide the block's warps
+    def ksplit(value):
+        def edit(t):
+            la = t.ops["gemv_residual_o_proj"].impl.launches[0]
+            la.args[kof["gemv_residual_o_proj"][0].param_names.index("ksplit")] = ks.Arg(i32=value)
+        return edit
+    assert ("ops.gemv_residual_o_proj kernel `kern_gemv_residual_m1`: grid [64, 1, 1] != [128, 1, 1] (n = 1024, "
+            "2 columns per warp group, ksplit 2)") in tampered(ksplit(2))
+    assert "ksplit 3 must divide the block's 8 warps" in tampered(ksplit(3))
+
+    # an unaligned view into a GEMV's 16-byte vector loads
+    def gemv_unaligned(t):
+        calls(t)["l0.o_proj_add"].args[0] = ks.Arg(buf="attn", offset=8)
+    assert "`kern_gemv_residual_m1` needs `x` 16-byte aligned, gets offset 8" in tampered(gemv_unaligned)
 
     # an unused declaration
     def unused(t):

@@ -68,17 +68,20 @@ def test_index_format(built):
     need = {"embedding", "argmax_partial", "argmax_reduce", "silu_and_mul", "qk_norm_rope_kv",
             "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention",
             "rms_norm_h1024", "rms_norm_h2560", "add_rms_norm_h1024", "add_rms_norm_h2560"}
+    need |= {f"kern_gemv{v}_m{m}" for v in ("", "_norm", "_norm_silu", "_residual") for m in (1, 2, 4, 8)}
     assert need <= set(idx["kernels"]), need - set(idx["kernels"])
     for name, k in idx["kernels"].items():
         assert set(k) == {"module", "sha256", "entry", "params", "param_names", "aligned16", "block",
-                          "shared_mem", "grid", "constexprs", "doc"}, name
+                          "shared_mem", "shared_mem_per", "grid", "constexprs", "doc"}, name
+        assert set(k["shared_mem_per"]) <= set(k["param_names"]), name
+        assert all(isinstance(c, int) and c > 0 for c in k["shared_mem_per"].values()), name
         assert len(k["params"]) == len(k["param_names"]) == len(set(k["param_names"])), name
         assert set(k["aligned16"]) <= set(k["param_names"]), name
         bx, by, bz = k["block"]
         assert 32 <= bx * by * bz <= 1024 and bx % 32 == 0, name
         assert 0 <= k["shared_mem"] <= 232448, name
         assert k["doc"] and k["grid"], name
-        if k["module"] != "embedding.cubin" and k["module"] != "argmax.cubin":  # Triton
+        if k["module"] not in ("embedding.cubin", "argmax.cubin", "gemv.cubin"):  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
 
@@ -94,6 +97,37 @@ def test_index_matches_catalog_and_sources(built):
     assert k["paged_decode_reduce"]["constexprs"]["MAX_SPLITS"] == 64
     assert k["paged_prefill_attention"]["shared_mem"] > 48 * 1024  # needs the opt-in above 48 KB
     assert k["argmax_partial"]["module"] == k["argmax_reduce"]["module"] == "argmax.cubin"
+
+
+def test_gemv_entries(built):
+    """The decode GEMV family: one module, the ABI of gemv.cu's header, per-call shared memory M·k·2."""
+    a, idx = built
+    k = idx["kernels"]
+    # every kernel of the module is indexed (no entry of gemv.cu left without its ABI)
+    entries = set(read_cubin((a / "gemv.cubin").read_bytes(), "gemv.cubin").entries)
+    assert entries == {e["entry"] for e in k.values() if e["module"] == "gemv.cubin"}
+    buf_in, buf_out, buf_inout = "in buffer<bf16>", "out buffer<bf16>", "inout buffer<bf16>"
+    for m in (1, 2, 4, 8):
+        plain, norm = k[f"kern_gemv_m{m}"], k[f"kern_gemv_norm_m{m}"]
+        silu, res = k[f"kern_gemv_norm_silu_m{m}"], k[f"kern_gemv_residual_m{m}"]
+        for name, e in ((f"kern_gemv_m{m}", plain), (f"kern_gemv_norm_m{m}", norm),
+                        (f"kern_gemv_norm_silu_m{m}", silu), (f"kern_gemv_residual_m{m}", res)):
+            assert e["module"] == "gemv.cubin" and e["entry"] == name and e["block"] == [256, 1, 1], name
+            assert e["shared_mem"] == 0, name
+            assert e["constexprs"]["M"] == m and e["constexprs"]["WARPS"] == 8, name
+        assert plain["param_names"] == ["x", "w", "y", "n", "k", "ksplit"]
+        assert plain["params"] == [buf_in, buf_in, buf_out, "i32", "i32", "i32"]
+        assert res["param_names"] == ["x", "w", "residual", "n", "k", "ksplit"]
+        assert res["params"] == [buf_in, buf_in, buf_inout, "i32", "i32", "i32"]
+        for e in (norm, silu):
+            assert e["param_names"] == ["x", "norm_w", "w", "y", "n", "k", "eps", "ksplit"]
+            assert e["params"] == [buf_in, buf_in, buf_in, buf_out, "i32", "i32", "f32", "i32"]
+            assert e["shared_mem_per"] == {"k": 2 * m}
+        assert plain["shared_mem_per"] == res["shared_mem_per"] == {}
+        assert plain["constexprs"]["COLS_PER_WARP"] == norm["constexprs"]["COLS_PER_WARP"] == 2
+        assert res["constexprs"]["COLS_PER_WARP"] == 2 and silu["constexprs"]["COLS_PER_WARP"] == 1
+        for e in (plain, norm, silu, res):
+            assert set(e["aligned16"]) == {n for n, t in zip(e["param_names"], e["params"]) if "buffer" in t}
 
 
 def test_index_matches_cubins(built):

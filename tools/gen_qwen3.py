@@ -55,6 +55,14 @@ TRITON_HIDDEN = ("global_scratch", "profile_scratch")
 ARGMAX_BLOCK_LOGITS = 2048
 #: Key splits of decode attention (kernels-src recommends 32): NKV × 32 = 256 programs ≥ the H200's 132 SMs.
 DECODE_SPLITS = 32
+#: The decode GEMV k-split rule (`gemv_ksplit`; tools/kernels-src/README.md), from tools/bench_gemv.py on the H200.
+GEMV_SMS = 132
+#: Warps a GEMV launch needs to give every SM at least one 8-warp block.
+GEMV_MIN_WARPS = 8 * GEMV_SMS
+#: Elements of k a warp keeps after a split: 3 warp-wide 16-byte loads per row (below that, the split lost).
+GEMV_MIN_K_PER_WARP = 768
+#: ksplit values the GEMV kernels accept (divisors of their 8 warps).
+GEMV_KSPLITS = (1, 2, 4, 8)
 
 
 class GenError(ValueError):
@@ -83,6 +91,8 @@ class Kernel:
     shared_mem: int
     constexprs: dict[str, Any]
     doc: str
+    #: dynamic shared memory that grows with a scalar param: shared_mem + Σ coeff × value (index format 1)
+    shared_mem_per: dict[str, int] = field(default_factory=dict)
 
 
 def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str, Kernel]:
@@ -103,11 +113,15 @@ def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str
                        params=tuple(e["params"]), param_names=tuple(e["param_names"]),
                        aligned16=frozenset(e.get("aligned16", ())), block=tuple(e["block"]),
                        shared_mem=int(e.get("shared_mem", 0)), constexprs=dict(e.get("constexprs", {})),
-                       doc=e.get("doc", ""))
+                       doc=e.get("doc", ""),
+                       shared_mem_per={p: int(c) for p, c in e.get("shared_mem_per", {}).items()})
         except KeyError as missing:
             raise GenError(f"{path}: kernel `{name}` has no field {missing}") from None
         if len(k.params) != len(k.param_names):
             raise GenError(f"{path}: kernel `{name}`: {len(k.params)} params but {len(k.param_names)} param_names")
+        if not set(k.shared_mem_per) <= set(k.param_names):
+            raise GenError(f"{path}: kernel `{name}`: shared_mem_per names {sorted(k.shared_mem_per)}, "
+                           f"not all of them params")
         if not re.fullmatch(r"[0-9a-f]{64}", k.sha256):
             raise GenError(f"{path}: kernel `{name}`: sha256 {k.sha256!r} is not 64 hex digits")
         if hashes.setdefault(k.module, k.sha256) != k.sha256:
@@ -174,6 +188,42 @@ class S:
 
     name: str
     offset: int = 0
+
+
+def launch_shared_mem(k: Kernel, args: Sequence[Arg], where: str) -> int:
+    """Dynamic shared memory of one launch of `k`: the index's fixed bytes plus, for each param
+    of `shared_mem_per`, its coefficient × the literal the launch passes (a manifest launch's
+    `shared_mem` is a constant, so that param must be a literal)."""
+    total = k.shared_mem
+    for pname, coeff in sorted(k.shared_mem_per.items()):
+        value = args[k.param_names.index(pname)].literal
+        if not isinstance(value, int):
+            raise GenError(f"{where}: `{pname}` sizes the dynamic shared memory, so it must be an integer literal")
+        total += coeff * value
+    return total
+
+
+def gemv_ksplit(warps: int, k: int) -> int:
+    """How many warps of a decode GEMV block split k (gemv.cu's `ksplit`), for a launch of
+    `warps` warp groups (n/2 row pairs; n output columns for the SiLU variant) over `k`.
+
+    A split costs every block a shared-memory reduction and a barrier, and shortens each warp's
+    weight stream; it pays only when the launch would otherwise leave SMs idle. So: 1 when the
+    launch has at least GEMV_MIN_WARPS warps (one 8-warp block per SM); else the smallest
+    ksplit that reaches GEMV_MIN_WARPS while each warp keeps at least GEMV_MIN_K_PER_WARP
+    elements of k; if none does, 1. Measured best ksplit (tools/bench_gemv.py, H200,
+    2026-11-29) and this rule: 4B qkv, o, gate_up, down, lm_head: 1 (rule: 1);
+    0.6B qkv 1, o 1 (512 warps: ksplit 4 would leave 512 of k per warp), down 4 (rule: same),
+    gate_up 2 (rule: 1; 3072 warps already fill the GPU), lm_head 1.
+    """
+    if warps <= 0 or k <= 0:
+        raise GenError(f"GEMV of {warps} warps over k = {k}")
+    if warps >= GEMV_MIN_WARPS:
+        return 1
+    for split in GEMV_KSPLITS[1:]:
+        if warps * split >= GEMV_MIN_WARPS:
+            return split if k // split >= GEMV_MIN_K_PER_WARP else 1
+    return 1
 
 
 def ceil_div(e: ks.Expr, c: int) -> ExprNode:
@@ -286,7 +336,7 @@ class ManifestBuilder:
         mod = Path(k.module).stem
         self.modules.setdefault(mod, Module(source=k.module, sha256=k.sha256))
         return Launch(module=mod, entry=k.entry, params=list(k.params), block=list(k.block), grid=list(grid),
-                      shared_mem=k.shared_mem or None, args=args)
+                      shared_mem=launch_shared_mem(k, args, f"op `{op}`, kernel `{kname}`") or None, args=args)
 
     def op(self, name: str, iface: list[tuple[str, str]], launches: list[Launch],
            scratch: dict[str, Scratch] | None = None) -> None:
@@ -460,6 +510,54 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     ], scratch={"partial": Scratch(dtype="u64", shape=[parts])})
 
 
+#: Decode GEMV ops (one token): op name -> gemv.cu variant. Each op's impl is one launch of
+#: `kern_{variant}_m1` whose n, k, ksplit, grid and shared memory are fixed for its shape.
+GEMV_OPS = {
+    "gemv_norm_qkv": "gemv_norm",
+    "gemv_residual_o_proj": "gemv_residual",
+    "gemv_norm_silu_gate_up": "gemv_norm_silu",
+    "gemv_residual_down_proj": "gemv_residual",
+    "gemv_norm_lm_head": "gemv_norm",
+}
+
+
+def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float) -> None:
+    """One decode GEMV op (m = 1) over a weight of n output columns by k.
+
+    Interfaces: `gemv_norm` and `gemv_norm_silu` take (x, norm_w, w, out): out = rmsnorm(x)·norm_w
+    times wᵀ (the SiLU variant: silu(gate)·up, w holding 2n rows); `gemv_residual` takes
+    (x, w, residual): residual += x·wᵀ in place. Every pointer is a whole manifest buffer
+    (256-byte aligned, so 16-byte aligned as gemv.cu requires); k must be a multiple of 8.
+    """
+    variant = GEMV_OPS[op]
+    kname = f"kern_{variant}_m1"
+    if k % 8:
+        raise GenError(f"op `{op}`: k = {k} is not a multiple of 8 (gemv.cu loads 8 bf16 at a time)")
+    if (m := b.constexpr(kname, "M")) != 1:
+        raise GenError(f"kernel `{kname}` is compiled for M = {m}; decode runs one token")
+    cols, warps_per_block = b.constexpr(kname, "COLS_PER_WARP"), b.constexpr(kname, "WARPS")
+    ksplit = gemv_ksplit(math.ceil(n / cols), k)
+    assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
+    grid = [math.ceil(n / (cols * warps_per_block // ksplit)), 1, 1]
+    if variant == "gemv_residual":
+        iface = [("x", BF16_IN), ("w", BF16_IN), ("residual", BF16_INOUT)]
+        wiring: dict[str, P | int | float] = dict(x=P("x"), w=P("w"), residual=P("residual"))
+    else:
+        iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("w", BF16_IN), ("out", BF16_OUT)]
+        wiring = dict(x=P("x"), norm_w=P("norm_w"), w=P("w"), y=P("out"), eps=eps)
+    b.op(op, iface, [b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)])
+
+
+def declare_gemv_ops(b: ManifestBuilder) -> None:
+    """The decode program's fused GEMV ops (prefill keeps cuBLASLt and the norm kernels)."""
+    c = b.cfg
+    H, I, eps = c.hidden_size, c.intermediate_size, c.rms_norm_eps
+    for op, (n, k) in {"gemv_norm_qkv": (c.qkv_size, H), "gemv_residual_o_proj": (H, c.q_size),
+                       "gemv_norm_silu_gate_up": (I, H), "gemv_residual_down_proj": (H, I),
+                       "gemv_norm_lm_head": (c.vocab_size, H)}.items():
+        declare_gemv(b, op, n, k, eps)
+
+
 def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
     """One program: `prefill` (KV only) or `decode` (KV, then next_token)."""
     c = b.cfg
@@ -470,6 +568,8 @@ def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
     q = layout.qkv["q"]
 
     call("embed", "embedding", ids=buf("token_ids"), table=buf("model.embed_tokens.weight"), out=buf("residual"))
+    if decode:
+        return decode_layers(b, layout, call)
     for l in range(L):
         w = f"model.layers.{l}."
         # residual = embedding (layer 0) or residual + previous MLP output; x = rmsnorm(residual) * w
@@ -484,16 +584,12 @@ def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
              slot_mapping=buf("slot_mapping"), q_norm_w=buf(w + "self_attn.q_norm.weight"),
              k_norm_w=buf(w + "self_attn.k_norm.weight"), cos_sin=buf("rope.cos_sin"),
              kv=state("kv", layout.kv_layer_offsets[l]))
-        if not decode and l == L - 1:
+        if l == L - 1:
             break  # prefill: the last layer's KV is written; everything after feeds only logits
         kv = state("kv", layout.kv_layer_offsets[l])
-        if decode:
-            call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv, block_table=buf("block_table"),
-                 seq_lens=buf("seq_lens"), out=buf("attn"))
-        else:
-            call(f"l{l}.attn", "attention_prefill", q=buf(q.buffer, q.offset), kv=kv,
-                 block_table=buf("block_table"), seq_lens=buf("seq_lens"), cu_seqlens_q=buf("cu_seqlens_q"),
-                 out=buf("attn"))
+        call(f"l{l}.attn", "attention_prefill", q=buf(q.buffer, q.offset), kv=kv,
+             block_table=buf("block_table"), seq_lens=buf("seq_lens"), cu_seqlens_q=buf("cu_seqlens_q"),
+             out=buf("attn"))
         call(f"l{l}.o_proj", "gemm", a=buf("attn"), w=buf(w + "self_attn.o_proj.weight"), c=buf("h"),
              m=tokens, n=i32(H), k=i32(c.q_size))
         call(f"l{l}.post_norm", "add_rms_norm", residual=buf("residual"), x=buf("h"),
@@ -503,12 +599,42 @@ def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
         call(f"l{l}.act", "silu_and_mul", gate_up=buf("gate_up"), out=buf("act"))
         call(f"l{l}.down_proj", "gemm", a=buf("act"), w=buf(w + "mlp.down_proj.weight"), c=buf("h"),
              m=tokens, n=i32(H), k=i32(I))
-    if decode:
-        lm_head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        call("final_norm", "add_rms_norm", residual=buf("residual"), x=buf("h"), w=buf("model.norm.weight"),
-             out=buf("x"))
-        call("lm_head", "gemm", a=buf("x"), w=buf(lm_head), c=buf("logits"), m=i32(1), n=i32(c.vocab_size), k=i32(H))
-        call("sample", "argmax", logits=buf("logits"), out=buf("next_token"))
+
+
+#: Per-layer call labels of the decode program (7 kernel launches: attention is 2).
+DECODE_LAYER_CALLS = ("norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add")
+
+
+def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder) -> None:
+    """Decode after the embedding: every layer through the fused GEMV ops, then logits and argmax.
+
+    `residual` holds the hidden state throughout (the embedding wrote it): each layer reads it
+    normed inside `gemv_norm_qkv`, and the two `gemv_residual` ops add the attention and MLP
+    outputs into it in place, rounding where HF rounds.
+    """
+    c = b.cfg
+    q = layout.qkv["q"]
+    for l in range(c.num_hidden_layers):
+        w = f"model.layers.{l}."
+        kv = state("kv", layout.kv_layer_offsets[l])
+        call(f"l{l}.norm_qkv", "gemv_norm_qkv", x=buf("residual"), norm_w=buf(w + "input_layernorm.weight"),
+             w=buf(w + "self_attn.qkv_proj.weight"), out=buf("qkv"))
+        call(f"l{l}.qk_norm_rope", "qk_norm_rope_kv", qkv=buf("qkv"), positions=buf("positions"),
+             slot_mapping=buf("slot_mapping"), q_norm_w=buf(w + "self_attn.q_norm.weight"),
+             k_norm_w=buf(w + "self_attn.k_norm.weight"), cos_sin=buf("rope.cos_sin"), kv=kv)
+        call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv, block_table=buf("block_table"),
+             seq_lens=buf("seq_lens"), out=buf("attn"))
+        call(f"l{l}.o_proj_add", "gemv_residual_o_proj", x=buf("attn"), w=buf(w + "self_attn.o_proj.weight"),
+             residual=buf("residual"))
+        call(f"l{l}.norm_gate_up_silu", "gemv_norm_silu_gate_up", x=buf("residual"),
+             norm_w=buf(w + "post_attention_layernorm.weight"), w=buf(w + "mlp.gate_up_proj.weight"),
+             out=buf("act"))
+        call(f"l{l}.down_proj_add", "gemv_residual_down_proj", x=buf("act"), w=buf(w + "mlp.down_proj.weight"),
+             residual=buf("residual"))
+    lm_head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    call("norm_lm_head", "gemv_norm_lm_head", x=buf("residual"), norm_w=buf("model.norm.weight"), w=buf(lm_head),
+         out=buf("logits"))
+    call("sample", "argmax", logits=buf("logits"), out=buf("next_token"))
 
 
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
@@ -522,6 +648,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
     declare_ops(b, layout)
+    declare_gemv_ops(b)
     forward(b, layout, "prefill")
     forward(b, layout, "decode")
     m = b.manifest(model or cfg.name, chunk)
@@ -554,6 +681,90 @@ def kernels_by_op(m: Manifest, index: dict[str, Kernel]) -> dict[str, list[Kerne
                     f"ops.{name}.impl.launches[{i}]: `{la.entry}` of module `{la.module}` is not in the index")
             out[name].append(k)
     return out
+
+
+def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels_of: dict[str, list[Kernel]],
+                err) -> None:
+    """The decode GEMV ops against their buffers, their kernels' launch rules, and the residual stream."""
+    # -- every launch's dynamic shared memory is what its kernel needs for the literals it passes --
+    for op_name, kerns in kernels_of.items():
+        for k, la in zip(kerns, [la for la in m.ops[op_name].impl.launches if not la.extern]):
+            try:
+                want = launch_shared_mem(k, la.args, f"ops.{op_name} kernel `{k.name}`")
+            except GenError as e:
+                err(str(e))
+                continue
+            if (la.shared_mem or 0) != want:
+                err(f"ops.{op_name} kernel `{k.name}`: shared_mem {la.shared_mem or 0} != the {want} bytes it needs")
+
+    # -- each GEMV launch: n, k, ksplit, grid consistent; its call's buffers have those shapes --
+    gemv_ops: dict[str, tuple[Kernel, dict[str, Any]]] = {}
+    for op_name, kerns in kernels_of.items():
+        for k, la in zip(kerns, [la for la in m.ops[op_name].impl.launches if not la.extern]):
+            if not k.entry.startswith("kern_gemv"):
+                continue
+            lit = {pn: a.literal for pn, a in zip(k.param_names, la.args) if a.literal is not None}
+            where = f"ops.{op_name} kernel `{k.name}`"
+            n, kk, split = lit.get("n"), lit.get("k"), lit.get("ksplit")
+            if not all(isinstance(v, int) for v in (n, kk, split)):
+                err(f"{where}: n, k and ksplit must be integer literals (the grid is fixed per shape)")
+                continue
+            if kk % 8 or kk <= 0 or n <= 0:
+                err(f"{where}: k = {kk} must be a positive multiple of 8 and n = {n} positive")
+            cols, warps = int(k.constexprs.get("COLS_PER_WARP", 0)), int(k.constexprs.get("WARPS", 0))
+            if split not in GEMV_KSPLITS or not cols or warps % split:
+                err(f"{where}: ksplit {split} must divide the block's {warps} warps (one of {GEMV_KSPLITS})")
+                continue
+            grid = [math.ceil(n / (cols * warps // split)), 1, 1]
+            if la.grid != grid:
+                err(f"{where}: grid {la.grid} != {grid} (n = {n}, {cols} columns per warp group, ksplit {split})")
+            gemv_ops[op_name] = (k, lit)
+
+    for pname, prog in m.programs.items():
+        for ci, call in enumerate(prog.calls):
+            if call.op not in gemv_ops:
+                continue
+            k, lit = gemv_ops[call.op]
+            where = f"programs.{pname}.calls[{ci}] `{call.label}`"
+            if pname != "decode":
+                err(f"{where}: GEMV op `{call.op}` outside decode (it is compiled for one token)")
+            n, kk, rows = lit["n"], lit["k"], int(k.constexprs.get("M", 1))
+            silu = "norm_silu" in k.entry
+            launch = next(la for la in m.ops[call.op].impl.launches if not la.extern)
+            want = {"x": [rows, kk], "w": [2 * n if silu else n, kk], "norm_w": [kk], "y": [rows, n],
+                    "residual": [rows, n]}
+            for pn, la in zip(k.param_names, launch.args):
+                if pn not in want or la.param is None:
+                    continue
+                ca = call.args[la.param]
+                shape = m.buffers[ca.buf].shape if ca.buf in m.buffers else None
+                if shape is None:
+                    continue
+                # rows of an activation: its first dim bounds M (tokens = 1 in decode), the rest must match
+                got = shape if pn in ("w", "norm_w") else shape[1:]
+                exp = want[pn] if pn in ("w", "norm_w") else want[pn][1:]
+                if got != exp or (pn not in ("w", "norm_w") and isinstance(shape[0], int) and shape[0] < rows):
+                    err(f"{where}: `{k.name}` {pn} = `{ca.buf}` {shape} does not fit n = {n}, k = {kk}, M = {rows} "
+                        f"(wants {want[pn]})")
+
+    # -- decode: the residual stream is written by the embedding, then in place only by gemv_residual --
+    writers = []
+    for call in m.programs["decode"].calls:
+        op = m.ops[call.op]
+        for ai, a in enumerate(call.args):
+            if a.buf == "residual" and ks.parse_param_type(op.params[ai]).direction != "in":
+                writers.append(call.label)
+                kerns = kernels_of.get(call.op, [])
+                ok = call.label == "embed" if call.op == "embedding" else \
+                    bool(kerns) and all(kn.entry.startswith("kern_gemv_residual") for kn in kerns)
+                if not ok:
+                    err(f"programs.decode `{call.label}`: writes `residual` through `{call.op}`; in decode only the "
+                        f"embedding and the gemv_residual ops do")
+    want_writers = ["embed"] + [f"l{l}.{s}" for l in range(cfg.num_hidden_layers)
+                                for s in ("o_proj_add", "down_proj_add")]
+    if writers != want_writers:
+        err(f"programs.decode: `residual` is written by {writers}, expected the embedding, then each layer's "
+            f"o_proj_add and down_proj_add")
 
 
 def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str, Kernel]) -> None:
@@ -616,7 +827,7 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
                     used.add(a.buf)
                     b = m.buffers[a.buf]
                     if b.class_ == "weight":
-                        weight_users.setdefault(a.buf, set()).add(call.label)
+                        weight_users.setdefault((pname, a.buf), set()).add(call.label)
                         wm = _LAYER_WEIGHT.match(a.buf)
                         owner = int(wm.group(1)) if wm else None
                         if owner != layer and a.buf not in SHARED_WEIGHTS:
@@ -662,11 +873,13 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
                 err(f"programs.{pname}.calls[{ci}] `{call.label}`: gemm m={rows} n={n.i32} k={k.i32} does not fit "
                     f"a {a.buf} {sa}, w {w.buf} {sw}, c {c.buf} {sc}")
 
-    # -- each weight is bound by one call label (the tied embedding by embed and lm_head) --
-    for w, users in weight_users.items():
-        allowed = 2 if (w == "model.embed_tokens.weight" and cfg.tie_word_embeddings) else 1
+    # -- within a program, each weight is bound by one call (the tied embedding by embed and the lm_head) --
+    for (pname, w), users in weight_users.items():
+        allowed = 2 if (w == "model.embed_tokens.weight" and cfg.tie_word_embeddings and pname == "decode") else 1
         if w not in SHARED_WEIGHTS and len(users) > allowed:
-            err(f"weight `{w}` is used by {sorted(users)}")
+            err(f"programs.{pname}: weight `{w}` is used by {sorted(users)}")
+
+    _check_gemv(m, cfg, index, kernels_of, err)
 
     # -- the kernels' view of the same layout: head counts, qkv row, page stride --
     for op_name, kerns in kernels_of.items():
