@@ -38,7 +38,7 @@ with heavy-tailed row norms and a logit scale of a few units. With every matrix 
 N(0, 0.02^2) the logits were a flat Gaussian over 151,936 tokens (std 0.64 on 0.6B),
 the best two ~0.2 std apart: a bf16 near-tie every ~10 steps, each one ending the
 token comparison of that prompt. The row norms (as a trained model's frequent tokens
-have) spread the top of the distribution, so near-ties are several times rarer and the
+have) spread the top of the distribution, so near-ties are 2-3 times rarer and the
 64-step comparisons run longer; nothing in the kernels' arithmetic is made easier (see
 that script's docstring for the numbers).
 
