@@ -108,7 +108,7 @@ def main() -> int:
         # bare cuLaunchKernel loop over the same staged parameters (packed mode)
         rt.run("p", n=1)
         it = prog.items[0]
-        f, bx, by, bz, smem, _, ex, i0 = it
+        _, f, bx, by, bz, smem, _, ex, i0 = it  # (kind, function, block, shared, kernelParams, extra, step)
         stream = rt._stream
         launch = drv.cuLaunchKernel
 

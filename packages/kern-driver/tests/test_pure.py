@@ -15,7 +15,7 @@ from kern_driver import FakeModuleTable, KernDriverError, prepare
 from kern_driver.plan import layout
 from kern_driver.resolve import Dyn, Ptr, check_vars, resolve_entries, resolve_program
 from kern_driver.staging import StagedProgram, pack_scalar
-from kern_driver.testing import (VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
+from kern_driver.testing import (PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
                                  vadd_manifest, write_safetensors)
 from kern_driver.weights import read_header
 
@@ -120,6 +120,64 @@ def test_grid_out_of_range_is_refused():
         sp.refresh({"n": 3})
     msg = str(e.value)
     assert "grid x = 0" in msg and "call `add0`" in msg and "launch 0" in msg
+
+
+# ---------------------------------------------------------------- programmatic dependent launch
+
+PRODUCE_LAYOUT = [ParamSlot(0, 0, 8), ParamSlot(1, 8, 8), ParamSlot(2, 16, 4), ParamSlot(3, 20, 4), ParamSlot(4, 24, 8)]
+CONSUME_LAYOUT = [ParamSlot(0, 0, 8), ParamSlot(1, 8, 8), ParamSlot(2, 16, 8), ParamSlot(3, 24, 4), ParamSlot(4, 28, 4)]
+
+
+def staged_pdl(**kw):
+    m = manifest(pdl_manifest("0" * 64, **kw))
+    lay = layout(m, 16)
+    entries = resolve_entries(m, FakeModuleTable({"pdl": {"produce": PRODUCE_LAYOUT, "consume": CONSUME_LAYOUT}}))
+    return m, lay, StagedProgram(resolve_program(m, "main", lay, BASE, entries))
+
+
+def test_pdl_flag_reaches_the_steps():
+    _, _, sp = staged_pdl()
+    assert [s.pdl for s in sp.steps] == [False, True]
+    assert sp.pdl_steps == [1]
+    _, _, off = staged_pdl(pdl=False)
+    assert off.pdl_steps == [] and off.make_configs(0) == {}
+
+
+def test_pdl_launch_config_is_built_once_with_the_attribute():
+    drv = pytest.importorskip("cuda.bindings.driver")
+    _, _, sp = staged_pdl()
+    stream = drv.CUstream(0x1234)
+    cfgs = sp.make_configs(stream)
+    assert list(cfgs) == [1]
+    cfg = cfgs[1]
+    assert (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ) == (256, 1, 1)
+    assert cfg.sharedMemBytes == 0 and int(cfg.hStream) == 0x1234
+    assert cfg.numAttrs == 1
+    (attr,) = cfg.attrs
+    assert attr.id == drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value.programmaticStreamSerializationAllowed == 1
+    # a var-dependent grid: refresh rewrites the same config object's grid, nothing else
+    assert sp.refresh({"n": 1000}) is True
+    assert sp.configs[1] is cfg and (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ) == (4, 1, 1) == sp.grids[1]
+    sp.refresh({"n": 257})
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ) == (2, 1, 1)
+    assert sp.refresh({"n": 257}) is False
+    # the parameters are staged exactly as for cuLaunchKernel
+    w, y, z, n, wait = struct.unpack("<QQQii", sp.param_bytes(1))
+    assert (n, wait) == (257, 1) and sp.sizes[1] == 32
+
+
+def test_pdl_test_manifest_verifies_and_matches_the_real_cubin(tmp_path):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    cubin = build_cubin(PDL_CU, tmp_path / "pdl.cubin")
+    man = manifest(pdl_manifest(sha256(cubin)))
+    assert [str(d) for d in verify(man)] == []
+    from kern_verify import verify_text
+    assert [str(d) for d in verify_text(json.dumps(pdl_manifest(sha256(cubin))), kernels_dir=tmp_path)] == []
+    entries = resolve_entries(man, FakeModuleTable.from_cubins({"pdl": cubin}))
+    assert [(s.offset, s.size) for s in entries[("produce", 0)].layout] == [(s.offset, s.size) for s in PRODUCE_LAYOUT]
+    assert [(s.offset, s.size) for s in entries[("consume", 0)].layout] == [(s.offset, s.size) for s in CONSUME_LAYOUT]
 
 
 # ---------------------------------------------------------------- entry resolution

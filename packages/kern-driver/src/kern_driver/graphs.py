@@ -18,10 +18,26 @@ from .cuda import check, drv
 from .errors import KernDriverError
 
 
+def programmatic_edges(graph: Any) -> int:
+    """Number of programmatic dependency edges of a CUDA graph (-1 when the query fails)."""
+    try:
+        n = int(check(drv.cuGraphGetEdges(graph, 0), "cuGraphGetEdges")[3])
+        if n == 0:
+            return 0
+        _, _, data, got = check(drv.cuGraphGetEdges(graph, n), "cuGraphGetEdges")
+        prog = drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+        return sum(1 for e in list(data)[: int(got)] if e is not None and e.type == prog)
+    except Exception:  # pragma: no cover - informational only
+        return -1
+
+
 class Graph:
     """A captured program. `replay(**vars)` launches it; the attributes `program`,
     `vars` (the captured values), `launches` (kernel launches + built-ins captured) and
-    `nodes` (nodes in the CUDA graph: cuBLASLt may add more than one per GEMM) describe it."""
+    `nodes` (nodes in the CUDA graph: cuBLASLt may add more than one per GEMM) and
+    `programmatic_edges` (edges of type CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: stream
+    capture turns each `pdl` launch that follows a kernel into one; -1 when the query
+    failed) describe it."""
 
     def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int):
         self._rt = runtime
@@ -34,6 +50,7 @@ class Graph:
             self.nodes = int(check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
         except Exception:  # pragma: no cover - informational only
             self.nodes = -1
+        self.programmatic_edges = programmatic_edges(graph)
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, int], ...]]:
@@ -66,4 +83,5 @@ class Graph:
             self._exec = None
 
     def __repr__(self) -> str:
-        return f"Graph({self.program!r}, {self.vars}, launches={self.launches}, nodes={self.nodes})"
+        return (f"Graph({self.program!r}, {self.vars}, launches={self.launches}, nodes={self.nodes}, "
+                f"programmatic_edges={self.programmatic_edges})")

@@ -199,6 +199,8 @@ class Step:
         types: the parameter types (the launch's `params`, or the built-in's signature).
         args: one `ResolvedArg` per parameter.
         grid: 3 expressions (kernel launches), block, shared_mem.
+        pdl: programmatic dependent launch (the launch's `"pdl": true`): launched with
+            `cuLaunchKernelEx` and `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
     """
 
     program: str
@@ -213,6 +215,7 @@ class Step:
     grid: list[Expr] = field(default_factory=list)
     block: tuple[int, int, int] = (1, 1, 1)
     shared_mem: int = 0
+    pdl: bool = False
 
     def where(self) -> str:
         """`program P, call LABEL (#i, op O), launch j (module M, entry E)`."""
@@ -339,6 +342,7 @@ def resolve_program(
                 step.grid = list(launch.grid or [1, 1, 1])
                 step.block = tuple(launch.block or [1, 1, 1])  # type: ignore[assignment]
                 step.shared_mem = launch.shared_mem or 0
+                step.pdl = bool(launch.pdl)
             steps.append(step)
     return steps
 

@@ -21,6 +21,10 @@ same way on any machine:
 
 `run` then only re-packs var-dependent slots (when the values changed) and
 enqueues `cuLaunchKernel`s and cuBLASLt matmuls on the runtime's own stream.
+Launches with `"pdl": true` go through `cuLaunchKernelEx` with a launch
+configuration built at load (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`
+= 1): they may begin while the previous kernel drains, and a captured graph keeps
+that as a programmatic edge.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ NUMPY_DTYPES: dict[str, Any] = {
 SHARED_DEFAULT_LIMIT = 48 * 1024
 
 LAUNCH_MODES = ("packed", "params")
+
+# kinds of the prepared launch items (`Runtime._build_items`), compared by identity
+_KERNEL, _PDL, _EXTERN = "kernel", "pdl", "extern"
 
 
 @dataclass
@@ -316,6 +323,7 @@ class Runtime:
         for name in m.programs:
             steps = resolve_program(m, name, p, self._arena, self.entries)
             staged = StagedProgram(steps)
+            staged.make_configs(self._stream)  # CUlaunchConfig of each pdl launch, once
             prog = _Program(name, staged, set(staged.vars))
             self._programs[name] = prog
             self._build_items(prog)
@@ -323,15 +331,20 @@ class Runtime:
                 self._plan_gemms(prog, {})
 
     def _build_items(self, prog: _Program) -> None:
+        # items[i][0] is the kind: _KERNEL (cuLaunchKernel), _PDL (cuLaunchKernelEx with the
+        # step's prebuilt CUlaunchConfig) or _EXTERN (cuBLASLt); the last field is the step index
         items: list[tuple] = []
         st = prog.staged
         for i, s in enumerate(st.steps):
             if s.extern is not None:
-                items.append((None, i, s.extern.endswith("_acc")))
+                items.append((_EXTERN, i, s.extern.endswith("_acc")))
                 continue
             kp, ex = (0, st.extra_addr(i)) if self.launch_mode == "packed" else (st.kparams_addr(i), 0)
+            if s.pdl:
+                items.append((_PDL, st.configs[i], s.entry.handle, kp, ex, i))  # type: ignore[union-attr]
+                continue
             bx, by, bz = s.block
-            items.append((s.entry.handle, bx, by, bz, s.shared_mem, kp, ex, i))  # type: ignore[union-attr]
+            items.append((_KERNEL, s.entry.handle, bx, by, bz, s.shared_mem, kp, ex, i))  # type: ignore[union-attr]
         prog.items = items
 
     def set_launch_mode(self, mode: str) -> None:
@@ -394,18 +407,25 @@ class Runtime:
 
     def _enqueue(self, prog: _Program, capturing: bool = False) -> None:
         launch = drv.cuLaunchKernel
+        launch_ex = drv.cuLaunchKernelEx
         stream = self._stream
         grids = prog.staged.grids
         sync = self.debug and not capturing
         for it in prog.items:
-            f = it[0]
-            if f is not None:
-                g = grids[it[7]]
-                r = launch(f, g[0], g[1], g[2], it[1], it[2], it[3], it[4], stream, it[5], it[6])
+            kind = it[0]
+            if kind is _KERNEL:
+                g = grids[it[8]]
+                r = launch(it[1], g[0], g[1], g[2], it[2], it[3], it[4], it[5], stream, it[6], it[7])
                 if r[0] != SUCCESS:
-                    self._launch_failed(prog, it[7], r[0])
+                    self._launch_failed(prog, it[8], r[0])
                 if sync:
-                    self._debug_sync(prog, it[7])
+                    self._debug_sync(prog, it[8])
+            elif kind is _PDL:
+                r = launch_ex(it[1], it[2], it[3], it[4])
+                if r[0] != SUCCESS:
+                    self._launch_failed(prog, it[5], r[0])
+                if sync:
+                    self._debug_sync(prog, it[5])
             else:
                 i = it[1]
                 gp, a, w, c, acc = prog.gemms[i]
@@ -416,7 +436,7 @@ class Runtime:
     def _launch_failed(self, prog: _Program, i: int, err: Any) -> None:
         s = prog.steps[i]
         g = prog.staged.grids[i]
-        raise_error(err, "cuLaunchKernel",
+        raise_error(err, "cuLaunchKernelEx (programmatic dependent launch)" if s.pdl else "cuLaunchKernel",
                     where=f"{s.where()}, grid {list(g)}, block {list(s.block)}, shared_mem {s.shared_mem}, "
                     f"{prog.staged.sizes[i]} parameter bytes ({self.launch_mode} mode)")
 
@@ -695,19 +715,23 @@ class Runtime:
                 lay = " ".join(f"{s.offset}:{s.size}" for s in e.layout)
                 L.append(f"    [{i}] {e.entry} in module `{e.module}` ({Path(prep.modules[e.module].path).name}); "
                          f"params {e.param_bytes} B [{lay}]; block {list(l.block or [1, 1, 1])}"
-                         + (f"; shared {l.shared_mem} B" if l.shared_mem else ""))
+                         + (f"; shared {l.shared_mem} B" if l.shared_mem else "")
+                         + ("; PDL (programmatic dependent launch)" if l.pdl else ""))
         L.append(f"weights: {len(prep.bindings)} tensors bound, {mib(self.weight_bytes)} from "
                  + (", ".join(Path(f).name for f in prep.weight_files) or "(no file)"))
         for pn, prog in self._programs.items():
             nk = sum(1 for s in prog.steps if s.extern is None)
+            npdl = len(prog.staged.pdl_steps)
             L.append(f"program {pn}: {len(m.programs[pn].calls)} calls, {len(prog.steps)} launches "
-                     f"({nk} kernels, {len(prog.steps) - nk} cuBLASLt); vars: {', '.join(sorted(prog.required)) or '(none)'}")
+                     f"({nk} kernels" + (f", {npdl} of them with PDL" if npdl else "")
+                     + f", {len(prog.steps) - nk} cuBLASLt); vars: {', '.join(sorted(prog.required)) or '(none)'}")
         for w in prep.warnings:
             L.append(f"verifier warning: {w}")
         L.append(f"launch mode: {self.launch_mode}" + ("; debug: sync after each launch" if self.debug else ""))
         if self._graphs:
             for g in self._graphs.values():
-                L.append(f"graph: {g.program} {g.vars}: {g.launches} launches → 1 cuGraphLaunch ({g.nodes} nodes)")
+                L.append(f"graph: {g.program} {g.vars}: {g.launches} launches → 1 cuGraphLaunch ({g.nodes} nodes"
+                         + (f", {g.programmatic_edges} programmatic edges" if g.programmatic_edges else "") + ")")
         else:
             L.append("graphs: none captured")
         return "\n".join(L)

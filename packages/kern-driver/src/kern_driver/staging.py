@@ -19,6 +19,14 @@ Two ways to pass them are prepared (CUDA driver API, `cuLaunchKernel`):
 Only the slots whose value depends on vars (`{"var": ...}` and `{"expr": ...}`
 arguments with a var) and the grids are recomputed by `refresh`, and only when
 the var values differ from the previous refresh.
+
+Launches with `"pdl": true` (programmatic dependent launch) go through
+`cuLaunchKernelEx`, whose launch configuration (`CUlaunchConfig`: grid, block,
+shared memory, stream and one `CUlaunchAttribute`,
+`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` = 1) is built once per
+launch by `make_configs` and only has its grid rewritten by `refresh` when the
+grid depends on vars. The parameters are the same packed buffer / pointer array
+as for `cuLaunchKernel`.
 """
 
 from __future__ import annotations
@@ -161,6 +169,19 @@ class StagedProgram:
             else:
                 self.grids[i] = self._grid(s, {})
         self.env: dict[str, int] | None = None
+        #: step index -> CUlaunchConfig of each `pdl` launch (filled by `make_configs`).
+        self.configs: dict[int, Any] = {}
+
+    @property
+    def pdl_steps(self) -> list[int]:
+        """Indices of the kernel launches with programmatic dependent launch."""
+        return [i for i, s in enumerate(self.steps) if s.extern is None and s.pdl]
+
+    def make_configs(self, stream: Any) -> dict[int, Any]:
+        """Build the `CUlaunchConfig` of every `pdl` launch for `stream` (once, at load;
+        `refresh` keeps var-dependent grids current). Needs cuda.bindings, not a GPU."""
+        self.configs = {i: launch_config(self.steps[i], self.grids[i], stream) for i in self.pdl_steps}
+        return self.configs
 
     def param_bytes(self, i: int) -> bytes:
         """The packed parameters of step `i` (exact size)."""
@@ -213,9 +234,42 @@ class StagedProgram:
                 raise KernDriverError(f"expression {to_text(d.expr)}: {err}", where=d.where) from None
             pack_scalar(self.params, d.offset, d.scalar, v, d.where)
         for i in self.dyn_grid:
-            self.grids[i] = self._grid(self.steps[i], env)
+            g = self.grids[i] = self._grid(self.steps[i], env)
+            cfg = self.configs.get(i)
+            if cfg is not None:
+                cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
         self.env = key
         return True
+
+
+def launch_config(step: Step, grid: tuple[int, int, int], stream: Any) -> Any:
+    """The `CUlaunchConfig` of a programmatic dependent launch of `step` on `stream`.
+
+    One attribute, `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` with
+    `programmaticStreamSerializationAllowed = 1`: the launch may begin before the
+    previous work on the stream completes; the kernel orders its dependent reads with
+    `griddepcontrol.wait`. Under stream capture the dependency becomes a programmatic
+    edge of the graph (CUDA ≥ 12.3). The bindings copy the attribute array on
+    assignment, so the config owns it.
+
+    Raises:
+        KernDriverError: cuda-bindings is not importable.
+    """
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise KernDriverError(f"cuda-bindings is not importable ({e})", where=step.where()) from None
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = step.block
+    cfg.sharedMemBytes = step.shared_mem
+    cfg.hStream = stream
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
 
 
 def extern_values(step: Step, env: dict[str, int]) -> list[int | float]:

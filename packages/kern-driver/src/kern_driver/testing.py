@@ -4,7 +4,9 @@
 - `write_safetensors`: write a safetensors file from numpy arrays with explicit dtypes
   (bf16 given as uint16 bits), following the format in `kern_driver.weights`;
 - `find_nvcc` / `build_cubin`: compile CUDA C to an sm_90 cubin;
-- `VADD_CU`, `vadd_manifest`, `gemm_manifest`: the small manifests the tests use.
+- `VADD_CU`, `vadd_manifest`, `gemm_manifest`: the small manifests the tests use;
+- `PDL_CU`, `pdl_manifest`: a producer kernel and a consumer launched with programmatic
+  dependent launch (`"pdl": true`).
 """
 
 from __future__ import annotations
@@ -134,6 +136,83 @@ def vadd_manifest(cubin_sha: str | None, *, n_max: int = 4096, alpha: float = 2.
         "programs": {"main": {"calls": [
             {"label": f"add{i}", "op": "add", "args": [{"buf": "x"}, {"buf": "w"}, {"buf": "out"}, {"var": "n"}]}
             for i in range(calls)
+        ]}},
+    }
+
+
+PDL_CU = r"""
+// produce: y = 2x + 1, after spinning `spin` clock cycles; with trigger_early it lets the
+// next (pdl) launch start right away, so the consumer's blocks run during the spin.
+extern "C" __global__ void produce(const float* __restrict__ x, float* __restrict__ y, int n,
+                                   int trigger_early, long long spin) {
+    if (trigger_early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // a no-op unless launched with pdl
+    const long long t0 = clock64();
+    while (clock64() - t0 < spin) {
+    }
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.f * x[i] + 1.f;
+}
+
+// consume: z = y + w. w (a weight: no launch writes it) is read before the wait, y (the
+// producer's output) after it; with wait = 0 the kernel breaks its pdl promise (tests only).
+extern "C" __global__ void consume(const float* __restrict__ w, const float* __restrict__ y, float* __restrict__ z,
+                                   int n, int wait) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const float wi = i < n ? w[i] : 0.f;
+    if (wait) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (i < n) z[i] = y[i] + wi;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+"""
+
+
+def pdl_manifest(cubin_sha: str | None, *, n_max: int = 4096, pdl: bool = True, wait: bool = True,
+                 trigger_early: bool = True, spin: int = 0, source: str = "pdl.cubin") -> dict[str, Any]:
+    """Program `main`: `produce` (y = 2x + 1, workspace) then `consume` (z = y + w, output),
+    the consumer's launch with `"pdl": pdl`. x input f32[n], w weight f32[n_max]."""
+    mod: dict[str, Any] = {"source": source}
+    if cubin_sha is not None:
+        mod["sha256"] = cubin_sha
+    grid = [{"ceil_div": ["n", 256]}, 1, 1]
+    consume: dict[str, Any] = {
+        "module": "pdl", "entry": "consume",
+        "params": ["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", "i32", "i32"],
+        "block": [256, 1, 1], "grid": grid,
+        "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"i32": int(wait)}],
+    }
+    if pdl:
+        consume["pdl"] = True
+    return {
+        "schema_version": 4,
+        "model": "pdl-test",
+        "vars": {"n": {"min": 1, "max": n_max}},
+        "states": {},
+        "buffers": {
+            "x": {"dtype": "f32", "shape": ["n"], "class": "input"},
+            "w": {"dtype": "f32", "shape": [n_max], "class": "weight"},
+            "y": {"dtype": "f32", "shape": ["n"], "class": "workspace"},
+            "z": {"dtype": "f32", "shape": ["n"], "class": "output"},
+        },
+        "modules": {"pdl": mod},
+        "ops": {
+            "produce": {
+                "params": ["in buffer<f32>", "out buffer<f32>", "i32"],
+                "impl": {"launches": [{
+                    "module": "pdl", "entry": "produce",
+                    "params": ["in buffer<f32>", "out buffer<f32>", "i32", "i32", "i64"],
+                    "block": [256, 1, 1], "grid": grid,
+                    "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"i32": int(trigger_early)}, {"i64": spin}],
+                }]},
+            },
+            "consume": {
+                "params": ["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", "i32"],
+                "impl": {"launches": [consume]},
+            },
+        },
+        "programs": {"main": {"calls": [
+            {"label": "produce", "op": "produce", "args": [{"buf": "x"}, {"buf": "y"}, {"var": "n"}]},
+            {"label": "consume", "op": "consume", "args": [{"buf": "w"}, {"buf": "y"}, {"buf": "z"}, {"var": "n"}]},
         ]}},
     }
 
