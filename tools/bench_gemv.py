@@ -3,7 +3,11 @@
 Runs on the GPU machine (torch for allocation, references and the cuBLAS peer;
 cuda.bindings for module load and launches):
 
-    python3 tools/bench_gemv.py [--geometries 0.6b 4b] [--out BENCHMARKS.md]
+    python3 tools/bench_gemv.py [--geometries 0.6b 4b] [--out BENCHMARKS.md] [--kernels DIR]
+
+The kernels are the module the manifests pin: `gemv.cubin` from a kernels dir built by
+tools/build_kernels.py (`--kernels DIR`, its index's sha256 checked), or, by default,
+gemv.cu compiled here exactly as tools/build_kernels.py compiles it (same nvcc flags).
 
 For every GEMM shape of one decode token of each geometry (qkv, o, gate_up, down,
 lm_head; m = 1) it
@@ -25,6 +29,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime as _dt
+import hashlib
+import json
 import os
 import platform
 import statistics
@@ -37,7 +43,6 @@ import torch
 from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
 
 GEOMETRIES = {
     # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
@@ -308,6 +313,34 @@ def token_graph(g, geom, bw):
     return out
 
 
+def gemv_cubin(kernels_dir: str | None) -> bytes:
+    """gemv.cubin from a built kernels dir (sha256 checked against its index), else built now
+    the way tools/build_kernels.py builds it."""
+    if kernels_dir:
+        d = Path(kernels_dir)
+        entry = json.loads((d / "index.json").read_text())["kernels"]["kern_gemv_m1"]
+        data = (d / entry["module"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise SystemExit(f"{d / entry['module']}: sha256 differs from {d / 'index.json'} (stale build?)")
+        return data
+    sys.path.insert(0, str(ROOT / "tools"))
+    import build_kernels
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return build_kernels.compile_cuda("gemv.cu", tmp)
+
+
+def rule_ksplit(shape: str, n: int, k: int) -> str:
+    """The ksplit tools/gen_qwen3.py writes into the manifest for this shape ('-' if it cannot be imported)."""
+    try:
+        sys.path.insert(0, str(ROOT / "tools"))
+        from gen_qwen3 import gemv_ksplit
+    except ImportError:
+        return "-"
+    warps = n // 2 if shape == "gate_up" else -(-n // 2)  # gate_up: n/2 output columns, one per warp group
+    return str(gemv_ksplit(warps, k))
+
+
 def machine() -> str:
     name = torch.cuda.get_device_name()
     return f"{name}, {platform.node()}"
@@ -324,13 +357,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--geometries", nargs="+", default=["0.6b", "4b"], choices=sorted(GEOMETRIES))
     ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    ap.add_argument("--kernels", default=None,
+                    help="kernels dir of tools/build_kernels.py (default: compile gemv.cu the same way now)")
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "gemv.cubin"
-        subprocess.run([os.environ.get("NVCC", "nvcc"), "-cubin", "-arch=sm_90", "-O3", "-o", str(out), str(SRC)], check=True)
-        g = Gemv(out.read_bytes())
+    g = Gemv(gemv_cubin(args.kernels))
     print("== correctness (m=1, rel. error vs float64; bound 1e-2)")
     bad = 0
     for geom in args.geometries:
@@ -344,11 +376,12 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     print(f"\n== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
     lines = []
-    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | kern % floor | cuBLAS µs | cuBLAS % floor |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern % floor | cuBLAS µs | cuBLAS % floor |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for geom in args.geometries:
         for geom_, name, nk, nbytes, floor, t_o, t_c, ks in standalone(g, geom, bw):
-            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | {100 * floor / t_o:.0f}% | {t_c * 1e3:.1f} | {100 * floor / t_c:.0f}% |")
+            n, k = map(int, nk.split("x"))
+            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | {rule_ksplit(name, n, k)} | {100 * floor / t_o:.0f}% | {t_c * 1e3:.1f} | {100 * floor / t_c:.0f}% |")
     lines.append("")
     lines.append("| geometry | one decode token's GEMMs in a CUDA graph | GB | floor ms | ms | % floor |")
     lines.append("|---|---|---|---|---|---|")

@@ -1,0 +1,174 @@
+"""GPU numerical tests of the decode GEMV kernels (tools/kernels-src/gemv.cu) from the built index.
+
+Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_gpu.py
+Kernels: built into a temp dir by this test, or taken from $KERN_KERNELS_DIR.  Every launch
+goes through the cubin with the index's ABI (tools/kernels-src/cubin_launch.py loads the
+module); grid and dynamic shared memory come from the index too (`constexprs` COLS_PER_WARP
+and WARPS, `shared_mem` + `shared_mem_per`), so the test checks what the manifest generator
+relies on.
+
+All four variants (plain, norm, norm_silu, residual), M in 1, 2, 4, 8, the GEMM shapes of the
+Qwen3 0.6B and 4B decode plus odd ones (n not a multiple of a block's rows, k not a multiple of
+a warp's 256 elements, k = 8), each ksplit in 1, 2, 4, 8.  Each check: fresh random inputs,
+the output poisoned with NaN (the residual variant: random values it must add to), guard
+elements on both sides of the output that must come back bit-identical (nothing outside the
+M×n output is touched), ‖out − ref‖ / ‖ref‖ < 1e-2 against a float64 reference, no NaN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+cu = pytest.importorskip("cuda.bindings.driver")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+sys.path.insert(0, str(ROOT / "tools"))
+from cubin_launch import KernelSet, check  # noqa: E402
+
+BF = torch.bfloat16
+DEV = "cuda"
+EPS = 1e-6
+TOL = 1e-2
+MS = (1, 2, 4, 8)
+KSPLITS = (1, 2, 4, 8)
+#: Guard elements on each side of the output (128 bytes: keeps the output 16-byte aligned).
+GUARD = 64
+SENTINEL = 12352.0  # exactly representable in bf16
+
+#: (n, k) per variant: n = output columns (norm_silu: the weight has 2n rows).
+SHAPES = {
+    "gemv": [(4096, 1024), (1024, 2048), (6144, 2560), (2560, 9728), (1001, 1000), (7, 264), (33, 8)],
+    "gemv_norm": [(4096, 1024), (6144, 2560), (151936, 2560), (1001, 1000), (7, 264), (1000, 5120)],
+    "gemv_norm_silu": [(3072, 1024), (9728, 2560), (1001, 1000), (7, 264), (1000, 5120)],
+    "gemv_residual": [(1024, 2048), (1024, 3072), (2560, 4096), (2560, 9728), (1001, 1000), (7, 264), (33, 8)],
+}
+CASES = [(v, m, n, k) for v, shapes in SHAPES.items() for m in MS for n, k in shapes]
+
+
+@pytest.fixture(scope="session")
+def kset(tmp_path_factory):
+    d = os.environ.get("KERN_KERNELS_DIR")
+    if not d:
+        import build_kernels
+
+        d = tmp_path_factory.mktemp("kernels")
+        build_kernels.build(Path(d), ["0.6b"], quiet=True)
+    torch.cuda.init()
+    torch.empty(1, device=DEV)  # make torch's primary context current
+    return KernelSet(d)
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(hash(request.node.nodeid) % (2**31))
+    yield
+    torch.cuda.synchronize()
+
+
+_CT = {"i32": ctypes.c_int32, "f32": ctypes.c_float}
+
+
+def launch(kset: KernelSet, name: str, args: list, n: int, k: int, ksplit: int) -> None:
+    """One launch of index kernel `name`, grid and dynamic shared memory from the index's rules."""
+    e = kset.kernels[name]
+    cx = e["constexprs"]
+    per_block = cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit
+    values = dict(zip(e["param_names"], args))
+    smem = e["shared_mem"] + sum(c * values[p] for p, c in e["shared_mem_per"].items())
+    f = kset.function(name)
+    if smem > 48 * 1024:
+        check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    holders = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else _CT[t](a)
+               for a, t in zip(args, e["params"])]
+    assert len(holders) == len(e["params"])
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            assert a.data_ptr() % 16 == 0, "gemv.cu needs 16-byte aligned pointers"
+    ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+    stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
+    check(cu.cuLaunchKernel(f, math.ceil(n / per_block), 1, 1, *e["block"], smem, stream, ctypes.addressof(ptrs), 0))
+
+
+def guarded(m: int, n: int, fill: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(storage, view): a [m, n] bf16 view with GUARD sentinel elements before and after it."""
+    store = torch.full((m * n + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
+    view = store[GUARD:GUARD + m * n].view(m, n)
+    if isinstance(fill, torch.Tensor):
+        view.copy_(fill)
+    else:
+        view.fill_(fill)
+    return store, view
+
+
+def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """HF Qwen3RMSNorm in bf16: weight * (x.float() * rsqrt(mean(x²) + eps)).to(bf16)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(BF)
+
+
+def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.double()
+    assert not torch.isnan(out).any(), "NaN in the output (an element not written)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+@pytest.mark.parametrize(("variant", "m", "n", "k"), CASES, ids=[f"{v}-m{m}-{n}x{k}" for v, m, n, k in CASES])
+def test_gemv(kset, variant: str, m: int, n: int, k: int) -> None:
+    name = f"kern_{variant}_m{m}"
+    rows = 2 * n if variant == "gemv_norm_silu" else n
+    x = torch.randn(m, k, device=DEV, dtype=BF)
+    w = (torch.randn(rows, k, device=DEV) * 0.05).to(BF)
+    nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF)
+
+    if variant == "gemv":
+        ref = x.double() @ w.double().T
+    elif variant == "gemv_residual":
+        r0 = torch.randn(m, n, device=DEV, dtype=BF)
+        ref = r0.double() + x.double() @ w.double().T
+    else:
+        gu = rmsnorm_ref(x, nw).double() @ w.double().T
+        ref = torch.nn.functional.silu(gu[:, :n]) * gu[:, n:] if variant == "gemv_norm_silu" else gu
+
+    errs = {}
+    for ksplit in KSPLITS:
+        if variant == "gemv_residual":
+            store, y = guarded(m, n, r0)
+            args = [x, w, y, n, k, ksplit]
+        else:
+            store, y = guarded(m, n, float("nan"))
+            args = [x, w, y, n, k, ksplit] if variant == "gemv" else [x, nw, w, y, n, k, EPS, ksplit]
+        launch(kset, name, args, n, k, ksplit)
+        torch.cuda.synchronize()
+        head, tail = store[:GUARD], store[GUARD + m * n:]
+        assert bool((head == SENTINEL).all() and (tail == SENTINEL).all()), \
+            f"ksplit {ksplit}: {name} wrote outside its [{m}, {n}] output"
+        errs[ksplit] = relerr(y, ref)
+    assert max(errs.values()) < TOL, f"{name} n={n} k={k}: rel. error by ksplit {errs}"
+
+
+def test_ksplit_results_agree(kset) -> None:
+    """Only the summation order changes with ksplit: results agree to a few bf16 ulps."""
+    n, k = 2560, 9728
+    x = torch.randn(1, k, device=DEV, dtype=BF)
+    w = (torch.randn(n, k, device=DEV) * 0.05).to(BF)
+    outs = []
+    for ksplit in KSPLITS:
+        y = torch.full((1, n), float("nan"), dtype=BF, device=DEV)
+        launch(kset, "kern_gemv_m1", [x, w, y, n, k, ksplit], n, k, ksplit)
+        outs.append(y.double())
+    torch.cuda.synchronize()
+    for ksplit, o in zip(KSPLITS[1:], outs[1:]):
+        assert relerr(o, outs[0]) < 4e-3, f"ksplit {ksplit} vs 1"
