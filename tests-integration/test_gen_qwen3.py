@@ -119,7 +119,8 @@ def test_4b_wiring_details(fake_kernels: Path) -> None:
     calls = {c.label: c for c in m.programs["decode"].calls}
     assert [a.buf for a in calls["l3.norm_qkv"].args] == [
         "residual", "model.layers.3.input_layernorm.weight", "model.layers.3.self_attn.qkv_proj.weight", "qkv"]
-    assert [a.buf for a in calls["l3.o_proj_add"].args] == ["attn", "model.layers.3.self_attn.o_proj.weight", "residual"]
+    assert [a.buf for a in calls["l3.o_proj_add"].args] == [
+        "attn", "model.layers.3.self_attn.o_proj.weight", "residual"]
     assert [a.buf for a in calls["l3.norm_gate_up_silu"].args] == [
         "residual", "model.layers.3.post_attention_layernorm.weight", "model.layers.3.mlp.gate_up_proj.weight", "act"]
     assert [a.buf for a in calls["l3.down_proj_add"].args] == ["act", "model.layers.3.mlp.down_proj.weight", "residual"]
