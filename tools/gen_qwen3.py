@@ -14,15 +14,21 @@ op entries (tools/README.md is the contract):
 - `prefill`: a chunk of `tokens` (1 .. --chunk) prompt tokens through every layer; it writes
   only the KV state. (The last layer stops after its KV write: nothing after it reaches the
   state.)
-- `decode`: one token (`tokens` = 1): every layer, then the final norm, the lm_head GEMM
-  (the embedding when tied) into `logits` [1, V] and a GPU argmax into `next_token` (i64 [1]).
+- `decode`: one token (`tokens` = 1): every layer through the fused decode GEMV ops of
+  `gemv.cu` (norm + qkv, o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
+  7 launches per layer with the attention prologue and the 2-launch decode attention), then the
+  final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
+  `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`),
+  grid and dynamic shared memory are literals of its one launch.
 
 Before writing, the generator checks its own wiring (`check_wiring`): the q/k/v column
 ranges of the fused qkv buffer lie inside a row and do not overlap, and every kernel that
 addresses them agrees with that one layout; each layer's calls use that layer's weights
 and no other call does; each layer's KV offset lies inside its page and matches the page
-stride passed to the kernels; parameters the kernels require 16-byte aligned are; every
-declaration is used. The output is deterministic: the same config and index give the same
+stride passed to the kernels; parameters the kernels require 16-byte aligned are; each GEMV
+launch's grid, ksplit and shared memory follow its kernel's rules and its call's buffers have
+its n and k; in decode, `residual` is written only by the embedding and then in place by the
+gemv_residual ops (o, down of each layer, in order); every declaration is used. The output is deterministic: the same config and index give the same
 bytes.
 """
 
