@@ -24,6 +24,18 @@
 // Roundings follow HF transformers' bf16 Qwen3 exactly where it rounds (GEMM
 // output, SiLU, product, residual add), so decode tokens track the reference.
 //
+// Programmatic dependent launch (PDL, sm_90): every variant first issues its first pipeline
+// stage of weight loads (weights are written by no kernel), then executes
+// `griddepcontrol.wait` (returns once the previous grid has completed and its writes are
+// visible; a no-op when the launch has no PDL attribute), and only then reads x, the
+// residual or runs the norm prologue. Every block executes the wait, before any early
+// exit, and writes nothing before it: that is the manifest's `"pdl": true` contract.
+// `griddepcontrol.launch_dependents` lets the next PDL launch be scheduled; where is a
+// build option (the launch-attribute contract does not depend on it):
+//   -DGEMV_PDL_TRIGGER=0  never (the next kernel launches as this grid's blocks exit)
+//   -DGEMV_PDL_TRIGGER=1  right after the first stage is issued (earliest)
+//   -DGEMV_PDL_TRIGGER=2  after the warp's last weight load was consumed (default)
+//
 // Launch: block = [256, 1, 1] (8 warps splitting k); grid.x = ceil_div(n, rows per block):
 //   plain, norm: ceil_div(n, 8); residual: ceil_div(n, 4); norm_silu: ceil_div(n, 4)
 //   (n = output columns; the SiLU block reads 4 gate rows and their 4 up rows).
@@ -32,6 +44,10 @@
 #include <stdint.h>
 
 #define WARPS 8
+
+#ifndef GEMV_PDL_TRIGGER
+#define GEMV_PDL_TRIGGER 2
+#endif
 
 namespace {
 
@@ -54,6 +70,20 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// Waits for the previous grid of a programmatic dependent launch (no-op otherwise).
+__device__ __forceinline__ void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next programmatic dependent launch be scheduled (no-op without one).
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
@@ -83,37 +113,68 @@ __device__ __forceinline__ uint4 ldg_stage(const uint4 *p) {
     return r;
 }
 
+// ldg_stage when `pred`, else nothing (the result is then undefined and must not be used).
+// A predicated load instead of a branch around the next stage's loads: with a branch,
+// ptxas rotated the loop and issued them after the current stage's FMAs (one stage in
+// flight instead of two, seen in the SASS of the first PDL build).
+__device__ __forceinline__ uint4 ldg_stage_if(const uint4 *p, bool pred) {
+    uint4 r;
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+                 "@q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "r"((int)pred));
+    return r;
+}
+
+// Number of full pipeline stages of a lane over the vector range [v0, v1) of k.
+template <int M>
+__device__ __forceinline__ int warp_stages(int v0, int v1, int lane) {
+    constexpr int U = Unroll<M>::v;
+    const int v = v0 + lane;
+    return v1 - v >= 32 * U ? (v1 - v - 32 * (U - 1) + 32 * U - 1) / (32 * U) : 0;
+}
+
+// Issues the first pipeline stage of a warp's weight loads (R·U 16-byte loads per lane)
+// into cur. Weights depend on no earlier kernel, so this runs before griddep_wait().
+template <int M, int R>
+__device__ __forceinline__ void warp_prefetch(const uint4 *__restrict__ w, const long rows[R], int kv, int v0,
+                                              int full, int lane, uint4 (&cur)[R][Unroll<M>::v]) {
+    constexpr int U = Unroll<M>::v;
+    if (full > 0) {
+        const int v = v0 + lane;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < U; ++u) cur[r][u] = ldg_stage(w + rows[r] * kv + v + 32 * u);
+    }
+}
+
 // Warp-level dot products over the vector range [v0, v1) of k:
 //   acc[r][m] = Σ_{v0 ≤ v < v1} x[m, v] · w[rows[r], v]   (v counts 16-byte vectors)
 // Software-pipelined: the loads of stage i+1 (R·U 16-byte loads per lane) are issued
 // before the FMAs of stage i, and an empty asm that launders the x pointer keeps the
 // compiler from hoisting those FMAs above the loads, so ~2·R·U·512 B per warp are in
-// flight. Rows must be valid (callers clamp out-of-range rows and drop their results).
+// flight. Stage 0 is already in cur (warp_prefetch, `full` = warp_stages). Rows must be
+// valid (callers clamp out-of-range rows and drop their results).
 template <int M, int R>
 __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
-                                         const long rows[R], int kv, int v0, int v1, int lane,
-                                         float acc[R][M]) {
+                                         const long rows[R], int kv, int v0, int v1, int full, int lane,
+                                         uint4 (&cur)[R][Unroll<M>::v], float acc[R][M]) {
     constexpr int U = Unroll<M>::v;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     int v = v0 + lane;
-    const int full = v1 - v >= 32 * U ? (v1 - v - 32 * (U - 1) + 32 * U - 1) / (32 * U) : 0;
     if (full > 0) {
-        uint4 cur[R][U], nxt[R][U];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int u = 0; u < U; ++u) cur[r][u] = ldg_stage(w + rows[r] * kv + v + 32 * u);
+        uint4 nxt[R][U];
         for (int c = 0; c < full; ++c) {
             const uint4 *xp = xs;
-            if (c + 1 < full) {
+            const bool more = c + 1 < full;
 #pragma unroll
-                for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-                    for (int u = 0; u < U; ++u) nxt[r][u] = ldg_stage(w + rows[r] * kv + v + 32 * (U + u));
-            }
+                for (int u = 0; u < U; ++u) nxt[r][u] = ldg_stage_if(w + rows[r] * kv + v + 32 * (U + u), more);
             asm volatile("" : "+l"(xp));
 #pragma unroll
             for (int u = 0; u < U; ++u)
@@ -145,6 +206,27 @@ __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uin
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+}
+
+// The PDL-ordered body shared by every variant: first weight stage, trigger (option 1),
+// wait, `prologue()` (the norm variants fill shared memory from x), the dot products,
+// trigger (option 2). Every thread of every block executes the wait.
+template <int M, int R, typename Prologue>
+__device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
+                                        const long rows[R], int kv, int v0, int v1, int lane,
+                                        Prologue prologue, float acc[R][M]) {
+    uint4 cur[R][Unroll<M>::v];
+    const int full = warp_stages<M>(v0, v1, lane);
+    warp_prefetch<M, R>(w, rows, kv, v0, full, lane, cur);
+#if GEMV_PDL_TRIGGER == 1
+    griddep_launch_dependents();
+#endif
+    griddep_wait();
+    prologue();
+    warp_dot<M, R>(xs, w, rows, kv, v0, v1, full, lane, cur, acc);
+#if GEMV_PDL_TRIGGER == 2
+    griddep_launch_dependents();
+#endif
 }
 
 // Rows of a warp: the block's 8 warps form 8/ksplit row groups of R rows; the ksplit
@@ -250,9 +332,9 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
 // ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
-template <int M, bool RESIDUAL>
+template <int M, bool RESIDUAL, typename Prologue>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
-                                          __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {
+                                          __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     long rows[R];
@@ -260,7 +342,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     int v0, v1;
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
-    warp_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, acc);
+    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc);
     reduce_split<R, M>(acc, ksplit);
     if (warp % ksplit != 0) return;
 #pragma unroll
@@ -278,9 +360,10 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
 // A warp owns one output column j: gate row j and up row n + j, loaded together.
-template <int M>
+template <int M, typename Prologue>
 __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
-                                               __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {
+                                               __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
+                                               Prologue prologue) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     const int group = warp / ksplit, part = warp % ksplit;
@@ -292,7 +375,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     per = (per + 31) & ~31;
     const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
     float acc[R][M];
-    warp_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, acc);
+    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc);
     reduce_split<R, M>(acc, ksplit);
     if (part != 0 || !ok) return;
 #pragma unroll
@@ -308,12 +391,12 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M(                      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit);              \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {});       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M(             \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit);        \
+        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}); \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M(                 \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
@@ -321,8 +404,8 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         float eps, int ksplit) {                                                                  \
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        norm_to_smem<M>(x, norm_w, xs, k, eps);                                                   \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit);             \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
+                            [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); });                     \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M(            \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
@@ -330,8 +413,8 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         float eps, int ksplit) {                                                                  \
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        norm_to_smem<M>(x, norm_w, xs, k, eps);                                                   \
-        gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit);               \
+        gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                \
+                          [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); });                       \
     }
 
 INSTANTIATE(1)
