@@ -1,0 +1,361 @@
+"""Programmatic dependent launch (PDL) for the decode GEMVs (tools/kernels-src/gemv.cu).
+
+Runs on the GPU machine (torch for allocation, the cuBLAS peer and CUDA graphs;
+cuda.bindings for module load and launches):
+
+    python3 tools/bench_pdl.py [--geometries 4b 0.6b] [--ksplit o=2,down=2] [--out BENCHMARKS.md]
+
+For one decode token's GEMV sequence (every layer: qkv with the input norm, o with the
+residual add, gate_up with the norm and SiLU-and-mul, down with the residual add; then
+lm_head with the final norm — the sequence of tools/bench_gemv.py's token graph) it
+captures one CUDA graph per variant:
+
+- `no PDL`: plain `cuLaunchKernel` (griddepcontrol.* are no-ops without the attribute);
+- `PDL, trigger T` for T = 0, 1, 2: every launch after the first through
+  `cuLaunchKernelEx` with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1, the
+  cubin built with -DGEMV_PDL_TRIGGER=T (0: no launch_dependents, the next kernel launches
+  as blocks exit; 1: right after the first weight stage is issued; 2: after the dot loop);
+- cuBLAS (torch.matmul) for reference;
+
+then (1) checks numerics: from the same initial residual, one replay of every variant
+must give bit-identical final residual, logits, qkv and activations (a PDL ordering bug
+shows up as a difference), and (2) times each graph's replay (median of CUDA-event
+timings, variants interleaved in rounds) against the floor: weight bytes / measured
+device-to-device copy bandwidth (read + write). Prints a table and appends it to
+BENCHMARKS.md (date, commit — from git, else env KERN_COMMIT —, machine).
+
+Exit status 1 when a numerics check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as _dt
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from cuda.bindings import driver as cu
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
+
+GEOMETRIES = {
+    # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
+    "0.6b": (1024, 16, 8, 128, 3072, 28, 151936),
+    "4b": (2560, 32, 8, 128, 9728, 36, 151936),
+}
+EPS = 1e-6
+TRIGGERS = (0, 1, 2)
+THREADS = 256
+
+P = ctypes.c_void_p
+I32 = ctypes.c_int
+F32 = ctypes.c_float
+
+
+def check(res):
+    """Raise on a CUDA driver error; return the call's value(s) (cuda.bindings returns
+    `(CUresult, *values)`)."""
+    err, *vals = res if isinstance(res, tuple) else (res,)
+    if int(err) != 0:
+        _, name = cu.cuGetErrorName(err)
+        raise RuntimeError(f"CUDA driver error {name.decode() if isinstance(name, bytes) else name}")
+    return vals[0] if len(vals) == 1 else (tuple(vals) or None)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def build(trigger: int, out: Path) -> bytes:
+    """gemv.cu → sm_90 cubin with -DGEMV_PDL_TRIGGER=trigger."""
+    nvcc = os.environ.get("NVCC", "nvcc")
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", f"-DGEMV_PDL_TRIGGER={trigger}", "-o", str(out), str(SRC)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed (trigger {trigger}):\n{r.stdout}\n{r.stderr}")
+    return out.read_bytes()
+
+
+class Gemv:
+    """One build of gemv.cu, loaded in torch's context. `launch(name, grid, smem, args, pdl)`
+    enqueues on torch's current stream; with pdl=True through cuLaunchKernelEx with the
+    programmatic-stream-serialization attribute."""
+
+    def __init__(self, cubin: bytes):
+        self.module = check(cu.cuModuleLoadData(cubin))
+        self.fns: dict[str, object] = {}
+
+    def fn(self, name: str, smem: int):
+        f = self.fns.get(name)
+        if f is None:
+            f = check(cu.cuModuleGetFunction(self.module, name.encode()))
+            self.fns[name] = f
+        if smem > 48 * 1024:
+            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+        return f
+
+    def launch(self, name: str, grid: int, smem: int, args: list[tuple[object, type]], pdl: bool):
+        f = self.fn(name, smem)
+        stream = torch.cuda.current_stream().cuda_stream
+        kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
+        if not pdl:
+            check(cu.cuLaunchKernel(f, grid, 1, 1, THREADS, 1, 1, smem, stream, kp, 0))
+            return
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = THREADS, 1, 1
+        cfg.sharedMemBytes = smem
+        cfg.hStream = cu.CUstream(stream)
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
+
+
+def rows_per_block(ksplit):
+    """Rows a 256-thread block covers: 8 warps of 2 rows, ksplit warps per row pair."""
+    return 2 * 8 // ksplit
+
+
+def run_norm(g, x, nw, w, y, n, k, ks, pdl):
+    g.launch("kern_gemv_norm_m1", cdiv(n, rows_per_block(ks)), k * 2,
+             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
+              (EPS, F32), (ks, I32)], pdl)
+
+
+def run_norm_silu(g, x, nw, w, y, n, k, ks, pdl):
+    g.launch("kern_gemv_norm_silu_m1", cdiv(n, rows_per_block(ks) // 2), k * 2,
+             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
+              (EPS, F32), (ks, I32)], pdl)
+
+
+def run_residual(g, x, w, r, n, k, ks, pdl):
+    g.launch("kern_gemv_residual_m1", cdiv(n, rows_per_block(ks)), 0,
+             [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
+
+
+def time_ms(fn, iters=50):
+    """Per-run CUDA-event timings (ms) of `fn` over `iters` runs (after 3 warm-up runs)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return times
+
+
+def capture(fn):
+    """A torch CUDA graph of `fn` (run once eagerly first, on a side stream)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return graph
+
+
+def copy_bandwidth():
+    """Device-to-device copy bandwidth, bytes/s (read + write counted), 1 GiB buffers."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = statistics.median(time_ms(lambda: b.copy_(a), 20))
+    del a, b
+    return 2 * (1 << 30) / (ms * 1e-3)
+
+
+def shapes(geom):
+    h, nq, nkv, d, inter, layers, vocab = GEOMETRIES[geom]
+    return {
+        "qkv": (nq * d + 2 * nkv * d, h),
+        "o": (h, nq * d),
+        "gate_up": (2 * inter, h),
+        "down": (h, inter),
+        "lm_head": (vocab, h),
+    }, layers
+
+
+def token(geom, builds, bw, ks, rounds, iters):
+    """One decode token's GEMV sequence in a CUDA graph per variant: numerics and timing.
+    Returns (rows, ok): rows (geometry, variant, bytes, floor ms, median ms, launches)."""
+    sh, layers = shapes(geom)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+
+    weights = [{nm: randn(*sh[nm], scale=0.05) for nm in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
+    lm = randn(*sh["lm_head"], scale=0.05)
+    h = sh["o"][0]
+    resid0 = randn(1, h)
+    resid = resid0.clone()
+    nw = (1 + 0.1 * torch.randn(h, device="cuda", generator=gen)).to(torch.bfloat16)
+    qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
+    attn = randn(1, sh["o"][1])
+    act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
+    gu = torch.empty(1, sh["gate_up"][0], device="cuda", dtype=torch.bfloat16)
+    o = torch.empty(1, h, device="cuda", dtype=torch.bfloat16)
+    logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
+    total_bytes = sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2
+    launches = 4 * layers + 1
+
+    def ours(g, pdl):
+        def fn():
+            first = True
+            for lw in weights:
+                # the first launch of the graph has no kernel before it: no attribute
+                run_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, ks["qkv"], pdl and not first)
+                first = False
+                run_residual(g, attn, lw["o"], resid, h, sh["o"][1], ks["o"], pdl)
+                run_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, ks["gate_up"], pdl)
+                run_residual(g, act, lw["down"], resid, h, sh["down"][1], ks["down"], pdl)
+            run_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, ks["lm_head"], pdl)
+        return fn
+
+    def cublas():
+        for lw in weights:
+            torch.matmul(resid, lw["qkv"].T, out=qkv)
+            torch.matmul(attn, lw["o"].T, out=o)
+            torch.matmul(resid, lw["gate_up"].T, out=gu)
+            torch.matmul(act, lw["down"].T, out=o)
+        torch.matmul(resid, lm.T, out=logits)
+
+    variants = [("kern gemv, no PDL", ours(builds[2], False), True)]
+    variants += [(f"kern gemv, PDL, trigger {t}", ours(builds[t], True), True) for t in TRIGGERS]
+    variants.append(("cuBLAS (torch.matmul), no PDL", cublas, False))
+    graphs = []
+    for label, fn, _ in variants:
+        resid.copy_(resid0)
+        graphs.append(capture(fn))
+
+    # numerics: same start, one replay each, bit-identical outputs among our variants
+    ok = True
+    ref = None
+    for (label, _, mine), graph in zip(variants, graphs):
+        if not mine:
+            continue
+        resid.copy_(resid0)
+        for t in (qkv, act, logits):
+            t.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        outs = [t.clone() for t in (resid, logits, qkv, act)]
+        bad = [name for name, t in zip(("residual", "logits", "qkv", "act"), outs) if torch.isnan(t.float()).any()]
+        if ref is None:
+            ref = outs
+            status = "reference" + (f"; NaN in {', '.join(bad)}" if bad else "")
+            ok &= not bad
+        else:
+            diff = [name for name, a, b in zip(("residual", "logits", "qkv", "act"), outs, ref) if not torch.equal(a, b)]
+            status = "bit-identical to no PDL" if not diff else f"DIFFERS from no PDL in {', '.join(diff)}"
+            ok &= not diff and not bad
+        print(f"  {geom:5s} {label:32s} {status}")
+
+    # timing: variants interleaved in rounds (drift and clocks hit all alike)
+    times: list[list[float]] = [[] for _ in variants]
+    resid.copy_(resid0)
+    for _ in range(rounds):
+        for i, graph in enumerate(graphs):
+            times[i] += time_ms(graph.replay, iters)
+    floor = total_bytes / bw * 1e3
+    rows = [(geom, label, total_bytes, floor, statistics.median(ts), launches)
+            for (label, _, _), ts in zip(variants, times)]
+    del graphs, weights
+    torch.cuda.synchronize()
+    return rows, ok
+
+
+def machine() -> str:
+    return f"{torch.cuda.get_device_name()}, {platform.node()}"
+
+
+def commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return os.environ.get("KERN_COMMIT", "unknown")
+
+
+def parse_ksplit(text: str) -> dict[str, int]:
+    out = {nm: 1 for nm in ("qkv", "o", "gate_up", "down", "lm_head")}
+    for part in filter(None, (text or "").split(",")):
+        name, _, val = part.partition("=")
+        if name not in out or not val.isdigit() or int(val) not in (1, 2, 4, 8):
+            raise SystemExit(f"--ksplit: bad entry {part!r} (shape=1|2|4|8, shapes {', '.join(out)})")
+        out[name] = int(val)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--geometries", nargs="+", default=["4b"], choices=sorted(GEOMETRIES))
+    ap.add_argument("--ksplit", default="", help="per-shape ksplit, e.g. o=2,down=2 (default 1 everywhere)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+    ks = parse_ksplit(args.ksplit)
+
+    check(cu.cuInit(0))
+    torch.zeros(1, device="cuda")  # makes torch's primary context current
+    with tempfile.TemporaryDirectory() as d:
+        builds = {t: Gemv(build(t, Path(d) / f"gemv_t{t}.cubin")) for t in TRIGGERS}
+    bw = copy_bandwidth()
+    print(f"== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
+    print("== numerics (one replay from the same residual; our variants must agree bit for bit)")
+    rows, ok = [], True
+    for geom in args.geometries:
+        r, good = token(geom, builds, bw, ks, args.rounds, args.iters)
+        rows += r
+        ok &= good
+    lines = ["| geometry | one decode token's GEMVs in a CUDA graph | launches | GB | floor ms | ms | % floor | vs no PDL |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = {g: ms for g, label, _, _, ms, _ in rows if label == "kern gemv, no PDL"}
+    for geom, label, nbytes, floor, ms, n in rows:
+        rel = f"{100 * (ms / base[geom] - 1):+.1f}%" if geom in base else ""
+        lines.append(f"| {geom} | {label} | {n} | {nbytes / 1e9:.2f} | {floor:.3f} | {ms:.3f} | {100 * floor / ms:.0f}% | {rel} |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if not ok:
+        print("\nNUMERICS CHECK FAILED: see above (table not appended)")
+        return 1
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    with open(args.out, "a") as f:
+        f.write(f"\n## Decode GEMV with programmatic dependent launch (tools/bench_pdl.py) — {stamp}, commit {commit()}, "
+                f"{machine()}\n\n")
+        f.write(f"Copy bandwidth {bw / 1e12:.3f} TB/s (read+write); floor = weight bytes / copy bandwidth; m = 1; "
+                f"ksplit {', '.join(f'{k}={v}' for k, v in ks.items())}; median of {args.rounds}×{args.iters} replays, "
+                "variants interleaved. PDL: every launch but the graph's first with "
+                "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; trigger = where gemv.cu executes "
+                "griddepcontrol.launch_dependents (0 never, 1 after the first weight stage, 2 after the dot loop). "
+                "Final residual, logits, qkv and activations bit-identical to the no-PDL graph.\n\n")
+        f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
