@@ -527,13 +527,17 @@ GEMV_OPS = {
 }
 
 
-def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float) -> None:
+def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False) -> None:
     """One decode GEMV op (m = 1) over a weight of n output columns by k.
 
     Interfaces: `gemv_norm` and `gemv_norm_silu` take (x, norm_w, w, out): out = rmsnorm(x)·norm_w
     times wᵀ (the SiLU variant: silu(gate)·up, w holding 2n rows); `gemv_residual` takes
     (x, w, residual): residual += x·wᵀ in place. Every pointer is a whole manifest buffer
     (256-byte aligned, so 16-byte aligned as gemv.cu requires); k must be a multiple of 8.
+    With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
+    gemv.cu issues its first weight loads, then `griddepcontrol.wait`, so it streams weights
+    while the kernel before it drains. Every decode GEMV follows a kernel launch, never a
+    built-in, so the attribute always has an effect (kern-verify E0091).
     """
     variant = GEMV_OPS[op]
     kname = f"kern_{variant}_m1"
@@ -551,17 +555,20 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float) -> Non
     else:
         iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("w", BF16_IN), ("out", BF16_OUT)]
         wiring = dict(x=P("x"), norm_w=P("norm_w"), w=P("w"), y=P("out"), eps=eps)
-    b.op(op, iface, [b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)])
+    launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)
+    if pdl:
+        launch.pdl = True
+    b.op(op, iface, [launch])
 
 
-def declare_gemv_ops(b: ManifestBuilder) -> None:
+def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False) -> None:
     """The decode program's fused GEMV ops (prefill keeps cuBLASLt and the norm kernels)."""
     c = b.cfg
     H, I, eps = c.hidden_size, c.intermediate_size, c.rms_norm_eps
     for op, (n, k) in {"gemv_norm_qkv": (c.qkv_size, H), "gemv_residual_o_proj": (H, c.q_size),
                        "gemv_norm_silu_gate_up": (I, H), "gemv_residual_down_proj": (H, I),
                        "gemv_norm_lm_head": (c.vocab_size, H)}.items():
-        declare_gemv(b, op, n, k, eps)
+        declare_gemv(b, op, n, k, eps, pdl=pdl)
 
 
 def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
@@ -645,8 +652,9 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder) -> N
 
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
-                   model: str | None = None) -> Manifest:
-    """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`)."""
+                   model: str | None = None, pdl: bool = False) -> Manifest:
+    """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
+    `pdl`: decode GEMV launches use programmatic dependent launch (see `declare_gemv`)."""
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
     positions = max_positions or cfg.max_position_embeddings
@@ -654,7 +662,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
     declare_ops(b, layout)
-    declare_gemv_ops(b)
+    declare_gemv_ops(b, pdl=pdl)
     forward(b, layout, "prefill")
     forward(b, layout, "decode")
     m = b.manifest(model or cfg.name, chunk)
@@ -938,8 +946,9 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 
 
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
-             max_positions: int | None = None, model: str | None = None) -> Manifest:
-    m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model)
+             max_positions: int | None = None, model: str | None = None, pdl: bool = False) -> Manifest:
+    m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
+                       pdl=pdl)
     data = ks.dump(m)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(out) + ".tmp")
@@ -960,10 +969,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="KV capacity bound: rows of rope.cos_sin, block_table pages × 16 "
                          "(default: max_position_embeddings)")
     ap.add_argument("--model", default=None, help="the manifest's `model` label (default: qwen3-<preset>)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="decode GEMVs as programmatic dependent launches (Hopper; manifest `pdl: true`)")
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
-        m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model)
+        m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
+                     pdl=a.pdl)
     except (GenError, ConfigError) as e:
         print(f"gen_qwen3: error: {e}", file=sys.stderr)
         return 1

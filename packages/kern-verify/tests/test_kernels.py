@@ -4,6 +4,8 @@ against real nvcc and Triton cubins."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -185,7 +187,12 @@ def test_pdl_kernel_with_wait_is_clean(doc, kdir):
 def test_cubin_for_another_arch_warns(doc, kdir, tmp_path):
     import subprocess
 
-    from conftest import KERNELS, _nvcc
+    # this package's conftest by path: under --import-mode=importlib, `import conftest` may
+    # resolve to another package's conftest.py in a whole-repo run
+    spec = importlib.util.spec_from_file_location("kern_verify_tests_conftest", Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    KERNELS, _nvcc = conftest.KERNELS, conftest._nvcc
 
     out = tmp_path / "sm80.cubin"
     subprocess.run([_nvcc(), "-cubin", "-arch=sm_80", "-o", str(out), str(KERNELS / "sample.cu")], check=True)
