@@ -33,12 +33,15 @@
 // `griddepcontrol.launch_dependents` lets the next PDL launch be scheduled; where is a
 // build option (the launch-attribute contract does not depend on it):
 //   -DGEMV_PDL_TRIGGER=0  never (the next kernel launches as this grid's blocks exit)
-//   -DGEMV_PDL_TRIGGER=1  right after the first stage is issued (earliest)
-//   -DGEMV_PDL_TRIGGER=2  after the warp's last weight load was consumed (default)
+//   -DGEMV_PDL_TRIGGER=1  right after the first stage is issued (earliest; default: one 4B
+//                         token's GEMVs in a graph 2.310 ms vs 2.329 ms for 2 and 2.396 ms
+//                         for 0, H200, tools/bench_pdl.py, BENCHMARKS.md)
+//   -DGEMV_PDL_TRIGGER=2  after the warp's last weight load was consumed
 //
-// Launch: block = [256, 1, 1] (8 warps splitting k); grid.x = ceil_div(n, rows per block):
-//   plain, norm: ceil_div(n, 8); residual: ceil_div(n, 4); norm_silu: ceil_div(n, 4)
-//   (n = output columns; the SiLU block reads 4 gate rows and their 4 up rows).
+// Launch: block = [256, 1, 1]: 8 warps in 8/ksplit groups of ksplit warps; a group owns 2 rows
+// (norm_silu: one output column, i.e. its gate row and its up row) and its ksplit warps
+// split k. grid.x = ceil_div(n, 2·8/ksplit) for plain, norm and residual, and
+// ceil_div(n, 8/ksplit) for norm_silu (n = output columns); ksplit ∈ {1, 2, 4, 8}.
 // Dynamic shared memory: norm variants M·k·2 bytes, others 0.
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -46,7 +49,7 @@
 #define WARPS 8
 
 #ifndef GEMV_PDL_TRIGGER
-#define GEMV_PDL_TRIGGER 2
+#define GEMV_PDL_TRIGGER 1
 #endif
 
 namespace {
