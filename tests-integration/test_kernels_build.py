@@ -167,7 +167,10 @@ def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
         assert f"rms_norm_h{g.hidden_size}" in names and f"add_rms_norm_h{g.hidden_size}" in names
     with pytest.raises(ValueError, match="head_dim"):
         cfg = tmp_path / "config.json"
-        cfg.write_text(json.dumps({"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
-                                   "head_dim": 64, "intermediate_size": 3072, "num_hidden_layers": 2,
-                                   "vocab_size": 1000}))
+        sys.path.insert(0, str(ROOT / "tools"))
+        try:
+            from qwen3_config import preset_hf_config
+        finally:
+            sys.path.pop(0)
+        cfg.write_text(json.dumps({**preset_hf_config("0.6b"), "head_dim": 64}))
         load_geometry(str(cfg))

@@ -4,16 +4,20 @@ A geometry is the subset of an HF ``config.json`` the kernels care about.  The
 kernel build (``tools/build_kernels.py --geometry``) accepts either a preset
 name below or a path to a ``config.json``.
 
-Values checked against the published Qwen/Qwen3-* configs (2025-04, transformers
-4.51): every dense Qwen3 has head_dim 128, 8 kv heads, vocab 151936,
-rms_norm_eps 1e-6, rope_theta 1e6, max_position_embeddings 40960.
+The values come from tools/qwen3_config.py (the published Qwen/Qwen3-* configs):
+every dense Qwen3 has head_dim 128, 8 kv heads, vocab 151936, rms_norm_eps 1e-6,
+rope_theta 1e6, max_position_embeddings 40960.
 """
 
 from __future__ import annotations
 
-import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tools/, for qwen3_config
+from qwen3_config import PRESETS as QWEN3_PRESETS  # noqa: E402
+from qwen3_config import ConfigError, Qwen3Config, load_config, preset_hf_config  # noqa: E402
 
 __all__ = ["Geometry", "PRESETS", "load_geometry"]
 
@@ -50,25 +54,23 @@ class Geometry:
             raise ValueError(f"geometry {self.name}: " + "; ".join(errs))
 
 
-def _p(name, h, nq, i, layers, tie):
-    return Geometry(name, h, nq, 8, 128, i, layers, 151936, 1e-6, 1e6, tie)
+def _from_config(c) -> Geometry:
+    return Geometry(c.name, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                    c.intermediate_size, c.num_hidden_layers, c.vocab_size, c.rms_norm_eps, c.rope_theta,
+                    c.tie_word_embeddings)
 
 
+#: The six published Qwen3 dense geometries, from the one list of their config.json values
+#: (tools/qwen3_config.py, which the manifest generator reads too).
 PRESETS: dict[str, Geometry] = {
-    g.name: g
-    for g in (
-        _p("0.6b", 1024, 16, 3072, 28, True),
-        _p("1.7b", 2048, 16, 6144, 28, True),
-        _p("4b", 2560, 32, 9728, 36, True),
-        _p("8b", 4096, 32, 12288, 36, False),
-        _p("14b", 5120, 40, 17408, 40, False),
-        _p("32b", 5120, 64, 25600, 64, False),
-    )
+    name: _from_config(Qwen3Config.from_hf(preset_hf_config(name), name=name)) for name in QWEN3_PRESETS
 }
 
 
 def load_geometry(spec: str) -> Geometry:
-    """A preset name (``4b``, case-insensitive, optional ``qwen3-`` prefix) or a config.json path."""
+    """A preset name (``4b``, case-insensitive, optional ``qwen3-`` prefix) or a config.json path
+    (read by tools/qwen3_config.py: both the transformers 4 ``rope_theta`` and the transformers 5
+    ``rope_parameters`` forms)."""
     key = spec.lower().removeprefix("qwen3-")
     if key in PRESETS:
         g = PRESETS[key]
@@ -76,20 +78,9 @@ def load_geometry(spec: str) -> Geometry:
         path = Path(spec)
         if not path.is_file():
             raise ValueError(f"geometry {spec!r}: not a preset ({', '.join(PRESETS)}) and not a file")
-        cfg = json.loads(path.read_text())
-        nq = cfg["num_attention_heads"]
-        g = Geometry(
-            name=path.parent.name or path.stem,
-            hidden_size=cfg["hidden_size"],
-            num_attention_heads=nq,
-            num_key_value_heads=cfg.get("num_key_value_heads", nq),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // nq,
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            vocab_size=cfg["vocab_size"],
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 1e6)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
+        try:
+            g = _from_config(load_config(path))
+        except ConfigError as e:
+            raise ValueError(f"geometry {spec!r}: {e}") from None
     g.check()
     return g
