@@ -348,7 +348,8 @@ def machine() -> str:
 
 def commit() -> str:
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except Exception:
         return os.environ.get("KERN_COMMIT", "unknown")
 

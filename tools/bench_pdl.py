@@ -33,7 +33,6 @@ import argparse
 import ctypes
 import datetime as _dt
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,14 +42,11 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as cu
 
+from bench_gemv import GEOMETRIES, cdiv, check, commit, machine, rows_per_block, shapes  # shared with the GEMV bench
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
 
-GEOMETRIES = {
-    # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
-    "0.6b": (1024, 16, 8, 128, 3072, 28, 151936),
-    "4b": (2560, 32, 8, 128, 9728, 36, 151936),
-}
 EPS = 1e-6
 TRIGGERS = (0, 1, 2)
 THREADS = 256
@@ -58,20 +54,6 @@ THREADS = 256
 P = ctypes.c_void_p
 I32 = ctypes.c_int
 F32 = ctypes.c_float
-
-
-def check(res):
-    """Raise on a CUDA driver error; return the call's value(s) (cuda.bindings returns
-    `(CUresult, *values)`)."""
-    err, *vals = res if isinstance(res, tuple) else (res,)
-    if int(err) != 0:
-        _, name = cu.cuGetErrorName(err)
-        raise RuntimeError(f"CUDA driver error {name.decode() if isinstance(name, bytes) else name}")
-    return vals[0] if len(vals) == 1 else (tuple(vals) or None)
-
-
-def cdiv(a, b):
-    return -(-a // b)
 
 
 def build(trigger: int, out: Path) -> bytes:
@@ -120,11 +102,6 @@ class Gemv:
         cfg.attrs = [attr]
         cfg.numAttrs = 1
         check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
-
-
-def rows_per_block(ksplit):
-    """Rows a 256-thread block covers: 8 warps of 2 rows, ksplit warps per row pair."""
-    return 2 * 8 // ksplit
 
 
 def run_norm(g, x, nw, w, y, n, k, ks, pdl):
@@ -183,17 +160,6 @@ def copy_bandwidth():
     ms = statistics.median(time_ms(lambda: b.copy_(a), 20))
     del a, b
     return 2 * (1 << 30) / (ms * 1e-3)
-
-
-def shapes(geom):
-    h, nq, nkv, d, inter, layers, vocab = GEOMETRIES[geom]
-    return {
-        "qkv": (nq * d + 2 * nkv * d, h),
-        "o": (h, nq * d),
-        "gate_up": (2 * inter, h),
-        "down": (h, inter),
-        "lm_head": (vocab, h),
-    }, layers
 
 
 def token(geom, builds, bw, ks, rounds, iters):
@@ -285,18 +251,6 @@ def token(geom, builds, bw, ks, rounds, iters):
     del graphs, weights
     torch.cuda.synchronize()
     return rows, ok
-
-
-def machine() -> str:
-    return f"{torch.cuda.get_device_name()}, {platform.node()}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return os.environ.get("KERN_COMMIT", "unknown")
 
 
 def parse_ksplit(text: str) -> dict[str, int]:
