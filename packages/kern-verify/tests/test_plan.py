@@ -63,3 +63,5 @@ def test_unverifiable_manifest_raises_plan_error():
         planned("launch", mutate=lambda d: d["buffers"]["x"]["shape"].__setitem__(0, "tokenz"))
     with pytest.raises(PlanError):
         planned("launch", capacity=-1)
+    with pytest.raises(PlanError, match="positive"):
+        planned("launch", capacity=0)

@@ -8,7 +8,7 @@ message, hint); `plan(manifest, capacity_tokens)` computes the memory a load tak
 
 from .codes import CODES, Code, explain
 from .cubin import Cubin, CubinError, KernelInfo, ParamSlot, compare_layout, params_from_manifest, read_cubin
-from .diagnostic import Diagnostic
+from .diagnostic import Diagnostic, Note
 from .externs import EXTERNS, Extern
 from .plan import Plan, PlanBuffer, PlanError, PlanScratch, PlanState, plan
 from .verify import verify, verify_path, verify_text
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CODES", "Code", "explain",
     "Cubin", "CubinError", "KernelInfo", "ParamSlot", "compare_layout", "params_from_manifest", "read_cubin",
-    "Diagnostic", "EXTERNS", "Extern",
+    "Diagnostic", "Note", "EXTERNS", "Extern",
     "Plan", "PlanBuffer", "PlanError", "PlanScratch", "PlanState", "plan",
     "verify", "verify_path", "verify_text",
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from kern_schema import SCALARS, Arg, ParamType, Path
 
-from .context import Context, arg_kind, suggest
+from .context import Context, arg_kind, site_of, suggest
+from .diagnostic import Fold
 
 
 def _fmt(v: int | float) -> str:
@@ -26,13 +27,15 @@ def check_scalar_arg(ctx: Context, arg: Arg, path: Path, pt: ParamType, what: st
         name = arg.var
         rng = ctx.ranges.get(name)  # type: ignore[arg-type]
         if rng is None:
+            ctx.refer_unknown("vars", name, site_of(what))  # type: ignore[arg-type]
             ctx.r.add("E0054", path + ("var",), f"{what}: `{name}` is not a declared var",
-                      suggest(name, ctx.ranges, "declare it in `vars`"))  # type: ignore[arg-type]
+                      suggest(name, ctx.ranges, "declare it in `vars`"),  # type: ignore[arg-type]
+                      fold=Fold(("var", name), f"uses of the undeclared var `{name}`", site_of(what)))
             return
         ctx.used_vars.add(name)  # type: ignore[arg-type]
         rng_desc = f"var `{name}` ranges over [{rng[0]}, {rng[1]}]"
     elif kind == "expr":
-        b = ctx.expr_bounds(arg.expr, path + ("expr",))  # type: ignore[arg-type]
+        b = ctx.expr_bounds(arg.expr, path + ("expr",), site_of(what))  # type: ignore[arg-type]
         if b is None:
             return
         rng = b

@@ -7,6 +7,7 @@ or is not JSON at all (or a usage error).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kern_schema import decode
@@ -32,28 +33,61 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status."""
+    """Run the CLI; returns the exit status. Output cut short by the reader (`| head`)
+    ends quietly, without a BrokenPipeError traceback."""
+    out: list[str] = []
+    status = _main(argv, out)
+    _write("".join(out))
+    return status
+
+
+def _write(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader is gone: send what is left (and the flush at exit) to /dev/null
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+            pass
+
+
+def _usage_error(message: str) -> int:
+    _parser().print_usage(sys.stderr)
+    print(f"kern-verify: error: {message}", file=sys.stderr)
+    return EXIT_UNREADABLE
+
+
+def _main(argv: list[str] | None, out: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.explain:
         if args.explain.lower() == "list":
-            for c in CODES.values():
-                print(f"{c.code}  {c.severity:<7}  {c.title}")
+            out.extend(f"{c.code}  {c.severity:<7}  {c.title}\n" for c in CODES.values())
             return EXIT_OK
         try:
-            print(explain(args.explain), end="")
+            out.append(explain(args.explain))
         except KeyError as e:
-            print(f"error: {e.args[0]}", file=sys.stderr)
+            print(f"kern-verify: error: {e.args[0]}", file=sys.stderr)
             return EXIT_UNREADABLE
         return EXIT_OK
     if not args.manifest:
-        _parser().print_usage(sys.stderr)
-        print("error: a MANIFEST file is required (or --explain CODE)", file=sys.stderr)
+        return _usage_error("a MANIFEST file is required (or --explain CODE)")
+    if args.capacity is not None:
+        if not args.plan:
+            return _usage_error("--capacity sets the state capacity of --plan: add --plan, or drop --capacity")
+        if args.capacity < 1:
+            return _usage_error(f"--capacity must be at least 1 token, got {args.capacity}")
+    if args.kernels is not None and not os.path.isdir(args.kernels):
+        what = "is not a directory" if os.path.exists(args.kernels) else "does not exist"
+        print(f"kern-verify: error: kernels directory {args.kernels} {what}", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
         with open(args.manifest, "rb") as f:
             data = f.read()
     except OSError as e:
-        print(f"error: cannot read {args.manifest}: {e.strerror or e}", file=sys.stderr)
+        print(f"kern-verify: error: cannot read {args.manifest}: {e.strerror or e}", file=sys.stderr)
         return EXIT_UNREADABLE
     diags = verify_text(data, kernels_dir=args.kernels)
     try:
@@ -75,17 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             p = plan(manifest, cap)
         except PlanError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"kern-verify: error: {e}", file=sys.stderr)
             return EXIT_ERRORS
     if args.format == "json":
-        print(as_json(diags, line, p))
+        out.append(as_json(diags, line, p, manifest=args.manifest) + "\n")
     else:
         if diags:
-            print(human(diags, text, args.manifest))
-        print(line)
+            out.append(human(diags, text, args.manifest) + "\n")
+        out.append(line + "\n")
         if p is not None:
-            print()
-            print(p.render())
+            out.append("\n" + p.render() + "\n")
     if any(d.code == "E0001" for d in diags):
         return EXIT_UNREADABLE
     return EXIT_ERRORS if any(d.is_error for d in diags) else EXIT_OK

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kern_schema import DTYPES, Arg, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, parse_param_type
+from kern_schema import DTYPES, Arg, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, format_path, parse_param_type
+from kern_schema.expr import ExprNode
 from kern_schema.dtypes import INT64_MAX
 
-from .diagnostic import Report
+from .diagnostic import Fold, Report
 
 
 _FAST_KINDS = ("buf", "var", "i32", "state", "param", "i64", "expr", "scratch", "f32")
@@ -52,6 +53,12 @@ class Context:
     used_ops: set[str] = field(default_factory=set)
     #: buffer name -> bytes at the var maxima (None when unresolvable), filled lazily.
     buffer_bytes: dict[str, int | None] = field(default_factory=dict)
+    #: section ("vars", "ops", ...) -> undeclared name -> the sites that refer to it, so
+    #: that an unused declaration can say which misspelled reference may have meant it.
+    unknown: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: program -> index of its first call whose accesses are unknown (unknown op, wrong
+    #: arity, malformed param type): dataflow conclusions after it are withheld.
+    incomplete_from: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, m: Manifest) -> "Context":
@@ -62,14 +69,27 @@ class Context:
 
     # --- expressions ---------------------------------------------------------------
 
-    def expr_bounds(self, e: Expr, path: Path) -> tuple[int, int] | None:
+    def refer_unknown(self, section: str, name: str, site: str) -> None:
+        """Record that `site` names `name`, which `section` does not declare."""
+        self.unknown.setdefault(section, {}).setdefault(name, []).append(site)
+
+    def expr_bounds(self, e: Expr, path: Path, site: str | None = None) -> tuple[int, int] | None:
         """[lo, hi] of `e` over the var ranges, marking its vars used; reports E0021 and
-        returns None when the expression is malformed (unknown var, divisor ≤ 0)."""
+        returns None when the expression is malformed (unknown var, divisor ≤ 0). The
+        diagnostic keeps `path` and points at the offending token inside the expression;
+        uses of one unknown var are folded (`site` names this use in the fold note)."""
         try:
             self._mark_expr_vars(e)
             return bounds(e, self.ranges)
         except ExprError as err:
-            self.r.add("E0021", path, f"bad expression: {err}", _EXPR_HINT)
+            sub, bad = _bad_token(e, self.ranges)
+            span = path + sub
+            if isinstance(bad, str):
+                self.refer_unknown("vars", bad, site or format_path(path))
+                self.r.add("E0021", path, f"bad expression: {err}", suggest(bad, self.ranges, _EXPR_HINT), span=span,
+                           fold=Fold(("var", bad), f"expressions use `{bad}`", site or format_path(path)))
+            else:
+                self.r.add("E0021", path, f"bad expression: {err}", _EXPR_HINT, span=span)
         except RecursionError:
             self.r.add("E0021", path, "expression nested too deeply", _EXPR_HINT)
         return None
@@ -117,12 +137,34 @@ class Context:
         return n
 
 
+def _bad_token(e: Expr, ranges) -> tuple[Path, object]:
+    """Where inside `e` evaluation fails, in the order `bounds` checks: the sub-path and
+    the unknown var name (str), or the bad divisor (int)."""
+    sub: Path = ()
+    for _ in range(10_000):
+        if isinstance(e, str):
+            return sub, e
+        if not isinstance(e, ExprNode):
+            break
+        key = "ceil_div" if e.ceil_div is not None else "mul"
+        inner, c = getattr(e, key)
+        if key == "ceil_div" and c <= 0:
+            return sub + (key, 1), c
+        e, sub = inner, sub + (key, 0)
+    return sub, None
+
+
 _EXPR_HINT = (
     "an expression is an integer, a declared var name, {\"ceil_div\": [E, int]} with a positive "
     "divisor, or {\"mul\": [E, int]}"
 )
 
 INT64 = INT64_MAX
+
+
+def site_of(what: str) -> str:
+    """A short name of a use for fold notes: "call `l0.norm` arg 3" -> "`l0.norm` arg 3"."""
+    return what[5:] if what.startswith("call ") else what
 
 
 def suggest(name: str, known, fallback: str) -> str:

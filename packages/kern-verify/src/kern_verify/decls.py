@@ -14,6 +14,7 @@ from kern_schema import DTYPES, SCHEMA_VERSION, ParamTypeError, Path, parse_para
 from kern_schema.dtypes import INT64_MAX
 
 from .context import Context, suggest
+from .diagnostic import Fold
 
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}\Z")
 _DRIVE = re.compile(r"[A-Za-z]:[\\/]")
@@ -85,8 +86,10 @@ def check_tensor(ctx: Context, path: Path, what: str, dtype: str, shape: list[in
         if isinstance(d, str):
             rng = ctx.ranges.get(d)
             if rng is None:
+                ctx.refer_unknown("vars", d, what)
                 r.add("E0015", path + ("shape", i), f"{what}: dim {i} names `{d}`, which is not a declared var",
-                      suggest(d, ctx.ranges, "declare it in `vars`"))
+                      suggest(d, ctx.ranges, "declare it in `vars`"),
+                      fold=Fold(("var", d), f"shapes use `{d}`", what))
                 ok = False
                 continue
             ctx.used_vars.add(d)

@@ -178,7 +178,7 @@ def _grid(ctx: Context, path: Path, grid: list, what: str) -> None:
     if len(grid) != 3:
         ctx.r.add("E0033", path, f"{what}: grid has {len(grid)} dims", "a grid is [x, y, z], three expressions")
     for i, e in enumerate(grid[:3]):
-        b = ctx.expr_bounds(e, path + (i,))
+        b = ctx.expr_bounds(e, path + (i,), f"`{path[1]}` launch {path[4]} grid.{'xyz'[i]}")
         if b is None:
             continue
         lo, hi = b
@@ -268,13 +268,13 @@ def _launch_arg(ctx: Context, oname: str, op: Op, iface: list[ParamType | None],
         return
     if pt is None:
         if kind == "expr":
-            ctx.expr_bounds(arg.expr, path + ("expr",))  # type: ignore[arg-type]
+            ctx.expr_bounds(arg.expr, path + ("expr",), what)  # type: ignore[arg-type]
         return
     if pt.kind == "scalar":
         check_scalar_arg(ctx, arg, path, pt, what)
         return
     if kind == "expr":
-        ctx.expr_bounds(arg.expr, path + ("expr",))  # type: ignore[arg-type]
+        ctx.expr_bounds(arg.expr, path + ("expr",), what)  # type: ignore[arg-type]
     if pt.kind == "ptr" and kind in ("i64", "u64") and arg.literal == 0:
         return  # a null pointer, e.g. Triton's hidden global/profile scratch
     r.add("E0036", path, f"{what}: a `{kind}` argument passed to the pointer param `{pt}`",

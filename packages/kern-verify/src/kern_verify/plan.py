@@ -9,7 +9,9 @@ this plan, so it is a plain data object.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from kern_schema import DTYPES, BUFFER_CLASSES, Manifest
 
@@ -92,6 +94,13 @@ class Plan:
                 return b
         raise KeyError(name)
 
+    def to_json(self) -> dict[str, Any]:
+        """The plan as plain JSON data; field names as in the manifest (a buffer's `class`)."""
+        d = dataclasses.asdict(self)
+        d["buffers"] = [{("class" if k == "class_" else k): v for k, v in b.items()} for b in d["buffers"]]
+        d["total_bytes"] = self.total_bytes
+        return d
+
     def render(self) -> str:
         """A text report: bytes per buffer class, scratch per op, states, totals."""
         lines = [f"memory plan (vars at their maxima: "
@@ -129,10 +138,10 @@ def plan(manifest: Manifest, capacity_tokens: int) -> Plan:
     """Plan the memory of a (verified) manifest for a state capacity of `capacity_tokens`.
 
     Raises:
-        PlanError: a dtype or shape dim does not resolve, or capacity_tokens < 0.
+        PlanError: a dtype or shape dim does not resolve, or capacity_tokens < 1.
     """
-    if capacity_tokens < 0:
-        raise PlanError(f"capacity_tokens must be ≥ 0, got {capacity_tokens}")
+    if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 1:
+        raise PlanError(f"capacity_tokens must be a positive integer (tokens the states hold), got {capacity_tokens!r}")
     vmax = {k: v.max for k, v in manifest.vars.items()}
 
     def shape_of(where: str, dtype: str, shape: list[int | str]) -> tuple[tuple[int, ...], int]:

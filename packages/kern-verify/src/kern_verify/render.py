@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from .diagnostic import Diagnostic
@@ -10,12 +9,16 @@ from .plan import Plan
 
 
 def summary(diags: list[Diagnostic], n_ops: int | None = None, n_calls: int | None = None) -> str:
-    """`error: 3 errors, 1 warning`, `ok: manifest verified (N ops, M calls), 1 warning` ..."""
+    """`error: 3 errors, 1 warning`, `ok: manifest verified (N ops, M calls), 1 warning` ...;
+    `error: 2 errors (140 more sites with the same causes folded into them)` when folded."""
     ne = sum(1 for d in diags if d.is_error)
     nw = len(diags) - ne
     warn = f"{nw} warning{'s' if nw != 1 else ''}"
     if ne:
-        return f"error: {ne} error{'s' if ne != 1 else ''}" + (f", {warn}" if nw else "")
+        nf = sum(len(d.folded) for d in diags)
+        folded = (f" ({nf} more site{'s' if nf != 1 else ''} with the same cause{'s' if ne != 1 else ''} "
+                  f"folded into {'them' if ne != 1 else 'it'})") if nf else ""
+        return f"error: {ne} error{'s' if ne != 1 else ''}" + (f", {warn}" if nw else "") + folded
     counts = f" ({n_ops} ops, {n_calls} calls)" if n_ops is not None else ""
     return f"ok: manifest verified{counts}" + (f", {warn}" if nw else "")
 
@@ -34,34 +37,48 @@ def human(diags: list[Diagnostic], text: str | None = None, filename: str | None
     out: list[str] = []
     for d in diags:
         out.append(f"{d.severity}[{d.code}]: {d.message}")
-        where = d.location
-        if d.line is not None:
-            where += f" (line {d.line}, column {d.column})"
-        if filename:
-            where = f"{filename}: {where}"
-        out.append(f"  --> {where}")
-        if lines_of is not None and d.line is not None and 1 <= d.line <= len(lines_of):
-            src = lines_of[d.line - 1]
-            num = str(d.line)
-            pad = " " * len(num)
-            col = max(1, d.column or 1)
-            shown = src if len(src) <= 160 else src[max(0, col - 60): col + 100]
-            caret_at = col - 1 if len(src) <= 160 else min(col - 1, 59)
-            out.append(f"{pad} |")
-            out.append(f"{num} | {shown}")
-            out.append(f"{pad} | {' ' * caret_at}^")
+        _span(out, lines_of, filename, d.location, d.line, d.column)
+        for n in d.notes:
+            if n.path is None:
+                out.append(f"  = note: {n.message}")
         if d.hint:
             out.append(f"  = hint: {d.hint}")
+        for n in d.notes:
+            if n.path is not None:
+                out.append(f"note: {n.message}")
+                _span(out, lines_of, filename, n.location, n.line, n.column)  # type: ignore[arg-type]
         out.append("")
     return "\n".join(out)
 
 
-def as_json(diags: list[Diagnostic], summary_line: str, plan: Plan | None = None) -> str:
-    """`{"ok": bool, "errors": n, "warnings": n, "summary": str, "diagnostics": [...]}`,
-    plus `"plan"` (the `Plan` as plain data) when given."""
+def _span(out: list[str], lines_of: list[str] | None, filename: str | None, location: str,
+          line: int | None, column: int | None) -> None:
+    """`  --> file: path (line L, column C)` and the source line with a caret under C."""
+    where = location
+    if line is not None:
+        where += f" (line {line}, column {column})"
+    if filename:
+        where = f"{filename}: {where}"
+    out.append(f"  --> {where}")
+    if lines_of is not None and line is not None and 1 <= line <= len(lines_of):
+        src = lines_of[line - 1]
+        num = str(line)
+        pad = " " * len(num)
+        col = max(1, column or 1)
+        shown = src if len(src) <= 160 else src[max(0, col - 60): col + 100]
+        caret_at = col - 1 if len(src) <= 160 else min(col - 1, 59)
+        out.append(f"{pad} |")
+        out.append(f"{num} | {shown}")
+        out.append(f"{pad} | {' ' * caret_at}^")
+
+
+def as_json(diags: list[Diagnostic], summary_line: str, plan: Plan | None = None, manifest: str | None = None) -> str:
+    """`{"manifest": file, "ok": bool, "errors": n, "warnings": n, "summary": str, "diagnostics": [...]}`,
+    plus `"plan"` (`Plan.to_json()`) when given."""
     ne = sum(1 for d in diags if d.is_error)
-    extra = {"plan": dataclasses.asdict(plan)} if plan is not None else {}
+    extra = {"plan": plan.to_json()} if plan is not None else {}
     return json.dumps({
+        "manifest": manifest,
         "ok": ne == 0,
         "errors": ne,
         "warnings": len(diags) - ne,

@@ -4,7 +4,10 @@ record what they use in the `Context`."""
 
 from __future__ import annotations
 
+import difflib
+
 from .context import Context
+from .diagnostic import Note
 
 _KINDS = (
     ("vars", "used_vars", "E0070", "var", "no shape, grid, argument or state refers to it"),
@@ -16,9 +19,23 @@ _KINDS = (
 
 
 def check_usage(ctx: Context) -> None:
-    """Report each unused var, state, buffer, module and op."""
+    """Report each unused var, state, buffer, module and op. When an undeclared name
+    referred to elsewhere is close to it (`rms_nrom` for op `rms_norm`), the diagnostic
+    says so: the reference is the likely mistake, and fixing it uses the declaration."""
     for section, attr, code, what, why in _KINDS:
         used = getattr(ctx, attr)
-        for name in getattr(ctx.m, section):
-            if name not in used:
-                ctx.r.add(code, (section, name), f"{what} `{name}` is unused: {why}", f"remove it from `{section}`")
+        declared = getattr(ctx.m, section)
+        unknown = ctx.unknown.get(section, {})
+        for name in declared:
+            if name in used:
+                continue
+            notes = []
+            hint = f"remove it from `{section}`"
+            for ref, sites in unknown.items():
+                if difflib.get_close_matches(ref, [k for k in declared if isinstance(k, str)], n=1) == [name]:
+                    more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
+                    verb = "name" if more else "names"
+                    notes.append(Note(f"{sites[0]}{more} {verb} the undeclared {what} `{ref}` (reported above)"))
+                    hint = (f"if `{ref}` means `{name}`, use one name for both (fix the reference or rename the "
+                            f"declaration); otherwise remove `{name}` from `{section}`")
+            ctx.r.add(code, (section, name), f"{what} `{name}` is unused: {why}", hint, notes=tuple(notes))

@@ -1,6 +1,11 @@
 """Entry points: `verify` (a decoded `Manifest`), `verify_text` (JSON text or bytes) and
-`verify_path` (a file). Each returns every diagnostic, sorted by position in the text
-when the text is known, and never raises on a bad manifest."""
+`verify_path` (a file). Each returns every diagnostic and never raises on a bad manifest.
+
+Order: root causes first — errors before warnings, and among errors the unused
+declarations (E0070–E0074, often a consequence of a misspelled reference) last; within
+that, by position in the text when the text is known. Diagnostics with one cause (a
+buffer whose dtype no call expects, an undeclared name used many times) are folded
+into the first of them (`Diagnostic.folded`, and a note naming the other sites)."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from .calls import check_calls
 from .context import Context
 from .dataflow import check_dataflow
 from .decls import check_declarations
-from .diagnostic import Diagnostic, locate
+from .diagnostic import Diagnostic, fold, locate
 from .kernels import check_kernels
 from .launches import check_ops
 from .pdl import check_pdl
@@ -71,8 +76,8 @@ def verify(manifest: Manifest, source: str | bytes | SourceMap | None = None, *,
     diags = ctx.r.items
     if diags and source is not None:
         sm = source if isinstance(source, SourceMap) else _source_map(source)
-        diags = _sorted(locate(diags, sm))
-    return diags
+        diags = locate(diags, sm)
+    return fold(_sorted(diags))
 
 
 def verify_text(text: str | bytes, *, kernels_dir: str | os.PathLike[str] | None = None) -> list[Diagnostic]:
@@ -141,5 +146,12 @@ def _diag(code: str, issue: DecodeIssue, message: str, hint: str) -> Diagnostic:
     return Diagnostic(code, "error", tuple(issue.path), message, hint, pos.line if pos else None, pos.col if pos else None)
 
 
+#: Reported after the other errors: an unused declaration is often the other half of a
+#: misspelled or renamed reference (`rms_nrom` in a call leaves op `rms_norm` unused).
+_CONSEQUENCES = frozenset({"E0070", "E0071", "E0072", "E0073", "E0074"})
+
+
 def _sorted(diags: list[Diagnostic]) -> list[Diagnostic]:
-    return sorted(diags, key=lambda d: (d.line is None, d.line or 0, d.column or 0))
+    """Errors, then warnings; root causes before unused declarations; then by position."""
+    return sorted(diags, key=lambda d: (not d.is_error, d.code in _CONSEQUENCES,
+                                        d.line is None, d.line or 0, d.column or 0))
