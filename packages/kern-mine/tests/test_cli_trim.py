@@ -1,9 +1,12 @@
 import gzip
 import json
+from collections import Counter
+from pathlib import Path
 
 import msgspec
 
 from kern_mine.cli import main
+from kern_mine.fit import Fit, field_status
 from kern_mine.mine import mine
 from kern_mine.report import FORMAT, MineReport, render_text, to_json
 from kern_mine.trim import DROPPED_FIELDS, trim
@@ -60,3 +63,59 @@ def test_trim_budget(standard, tmp_path, capsys):
     assert main(["trim", str(d), str(tmp_path / "x"), "--max-bytes", "100"]) == 1
     assert "over --max-bytes 100" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_errors_are_prefixed(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kern-mine: error: ") and "no such directory" in err
+    assert main(["trim", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith("kern-mine trim: error: ")
+
+
+def test_per_process_subdirectories_are_named(tmp_path, standard, capsys):
+    d, _, _ = standard
+    (tmp_path / "pid42").mkdir()
+    (tmp_path / "pid42" / "launches.jsonl").write_bytes((d / "launches.jsonl").read_bytes())
+    assert main([str(tmp_path)]) == 2
+    assert "per-process captures: pid42" in capsys.readouterr().err
+
+
+CAPTURE_ERROR = Path(__file__).resolve().parents[2] / "kern-capture" / "tests" / "fixtures" / "capture_error"
+
+
+def test_failed_capture_reports_its_error_json(tmp_path, capsys):
+    if (CAPTURE_ERROR / "error.json").is_file():
+        src = CAPTURE_ERROR
+    else:  # the same content kern-capture writes when CUPTI is taken
+        src = tmp_path / "cap"
+        src.mkdir()
+        (src / "error.json").write_text(json.dumps({
+            "error": "multiple_subscribers", "code": 39, "pid": 5150,
+            "message": "CUPTI already has a subscriber in this process (a profiler such as nsys, ncu or "
+                       "torch.profiler holds it); kern-capture cannot subscribe. Run without the profiler."}))
+    err_doc = json.loads((src / "error.json").read_text())
+    assert main([str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kern-mine: error: {src}: the capture failed (error.json): ")
+    assert err_doc["message"] in err and err_doc["error"] in err and str(err_doc["code"]) in err
+    assert "no launches.jsonl" not in err
+    assert main(["trim", str(src), str(tmp_path / "t")]) == 2
+    assert err_doc["message"] in capsys.readouterr().err
+
+
+def test_unobserved_fields_are_counted_and_explained(standard):
+    _, _, r = standard
+    # the summary counts exactly the statuses of the report's fields
+    fits = [f for s in r.sites for f in s.grid + [x.fit for x in s.scalars]]
+    assert r.summary.fields == dict(Counter(field_status(f) for f in fits))
+    never = Fit("underdetermined", [], candidates=[], reason="never observed with a known token count")
+    assert field_status(never) == "unobserved"
+    assert field_status(Fit("underdetermined", [(1, 1)], candidates=[1, "tokens"])) == "underdetermined"
+    r2 = msgspec.json.decode(to_json(r), type=MineReport)
+    r2.sites[0].grid[1] = never
+    r2.summary.fields = {"fit": 3, "underdetermined": 2, "unobserved": 1, "unfit": 0}
+    text = render_text(r2)
+    assert "fields: 3 fit, 2 underdetermined, 1 unobserved, 0 unfit" in text
+    assert "?(unobserved) = never seen in a pass with a known token count" in text
+    assert "?(unobserved)" in next(line for line in text.splitlines() if line.strip().startswith(f"{r2.sites[0].id} "))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kern_capture.records import CaptureError, CaptureFormatError
+
 from .mine import MineOptions, mine
 from .report import render_text, to_json
 
@@ -27,9 +29,12 @@ def _mine_main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         report = mine(a.capture, MineOptions(gap_ms=a.gap_ms, tokens_max=a.tokens_max))
-    except FileNotFoundError as e:
-        print(f"kern-mine: {e}", file=sys.stderr)
+    except (FileNotFoundError, CaptureError) as e:
+        print(f"kern-mine: error: {e}", file=sys.stderr)
         return 2
+    except CaptureFormatError as e:
+        print(f"kern-mine: error: malformed capture: {e}", file=sys.stderr)
+        return 1
     if a.json:
         sys.stdout.buffer.write(to_json(report) + b"\n")
     else:

@@ -200,6 +200,13 @@ def _fit_cached(pairs: tuple[tuple[int, int], ...], r: int) -> Fit:
     return Fit("underdetermined", samples, candidates=cands[:MAX_CANDIDATES], reason=reason)
 
 
+def field_status(f: Fit) -> str:
+    """``f.status``, except that an ``underdetermined`` fit without any sample (the field
+    was never observed with a known token count) is ``unobserved``: the report's
+    summary counts those separately."""
+    return "unobserved" if f.status == "underdetermined" and not f.samples else f.status
+
+
 def fit_samples(samples, tokens_max: int = 1) -> Fit:
     """Fit ``(tokens, value)`` samples; the fit is claimed on ``tokens ∈ [1, tokens_max]``.
 

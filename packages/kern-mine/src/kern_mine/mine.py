@@ -15,7 +15,7 @@ from kern_capture.records import LaunchRecord
 
 from .capture import load_capture
 from .fields import AXES, fit_field, site_fields
-from .fit import Fit
+from .fit import Fit, field_status
 from .passes import Pass, choose_anchor, split_passes
 from .pointers import classify_pointers
 from .reference import choose_reference, reference_candidates
@@ -160,7 +160,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         sites=len(sites),
         flat_sites=sum(s.kernel.flat for s in sites),
         flat_sites_grid_fitted=grid_fitted,
-        fields=dict(Counter(f.status for f in fits)),
+        fields=dict(Counter(field_status(f) for f in fits)),
         pointers=dict(Counter(p.cls for p in ptrs)),
     )
     return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max), summary, anchor_out,

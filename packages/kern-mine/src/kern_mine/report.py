@@ -161,7 +161,7 @@ def _fit_text(f: Fit) -> str:
     shown = ",".join(map(str, vals[:4])) + (",…" if len(vals) > 4 else "")
     if f.status == "underdetermined":
         c = " | ".join(to_text(e) for e in (f.candidates or [])[:3])
-        return f"?{{{c}}}" if c else "?(unobserved)"
+        return f"?{{{c}}}" if c and f.samples else "?(unobserved)"
     return f"!{{{shown}}}"
 
 
@@ -202,8 +202,10 @@ def render_text(r: MineReport) -> str:
     out.append("  (* irregular pass, excluded from fitting)")
     f = s.fields
     out.append(f"\nsites: {s.sites} ({s.flat_sites} flat, {s.flat_sites_grid_fitted} of them with a fitted grid); "
-               f"fields: {f.get('fit', 0)} fit, {f.get('underdetermined', 0)} underdetermined, {f.get('unfit', 0)} unfit")
-    out.append("  legend: expr = fitted, ?{a | b} = underdetermined candidates, !{values} = unfit")
+               f"fields: {f.get('fit', 0)} fit, {f.get('underdetermined', 0)} underdetermined, "
+               f"{f.get('unobserved', 0)} unobserved, {f.get('unfit', 0)} unfit")
+    out.append("  legend: expr = fitted, ?{a | b} = underdetermined (candidates that disagree), "
+               "?(unobserved) = never seen in a pass with a known token count, !{values} = unfit")
     ptr_by_site: dict[int, list[PointerOut]] = {}
     for p in r.pointers:
         ptr_by_site.setdefault(p.site, []).append(p)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import msgspec
-from kern_capture.records import INFO_FILE, LAUNCHES_FILE, MODULES_FILE, LaunchRecord
+from kern_capture.records import INFO_FILE, LAUNCHES_FILE, MODULES_FILE, CaptureError, LaunchRecord
 
 from .capture import GZ_SUFFIX, load_capture
 
@@ -80,11 +80,11 @@ def trim_main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         n, size, done = trim(a.src, a.dst, a.max_bytes)
-    except FileNotFoundError as e:
-        print(f"kern-mine trim: {e}", file=sys.stderr)
+    except (FileNotFoundError, CaptureError) as e:
+        print(f"kern-mine trim: error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"kern-mine trim: {e}", file=sys.stderr)
+        print(f"kern-mine trim: error: {e}", file=sys.stderr)
         return 1
     print(f"{a.dst}: {n} launches, {size} bytes ({done})")
     return 0
