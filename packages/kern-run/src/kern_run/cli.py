@@ -4,7 +4,9 @@
              --weights weights/qwen3-0.6b.safetensors --prompt "The capital of France is"
 
 Generated text goes to stdout as it is produced; the runtime description,
-graph captures and timings go to stderr. kern-run's own checks fail with one line; errors from loading (modules, weights, verification, no GPU) list each problem, then `at …` and `hint: …`.
+graph captures and timings go to stderr. kern-run's own checks fail with one line;
+errors from loading (modules, weights, verification, no GPU) list each problem, then
+`at …` and `hint: …`.
 """
 
 from __future__ import annotations
