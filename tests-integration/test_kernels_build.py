@@ -174,3 +174,114 @@ def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
             sys.path.pop(0)
         cfg.write_text(json.dumps({**preset_hf_config("0.6b"), "head_dim": 64}))
         load_geometry(str(cfg))
+
+
+# ------------------------------------------------------------------ the default build is pinned
+
+EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b.json"]
+
+
+def test_default_build_matches_the_examples(built):
+    """Every default cubin has the sha256 the committed examples pin (those cubins were validated on
+    the H200): opt-in instances (`--pdl`) must never change a default one. Every default module is
+    used by some example, so this covers the whole default build."""
+    a, idx = built
+    pinned: dict[str, str] = {}
+    for ex in EXAMPLES:
+        for mod in json.loads(ex.read_text())["modules"].values():
+            pinned.setdefault(mod["source"], mod["sha256"])
+    for name, k in idx["kernels"].items():
+        assert k["module"] in pinned, f"{name}: module {k['module']} is used by no example"
+        assert k["sha256"] == pinned[k["module"]], f"{name}: {k['module']} changed vs the committed examples"
+        assert hashlib.sha256((a / k["module"]).read_bytes()).hexdigest() == pinned[k["module"]], name
+        assert "pdl" not in k, name
+
+
+# ------------------------------------------------------------------ opt-in PDL instances (--pdl)
+
+PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
+            "argmax_partial", "argmax_reduce")
+
+
+@pytest.fixture(scope="session")
+def built_pdl(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernels_pdl")
+    return d, _build(d, "--pdl")
+
+
+def test_pdl_build_keeps_every_default_entry(built, built_pdl):
+    """`--pdl` only adds `NAME_pdl` entries and their modules: every default entry and cubin is identical."""
+    a, idx = built
+    p, pidx = built_pdl
+    assert set(pidx["kernels"]) == set(idx["kernels"]) | {n + "_pdl" for n in PDL_BASE}
+    for name, k in idx["kernels"].items():
+        assert pidx["kernels"][name] == k, name
+        assert (p / k["module"]).read_bytes() == (a / k["module"]).read_bytes(), name
+    new_modules = {pidx["kernels"][n + "_pdl"]["module"] for n in PDL_BASE}
+    assert not new_modules & {k["module"] for k in idx["kernels"].values()}
+    assert pidx["kernels"]["argmax_partial_pdl"]["module"] == pidx["kernels"]["argmax_reduce_pdl"]["module"] \
+        == "argmax_pdl.cubin"
+    assert pidx["kernels"]["embedding_pdl"]["module"] == "embedding_pdl.cubin"
+
+
+def test_pdl_entries_are_twins_that_wait(built_pdl):
+    """Each NAME_pdl has its twin's ABI (params, block, shared memory, grid), says `pdl: true`, and its
+    entry's code contains griddepcontrol.wait (SASS ACQBULK: what kern-verify E0088 checks)."""
+    p, pidx = built_pdl
+    for base in PDL_BASE:
+        k, t = pidx["kernels"][base + "_pdl"], pidx["kernels"][base]
+        assert k.get("pdl") is True, base
+        for f in ("entry", "params", "param_names", "aligned16", "block", "shared_mem", "shared_mem_per", "grid"):
+            assert k[f] == t[f], (base, f)
+        cx = dict(k["constexprs"])
+        if cx.pop("PDL", None) is not None:
+            assert k["module"] == base + "_pdl.cubin"  # Triton: the same function with PDL = True
+        assert cx == t["constexprs"], base
+        cub = read_cubin((p / k["module"]).read_bytes(), k["module"])
+        assert cub.entries[k["entry"]].grid_dep_wait is True, base
+        twin = read_cubin((p / t["module"]).read_bytes(), t["module"])
+        assert twin.entries[t["entry"]].grid_dep_wait is False, base
+
+
+def _pdl_kernels():
+    sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from catalog import instances
+        from geometries import load_geometry
+        import build_kernels
+    finally:
+        del sys.path[:2]
+    return {k.name: k for k in instances([load_geometry("4b")], pdl=True) if k.pdl}, build_kernels
+
+
+#: Global loads a PDL Triton kernel issues before its wait: only inputs and weights (qk_norm_rope_kv:
+#: positions, the cos and sin halves of the rotary row (3 loads each in Triton's layout), q_norm_w (2),
+#: k_norm_w (2), slot_mapping; decode attention: seq_lens; the reduce: none).
+PDL_LOADS_BEFORE_WAIT = {"qk_norm_rope_kv_pdl": 12, "paged_decode_attention_pdl": 1, "paged_decode_reduce_pdl": 0}
+
+
+def test_pdl_ptx_waits_before_any_store(tmp_path):
+    """The PTX of every PDL instance: griddepcontrol.wait comes, in program text, before every global
+    store, atomic and return; the Triton kernels (straight-line before the wait) issue exactly the
+    expected input/weight loads before it and no branch."""
+    import re as _re
+
+    kernels, bk = _pdl_kernels()
+    for name, k in sorted(kernels.items()):
+        if k.lang == "triton":
+            ptx = bk.triton_compiled(k, str(tmp_path))
+            ptx = ptx.asm["ptx"]
+        else:
+            ptx = bk.cuda_ptx(k)
+        # the entry's body (CUDA modules hold several entries)
+        body = ptx.split(f".entry {k.entry}(", 1)[1].split(".entry ", 1)[0]
+        lines = [ln.strip() for ln in body.splitlines()]
+        first_wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+        before = lines[:first_wait]
+        assert not [ln for ln in before if _re.search(r"\bst\.global|\batom\.|\bred\.|\bret;|cp\.async", ln)], name
+        assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines), name
+        if k.lang == "triton":
+            loads = [ln for ln in before if "ld.global" in ln]
+            assert len(loads) == PDL_LOADS_BEFORE_WAIT[name], (name, loads)
+            assert not [ln for ln in before if _re.search(r"\bbra\b", ln)], name

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build every Qwen3 provider kernel for sm_90 into a kernels directory + index.json.
 
-    python tools/build_kernels.py --out DIR [--geometry 4b|0.6b|...|path/to/config.json ...] [-j N]
+    python tools/build_kernels.py --out DIR [--geometry 4b|0.6b|...|path/to/config.json ...] [-j N] [--pdl]
 
 No GPU needed.  CUDA C sources are compiled with ``nvcc -cubin -arch=sm_90``;
 Triton kernels (pinned triton==3.6.0) ahead of time with
@@ -85,6 +85,15 @@ def _load_fn(source: str, entry: str):
 
 def compile_triton(k: Kernel, tmp: str) -> tuple[bytes, str, int]:
     """Compile one Triton instance; returns (cubin, entry symbol, dynamic shared bytes)."""
+    cc = triton_compiled(k, tmp)
+    md = cc.metadata
+    if md.global_scratch_size or md.profile_scratch_size:
+        raise AssertionError(f"{k.name}: needs Triton global/profile scratch; the ABI passes 0")
+    return cc.asm["cubin"], md.name, int(md.shared)
+
+
+def triton_compiled(k: Kernel, tmp: str):
+    """Triton's compiled kernel of one instance (`.asm["cubin"]`, `.asm["ptx"]`, `.metadata`)."""
     _private_env(tmp)
     import triton
     from triton.backends.compiler import GPUTarget
@@ -92,28 +101,41 @@ def compile_triton(k: Kernel, tmp: str) -> tuple[bytes, str, int]:
     assert triton.__version__ == "3.6.0", f"triton {triton.__version__}: the kernels are pinned to 3.6.0"
     fn = _load_fn(k.source, k.entry)
     names = list(fn.arg_names)
-    declared = [p.name for p in k.params] + list(k.constexprs)
+    constexprs = dict(k.constexprs)
+    if "PDL" in names and "PDL" not in constexprs:
+        # A kernel with a PDL form (kernels-src/attention.py): an instance that does not ask for
+        # it compiles with PDL = False, whose code is that of the kernel without the parameter.
+        constexprs["PDL"] = False
+    declared = [p.name for p in k.params] + list(constexprs)
     if sorted(names) != sorted(declared) or names[: len(k.params)] != [p.name for p in k.params]:
         raise AssertionError(f"{k.name}: catalog params {declared} != kernel args {names}")
     signature = {p.name: _triton_type(p) for p in k.params}
-    signature.update({c: "constexpr" for c in k.constexprs})
+    signature.update({c: "constexpr" for c in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(k.params) if p.div16}
-    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=dict(k.constexprs), attrs=attrs)
-    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": k.num_warps, "num_stages": k.num_stages})
-    md = cc.metadata
-    if md.global_scratch_size or md.profile_scratch_size:
-        raise AssertionError(f"{k.name}: needs Triton global/profile scratch; the ABI passes 0")
-    return cc.asm["cubin"], md.name, int(md.shared)
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": k.num_warps, "num_stages": k.num_stages})
 
 
-def start_cuda(source: str, tmp: str) -> tuple[subprocess.Popen, Path]:
-    """Start nvcc on one CUDA C source (it runs while Triton compiles); `finish_cuda` collects it."""
-    out = Path(tmp) / (Path(source).stem + ".cubin")
+def cuda_ptx(k: Kernel) -> str:
+    """The PTX of a CUDA C instance's module (same flags and defines as its cubin), for inspection."""
+    with tempfile.TemporaryDirectory(prefix="kern-ptx-") as tmp:
+        out = Path(tmp) / "m.ptx"
+        cmd = [_nvcc(), *[f for f in NVCC_FLAGS if f != "-cubin"], "-ptx", *CUDA_FLAGS[k.source],
+               *(f"-D{d}" for d in k.defines), "-o", str(out), k.source]
+        subprocess.run(cmd, cwd=SRC, check=True)
+        return out.read_text()
+
+
+def start_cuda(source: str, tmp: str, defines: tuple[str, ...] = (), module: str | None = None
+               ) -> tuple[subprocess.Popen, Path]:
+    """Start nvcc on one CUDA C source (it runs while Triton compiles); `finish_cuda` collects it.
+    `defines`: -D macros of this module (e.g. KERN_PDL); `module`: its cubin file name."""
+    out = Path(tmp) / (module or Path(source).stem + ".cubin")
     if source not in CUDA_FLAGS:
         raise AssertionError(f"{source}: no nvcc flags in catalog.CUDA_FLAGS")
     # Compile from inside the source dir with a relative name: no absolute path can leak.
-    cmd = [_nvcc(), *NVCC_FLAGS, *CUDA_FLAGS[source], "-o", str(out), source]
+    cmd = [_nvcc(), *NVCC_FLAGS, *CUDA_FLAGS[source], *(f"-D{d}" for d in defines), "-o", str(out), source]
     return subprocess.Popen(cmd, cwd=SRC), out
 
 
@@ -133,20 +155,25 @@ def _triton_job(args):
     return k.name, compile_triton(k, tmp)
 
 
-def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False) -> dict:
+def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False,
+          *, pdl: bool = False) -> dict:
+    """Build the instances of `geometry_specs` into `out_dir`. `pdl`: also the opt-in PDL
+    instances (`NAME_pdl`, catalog `_pdl_kernels`); every other entry and cubin is the same."""
     geoms = [load_geometry(s) for s in geometry_specs]
-    kernels = instances(geoms)
+    kernels = instances(geoms, pdl=pdl)
     out_dir.mkdir(parents=True, exist_ok=True)
     index: dict = {"format": 1, "target": TARGET, "kernels": {}}
     with tempfile.TemporaryDirectory(prefix="kern-build-") as tmp:
         _private_env(tmp)
         modules: dict[str, bytes] = {}
         built: dict[str, tuple[str, str, int]] = {}  # NAME -> (module file, entry, shared)
-        nvcc = {Path(src).stem + ".cubin": start_cuda(src, tmp)
-                for src in sorted({k.source for k in kernels if k.lang == "cuda"})}
+        cuda_modules: dict[str, tuple[str, tuple[str, ...]]] = {}  # module file -> (source, defines)
         for k in kernels:
             if k.lang == "cuda":
-                built[k.name] = (Path(k.source).stem + ".cubin", k.entry, 0)
+                if cuda_modules.setdefault(k.module, (k.source, k.defines)) != (k.source, k.defines):
+                    raise AssertionError(f"{k.name}: module {k.module} built from two different (source, defines)")
+                built[k.name] = (k.module, k.entry, 0)
+        nvcc = {mod: start_cuda(src, tmp, defines, mod) for mod, (src, defines) in sorted(cuda_modules.items())}
         tri = [k for k in kernels if k.lang == "triton"]
         jobs = jobs or min(len(tri), os.cpu_count() or 1) or 1
         try:
@@ -188,6 +215,8 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
                 "constexprs": dict(k.constexprs),
                 "doc": k.doc,
             }
+            if k.pdl:  # only on the opt-in instances: default entries are unchanged
+                index["kernels"][k.name]["pdl"] = True
             if not quiet:
                 print(f"  {k.name:32s} {mod:36s} block {k.block[0]:4d} smem {shared:6d}", file=sys.stderr)
     text = json.dumps(index, indent=1, sort_keys=True) + "\n"
@@ -201,9 +230,11 @@ def main(argv=None) -> int:
     ap.add_argument("--geometry", action="append", default=None,
                     help="preset (0.6b 1.7b 4b 8b 14b 32b) or HF config.json; repeatable (default: 0.6b, 4b)")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel Triton compiles (default: CPUs)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="also build the PDL forms of the decode-path kernels (NAME_pdl; for gen_qwen3.py --pdl)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
-    idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet)
+    idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet, pdl=a.pdl)
     print(f"wrote {len(idx['kernels'])} kernels to {a.out}/index.json", file=sys.stderr)
     return 0
 

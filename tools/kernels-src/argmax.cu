@@ -20,9 +20,31 @@
 // (sign-magnitude -> unsigned), low 32 bits = ~index.  The max key is the max value
 // with the smallest index, so both stages are plain u64 max-reductions.  An empty
 // block writes 0, which loses to every element.
+//
+// PDL form (compiled with -DKERN_PDL into its own module, index NAMEs `argmax_partial_pdl`,
+// `argmax_reduce_pdl`; the default build has none of it): every block of both stages
+// executes `griddepcontrol.wait` first (everything they read, logits or partial, is an
+// earlier launch's output), then `griddepcontrol.launch_dependents`; the logits and partial
+// are read with L2-coherent loads (__ldcg, ld.global.cg) instead of __ldg / plain loads of
+// `const __restrict__` data (which the compiler may turn into the non-coherent read-only
+// path), since they were written by a grid that may still have been running when this one
+// started.
 #include <cstdint>
 
 #define ARGMAX_THREADS 256
+
+#ifdef KERN_PDL
+#define KERN_PDL_WAIT_AND_TRIGGER()                          \
+    do {                                                     \
+        asm volatile("griddepcontrol.wait;" ::: "memory");   \
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
+    } while (0)
+#define ARGMAX_LDG(p) __ldcg(p)
+#define ARGMAX_LD(p) __ldcg(p)
+#else
+#define ARGMAX_LDG(p) __ldg(p)
+#define ARGMAX_LD(p) (*(p))
+#endif
 
 __device__ __forceinline__ uint64_t argmax_key(uint32_t b16, uint32_t idx) {
     if (b16 == 0x8000u) b16 = 0;  // -0.0 ties with +0.0
@@ -50,6 +72,9 @@ __device__ __forceinline__ uint64_t block_max(uint64_t v) {
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_partial(const uint16_t* __restrict__ logits, uint64_t* __restrict__ partial, int n, int parts) {
+#ifdef KERN_PDL
+    KERN_PDL_WAIT_AND_TRIGGER();
+#endif
     const int64_t row = blockIdx.y;
     const uint16_t* x = logits + row * n;
     const int per = (n + parts - 1) / parts;
@@ -60,7 +85,7 @@ argmax_partial(const uint16_t* __restrict__ logits, uint64_t* __restrict__ parti
     if ((n & 7) == 0) {
         const uint4* xv = reinterpret_cast<const uint4*>(x);
         for (int v = (lo >> 3) + threadIdx.x; v < (hi >> 3); v += ARGMAX_THREADS) {
-            const uint4 w = __ldg(xv + v);
+            const uint4 w = ARGMAX_LDG(xv + v);
             const uint32_t words[4] = {w.x, w.y, w.z, w.w};
             const uint32_t i0 = uint32_t(v) << 3;
 #pragma unroll
@@ -70,7 +95,7 @@ argmax_partial(const uint16_t* __restrict__ logits, uint64_t* __restrict__ parti
             }
         }
     } else {
-        for (int i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) best = umax64(best, argmax_key(x[i], i));
+        for (int i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) best = umax64(best, argmax_key(ARGMAX_LD(x + i), i));
     }
     best = block_max(best);
     if (threadIdx.x == 0) partial[row * parts + blockIdx.x] = best;
@@ -78,9 +103,12 @@ argmax_partial(const uint16_t* __restrict__ logits, uint64_t* __restrict__ parti
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_reduce(const uint64_t* __restrict__ partial, int64_t* __restrict__ out, int parts) {
+#ifdef KERN_PDL
+    KERN_PDL_WAIT_AND_TRIGGER();
+#endif
     const int64_t row = blockIdx.x;
     uint64_t best = 0;
-    for (int i = threadIdx.x; i < parts; i += ARGMAX_THREADS) best = umax64(best, partial[row * parts + i]);
+    for (int i = threadIdx.x; i < parts; i += ARGMAX_THREADS) best = umax64(best, ARGMAX_LD(partial + row * parts + i));
     best = block_max(best);
     if (threadIdx.x == 0) out[row] = int64_t(~uint32_t(best & 0xFFFFFFFFu));
 }

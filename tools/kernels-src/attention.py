@@ -16,10 +16,24 @@ Kernels:
   paged_decode_attention   decode (one query token per sequence), split-KV stage 1
   paged_decode_reduce      decode stage 2: merge the splits -> bf16 output
   paged_prefill_attention  causal flash attention of a chunk against the cache
+
+Programmatic dependent launch (``PDL: tl.constexpr``, default False): the decode-path
+kernels (``qk_norm_rope_kv``, ``paged_decode_attention``, ``paged_decode_reduce``) have a
+PDL form, built as separate ``*_pdl`` instances, that keeps the manifest's ``"pdl": true``
+contract (packages/kern-schema/README.md): every program first loads only what no launch of
+the program writes (inputs the caller wrote before the run: positions, slot_mapping,
+seq_lens, block_table; weights: norm weights, the rotary table), then executes
+``griddepcontrol.wait`` (``gdc_wait``) unconditionally, before any read of qkv, the KV
+state or the split scratch and before any store; no program returns before it.  Where
+each kernel executes ``griddepcontrol.launch_dependents`` (``gdc_launch_dependents``) is
+said at the kernel.  With ``PDL`` false every ``if PDL:`` branch is pruned at compile time
+and the compiled code is byte-identical to the kernel without the parameter (the default
+instances' sha256 are pinned by examples/*.json; tests-integration/test_kernels_build.py).
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = 1.4426950408889634
 
@@ -27,7 +41,7 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, kv,
                     num_q_heads, num_kv_heads, eps, page_bytes,
-                    D: tl.constexpr, BLOCK_G: tl.constexpr):
+                    D: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
     """Per-layer attention prologue, one program per (token t, kv head g).
 
     qkv: bf16 [tokens, (NQ+2*NKV)*D], inout: the q heads g*G .. g*G+G-1 (G = NQ/NKV) are
@@ -38,6 +52,10 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
         written at slot_mapping[t] (a negative slot skips the write).
     Rotary (neox, rotate-half over the full D): out[:D/2] = x1*cos - x2*sin,
     out[D/2:] = x2*cos + x1*sin.  fp32 math, one rounding at each store.
+
+    PDL: positions, the rotary row, both norm weights and the slot are loaded, then the
+    wait (qkv is the previous GEMV's output), then launch_dependents at once (the next
+    kernel, decode attention, may then get its programs resident and read its inputs).
     """
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -49,6 +67,15 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     pos = tl.load(positions + t)
     cos = tl.load(cos_sin + pos * D + d)
     sin = tl.load(cos_sin + pos * D + HALF + d)
+    if PDL:
+        # no earlier launch of the program writes these (weights, inputs)
+        qw1 = tl.load(q_norm_w + d).to(tl.float32)
+        qw2 = tl.load(q_norm_w + HALF + d).to(tl.float32)
+        kw1 = tl.load(k_norm_w + d).to(tl.float32)
+        kw2 = tl.load(k_norm_w + HALF + d).to(tl.float32)
+        slot = tl.load(slot_mapping + t)
+        gdc_wait()
+        gdc_launch_dependents()
 
     # q heads of this group: a [BLOCK_G, D/2] tile per half, rows >= G masked off
     rows = tl.arange(0, BLOCK_G)
@@ -57,8 +84,12 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     q1 = tl.load(qp, mask=rmask, other=0.0).to(tl.float32)
     q2 = tl.load(qp + HALF, mask=rmask, other=0.0).to(tl.float32)
     r = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)
-    a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
-    b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
+    if PDL:
+        a = q1 * r[:, None] * qw1[None, :]
+        b = q2 * r[:, None] * qw2[None, :]
+    else:
+        a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
+        b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
     tl.store(qp, (a * cos[None, :] - b * sin[None, :]).to(tl.bfloat16), mask=rmask)
     tl.store(qp + HALF, (b * cos[None, :] + a * sin[None, :]).to(tl.bfloat16), mask=rmask)
 
@@ -67,12 +98,17 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     k1 = tl.load(kp + d).to(tl.float32)
     k2 = tl.load(kp + HALF + d).to(tl.float32)
     rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-    ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
-    kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
+    if PDL:
+        ka = k1 * rk * kw1
+        kb = k2 * rk * kw2
+    else:
+        ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
+        kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
     vp = row + (num_q_heads + num_kv_heads) * D + g * D
     v1 = tl.load(vp + d)
     v2 = tl.load(vp + HALF + d)
-    slot = tl.load(slot_mapping + t)
+    if not PDL:
+        slot = tl.load(slot_mapping + t)
     if slot >= 0:
         page_elems = (page_bytes // 512).to(tl.int64) * 256
         dst = kv + (slot // 16) * page_elems + (slot % 16) * (num_kv_heads * 2 * D) + g * (2 * D)
@@ -85,7 +121,8 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
 @triton.jit
 def paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
                            num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
-                           D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+                           D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """Decode attention, stage 1 (split-KV).  Grid (NKV, S, seqs), S = number of splits.
 
     Program (h, s, b) handles the G = NQ/NKV q heads of kv head h (padded to BLOCK_H rows so
@@ -97,6 +134,10 @@ def paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
       part_ml [((b*NQ + j)*S + s)*2 + 0]  = m (running max of the scores, log2 units)
       part_ml [((b*NQ + j)*S + s)*2 + 1]  = l = sum_n p_n,  p_n = 2^(score_n*log2e - m)
     An empty split writes m = -inf, l = 0, acc = 0.
+
+    PDL: seq_lens (an input) is loaded, then the wait (q and the current token's k/v are
+    the prologue's output; the split scratch was read by the previous layer's reduce), then
+    launch_dependents (the reduce may get resident and wait).
     """
     h = tl.program_id(0)
     s = tl.program_id(1)
@@ -107,6 +148,9 @@ def paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
     chunk = tl.cdiv(tl.cdiv(L, S), BLOCK_N) * BLOCK_N
     start = s * chunk
     end = tl.minimum(start + chunk, L)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
     d = tl.arange(0, D)
     rows = tl.arange(0, BLOCK_H)
@@ -147,12 +191,20 @@ def paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
 
 @triton.jit
 def paged_decode_reduce(part_acc, part_ml, out, num_q_heads, num_splits,
-                        D: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                        D: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
     """Decode attention, stage 2.  Grid (NQ, seqs).  num_splits = S of stage 1 (<= MAX_SPLITS).
 
     out[b, j*D : (j+1)*D] = bf16(sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), M = max_s m_s.
     out: bf16 [seqs, NQ*D] (contiguous).
+
+    PDL: launch_dependents first, then the wait (everything it reads is stage 1's output).
+    Triggering before the wait lets the next launch (the o-projection GEMV, which streams
+    its first weight stage before its own wait) become resident while stage 1 still runs;
+    the reduce itself is 32 small programs, so holding their slots costs little.
     """
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     j = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     sp = tl.arange(0, MAX_SPLITS)

@@ -20,7 +20,7 @@ get two hidden trailing ``u64`` params (global / profile scratch, always passed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from geometries import Geometry
 
@@ -51,14 +51,30 @@ class Kernel:
     # Dynamic shared memory that grows with a scalar param: bytes = shared_mem + Σ coeff × value
     # of that param at the launch (e.g. {"k": 2} for a bf16 row of k elements staged in smem).
     shared_mem_per: dict = field(default_factory=dict)
+    # CUDA only: preprocessor macros (-D) of this instance's module, and the suffix that names
+    # that module (`embedding` + `_pdl` -> embedding_pdl.cubin); all kernels of one source with
+    # the same defines share a module.
+    defines: tuple[str, ...] = ()
+    module_suffix: str = ""
+    # Programmatic dependent launch: the instance keeps the manifest's `"pdl": true` contract
+    # (packages/kern-schema/README.md); written as `"pdl": true` in its index entry.
+    pdl: bool = False
 
     @property
     def block(self) -> list[int]:
         return [self.block_x if self.lang == "cuda" else 32 * self.num_warps, 1, 1]
 
+    @property
+    def module(self) -> str:
+        """The cubin file of this instance in the kernels dir."""
+        if self.lang == "cuda":
+            return self.source.rsplit(".", 1)[0] + self.module_suffix + ".cubin"
+        return self.name + ".cubin"
+
     def key(self):
         return (self.lang, self.source, self.entry, self.params, tuple(sorted(self.constexprs.items())),
-                self.num_warps, self.num_stages, self.block_x, tuple(sorted(self.shared_mem_per.items())))
+                self.num_warps, self.num_stages, self.block_x, tuple(sorted(self.shared_mem_per.items())),
+                self.defines, self.module_suffix, self.pdl)
 
 
 def P(name, type_, div16=False, elem=None):
@@ -275,10 +291,39 @@ def _gemv_kernels() -> list[Kernel]:
     return out
 
 
-def instances(geometries: list[Geometry]) -> list[Kernel]:
-    """Distinct kernel instances needed by these geometries, sorted by NAME."""
+#: The kernels of the decode program between the GEMVs that have a PDL form (`NAME_pdl`).
+PDL_KERNELS = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
+               "argmax_partial", "argmax_reduce")
+PDL_DOC = (" PDL form (programmatic dependent launch, manifest `\"pdl\": true`): every block loads only "
+           "inputs and weights, then executes griddepcontrol.wait before reading any earlier launch's output "
+           "and before any store (also in blocks with no work), and griddepcontrol.launch_dependents; launched "
+           "without the attribute it computes exactly what {base} computes.")
+
+
+def _pdl_kernels() -> list[Kernel]:
+    """Opt-in (`build_kernels.py --pdl`): the PDL forms of the decode-path kernels.
+
+    Triton: the same function with the constexpr `PDL` = True (the default instances compile
+    it with False, which prunes every PDL branch: byte-identical to the kernel without it).
+    CUDA C: the same source compiled with `-DKERN_PDL` into its own module (`*_pdl.cubin`).
+    Same params, grid, block and shared memory as the default instance.
+    """
+    base = {k.name: k for k in _shared_kernels() + _attention_kernels()}
+    out = []
+    for name in PDL_KERNELS:
+        k = base[name]
+        extra = dict(defines=("KERN_PDL",), module_suffix="_pdl") if k.lang == "cuda" else \
+            dict(constexprs={**k.constexprs, "PDL": True})
+        out.append(replace(k, name=name + "_pdl", pdl=True, doc=k.doc + PDL_DOC.format(base=f"`{name}`"), **extra))
+    return out
+
+
+def instances(geometries: list[Geometry], *, pdl: bool = False) -> list[Kernel]:
+    """Distinct kernel instances needed by these geometries, sorted by NAME.
+
+    `pdl`: add the opt-in PDL instances (`_pdl_kernels`); the default set is unchanged."""
     out: dict[str, Kernel] = {}
-    shared = _shared_kernels() + _attention_kernels() + _gemv_kernels()
+    shared = _shared_kernels() + _attention_kernels() + _gemv_kernels() + (_pdl_kernels() if pdl else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")
