@@ -39,8 +39,8 @@ def write_fake_index(d: Path, geometries: list[str]) -> Path:
 
     d.mkdir(parents=True, exist_ok=True)
     kernels = {}
-    for k in catalog.instances([kgeom.load_geometry(g) for g in geometries]):
-        module = (Path(k.source).stem if k.lang == "cuda" else k.name) + ".cubin"
+    for k in catalog.instances([kgeom.load_geometry(g) for g in geometries], pdl=True):
+        module = k.module
         blob = f"placeholder {module}".encode()
         (d / module).write_bytes(blob)
         params = [p.type for p in k.params] + ([t for _, t in catalog.TRITON_HIDDEN] if k.lang == "triton" else [])
@@ -49,7 +49,7 @@ def write_fake_index(d: Path, geometries: list[str]) -> Path:
             "module": module, "sha256": hashlib.sha256(blob).hexdigest(), "entry": k.entry,
             "params": params, "param_names": names, "aligned16": [p.name for p in k.params if p.div16],
             "block": k.block, "shared_mem": 0, "shared_mem_per": dict(k.shared_mem_per), "grid": k.grid,
-            "constexprs": dict(k.constexprs), "doc": k.doc,
+            "constexprs": dict(k.constexprs), "doc": k.doc, **({"pdl": True} if k.pdl else {}),
         }
     (d / "index.json").write_text(json.dumps({"format": 1, "target": "sm_90", "kernels": kernels}, indent=1))
     return d
@@ -478,3 +478,76 @@ def test_example_verifies_with_kernels(preset: str, built_kernels: Path) -> None
     assert r.returncode == 0, r.stdout + r.stderr
     diags = kern_verify.verify_path(EXAMPLES[preset], kernels_dir=built_kernels)
     assert diags == [], "\n".join(map(str, diags))
+
+
+# ------------------------------------------------------------------ --pdl: the whole decode chain
+
+
+def decode_launches(m: ks.Manifest) -> list[tuple[str, int, ks.Launch]]:
+    """(call label, launch index, launch) of every launch of the decode program, in order."""
+    return [(c.label, i, la) for c in m.programs["decode"].calls for i, la in enumerate(m.ops[c.op].impl.launches)]
+
+
+def check_pdl_manifest(m: ks.Manifest) -> None:
+    """Every decode launch but the first (the embedding) has pdl and runs a PDL kernel form; prefill none."""
+    launches = decode_launches(m)
+    assert launches[0][0] == "embed" and not launches[0][2].pdl
+    assert all(la.pdl for _, _, la in launches[1:]), [(lb, i) for lb, i, la in launches[1:] if not la.pdl]
+    for label, i, la in launches[1:]:
+        mod = m.modules[la.module].source
+        assert mod == "gemv.cubin" or mod.endswith("_pdl.cubin"), (label, i, mod)
+    assert not any(m.ops[c.op].impl.launches[i].pdl for c in m.programs["prefill"].calls
+                   for i in range(len(m.ops[c.op].impl.launches)))
+
+
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_pdl_every_geometry(preset: str, fake_kernels: Path) -> None:
+    """--pdl for every geometry: verifies (no diagnostic at all: no E0091 warning either) and every
+    decode launch but the first is a PDL launch; prefill is the default manifest's."""
+    m = _build(preset, fake_kernels, pdl=True)
+    diags = kern_verify.verify(m)
+    assert diags == [], "\n".join(map(str, diags))
+    check_pdl_manifest(m)
+    d = _build(preset, fake_kernels)
+    assert d.programs["prefill"] == m.programs["prefill"]
+    assert [c.label for c in d.programs["decode"].calls] == [c.label for c in m.programs["decode"].calls]
+    assert set(m.ops) - set(d.ops) == {"qk_norm_rope_kv_pdl"}
+
+
+def test_pdl_needs_the_pdl_build(tmp_path: Path) -> None:
+    d = tmp_path / "k"
+    write_fake_index(d, ["0.6b"])
+    idx = json.loads((d / "index.json").read_text())
+    idx["kernels"] = {n: k for n, k in idx["kernels"].items() if not n.endswith("_pdl")}
+    (d / "index.json").write_text(json.dumps(idx))
+    _build("0.6b", d)  # the default manifest does not need them
+    with pytest.raises(gen.GenError, match="build_kernels.py --pdl"):
+        _build("0.6b", d, pdl=True)
+
+
+@pytest.fixture(scope="session")
+def built_kernels_pdl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real kernels of the example geometries with the opt-in PDL forms (build_kernels.py --pdl)."""
+    d = tmp_path_factory.mktemp("kernels-pdl")
+    cmd = [sys.executable, str(ROOT / "tools" / "build_kernels.py"), "--out", str(d), "-q", "--pdl"]
+    subprocess.run(cmd + [a for g in EXAMPLES for a in ("--geometry", g)], check=True)
+    return d
+
+
+@pytest.mark.parametrize("preset", list(EXAMPLES))
+def test_pdl_manifest_verifies_with_kernels(preset: str, built_kernels_pdl: Path, tmp_path: Path) -> None:
+    """gen_qwen3.py --pdl on the real --pdl build: kern-verify --kernels finds nothing (E0088: every pdl
+    entry contains griddepcontrol.wait); without --pdl the same index still gives the committed example."""
+    out = tmp_path / f"pdl-{preset}.json"
+    gen_cmd = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", preset, "--kernels",
+               str(built_kernels_pdl)]
+    subprocess.run(gen_cmd + ["--out", str(out), "--pdl"], check=True, capture_output=True)
+    cli = Path(sys.executable).parent / "kern-verify"
+    r = subprocess.run([str(cli), str(out), "--kernels", str(built_kernels_pdl)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    diags = kern_verify.verify_path(out, kernels_dir=built_kernels_pdl)
+    assert diags == [], "\n".join(map(str, diags))
+    check_pdl_manifest(ks.load(out.read_bytes()))
+    plain = tmp_path / f"plain-{preset}.json"
+    subprocess.run(gen_cmd + ["--out", str(plain)], check=True, capture_output=True)
+    assert plain.read_bytes() == EXAMPLES[preset].read_bytes()

@@ -4,7 +4,7 @@
 Usage::
 
     python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
-                              [--chunk 2048] [--max-positions 40960] [--model NAME]
+                              [--chunk 2048] [--max-positions 40960] [--model NAME] [--pdl]
 
 DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
 every kernel is wired by the NAME, parameter names and types the index gives, and every
@@ -425,7 +425,31 @@ def declare_buffers(b: ManifestBuilder, max_positions: int) -> None:
     b.buffer("rope.cos_sin", "f32", [max_positions, D], "weight")
 
 
-def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
+def pdl_kernel(b: ManifestBuilder, kname: str, pdl: bool) -> str:
+    """`kname`, or with `pdl` its PDL form `kname_pdl` (built by tools/build_kernels.py --pdl)."""
+    if not pdl:
+        return kname
+    name = kname + "_pdl"
+    if name not in b.index:
+        raise GenError(f"the kernel index has no `{name}` (the PDL form of `{kname}`, needed by --pdl); "
+                       f"rebuild it with tools/build_kernels.py --pdl")
+    if b.index[name].entry != b.index[kname].entry or b.index[name].params != b.index[kname].params:
+        raise GenError(f"kernel `{name}` does not have the entry and params of `{kname}`")
+    return name
+
+
+def _pdl(launch: Launch, pdl: bool) -> Launch:
+    if pdl:
+        launch.pdl = True
+    return launch
+
+
+def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False) -> None:
+    """The ops other than the decode GEMVs. `pdl`: the decode-only ops (attention_decode, argmax)
+    launch the PDL kernel forms with `"pdl": true`, and decode's attention prologue is its own op
+    `qk_norm_rope_kv_pdl` (prefill keeps `qk_norm_rope_kv`: there it follows a cuBLASLt built-in,
+    after which the flag buys nothing, kern-verify E0091). The embedding, decode's first launch,
+    stays an ordinary launch (a root of the graph: E0091 too)."""
     c = b.cfg
     H, D, NQ, NKV, V = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.vocab_size
     eps, T = c.rms_norm_eps, "tokens"
@@ -466,12 +490,14 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     # q/k RMS norm + rotary on q (in place) and k, k/v into the paged KV: one program per (token, kv head).
     iface = [("qkv", BF16_INOUT), ("positions", "in buffer<i64>"), ("slot_mapping", "in buffer<i64>"),
              ("q_norm_w", BF16_IN), ("k_norm_w", BF16_IN), ("cos_sin", "in buffer<f32>"), ("kv", "inout ptr")]
-    b.op("qk_norm_rope_kv", iface, [
-        b.launch("qk_norm_rope_kv", iface, "qk_norm_rope_kv", [T, NKV, 1],
-                 qkv=P("qkv"), positions=P("positions"), slot_mapping=P("slot_mapping"),
-                 q_norm_w=P("q_norm_w"), k_norm_w=P("k_norm_w"), cos_sin=P("cos_sin"), kv=P("kv"),
-                 num_q_heads=NQ, num_kv_heads=NKV, eps=eps, page_bytes=layout.kv_page_bytes),
-    ])
+    for op_name, kname in [("qk_norm_rope_kv", "qk_norm_rope_kv")] + \
+            ([("qk_norm_rope_kv_pdl", pdl_kernel(b, "qk_norm_rope_kv", pdl))] if pdl else []):
+        b.op(op_name, iface, [_pdl(
+            b.launch(op_name, iface, kname, [T, NKV, 1],
+                     qkv=P("qkv"), positions=P("positions"), slot_mapping=P("slot_mapping"),
+                     q_norm_w=P("q_norm_w"), k_norm_w=P("k_norm_w"), cos_sin=P("cos_sin"), kv=P("kv"),
+                     num_q_heads=NQ, num_kv_heads=NKV, eps=eps, page_bytes=layout.kv_page_bytes),
+            kname != "qk_norm_rope_kv")])
 
     common = dict(num_q_heads=NQ, num_kv_heads=NKV, q_stride=q_stride, bt_stride=max_pages,
                   page_bytes=layout.kv_page_bytes, sm_scale=1.0 / math.sqrt(D))
@@ -491,11 +517,12 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
              ("out", BF16_OUT)]
     b.op("attention_decode", iface, [
-        b.launch("attention_decode", iface, "paged_decode_attention", [NKV, splits, 1],
-                 q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
-                 part_acc=S("part_acc"), part_ml=S("part_ml"), **common),
-        b.launch("attention_decode", iface, "paged_decode_reduce", [NQ, 1, 1],
-                 part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ, num_splits=splits),
+        _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_attention", pdl), [NKV, splits, 1],
+                      q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                      part_acc=S("part_acc"), part_ml=S("part_ml"), **common), pdl),
+        _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_reduce", pdl), [NQ, 1, 1],
+                      part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ,
+                      num_splits=splits), pdl),
     ], scratch={"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
                 "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])})
 
@@ -510,9 +537,10 @@ def declare_ops(b: ManifestBuilder, layout: Layout) -> None:
     parts = math.ceil(V / ARGMAX_BLOCK_LOGITS)
     iface = [("logits", BF16_IN), ("out", "out buffer<i64>")]
     b.op("argmax", iface, [
-        b.launch("argmax", iface, "argmax_partial", [parts, 1, 1],
-                 logits=P("logits"), partial=S("partial"), n=V, parts=parts),
-        b.launch("argmax", iface, "argmax_reduce", [1, 1, 1], partial=S("partial"), out=P("out"), parts=parts),
+        _pdl(b.launch("argmax", iface, pdl_kernel(b, "argmax_partial", pdl), [parts, 1, 1],
+                      logits=P("logits"), partial=S("partial"), n=V, parts=parts), pdl),
+        _pdl(b.launch("argmax", iface, pdl_kernel(b, "argmax_reduce", pdl), [1, 1, 1], partial=S("partial"),
+                      out=P("out"), parts=parts), pdl),
     ], scratch={"partial": Scratch(dtype="u64", shape=[parts])})
 
 
@@ -571,7 +599,7 @@ def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False) -> None:
         declare_gemv(b, op, n, k, eps, pdl=pdl)
 
 
-def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
+def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False) -> None:
     """One program: `prefill` (KV only) or `decode` (KV, then next_token)."""
     c = b.cfg
     H, N, I, L = c.hidden_size, c.qkv_size, c.intermediate_size, c.num_hidden_layers
@@ -582,7 +610,7 @@ def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
 
     call("embed", "embedding", ids=buf("token_ids"), table=buf("model.embed_tokens.weight"), out=buf("residual"))
     if decode:
-        return decode_layers(b, layout, call)
+        return decode_layers(b, layout, call, pdl=pdl)
     for l in range(L):
         w = f"model.layers.{l}."
         # residual = embedding (layer 0) or residual + previous MLP output; x = rmsnorm(residual) * w
@@ -618,7 +646,7 @@ def forward(b: ManifestBuilder, layout: Layout, program: str) -> None:
 DECODE_LAYER_CALLS = ("norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add")
 
 
-def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder) -> None:
+def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, pdl: bool = False) -> None:
     """Decode after the embedding: every layer through the fused GEMV ops, then logits and argmax.
 
     `residual` holds the hidden state throughout (the embedding wrote it): each layer reads it
@@ -632,9 +660,10 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder) -> N
         kv = state("kv", layout.kv_layer_offsets[l])
         call(f"l{l}.norm_qkv", "gemv_norm_qkv", x=buf("residual"), norm_w=buf(w + "input_layernorm.weight"),
              w=buf(w + "self_attn.qkv_proj.weight"), out=buf("qkv"))
-        call(f"l{l}.qk_norm_rope", "qk_norm_rope_kv", qkv=buf("qkv"), positions=buf("positions"),
-             slot_mapping=buf("slot_mapping"), q_norm_w=buf(w + "self_attn.q_norm.weight"),
-             k_norm_w=buf(w + "self_attn.k_norm.weight"), cos_sin=buf("rope.cos_sin"), kv=kv)
+        call(f"l{l}.qk_norm_rope", "qk_norm_rope_kv_pdl" if pdl else "qk_norm_rope_kv", qkv=buf("qkv"),
+             positions=buf("positions"), slot_mapping=buf("slot_mapping"),
+             q_norm_w=buf(w + "self_attn.q_norm.weight"), k_norm_w=buf(w + "self_attn.k_norm.weight"),
+             cos_sin=buf("rope.cos_sin"), kv=kv)
         call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv, block_table=buf("block_table"),
              seq_lens=buf("seq_lens"), out=buf("attn"))
         call(f"l{l}.o_proj_add", "gemv_residual_o_proj", x=buf("attn"), w=buf(w + "self_attn.o_proj.weight"),
@@ -654,17 +683,19 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
                    max_positions: int | None = None, layout: Layout | None = None,
                    model: str | None = None, pdl: bool = False) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
-    `pdl`: decode GEMV launches use programmatic dependent launch (see `declare_gemv`)."""
+    `pdl`: every decode launch but the first (the embedding) is a programmatic dependent launch:
+    the GEMVs (see `declare_gemv`) and the PDL kernel forms of the attention prologue, decode
+    attention and argmax (see `declare_ops`; the index must come from build_kernels.py --pdl)."""
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
     positions = max_positions or cfg.max_position_embeddings
     layout = layout or make_layout(cfg)
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
-    declare_ops(b, layout)
+    declare_ops(b, layout, pdl=pdl)
     declare_gemv_ops(b, pdl=pdl)
     forward(b, layout, "prefill")
-    forward(b, layout, "decode")
+    forward(b, layout, "decode", pdl=pdl)
     m = b.manifest(model or cfg.name, chunk)
     check_wiring(m, cfg, layout, index)
     return m
@@ -970,7 +1001,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: max_position_embeddings)")
     ap.add_argument("--model", default=None, help="the manifest's `model` label (default: qwen3-<preset>)")
     ap.add_argument("--pdl", action="store_true",
-                    help="decode GEMVs as programmatic dependent launches (Hopper; manifest `pdl: true`)")
+                    help="every decode launch but the embedding as a programmatic dependent launch (Hopper; "
+                         "manifest `pdl: true`): the GEMVs and the PDL kernel forms (build_kernels.py --pdl)")
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
