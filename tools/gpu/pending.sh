@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU checks that this repository's code still owes the H200 (written without a GPU on
+# 2026-11-29; see NOTES.md and BENCHMARKS.md): run from the repository root, logs in $OUT.
+#
+#   OUT=/tmp/out tools/gpu/pending.sh [stage ...]        (default: every stage, in order)
+#
+# Stages (each fits well inside one 10-minute device call; `prep tests witness` then
+# `bench uncaptured capture` is a good split):
+#   prep        wheels from .whl/ (msgspec, nvmath-python, pyelftools); kernels with the opt-in
+#               forms (--pdl, --fused-attention); random 0.6B/4B checkpoints, kern weights,
+#               default manifests (.gpu/e2e) and --pdl manifests (.gpu/e2e-pdl)
+#   tests       GPU tests of the opt-in kernels: PDL chain (each NAME_pdl == its twin bit for
+#               bit; 0.6B decode with --pdl == without), fused decode attention, provider kernels
+#   e2e-pdl     the transformers equivalence test on the --pdl manifests
+#   witness     kern-capture of a kern-run decode step == the manifest's launch list (issue 7)
+#   bench       kern decode ms/token: default vs --pdl manifests (tools/bench_decode.py, kern
+#               only) and the provider kernels in a graph (tools/bench_kernels.py)
+#   uncaptured  tools/gpu/capture_qwen3_compile.py WITHOUT the capture (tells a kern-capture bug
+#               from a PyTorch one: it died twice under capture with CUBLAS_STATUS_EXECUTION_FAILED)
+#   capture     the same under kern-capture, then the trimmed capture into $OUT/q3c for
+#               packages/kern-mine/tests/fixtures/qwen3-0.6b-compile (issue 8)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/out}
+mkdir -p "$OUT"
+export PYTHONPATH=packages/kern-schema/src:packages/kern-verify/src:packages/kern-driver/src:packages/kern-capture/src:packages/kern-mine/src:packages/kern-run/src:tools${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+W=$PWD/.gpu/e2e
+P=$PWD/.gpu/e2e-pdl
+stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(prep tests e2e-pdl witness bench uncaptured capture)
+status=0
+step() {  # name timeout_s command...: runs, logs to $OUT/name.log, prints its tail
+  local name=$1 t=$2; shift 2
+  echo "=== $name $(date +%T)"
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 12 "$OUT/$name.log"
+  [ $rc -eq 0 ] || { echo "=== $name: exit $rc"; status=1; }
+  return $rc
+}
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    prep)
+      if compgen -G ".whl/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/pip.log" 2>&1 || echo "pip install of .whl/ failed"
+      fi
+      step prepare 400 python3 tools/gpu/prepare.py --work "$W" --geometry 0.6b --geometry 4b
+      # the opt-in kernel forms are added beside the default ones (default cubins unchanged)
+      step build-optin 200 python3 tools/build_kernels.py --out "$W/kernels" --pdl --fused-attention -q
+      for g in 0.6b 4b; do
+        mkdir -p "$P/qwen3-$g"
+        ln -sfn "$W/kernels" "$P/kernels"
+        ln -sfn "$W/qwen3-$g/hf" "$P/qwen3-$g/hf"
+        ln -sfn "$W/qwen3-$g/weights.safetensors" "$P/qwen3-$g/weights.safetensors"
+        step "gen-pdl-$g" 60 python3 tools/gen_qwen3.py --preset "$g" --kernels "$W/kernels" \
+          --out "$P/qwen3-$g/manifest.json" --pdl
+        step "verify-pdl-$g" 60 python3 -m kern_verify.cli "$P/qwen3-$g/manifest.json" --kernels "$W/kernels"
+      done
+      ;;
+    tests)
+      KERN_KERNELS_DIR="$W/kernels" step gpu-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_pdl_chain_gpu.py tests-integration/gpu/test_fused_attention_gpu.py \
+        tests-integration/gpu/test_kernels_gpu.py tests-integration/gpu/test_gemv_gpu.py packages/kern-driver
+      ;;
+    e2e-pdl)
+      KERN_E2E_DIR="$P" KERN_E2E_OUT="$OUT" step e2e-pdl 540 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_e2e_qwen3.py
+      ;;
+    witness)
+      KERN_MANIFEST="$W/qwen3-0.6b/manifest.json" KERN_KERNELS="$W/kernels" \
+        KERN_WEIGHTS="$W/qwen3-0.6b/weights.safetensors" \
+        step witness 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider packages/kern-capture \
+        -k kern_run_decode_matches_manifest
+      ;;
+    bench)
+      cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+      step bench-default 120 python3 tools/bench_decode.py --work "$W" --geometry 4b \
+        --skip hf-eager,hf-compile,gpt-fast --append "$OUT/BENCHMARKS.md"
+      step bench-pdl 120 python3 tools/bench_decode.py --work "$P" --geometry 4b \
+        --skip hf-eager,hf-compile,gpt-fast --append "$OUT/BENCHMARKS.md"
+      step bench-kernels 200 python3 tools/bench_kernels.py --kernels "$W/kernels" --md "$OUT/BENCHMARKS.md"
+      ;;
+    uncaptured)
+      step q3c-uncaptured 300 python3 tools/gpu/capture_qwen3_compile.py
+      ;;
+    capture)
+      rm -rf /tmp/q3c
+      step q3c-capture 400 python3 -m kern_capture.cli run --out /tmp/q3c -- python3 tools/gpu/capture_qwen3_compile.py
+      mkdir -p "$OUT/q3c"
+      [ -f /tmp/q3c/launches.jsonl ] && gzip -9 -c /tmp/q3c/launches.jsonl > "$OUT/q3c/launches.jsonl.gz"
+      cp /tmp/q3c/modules.jsonl /tmp/q3c/capture.json "$OUT/q3c/" 2>/dev/null
+      cp /tmp/q3c/error.json "$OUT/q3c/" 2>/dev/null
+      echo "then, here: uv run kern-mine trim <fetched>/q3c packages/kern-mine/tests/fixtures/qwen3-0.6b-compile --max-bytes 8000000"
+      ;;
+    *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
+  esac
+done
+exit $status
