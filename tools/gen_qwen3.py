@@ -5,6 +5,7 @@ Usage::
 
     python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
                               [--chunk 2048] [--max-positions 40960] [--model NAME] [--pdl]
+                              [--fused-attention]
 
 DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
 every kernel is wired by the NAME, parameter names and types the index gives, and every
@@ -30,6 +31,16 @@ launch's grid, ksplit and shared memory follow its kernel's rules and its call's
 its n and k; in decode, `residual` is written only by the embedding and then in place by the
 gemv_residual ops (o, down of each layer, in order); every declaration is used. The output is deterministic: the same config and index give the same
 bytes.
+
+`--fused-attention` (opt-in; the default output is unchanged): decode attention is one launch of
+`paged_decode_attention_fused` (tools/kernels-src/attention.py: split-KV stage 1, and the last
+program of each kv head merges the splits) instead of stage 1 + reduce. That kernel needs
+counters that persist between runs and start at zero, which impl scratch is not (it is not
+kept between runs, and may not be read before written), so the manifest gains a state
+`attn_counters` (`bytes_per_seq` = L·NKV·4, i32 per layer and kv head; with a var `seqs`
+{max 1} that sizes it) and `attention_decode`'s interface gains an `inout ptr counters` param
+(each layer's call passes `attn_counters` + l·NKV·4, its own counters). kern-driver zeroes the
+whole arena, states included, at load.
 """
 
 from __future__ import annotations
@@ -61,6 +72,11 @@ TRITON_HIDDEN = ("global_scratch", "profile_scratch")
 ARGMAX_BLOCK_LOGITS = 2048
 #: Key splits of decode attention (kernels-src recommends 32): NKV × 32 = 256 programs ≥ the H200's 132 SMs.
 DECODE_SPLITS = 32
+#: The opt-in one-launch decode attention (build_kernels.py --fused-attention) and its counters' state.
+FUSED_ATTENTION = "paged_decode_attention_fused"
+ATTN_COUNTERS = "attn_counters"
+#: Bytes of one counter (i32) of the fused decode attention: one per (layer, kv head) for one sequence.
+COUNTER_BYTES = 4
 #: The decode GEMV k-split rule (`gemv_ksplit`; tools/kernels-src/README.md), from tools/bench_gemv.py on the H200.
 GEMV_SMS = 132
 #: Warps a GEMV launch needs to give every SM at least one 8-warp block.
@@ -355,11 +371,16 @@ class ManifestBuilder:
         self.programs[name] = Program(calls=pb.calls)
         return pb
 
-    def manifest(self, model: str, chunk: int) -> Manifest:
+    def manifest(self, model: str, chunk: int, *, fused_attention: bool = False) -> Manifest:
+        """`fused_attention`: also the fused decode attention's counters, a per-sequence state sized by a
+        var `seqs` (max 1: the provider serves one sequence), which no program passes to a kernel."""
+        vars_ = {"tokens": Var(max=chunk)}
+        states = {"kv": State(bytes_per_token=self.cfg.kv_bytes_per_token)}
+        if fused_attention:
+            vars_["seqs"] = Var(max=1)
+            states[ATTN_COUNTERS] = State(bytes_per_seq=counter_layer_bytes(self.cfg) * self.cfg.num_hidden_layers)
         return Manifest(
-            schema_version=ks.SCHEMA_VERSION, model=model,
-            vars={"tokens": Var(max=chunk)},
-            states={"kv": State(bytes_per_token=self.cfg.kv_bytes_per_token)},
+            schema_version=ks.SCHEMA_VERSION, model=model, vars=vars_, states=states,
             buffers=self.buffers, modules=self.modules, ops=self.ops, programs=self.programs,
         )
 
@@ -438,14 +459,34 @@ def pdl_kernel(b: ManifestBuilder, kname: str, pdl: bool) -> str:
     return name
 
 
+def counter_layer_bytes(cfg: Qwen3Config) -> int:
+    """Bytes of one layer's counters of the fused decode attention: one i32 per kv head (one sequence)."""
+    return cfg.num_key_value_heads * COUNTER_BYTES
+
+
+def fused_attention_kernel(b: ManifestBuilder, pdl: bool) -> str:
+    """The fused decode attention's index NAME (`_pdl` form with `pdl`), which must be in the index."""
+    name = FUSED_ATTENTION + ("_pdl" if pdl else "")
+    if name not in b.index:
+        flags = "--fused-attention" + (" --pdl" if pdl else "")
+        raise GenError(f"the kernel index has no `{name}` (needed by --fused-attention{' --pdl' if pdl else ''}); "
+                       f"rebuild it with tools/build_kernels.py {flags}")
+    if pdl and (b.index[name].entry != b.index[FUSED_ATTENTION].entry
+                or b.index[name].params != b.index[FUSED_ATTENTION].params):
+        raise GenError(f"kernel `{name}` does not have the entry and params of `{FUSED_ATTENTION}`")
+    return name
+
+
 def _pdl(launch: Launch, pdl: bool) -> Launch:
     if pdl:
         launch.pdl = True
     return launch
 
 
-def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False) -> None:
-    """The ops other than the decode GEMVs. `pdl`: the decode-only ops (attention_decode, argmax)
+def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_attention: bool = False) -> None:
+    """The ops other than the decode GEMVs. `fused_attention`: `attention_decode` is one launch of the
+    fused kernel, with an extra interface param `counters` (module docstring). `pdl`: the decode-only
+    ops (attention_decode, argmax)
     launch the PDL kernel forms with `"pdl": true`, and decode's attention prologue is its own op
     `qk_norm_rope_kv_pdl` (prefill keeps `qk_norm_rope_kv`: there it follows a cuBLASLt built-in,
     after which the flag buys nothing, kern-verify E0091). The embedding, decode's first launch,
@@ -458,10 +499,13 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False) -> Non
 
     # What the attention kernels were compiled for must fit this geometry.
     group = NQ // NKV
-    for kname in ("qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention"):
+    fused = fused_attention_kernel(b, pdl) if fused_attention else None
+    for kname in ("qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention") \
+            + ((fused,) if fused else ()):
         if (d := b.constexpr(kname, "D")) != D:
             raise GenError(f"kernel `{kname}` is compiled for head_dim {d}; the config has head_dim {D}")
-    for kname, cx in (("qk_norm_rope_kv", "BLOCK_G"), ("paged_decode_attention", "BLOCK_H")):
+    for kname, cx in (("qk_norm_rope_kv", "BLOCK_G"), ("paged_decode_attention", "BLOCK_H")) \
+            + (((fused, "BLOCK_H"),) if fused else ()):
         if group > (n := b.constexpr(kname, cx)):
             raise GenError(f"kernel `{kname}` handles at most {n} q heads per kv head ({cx}); "
                            f"the config has {NQ}/{NKV} = {group}")
@@ -514,17 +558,31 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False) -> Non
 
     # Decode: split-KV partial results into private scratch, then a reduce. Fixed shapes (one token).
     splits = min(DECODE_SPLITS, b.constexpr("paged_decode_reduce", "MAX_SPLITS"))
-    iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
-             ("out", BF16_OUT)]
-    b.op("attention_decode", iface, [
-        _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_attention", pdl), [NKV, splits, 1],
-                      q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
-                      part_acc=S("part_acc"), part_ml=S("part_ml"), **common), pdl),
-        _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_reduce", pdl), [NQ, 1, 1],
-                      part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ,
-                      num_splits=splits), pdl),
-    ], scratch={"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
-                "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])})
+    scratch = {"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
+               "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])}
+    if fused:
+        # One launch: the last program of each kv head merges the splits; its counters are a state.
+        if splits > (n := b.constexpr(fused, "MAX_SPLITS")):
+            raise GenError(f"kernel `{fused}` merges at most {n} splits (MAX_SPLITS); decode uses {splits}")
+        iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+                 ("counters", "inout ptr"), ("out", BF16_OUT)]
+        b.op("attention_decode", iface, [
+            _pdl(b.launch("attention_decode", iface, fused, [NKV, splits, 1],
+                          q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                          part_acc=S("part_acc"), part_ml=S("part_ml"), counters=P("counters"), out=P("out"),
+                          **common), pdl),
+        ], scratch=scratch)
+    else:
+        iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+                 ("out", BF16_OUT)]
+        b.op("attention_decode", iface, [
+            _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_attention", pdl), [NKV, splits, 1],
+                          q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                          part_acc=S("part_acc"), part_ml=S("part_ml"), **common), pdl),
+            _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_reduce", pdl), [NQ, 1, 1],
+                          part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ,
+                          num_splits=splits), pdl),
+        ], scratch=scratch)
 
     iface = [("gate_up", BF16_IN), ("out", BF16_OUT)]
     block = b.constexpr("silu_and_mul", "BLOCK")
@@ -599,7 +657,8 @@ def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False) -> None:
         declare_gemv(b, op, n, k, eps, pdl=pdl)
 
 
-def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False) -> None:
+def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False,
+            fused_attention: bool = False) -> None:
     """One program: `prefill` (KV only) or `decode` (KV, then next_token)."""
     c = b.cfg
     H, N, I, L = c.hidden_size, c.qkv_size, c.intermediate_size, c.num_hidden_layers
@@ -610,7 +669,7 @@ def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = Fal
 
     call("embed", "embedding", ids=buf("token_ids"), table=buf("model.embed_tokens.weight"), out=buf("residual"))
     if decode:
-        return decode_layers(b, layout, call, pdl=pdl)
+        return decode_layers(b, layout, call, pdl=pdl, fused_attention=fused_attention)
     for l in range(L):
         w = f"model.layers.{l}."
         # residual = embedding (layer 0) or residual + previous MLP output; x = rmsnorm(residual) * w
@@ -646,8 +705,10 @@ def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = Fal
 DECODE_LAYER_CALLS = ("norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add")
 
 
-def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, pdl: bool = False) -> None:
+def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, pdl: bool = False,
+                  fused_attention: bool = False) -> None:
     """Decode after the embedding: every layer through the fused GEMV ops, then logits and argmax.
+    `fused_attention`: each layer's attention also gets its own counters, `attn_counters` + l·NKV·4.
 
     `residual` holds the hidden state throughout (the embedding wrote it): each layer reads it
     normed inside `gemv_norm_qkv`, and the two `gemv_residual` ops add the attention and MLP
@@ -664,8 +725,9 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
              positions=buf("positions"), slot_mapping=buf("slot_mapping"),
              q_norm_w=buf(w + "self_attn.q_norm.weight"), k_norm_w=buf(w + "self_attn.k_norm.weight"),
              cos_sin=buf("rope.cos_sin"), kv=kv)
+        counters = {"counters": state(ATTN_COUNTERS, l * counter_layer_bytes(c))} if fused_attention else {}
         call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv, block_table=buf("block_table"),
-             seq_lens=buf("seq_lens"), out=buf("attn"))
+             seq_lens=buf("seq_lens"), out=buf("attn"), **counters)
         call(f"l{l}.o_proj_add", "gemv_residual_o_proj", x=buf("attn"), w=buf(w + "self_attn.o_proj.weight"),
              residual=buf("residual"))
         call(f"l{l}.norm_gate_up_silu", "gemv_norm_silu_gate_up", x=buf("residual"),
@@ -681,22 +743,24 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
 
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
-                   model: str | None = None, pdl: bool = False) -> Manifest:
+                   model: str | None = None, pdl: bool = False, fused_attention: bool = False) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
     `pdl`: every decode launch but the first (the embedding) is a programmatic dependent launch:
     the GEMVs (see `declare_gemv`) and the PDL kernel forms of the attention prologue, decode
-    attention and argmax (see `declare_ops`; the index must come from build_kernels.py --pdl)."""
+    attention and argmax (see `declare_ops`; the index must come from build_kernels.py --pdl).
+    `fused_attention`: decode attention in one launch with per-layer counters in the state
+    `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention)."""
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
     positions = max_positions or cfg.max_position_embeddings
     layout = layout or make_layout(cfg)
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
-    declare_ops(b, layout, pdl=pdl)
+    declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention)
     declare_gemv_ops(b, pdl=pdl)
     forward(b, layout, "prefill")
-    forward(b, layout, "decode", pdl=pdl)
-    m = b.manifest(model or cfg.name, chunk)
+    forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention)
+    m = b.manifest(model or cfg.name, chunk, fused_attention=fused_attention)
     check_wiring(m, cfg, layout, index)
     return m
 
@@ -858,6 +922,7 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
                 f"the page of {page_block}")
 
     weight_users: dict[str, set[str]] = {}
+    states_used: set[str] = set()
     used: set[str] = set()
     ops_used: set[str] = set()
     for pname, prog in m.programs.items():
@@ -889,8 +954,18 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
                     elif a.offset:
                         err(f"{where}: `{a.buf}` at byte offset {a.offset}: only qkv has views")
                 if a.state is not None:
+                    states_used.add(a.state)
                     if layer is None or not 0 <= layer < len(offs):
                         err(f"{where}: passes state `{a.state}` outside a layer")
+                    elif a.state == ATTN_COUNTERS:
+                        # the fused decode attention's counters: this layer's own, inside the state
+                        cb = counter_layer_bytes(cfg)
+                        if pname != "decode" or call.op != "attention_decode":
+                            err(f"{where}: `{ATTN_COUNTERS}` is only decode attention's")
+                        elif a.offset != layer * cb:
+                            err(f"{where}: counters offset {a.offset} != layer {layer}'s at {layer * cb}")
+                    elif a.state != "kv":
+                        err(f"{where}: passes unknown state `{a.state}`")
                     elif a.offset != offs[layer]:
                         err(f"{where}: KV offset {a.offset} != layer {layer}'s block at {offs[layer]}")
             # 16-byte alignment the kernels were specialised for
@@ -952,6 +1027,14 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
     for name in m.ops:
         if name not in ops_used:
             err(f"op `{name}` is declared but no call uses it")
+    for name in m.states:
+        if name not in states_used:
+            err(f"state `{name}` is declared but no call uses it")
+    if ATTN_COUNTERS in m.states:
+        want = counter_layer_bytes(cfg) * cfg.num_hidden_layers
+        st = m.states[ATTN_COUNTERS]
+        if st.bytes_per_seq != want or st.bytes_per_token is not None or m.vars.get("seqs") != Var(max=1):
+            err(f"state `{ATTN_COUNTERS}` must be bytes_per_seq = L*NKV*4 = {want} with var `seqs` max 1")
     mods = {la.module for op in m.ops.values() for la in op.impl.launches if la.module}
     for name, mod in m.modules.items():
         if name not in mods:
@@ -977,9 +1060,10 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 
 
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
-             max_positions: int | None = None, model: str | None = None, pdl: bool = False) -> Manifest:
+             max_positions: int | None = None, model: str | None = None, pdl: bool = False,
+             fused_attention: bool = False) -> Manifest:
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
-                       pdl=pdl)
+                       pdl=pdl, fused_attention=fused_attention)
     data = ks.dump(m)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(out) + ".tmp")
@@ -1003,11 +1087,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl", action="store_true",
                     help="every decode launch but the embedding as a programmatic dependent launch (Hopper; "
                          "manifest `pdl: true`): the GEMVs and the PDL kernel forms (build_kernels.py --pdl)")
+    ap.add_argument("--fused-attention", action="store_true",
+                    help="decode attention in one launch (paged_decode_attention_fused; build_kernels.py "
+                         "--fused-attention): adds the state `attn_counters` and a var `seqs` (max 1)")
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
-                     pdl=a.pdl)
+                     pdl=a.pdl, fused_attention=a.fused_attention)
     except (GenError, ConfigError) as e:
         print(f"gen_qwen3: error: {e}", file=sys.stderr)
         return 1

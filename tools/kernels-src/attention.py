@@ -15,6 +15,8 @@ Kernels:
   qk_norm_rope_kv          fused prologue: q/k RMS norm, neox rotary, k/v -> paged KV
   paged_decode_attention   decode (one query token per sequence), split-KV stage 1
   paged_decode_reduce      decode stage 2: merge the splits -> bf16 output
+  paged_decode_attention_fused  opt-in: both decode stages in one launch (the last program
+                           of each kv head merges; counters in a persistent state)
   paged_prefill_attention  causal flash attention of a chunk against the cache
 
 Programmatic dependent launch (``PDL: tl.constexpr``, default False): the decode-path
@@ -217,6 +219,99 @@ def paged_decode_reduce(part_acc, part_ml, out, num_q_heads, num_splits,
     acc = tl.load(part_acc + (base + sp)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out + (b * num_q_heads + j) * D + d, o.to(tl.bfloat16))
+
+
+
+@triton.jit(noinline=True)
+def _merge_splits_cg(part_acc, part_ml, out, num_q_heads, num_splits, j, b,
+                     D: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    """``paged_decode_reduce``'s merge of q head j of sequence b, line for line, except that the
+    partials are loaded with ``ld.global.cg`` (cached in L2 only, never L1): see
+    ``paged_decode_attention_fused``.  ``noinline``: a function of its own, so Triton gives its
+    tiles the layouts it gives ``paged_decode_reduce``'s (the same reduction order, so the same
+    bits); inlined, its [MAX_SPLITS, D] tile shares stage 1's [BLOCK_N, D] index tensors and takes
+    their layout, which sums the splits in another order
+    (tests-integration/test_kernels_build.py checks the layouts)."""
+    sp = tl.arange(0, MAX_SPLITS)
+    smask = sp < num_splits
+    base = (b * num_q_heads + j) * num_splits
+    m = tl.load(part_ml + (base + sp) * 2, mask=smask, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(part_ml + (base + sp) * 2 + 1, mask=smask, other=0.0, cache_modifier=".cg")
+    w = tl.exp2(m - tl.max(m, axis=0))
+    d = tl.arange(0, D)
+    acc = tl.load(part_acc + (base + sp)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0,
+                  cache_modifier=".cg")
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out + (b * num_q_heads + j) * D + d, o.to(tl.bfloat16))
+
+
+@triton.jit
+def paged_decode_attention_fused(q, kv, block_table, seq_lens, part_acc, part_ml, counters, out,
+                                 num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
+                                 D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 MAX_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
+    """Decode attention in ONE launch: split-KV stage 1, and the last program of each
+    (sequence, kv head) merges the splits.  Grid (NKV, S, seqs), S <= MAX_SPLITS.
+
+    Every program (h, s, b) runs ``paged_decode_attention`` unchanged (the same code is
+    inlined: partial (m, l, acc) of its split for the G q heads of kv head h into part_acc /
+    part_ml, the layout documented there).  Then it counts itself in on the counter
+    ``counters[b*NKV + h]`` (i32, a persistent STATE, zero between launches).  The program
+    whose increment returns S-1 is the last of its group: it merges the S partials of each
+    of its G q heads exactly as ``paged_decode_reduce`` does (``_merge_splits_cg``: the same
+    tiles and reduction order, so ``out`` is bitwise the two-launch output) into
+    ``out[b, (h*G + i)*D : +D]`` (bf16 [seqs, NQ*D]), and stores 0 into the counter, so the
+    counters are zero again for the next launch that uses them (the next run of this layer).
+    No program ever waits for another one: there is no spin, so no co-residency requirement.
+
+    Memory ordering (PTX memory model, scope gpu):
+    1. each program's threads store their partials, then ``tl.debug_barrier()`` (bar.sync):
+       every thread's stores precede, in causality order, what thread 0 does next;
+    2. thread 0 (Triton issues a scalar atomic from one thread and broadcasts its result to
+       the program through shared memory, behind a bar.sync) does
+       ``atom.add.acq_rel.gpu`` on the counter.  Its release half makes the program's partial
+       stores (ordered before it by 1; release is cumulative) visible at gpu scope before the
+       increment, so before any later increment of the same counter (all increments of one
+       counter form one modification order);
+    3. the program that reads S-1 read the value written by the last of the other S-1
+       increments, each of which released its program's partials: its acquire half
+       synchronizes with all of them (release sequence of an atomic RMW chain), so all S
+       programs' partials happen-before everything after it; the broadcast's bar.sync
+       extends that to all of its threads;
+    4. its threads read the partials with ``ld.global.cg`` (L2, the point of coherence),
+       never from L1, which is not coherent across SMs and could hold a line loaded earlier
+       in this launch by another group's last program on the same SM (part_ml lines hold
+       entries of several groups) before this group's partials were stored.
+    The reset store (``counters[...] = 0``) follows the last increment of the counter, and no
+    other program of this launch touches it again; the next launch that reads it (this layer
+    in the next run) starts after this one completes (stream order, or with PDL its
+    ``griddepcontrol.wait``, transitively through the launches between).  Each layer must
+    have its own counters (a per-layer offset into the state): two layers' launches may
+    overlap under PDL and must never share a counter.
+
+    Requirement on the caller: the counters are zero before the first launch (kern-driver
+    zeroes the arena, states included, at load: kern_driver/runtime.py, cuMemsetD8Async of
+    the arena).  A launch that dies mid-way (a fault, a killed process) can leave a counter
+    nonzero; every later launch of that layer then merges too early (garbage) or never
+    (``out`` not written).  Reload the runtime (which zeroes the states) after any fault.
+
+    PDL: as ``paged_decode_attention`` (seq_lens, then the wait, then launch_dependents);
+    every counter access and store comes after the wait.
+    """
+    paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
+                           num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
+                           D, BLOCK_H, BLOCK_N, PDL)
+    h = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    S = tl.num_programs(1)
+    G = num_q_heads // num_kv_heads
+    tl.debug_barrier()  # every thread's partial stores, before thread 0's release
+    cnt = counters + b * num_kv_heads + h
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == S - 1:
+        tl.store(cnt, 0)
+        for i in range(0, G):
+            _merge_splits_cg(part_acc, part_ml, out, num_q_heads, S, h * G + i, b, D, MAX_SPLITS)
 
 
 @triton.jit

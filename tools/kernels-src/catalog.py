@@ -318,12 +318,47 @@ def _pdl_kernels() -> list[Kernel]:
     return out
 
 
-def instances(geometries: list[Geometry], *, pdl: bool = False) -> list[Kernel]:
+#: The opt-in fused decode attention (`build_kernels.py --fused-attention`): its index NAME.
+FUSED_ATTENTION = "paged_decode_attention_fused"
+
+
+def _fused_attention_kernels(pdl: bool) -> list[Kernel]:
+    """Opt-in (`build_kernels.py --fused-attention`): decode attention in one launch, split-KV stage 1
+    + the last program of each (sequence, kv head) merging the splits (attention.py
+    `paged_decode_attention_fused`); with `pdl` also its PDL form `NAME_pdl`. Stage 1's params,
+    constexprs, warps and stages are `paged_decode_attention`'s, the merge's `paged_decode_reduce`'s."""
+    base = {k.name: k for k in _attention_kernels()}
+    s1, red = base["paged_decode_attention"], base["paged_decode_reduce"]
+    k = Kernel(
+        name=FUSED_ATTENTION, lang="triton", source="attention.py", entry="paged_decode_attention_fused",
+        params=s1.params[:6] + (P("counters", "inout ptr", False, "i32"), P("out", BF16_OUT, True)) + ATTN_TAIL,
+        grid="(NKV, S, seqs), S = number of KV splits (1..64), as paged_decode_attention",
+        doc="Decode attention in one launch: paged_decode_attention (same params and scratch part_acc, part_ml; "
+            "here `out` params whose contents the launch itself writes before it reads them back), then each "
+            "program increments counters[b*NKV + h] (i32, acq_rel, gpu scope); the program that sees S-1 merges "
+            "the S splits of its G = NQ/NKV q heads as paged_decode_reduce does (bitwise the same output) into "
+            "out: bf16 [seqs, NQ*128], and resets its counter to 0. counters: a persistent state (inout ptr), "
+            "zero before the first launch, seqs*NKV i32 per layer, each layer its own (a per-layer offset); "
+            "a launch that dies mid-way leaves it nonzero (reload the runtime). sm_scale = 1/sqrt(128).",
+        constexprs={**s1.constexprs, "MAX_SPLITS": red.constexprs["MAX_SPLITS"]},
+        num_warps=s1.num_warps, num_stages=s1.num_stages,
+    )
+    assert red.num_warps == s1.num_warps  # the merge's tiles get paged_decode_reduce's layouts
+    out = [k]
+    if pdl:
+        out.append(replace(k, name=FUSED_ATTENTION + "_pdl", pdl=True, constexprs={**k.constexprs, "PDL": True},
+                           doc=k.doc + PDL_DOC.format(base=f"`{FUSED_ATTENTION}`")))
+    return out
+
+
+def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention: bool = False) -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME.
 
-    `pdl`: add the opt-in PDL instances (`_pdl_kernels`); the default set is unchanged."""
+    `pdl`: add the opt-in PDL instances (`_pdl_kernels`); `fused_attention`: add the opt-in fused decode
+    attention (`_fused_attention_kernels`, with its PDL form when `pdl`); the default set is unchanged."""
     out: dict[str, Kernel] = {}
-    shared = _shared_kernels() + _attention_kernels() + _gemv_kernels() + (_pdl_kernels() if pdl else [])
+    shared = _shared_kernels() + _attention_kernels() + _gemv_kernels() + (_pdl_kernels() if pdl else []) \
+        + (_fused_attention_kernels(pdl) if fused_attention else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")
