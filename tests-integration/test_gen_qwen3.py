@@ -39,7 +39,7 @@ def write_fake_index(d: Path, geometries: list[str]) -> Path:
 
     d.mkdir(parents=True, exist_ok=True)
     kernels = {}
-    for k in catalog.instances([kgeom.load_geometry(g) for g in geometries], pdl=True):
+    for k in catalog.instances([kgeom.load_geometry(g) for g in geometries], pdl=True, fused_attention=True):
         module = k.module
         blob = f"placeholder {module}".encode()
         (d / module).write_bytes(blob)
@@ -548,6 +548,116 @@ def test_pdl_manifest_verifies_with_kernels(preset: str, built_kernels_pdl: Path
     diags = kern_verify.verify_path(out, kernels_dir=built_kernels_pdl)
     assert diags == [], "\n".join(map(str, diags))
     check_pdl_manifest(ks.load(out.read_bytes()))
+    plain = tmp_path / f"plain-{preset}.json"
+    subprocess.run(gen_cmd + ["--out", str(plain)], check=True, capture_output=True)
+    assert plain.read_bytes() == EXAMPLES[preset].read_bytes()
+
+
+# ------------------------------------------------------------------ --fused-attention: one-launch decode attention
+
+
+def check_fused_manifest(m: ks.Manifest, d: ks.Manifest, cfg: Qwen3Config, pdl: bool) -> None:
+    """`m` (--fused-attention) against `d` (the same without it): only decode attention differs. It is one
+    launch of the fused kernel with the interface param `counters`; each layer passes the state
+    `attn_counters` at its own offset l*NKV*4; the state is L*NKV*4 bytes per sequence, `seqs` max 1."""
+    L, NKV = cfg.num_hidden_layers, cfg.num_key_value_heads
+    assert m.programs["prefill"] == d.programs["prefill"]
+    assert [c.label for c in m.programs["decode"].calls] == [c.label for c in d.programs["decode"].calls]
+    assert set(m.ops) == set(d.ops)
+    assert {n: o for n, o in m.ops.items() if n != "attention_decode"} == \
+        {n: o for n, o in d.ops.items() if n != "attention_decode"}
+    assert m.vars == {**d.vars, "seqs": ks.Var(max=1)}
+    assert m.states == {**d.states, "attn_counters": ks.State(bytes_per_seq=L * NKV * 4)}
+    op, old = m.ops["attention_decode"], d.ops["attention_decode"]
+    assert op.params == old.params[:4] + ["inout ptr"] + old.params[4:]
+    assert op.impl.scratch == old.impl.scratch
+    (la,) = op.impl.launches
+    assert la.entry == "paged_decode_attention_fused" and bool(la.pdl) == pdl
+    assert m.modules[la.module].source == "paged_decode_attention_fused" + ("_pdl" if pdl else "") + ".cubin"
+    assert la.grid == old.impl.launches[0].grid  # the same splits
+    offsets = []
+    for c, c0 in zip(m.programs["decode"].calls, d.programs["decode"].calls):
+        if c.op != "attention_decode":
+            assert c == c0
+            continue
+        assert c.args[:4] + c.args[5:] == c0.args
+        assert c.args[4].state == "attn_counters"
+        offsets.append(c.args[4].offset)
+    assert offsets == [l * NKV * 4 for l in range(L)]
+    launches = {name: len(o.impl.launches) for name, o in m.ops.items()}
+    assert sum(launches[c.op] for c in m.programs["decode"].calls if c.label.startswith("l3.")) == 6
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_fused_attention_every_geometry(preset: str, pdl: bool, fake_kernels: Path) -> None:
+    """--fused-attention (with and without --pdl) for every geometry: verifies with no diagnostic at all
+    (every declaration used: the state, the var `seqs`), and only decode attention changes."""
+    cfg = Qwen3Config.preset(preset)
+    m = _build(preset, fake_kernels, fused_attention=True, pdl=pdl)
+    diags = kern_verify.verify(m)
+    assert diags == [], "\n".join(map(str, diags))
+    check_fused_manifest(m, _build(preset, fake_kernels, pdl=pdl), cfg, pdl)
+    if pdl:
+        check_pdl_manifest(m)
+
+
+def test_fused_attention_needs_the_fused_build(tmp_path: Path) -> None:
+    d = tmp_path / "k"
+    write_fake_index(d, ["0.6b"])
+    idx = json.loads((d / "index.json").read_text())
+    idx["kernels"] = {n: k for n, k in idx["kernels"].items() if "fused" not in n}
+    (d / "index.json").write_text(json.dumps(idx))
+    _build("0.6b", d)  # the default manifest does not need it
+    _build("0.6b", d, pdl=True)
+    with pytest.raises(gen.GenError, match="build_kernels.py --fused-attention"):
+        _build("0.6b", d, fused_attention=True)
+    with pytest.raises(gen.GenError, match="--fused-attention --pdl"):
+        _build("0.6b", d, fused_attention=True, pdl=True)
+
+
+def test_fused_attention_counters_wiring(fake_kernels: Path) -> None:
+    """Two layers sharing counters (or counters anywhere but decode attention) trip the wiring check."""
+    cfg = Qwen3Config.preset("0.6b")
+    index = gen.load_index(fake_kernels)
+    m = _build("0.6b", fake_kernels, fused_attention=True)
+    t = copy.deepcopy(m)
+    call = next(c for c in t.programs["decode"].calls if c.label == "l2.attn")
+    call.args[4] = ks.Arg(state="attn_counters", offset=1 * 8 * 4)  # layer 1's counters
+    with pytest.raises(gen.WiringError, match="counters offset 32 != layer 2's at 64"):
+        gen.check_wiring(t, cfg, gen.make_layout(cfg), index)
+    t = copy.deepcopy(m)
+    t.states["attn_counters"] = ks.State(bytes_per_seq=8)
+    with pytest.raises(gen.WiringError, match="attn_counters"):
+        gen.check_wiring(t, cfg, gen.make_layout(cfg), index)
+
+
+@pytest.fixture(scope="session")
+def built_kernels_fused(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real kernels of the example geometries with the opt-in forms (--fused-attention --pdl)."""
+    d = tmp_path_factory.mktemp("kernels-fused")
+    cmd = [sys.executable, str(ROOT / "tools" / "build_kernels.py"), "--out", str(d), "-q", "--fused-attention", "--pdl"]
+    subprocess.run(cmd + [a for g in EXAMPLES for a in ("--geometry", g)], check=True)
+    return d
+
+
+@pytest.mark.parametrize("preset", list(EXAMPLES))
+def test_fused_attention_manifest_verifies_with_kernels(preset: str, built_kernels_fused: Path, tmp_path: Path) -> None:
+    """gen_qwen3.py --fused-attention [--pdl] on the real build: kern-verify --kernels finds nothing (no error,
+    no warning: the fused launch's params match the cubin's, the `_pdl` entry waits); without the flags the
+    same index still gives the committed example byte for byte."""
+    gen_cmd = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", preset, "--kernels",
+               str(built_kernels_fused)]
+    cli = Path(sys.executable).parent / "kern-verify"
+    for flags in (["--fused-attention"], ["--fused-attention", "--pdl"]):
+        out = tmp_path / f"{'-'.join(f.strip('-') for f in flags)}-{preset}.json"
+        subprocess.run(gen_cmd + ["--out", str(out), *flags], check=True, capture_output=True)
+        r = subprocess.run([str(cli), str(out), "--kernels", str(built_kernels_fused)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        diags = kern_verify.verify_path(out, kernels_dir=built_kernels_fused)
+        assert diags == [], "\n".join(map(str, diags))
+        m = ks.load(out.read_bytes())
+        assert m.ops["attention_decode"].impl.launches[0].entry == "paged_decode_attention_fused"
     plain = tmp_path / f"plain-{preset}.json"
     subprocess.run(gen_cmd + ["--out", str(plain)], check=True, capture_output=True)
     assert plain.read_bytes() == EXAMPLES[preset].read_bytes()

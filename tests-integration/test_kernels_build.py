@@ -285,3 +285,144 @@ def test_pdl_ptx_waits_before_any_store(tmp_path):
             loads = [ln for ln in before if "ld.global" in ln]
             assert len(loads) == PDL_LOADS_BEFORE_WAIT[name], (name, loads)
             assert not [ln for ln in before if _re.search(r"\bbra\b", ln)], name
+
+
+# ------------------------------------------------------------------ opt-in fused decode attention (--fused-attention)
+
+FUSED = "paged_decode_attention_fused"
+
+
+@pytest.fixture(scope="session")
+def built_fused(tmp_path_factory):
+    """`--fused-attention --pdl`: the fused kernel and its PDL form, with every PDL instance."""
+    d = tmp_path_factory.mktemp("kernels_fused")
+    return d, _build(d, "--fused-attention", "--pdl")
+
+
+def test_fused_build_keeps_every_default_entry(built, built_fused):
+    """`--fused-attention` only adds its entries and modules: every default entry and cubin is identical;
+    alone it adds just `paged_decode_attention_fused`, with `--pdl` also its `_pdl` form."""
+    a, idx = built
+    f, fidx = built_fused
+    assert set(fidx["kernels"]) == set(idx["kernels"]) | {n + "_pdl" for n in PDL_BASE} | {FUSED, FUSED + "_pdl"}
+    for name, k in idx["kernels"].items():
+        assert fidx["kernels"][name] == k, name
+        assert (f / k["module"]).read_bytes() == (a / k["module"]).read_bytes(), name
+    sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+    try:
+        from catalog import instances
+        from geometries import load_geometry
+    finally:
+        sys.path.pop(0)
+    g = [load_geometry("4b")]
+    plain = {k.name for k in instances(g)}
+    assert {k.name for k in instances(g, fused_attention=True)} == plain | {FUSED}
+    assert {k.name for k in instances(g, pdl=True, fused_attention=True)} == \
+        plain | {FUSED, FUSED + "_pdl"} | {n + "_pdl" for n in PDL_BASE}
+
+
+def test_fused_entries_abi(built_fused):
+    """The fused kernel: stage 1's params, then `counters` (inout ptr, i32) and `out`, then stage 1's scalars;
+    stage 1's block, shared memory and constexprs plus the reduce's MAX_SPLITS; its `_pdl` form is a twin
+    that waits (SASS ACQBULK), the plain one does not."""
+    f, fidx = built_fused
+    k, s1, red = fidx["kernels"][FUSED], fidx["kernels"]["paged_decode_attention"], fidx["kernels"]["paged_decode_reduce"]
+    assert k["module"] == FUSED + ".cubin" and k["entry"] == FUSED
+    assert k["param_names"] == s1["param_names"][:6] + ["counters", "out"] + s1["param_names"][6:]
+    assert k["params"] == s1["params"][:6] + ["inout ptr", "out buffer<bf16>"] + s1["params"][6:]
+    assert k["block"] == s1["block"] and k["shared_mem"] == s1["shared_mem"]
+    assert k["constexprs"] == {**s1["constexprs"], "MAX_SPLITS": red["constexprs"]["MAX_SPLITS"]}
+    assert "pdl" not in k
+    p = fidx["kernels"][FUSED + "_pdl"]
+    assert p["pdl"] is True and p["module"] == FUSED + "_pdl.cubin"
+    for fld in ("entry", "params", "param_names", "aligned16", "block", "shared_mem", "shared_mem_per", "grid"):
+        assert p[fld] == k[fld], fld
+    assert {**p["constexprs"]} == {**k["constexprs"], "PDL": True}
+    assert read_cubin((f / p["module"]).read_bytes(), p["module"]).entries[FUSED].grid_dep_wait is True
+    assert read_cubin((f / k["module"]).read_bytes(), k["module"]).entries[FUSED].grid_dep_wait is False
+
+
+def _fused_compiled(tmp, name):
+    sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from catalog import instances
+        from geometries import load_geometry
+        import build_kernels
+    finally:
+        del sys.path[:2]
+    ks = {k.name: k for k in instances([load_geometry("4b")], pdl=True, fused_attention=True)}
+    return build_kernels.triton_compiled(ks[name], str(tmp))
+
+
+def test_fused_ptx_memory_ordering(tmp_path):
+    """The PTX of the fused kernel (kernels-src/attention.py docstring, "Memory ordering"): after the last
+    partial store a bar.sync, then the one atom (add, acq_rel, gpu scope) on the counter, then the reset
+    store; the merge (a .func of its own) reads the partials only with ld.global.cg (L2, not L1) and is
+    called only after the atom. The PDL form: wait before any store or atomic, only seq_lens loaded before."""
+    import re as _re
+
+    for name in (FUSED, FUSED + "_pdl"):
+        ptx = _fused_compiled(tmp_path, name).asm["ptx"]
+        entry = ptx.split(f".entry {FUSED}(", 1)[1].split("\n}\n", 1)[0]
+        # the merge: one non-inlined function (a declaration, then its definition with a body)
+        funcs = [f.split("\n}\n", 1)[0] for f in ptx.split(".func ")[1:]
+                 if "merge_splits" in f.split("(", 1)[0] and _re.search(r"^[^;{]*\{", f)]
+        assert len(funcs) == 1, (name, len(funcs))
+        merge = funcs[0]
+        lines = [ln.strip() for ln in entry.splitlines()]
+        atoms = [i for i, ln in enumerate(lines) if _re.search(r"\batom\.", ln)]
+        assert len(atoms) == 1 and "atom.global.gpu.acq_rel.add" in lines[atoms[0]], (name, [lines[i] for i in atoms])
+        at = atoms[0]
+        stores = [i for i, ln in enumerate(lines) if _re.search(r"\bst\.global", ln)]
+        before, after = [i for i in stores if i < at], [i for i in stores if i > at]
+        assert before and len(after) == 1, (name, len(before), len(after))  # partials; then the counter reset
+        bars = [i for i, ln in enumerate(lines) if ln.startswith("bar.sync")]
+        assert any(max(before) < i < at for i in bars), f"{name}: no bar.sync between the partial stores and the atom"
+        calls = [i for i, ln in enumerate(lines) if ln.startswith("call")]
+        assert calls and min(calls) > at, name
+        loads = [ln for ln in merge.splitlines() if "ld.global" in ln]
+        assert loads and all("ld.global.cg" in ln for ln in loads), (name, loads)
+        if name.endswith("_pdl"):
+            first_wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+            pre = lines[:first_wait]
+            assert not [ln for ln in pre if _re.search(r"\bst\.global|\batom\.|\bred\.|\bret;|\bcall", ln)], name
+            assert len([ln for ln in pre if "ld.global" in ln]) == 1, name  # seq_lens
+        else:
+            assert not any("griddepcontrol" in ln for ln in lines), name
+
+
+def _layouts(ttgir: str, func_marker: str):
+    """(op, tensor types with every layout alias spelled out) of the tensor arithmetic, reduction, load and
+    store ops of one function of a TTGIR module, as a multiset."""
+    import re as _re
+    from collections import Counter
+
+    defs = dict(_re.findall(r"^(#\w+) = (#ttg\.\w+<.*)$", ttgir, _re.M))
+    i = ttgir.index(func_marker)
+    body = ttgir[ttgir.index("{\n", i): ttgir.index("\n  }", i)]
+    body = _re.sub(r"loc\((?:[^()]|\([^()]*\))*\)", "", body)
+    for alias in sorted(defs, key=len, reverse=True):
+        body = _re.sub(_re.escape(alias) + r"\b", defs[alias], body)
+    ops = ("\"tt.reduce\"", "tt.load", "tt.store", "tt.dot", "arith.addf", "arith.mulf", "arith.divf", "arith.subf",
+           "math.exp2", "arith.maxnumf", "arith.maximumf", "ttg.convert_layout", "arith.select")
+    out = Counter()
+    for ln in body.splitlines():
+        m = _re.search(r"(?:= )?(\"[\w.]+\"|[a-z_]+\.[\w.]+)", ln.strip())
+        types = tuple(_re.findall(r"tensor<[^<>]*(?:<[^<>]*(?:<[^<>]*>[^<>]*)*>)?[^<>]*>", ln))
+        if m and m.group(1) in ops and types:  # tensor ops only (the fused kernel adds scalar ones)
+            out[(m.group(1), types)] += 1
+    return out
+
+
+def test_fused_is_the_two_launch_arithmetic(tmp_path):
+    """Why the fused output is expected to equal the two-launch one bit for bit: its stage 1 has
+    paged_decode_attention's tensor ops in the same layouts (same MMA, same reductions), and its merge
+    (a non-inlined function) paged_decode_reduce's (same tiles, so the splits are summed in the same
+    order). Inlined, the merge's [64, 128] tile took stage 1's layout and summed in another order."""
+    fused = _fused_compiled(tmp_path, FUSED).asm["ttgir"]
+    s1 = _fused_compiled(tmp_path, "paged_decode_attention").asm["ttgir"]
+    red = _fused_compiled(tmp_path, "paged_decode_reduce").asm["ttgir"]
+    assert _layouts(fused, f"tt.func public @{FUSED}") == _layouts(s1, "tt.func public @paged_decode_attention")
+    merge = _layouts(fused, "tt.func private @")
+    assert merge and merge == _layouts(red, "tt.func public @paged_decode_reduce")
