@@ -2,6 +2,7 @@
 """Micro-benchmark of the provider kernels on the GPU (Qwen3-4B geometry).
 
     uv run python tools/bench_kernels.py [--kernels DIR] [--reps 200] [--graph-reps 50] [--md BENCHMARKS.md]
+                                         [--fused-attention] [--only SUBSTRING]
     python3 tools/bench_kernels.py --dry-run      # list the cases (no GPU, no torch needed)
 
 For each kernel at decode (tokens = 1) and prefill (tokens = 2048) sizes, two times
@@ -20,6 +21,12 @@ output written once.
   each replay; the median replay time / L is what one call costs inside the decode
   program's graph.  The launches are the standalone ones (cubin_launch launches on
   torch's current stream, which is the capture stream inside ``torch.cuda.graph``).
+
+`--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
+built by ``build_kernels.py --fused-attention``; refused when the index lacks it) at the same
+contexts and splits as the two-launch cases; each call gets its layer's own counters (one
+i32 per kv head, zeroed once: the kernel resets them).  ``--only`` keeps the cases whose
+kernel name contains the substring (e.g. ``--only decode_attention``).
 
 Prints a table and appends it to BENCHMARKS.md (or --md) and writes it to
 $OUT/bench_kernels.md when $OUT is set, with date, commit and machine.
@@ -140,8 +147,9 @@ class Case:
     fixed_bytes: int = 0  # device memory shared by all sets
 
 
-def build_cases(g, ks, L: int) -> list[Case]:
-    """Every case, in table order.  ks (a KernelSet) is used only inside the setups."""
+def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
+    """Every case, in table order.  ks (a KernelSet) is used only inside the setups.
+    `fused_attention`: also the one-launch decode attention cases."""
     H, NQ, NKV, I, V, NL = (g.hidden_size, g.num_attention_heads, g.num_key_value_heads, g.intermediate_size,
                             g.vocab_size, g.num_hidden_layers)
     eps, scale = g.rms_norm_eps, 1 / math.sqrt(D)
@@ -265,6 +273,27 @@ def build_cases(g, ks, L: int) -> list[Case]:
             nbytes = ctx * NKV * D * 4 + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * S * (D + 2) * 4
             add("paged_decode_attention+reduce", 1, f"ctx={ctx} S={S}", dec, nbytes, 4 * NQ * D * ctx,
                 set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=npages * page_bytes)
+            if not fused_attention:
+                continue
+
+            def fused(n, ctx=ctx, S=S, npages=npages, dec=dec):
+                dec(0)  # the shared pool, block table and seq_lens of this context
+                kv, bt, seq = shared["kv"], shared["bt"], shared["seq"]
+                acc = torch.empty(NQ * S * D, device=DEV)
+                ml = torch.empty(NQ * S * 2, device=DEV)
+                counters = torch.zeros(NL * NKV, dtype=torch.int32, device=DEV)  # the state: every layer's
+                out = []
+                for l in range(n):
+                    qkv, o = bf(1, QS), bf(1, NQ * D)
+
+                    def f(qkv=qkv, o=o, kvp=kv.data_ptr() + l * layer_bytes, cnt=counters.data_ptr() + l * NKV * 4,
+                          kv=kv, counters=counters):
+                        ks.launch("paged_decode_attention_fused", (NKV, S, 1),
+                                  [qkv, kvp, bt, seq, acc, ml, cnt, o, NQ, NKV, QS, npages, page_bytes, scale])
+                    out.append(f)
+                return out
+            add("paged_decode_attention_fused", 1, f"ctx={ctx} S={S}", fused, nbytes, 4 * NQ * D * ctx,
+                set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=npages * page_bytes)
 
     # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
     T = 2048
@@ -302,12 +331,18 @@ def main(argv=None) -> int:
     ap.add_argument("--graph-reps", type=int, default=50, help="graph replays per case (median; at least 20)")
     ap.add_argument("--md", type=Path, default=ROOT / "BENCHMARKS.md")
     ap.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU, no torch)")
+    ap.add_argument("--fused-attention", action="store_true",
+                    help="also the one-launch decode attention (paged_decode_attention_fused; the index must have it)")
+    ap.add_argument("--only", default=None, help="only the cases whose kernel name contains this substring")
     a = ap.parse_args(argv)
+
+    def selected(cases):
+        return [c for c in cases if a.only is None or a.only in c.name]
     g = PRESETS["4b"]
     L = g.num_hidden_layers  # 36 back-to-back calls per graph, as in the 4B decode program
 
     if a.dry_run:
-        cases = build_cases(g, None, L)
+        cases = selected(build_cases(g, None, L, a.fused_attention))
         print(f"{len(cases)} cases; in-graph: L={L} calls per graph, sets capped at {GRAPH_MAX_BYTES / 2**30:.0f} GiB")
         for c in cases:
             mem = c.fixed_bytes + graph_sets(c, L) * c.set_bytes
@@ -325,17 +360,20 @@ def main(argv=None) -> int:
         import build_kernels
 
         kdir = Path(tempfile.mkdtemp(prefix="kern-bench-"))
-        build_kernels.build(kdir, ["4b"], quiet=True)
+        build_kernels.build(kdir, ["4b"], quiet=True, fused_attention=a.fused_attention)
     torch.cuda.init()
     torch.empty(1, device=DEV)
     ks = KernelSet(kdir)
+    if a.fused_attention and "paged_decode_attention_fused" not in ks.kernels:
+        raise SystemExit(f"{kdir}/index.json has no paged_decode_attention_fused: rebuild it with "
+                         f"tools/build_kernels.py --fused-attention")
     timer = Timer(a.reps, a.graph_reps)
     bw = copy_bandwidth(timer)
     mm = matmul_rate(timer)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
 
     rows = []  # (kernel, tokens, note, us, floor_us, graph_us_per_call or None, graph sets)
-    for c in build_cases(g, ks, L):
+    for c in selected(build_cases(g, ks, L, a.fused_attention)):
         n = graph_sets(c, L) if c.graph else 1
         fns = c.setup(n)
         t = timer.median_us(fns[0])

@@ -1,0 +1,315 @@
+"""The one-launch decode attention (build_kernels.py --fused-attention) on the GPU.
+
+Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_fused_attention_gpu.py -q
+
+`paged_decode_attention_fused` runs stage 1 of `paged_decode_attention` unchanged and lets the
+last program of each (sequence, kv head) merge the splits as `paged_decode_reduce` does, so its
+output is expected to equal the two-launch output BIT FOR BIT (same tensor ops in the same
+layouts: tests-integration/test_kernels_build.py::test_fused_is_the_two_launch_arithmetic).
+These tests assert bitwise equality; a mismatch is either a race (a merge that read a partial
+before it was visible: wrong by far more than rounding) or a codegen difference (off by one bf16
+ulp here and there: the message prints the max difference to tell them apart).
+
+1. Against the two launches and a float64 reference, over page-crossing lengths, S in 1..64,
+   NQ 16..64, several layers' counters (one state, per-layer offsets), each run several times
+   in a row: the counters are all zero after every launch, outputs identical every time.
+2. Two sequences (grid z; counters b*NKV + h).
+3. Stress: 36 layers × many back-to-back launches with no sync in between, eager and replayed
+   from a CUDA graph; every output equals its two-launch twin, counters zero at the end.
+4. The `_pdl` form (launched without the attribute) equals the plain one.
+5. The 0.6B decode program with `gen_qwen3.py --fused-attention` (and with --pdl too) gives the
+   default manifest's tokens and logits bit for bit, eager and in a CUDA graph.
+
+Kernels: $KERN_KERNELS_DIR if its index has `paged_decode_attention_fused` (and `_pdl`), else
+built here (0.6b, 4b, --fused-attention --pdl).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+pytest.importorskip("cuda.bindings.driver")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+sys.path.insert(0, str(ROOT / "tools"))
+from cubin_launch import KernelSet  # noqa: E402
+
+D = 128
+BF = torch.bfloat16
+DEV = "cuda"
+NKV = 8
+FUSED = "paged_decode_attention_fused"
+NEEDED = (FUSED, FUSED + "_pdl", "paged_decode_attention_pdl")
+
+
+@pytest.fixture(scope="session")
+def kdir(tmp_path_factory) -> Path:
+    d = os.environ.get("KERN_KERNELS_DIR")
+    if d and all(n in json.loads((Path(d) / "index.json").read_text())["kernels"] for n in NEEDED):
+        return Path(d)
+    import build_kernels
+
+    out = tmp_path_factory.mktemp("kernels-fused")
+    build_kernels.build(out, ["0.6b", "4b"], quiet=True, pdl=True, fused_attention=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def ks(kdir):
+    torch.cuda.init()
+    torch.empty(1, device=DEV)  # make torch's primary context current
+    return KernelSet(kdir)
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(hash(request.node.nodeid) % (2**31))
+    yield
+    torch.cuda.synchronize()
+
+
+def nan_like(shape, dtype=BF):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
+
+
+def kv_geom(layers):
+    tok = NKV * 2 * D  # elements per token of one layer
+    return tok, layers * 16 * tok  # page elements
+
+
+def pool(L, layers):
+    """A layer-interleaved KV pool holding L tokens for `layers` layers, pages in random order."""
+    tok, page_elems = kv_geom(layers)
+    n = -(-L // 16)
+    npages = n + 3
+    kv = torch.randn(npages * page_elems, device=DEV).to(BF)
+    bt = torch.randperm(npages, device=DEV)[:n].to(torch.int32)
+    bt = torch.cat([bt, torch.full((5,), 10**6, dtype=torch.int32, device=DEV)])  # junk past the end
+    return kv, bt, tok, page_elems
+
+
+def gather_kv(kv_layer, page_elems, bt, L):
+    pos = torch.arange(L, device=DEV)
+    tok = bt[pos // 16].long() * page_elems + (pos % 16) * (NKV * 2 * D)
+    hs = torch.arange(NKV, device=DEV) * 2 * D
+    dd = torch.arange(D, device=DEV)
+    idx = tok[:, None, None] + hs[None, :, None] + dd
+    return kv_layer[idx].double(), kv_layer[idx + D].double()  # [L, NKV, D]
+
+
+def ref_attention(qkv, kv_layer, page_elems, bt, L, nq):
+    K, V = gather_kv(kv_layer, page_elems, bt, L)
+    q = qkv[: nq * D].double().view(nq, D)
+    G = nq // NKV
+    s = torch.einsum("hd,lhd->hl", q, K.repeat_interleave(G, 1)) / math.sqrt(D)
+    return torch.einsum("hl,lhd->hd", s.softmax(-1), V.repeat_interleave(G, 1)).reshape(1, nq * D)
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def explain(out, ref2):
+    d = (out.float() - ref2.float()).abs()
+    return f"max |fused - two-launch| = {d.nan_to_num(float('inf')).max().item():.3e}, " \
+           f"{(bits(out) != bits(ref2)).sum().item()} bytes differ"
+
+
+class Attn:
+    """One context's decode attention, both ways, for `layers` layers of one pool."""
+
+    def __init__(self, ks, nq, L, S, layers=4, seqs=1):
+        self.ks, self.nq, self.L, self.S, self.layers = ks, nq, L, S, layers
+        self.kv, self.bt, self.tok, self.page_elems = pool(L, layers)
+        self.q_stride = (nq + 2 * NKV) * D
+        self.seq = torch.tensor([L], dtype=torch.int32, device=DEV)
+        self.counters = torch.zeros(layers * NKV, dtype=torch.int32, device=DEV)  # the state, zeroed at load
+        self.acc = torch.empty(nq * S * D, device=DEV)  # impl scratch: shared by the layers, as in the manifest
+        self.ml = torch.empty(nq * S * 2, device=DEV)
+
+    def layer_kv(self, l):
+        return self.kv[l * 16 * self.tok:]
+
+    def tail(self):
+        return [self.nq, NKV, self.q_stride, self.bt.numel(), self.page_elems * 2, 1 / math.sqrt(D)]
+
+    def two_launch(self, qkv, l, out):
+        self.ks.launch("paged_decode_attention", (NKV, self.S, 1),
+                       [qkv, self.layer_kv(l), self.bt, self.seq, self.acc, self.ml] + self.tail())
+        self.ks.launch("paged_decode_reduce", (self.nq, 1), [self.acc, self.ml, out, self.nq, self.S])
+
+    def fused(self, qkv, l, out, name=FUSED):
+        self.ks.launch(name, (NKV, self.S, 1),
+                       [qkv, self.layer_kv(l), self.bt, self.seq, self.acc, self.ml,
+                        self.counters.data_ptr() + l * NKV * 4, out] + self.tail())
+
+
+@pytest.mark.parametrize("nq", [16, 32, 40, 64])
+@pytest.mark.parametrize("L,S", [(1, 1), (1, 64), (15, 16), (16, 32), (17, 64), (65, 16), (300, 1), (1000, 64),
+                                 (4096, 32), (4096, 64), (40000, 32), (40000, 64)])
+def test_fused_equals_two_launch(ks, nq, L, S):
+    a = Attn(ks, nq, L, S, layers=3)
+    for l in (2, 0, 1):
+        qkv = torch.randn(1, a.q_stride, device=DEV).to(BF)
+        ref2 = nan_like((1, nq * D))
+        a.two_launch(qkv, l, ref2)
+        ref = ref_attention(qkv[0], a.layer_kv(l), a.page_elems, a.bt, L, nq)
+        assert ((ref2.double() - ref).norm() / ref.norm()).item() <= 1e-2
+        for rep in range(3):
+            out = nan_like((1, nq * D))
+            a.fused(qkv, l, out)
+            torch.cuda.synchronize()
+            assert torch.count_nonzero(a.counters).item() == 0, f"counters not reset: {a.counters.tolist()}"
+            assert torch.equal(bits(out), bits(ref2)), f"layer {l} run {rep}: " + explain(out, ref2)
+
+
+def test_fused_two_sequences(ks):
+    """Grid z = 2: sequence b uses block-table row b and counters b*NKV + h of the layer's region."""
+    nq, S, Ls = 32, 16, [700, 33]
+    kv, bt0, tok, page_elems = pool(2048, 2)
+    kv_layer = kv[16 * tok:]  # layer 1
+    bt = torch.stack([bt0[:64], bt0[64:128]]).contiguous()
+    q_stride = (nq + 2 * NKV) * D
+    qkv = torch.randn(2, q_stride, device=DEV).to(BF)
+    seq = torch.tensor(Ls, dtype=torch.int32, device=DEV)
+    acc, ml = torch.empty(2 * nq * S * D, device=DEV), torch.empty(2 * nq * S * 2, device=DEV)
+    tail = [nq, NKV, q_stride, 64, page_elems * 2, 1 / math.sqrt(D)]
+    ref2 = nan_like((2, nq * D))
+    ks.launch("paged_decode_attention", (NKV, S, 2), [qkv, kv_layer, bt, seq, acc, ml] + tail)
+    ks.launch("paged_decode_reduce", (nq, 2), [acc, ml, ref2, nq, S])
+    counters = torch.zeros(2 * NKV, dtype=torch.int32, device=DEV)
+    for _ in range(3):
+        out = nan_like((2, nq * D))
+        ks.launch(FUSED, (NKV, S, 2), [qkv, kv_layer, bt, seq, acc, ml, counters, out] + tail)
+        torch.cuda.synchronize()
+        assert torch.count_nonzero(counters).item() == 0
+        assert torch.equal(bits(out), bits(ref2)), explain(out, ref2)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("nq,L,S", [(32, 4096, 64), (16, 100, 64), (64, 33000, 32)])
+def test_fused_stress_back_to_back(ks, nq, L, S, graph):
+    """36 layers' launches back to back (no sync), repeated; in a CUDA graph, replayed. Every layer's output
+    equals its two-launch twin bit for bit and the counters are zero at the end."""
+    layers, rounds = 36, 20
+    a = Attn(ks, nq, L, S, layers=layers)
+    qkvs = [torch.randn(1, a.q_stride, device=DEV).to(BF) for _ in range(layers)]
+    refs = []
+    for l in range(layers):
+        r = nan_like((1, nq * D))
+        a.two_launch(qkvs[l], l, r)
+        refs.append(r)
+    outs = [nan_like((1, nq * D)) for _ in range(layers)]
+
+    def step():
+        for l in range(layers):
+            a.fused(qkvs[l], l, outs[l])
+
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            step()
+        torch.cuda.synchronize()
+        assert torch.count_nonzero(a.counters).item() == 0  # capture launched nothing
+        for _ in range(rounds):
+            for o in outs:
+                o.fill_(float("nan"))
+            g.replay()
+    else:
+        for _ in range(rounds):
+            for o in outs:
+                o.fill_(float("nan"))
+            step()
+    torch.cuda.synchronize()
+    assert torch.count_nonzero(a.counters).item() == 0, a.counters.tolist()
+    bad = [l for l in range(layers) if not torch.equal(bits(outs[l]), bits(refs[l]))]
+    assert not bad, f"layers {bad}: " + explain(outs[bad[0]], refs[bad[0]])
+
+
+@pytest.mark.parametrize("nq,L,S", [(32, 4096, 64), (16, 17, 32), (64, 1000, 16)])
+def test_fused_pdl_twin(ks, nq, L, S):
+    """The `_pdl` form launched without the attribute (its griddepcontrol instructions are no-ops) equals the
+    plain fused kernel bit for bit, and resets its counters too."""
+    a = Attn(ks, nq, L, S, layers=2)
+    qkv = torch.randn(1, a.q_stride, device=DEV).to(BF)
+    o1, o2 = nan_like((1, nq * D)), nan_like((1, nq * D))
+    a.fused(qkv, 1, o1)
+    a.fused(qkv, 1, o2, name=FUSED + "_pdl")
+    torch.cuda.synchronize()
+    assert torch.count_nonzero(a.counters).item() == 0
+    assert torch.equal(bits(o1), bits(o2)), explain(o2, o1)
+
+
+# ---------------------------------------------------------------- the decode program, 0.6B
+
+GEOMETRY, CAPACITY, PROMPT, STEPS = "0.6b", 4096, 300, 24
+
+
+@pytest.fixture(scope="module")
+def chain(kdir, tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from test_pdl_chain_gpu import random_weights
+    finally:
+        sys.path.pop(0)
+    from qwen3_config import Qwen3Config
+
+    d = tmp_path_factory.mktemp("fused-chain")
+    gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
+           "--max-positions", str(CAPACITY)]
+    out = {"kernels": kdir}
+    for which, flags in (("plain", []), ("fused", ["--fused-attention"]), ("fused_pdl", ["--fused-attention", "--pdl"])):
+        out[which] = d / f"{which}.json"
+        subprocess.run(gen + ["--out", str(out[which]), *flags], check=True, capture_output=True)
+    out["weights"] = d / "weights.safetensors"
+    random_weights(out["plain"], out["weights"], Qwen3Config.preset(GEOMETRY).rope_theta)
+    return out
+
+
+def run_chain(chain, which: str, graph: bool, generations: int = 2):
+    """Greedy tokens and every decode step's logits, `generations` prompts in a row on one runtime (the
+    counters carry over from one run to the next, and from one generation to the next)."""
+    from kern_driver import Runtime
+    from kern_run.generator import ManifestInfo, Qwen3Session
+
+    rt = Runtime.load(chain[which], chain["kernels"], chain["weights"], capacity_tokens=CAPACITY)
+    try:
+        tokens, logits = [], []
+        for gi in range(generations):
+            s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=CAPACITY, graph=graph)
+            prompt = np.random.default_rng(1 + gi).integers(0, 151936, PROMPT).tolist()
+            for t in s.generate(prompt, STEPS, 128):
+                tokens.append(t)
+                logits.append(rt.read_buffer("logits").reshape(-1).copy())
+        if "attn_counters" in rt.layout.states:
+            assert not rt.read_state("attn_counters").any(), "counters left nonzero after the runs"
+        return tokens, np.stack(logits)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("which", ["fused", "fused_pdl"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_decode_chain_fused_equals_plain(chain, which, graph):
+    t0, l0 = run_chain(chain, "plain", graph)
+    t1, l1 = run_chain(chain, which, graph)
+    assert t0 == t1, f"tokens differ: {t0} vs {t1}"
+    assert np.array_equal(l0.view(np.uint16), l1.view(np.uint16)), \
+        f"logits differ at steps {sorted(set(np.nonzero(l0.view(np.uint16) != l1.view(np.uint16))[0].tolist()))}"
+    assert len(set(t0)) > 1, "degenerate random model: one token only"
