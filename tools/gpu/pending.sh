@@ -13,8 +13,9 @@
 #               bit; 0.6B decode with --pdl == without), fused decode attention, provider kernels
 #   e2e-pdl     the transformers equivalence test on the --pdl manifests
 #   witness     kern-capture of a kern-run decode step == the manifest's launch list (issue 7)
-#   bench       kern decode ms/token: default vs --pdl manifests (tools/bench_decode.py, kern
-#               only) and the provider kernels in a graph (tools/bench_kernels.py)
+#   bench       kern decode ms/token: default vs --pdl vs --pdl --fused-attention manifests
+#               (tools/bench_decode.py, kern only) and the provider kernels in a graph, fused
+#               decode attention beside the two-launch one (tools/bench_kernels.py)
 #   uncaptured  tools/gpu/capture_qwen3_compile.py WITHOUT the capture (tells a kern-capture bug
 #               from a PyTorch one: it died twice under capture with CUBLAS_STATUS_EXECUTION_FAILED)
 #   capture     the same under kern-capture, then the trimmed capture into $OUT/q3c for
@@ -27,6 +28,7 @@ export PYTHONPATH=packages/kern-schema/src:packages/kern-verify/src:packages/ker
 export PYTHONUNBUFFERED=1
 W=$PWD/.gpu/e2e
 P=$PWD/.gpu/e2e-pdl
+F=$PWD/.gpu/e2e-pdl-fused
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(prep tests e2e-pdl witness bench uncaptured capture)
 status=0
 step() {  # name timeout_s command...: runs, logs to $OUT/name.log, prints its tail
@@ -48,14 +50,20 @@ for stage in "${stages[@]}"; do
       step prepare 400 python3 tools/gpu/prepare.py --work "$W" --geometry 0.6b --geometry 4b
       # the opt-in kernel forms are added beside the default ones (default cubins unchanged)
       step build-optin 200 python3 tools/build_kernels.py --out "$W/kernels" --pdl --fused-attention -q
+      # .gpu/e2e-pdl: --pdl manifests; .gpu/e2e-pdl-fused: --pdl --fused-attention (4B only)
       for g in 0.6b 4b; do
-        mkdir -p "$P/qwen3-$g"
-        ln -sfn "$W/kernels" "$P/kernels"
-        ln -sfn "$W/qwen3-$g/hf" "$P/qwen3-$g/hf"
-        ln -sfn "$W/qwen3-$g/weights.safetensors" "$P/qwen3-$g/weights.safetensors"
-        step "gen-pdl-$g" 60 python3 tools/gen_qwen3.py --preset "$g" --kernels "$W/kernels" \
-          --out "$P/qwen3-$g/manifest.json" --pdl
-        step "verify-pdl-$g" 60 python3 -m kern_verify.cli "$P/qwen3-$g/manifest.json" --kernels "$W/kernels"
+        for d in "$P" "$F"; do
+          [ "$d" = "$F" ] && [ "$g" != 4b ] && continue
+          flags=(--pdl); [ "$d" = "$F" ] && flags+=(--fused-attention)
+          mkdir -p "$d/qwen3-$g"
+          ln -sfn "$W/kernels" "$d/kernels"
+          ln -sfn "$W/qwen3-$g/hf" "$d/qwen3-$g/hf"
+          ln -sfn "$W/qwen3-$g/weights.safetensors" "$d/qwen3-$g/weights.safetensors"
+          tag=$(basename "$d")-$g
+          step "gen-$tag" 60 python3 tools/gen_qwen3.py --preset "$g" --kernels "$W/kernels" \
+            --out "$d/qwen3-$g/manifest.json" "${flags[@]}"
+          step "verify-$tag" 60 python3 -m kern_verify.cli "$d/qwen3-$g/manifest.json" --kernels "$W/kernels"
+        done
       done
       ;;
     tests)
@@ -64,7 +72,7 @@ for stage in "${stages[@]}"; do
         tests-integration/gpu/test_kernels_gpu.py tests-integration/gpu/test_gemv_gpu.py packages/kern-driver
       ;;
     e2e-pdl)
-      KERN_E2E_DIR="$P" KERN_E2E_OUT="$OUT" step e2e-pdl 540 python3 -m pytest -q -rs -p no:cacheprovider \
+      KERN_E2E_DIR="$P" KERN_E2E_OUT="$OUT" KERN_GEN_FLAGS="--pdl" step e2e-pdl 540 python3 -m pytest -q -rs -p no:cacheprovider \
         tests-integration/gpu/test_e2e_qwen3.py
       ;;
     witness)
@@ -79,7 +87,10 @@ for stage in "${stages[@]}"; do
         --skip hf-eager,hf-compile,gpt-fast --append "$OUT/BENCHMARKS.md"
       step bench-pdl 120 python3 tools/bench_decode.py --work "$P" --geometry 4b \
         --skip hf-eager,hf-compile,gpt-fast --append "$OUT/BENCHMARKS.md"
-      step bench-kernels 200 python3 tools/bench_kernels.py --kernels "$W/kernels" --md "$OUT/BENCHMARKS.md"
+      step bench-pdl-fused 120 python3 tools/bench_decode.py --work "$F" --geometry 4b \
+        --skip hf-eager,hf-compile,gpt-fast --append "$OUT/BENCHMARKS.md"
+      step bench-kernels 200 python3 tools/bench_kernels.py --kernels "$W/kernels" --fused-attention \
+        --md "$OUT/BENCHMARKS.md"
       ;;
     uncaptured)
       step q3c-uncaptured 300 python3 tools/gpu/capture_qwen3_compile.py

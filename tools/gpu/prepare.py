@@ -10,7 +10,9 @@ Layout written (each step skipped when its result exists):
                                      remade, with its export, when its kern_random_init.json records
                                      another init scheme or seed than the script's current one)
     DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py
-    DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json)
+    DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json;
+                                     regenerated every time, with the extra generator flags in
+                                     the env var KERN_GEN_FLAGS, e.g. "--pdl")
 
 The test tests-integration/gpu/test_e2e_qwen3.py and tools/bench_decode.py read
 this layout (KERN_E2E_DIR=DIR). Each step's output goes to DIR/logs/.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,8 +86,9 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file():
             step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
+        gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--pdl --fused-attention"
         step(f"manifest-{g}", [py, TOOLS / "gen_qwen3.py", "--preset", g, "--kernels", kernels,
-                               "--out", p["manifest"]], logs)
+                               "--out", p["manifest"], *gen_flags], logs)
         example = ROOT / "examples" / f"qwen3-{g}.json"
         if example.is_file():
             same = example.read_bytes() == p["manifest"].read_bytes()
