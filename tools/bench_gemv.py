@@ -164,9 +164,9 @@ def correctness(g, k, n, ks=1):
     return errs
 
 
-def time_ms(fn, iters=50):
-    """Median ms of `fn` over `iters` CUDA-event-timed runs (after 5 warm-up runs)."""
-    for _ in range(5):
+def event_times(fn, iters=50, warmup=5):
+    """Per-run CUDA-event timings (ms) of `fn` over `iters` runs, after `warmup` runs."""
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
@@ -177,20 +177,27 @@ def time_ms(fn, iters=50):
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return times
+
+
+def time_ms(fn, iters=50):
+    """Median ms of `fn` over `iters` CUDA-event-timed runs (after 5 warm-up runs)."""
+    return statistics.median(event_times(fn, iters))
 
 
 def capture(fn):
-    """A torch CUDA graph of `fn` (run once eagerly first, on a side stream)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    """A torch CUDA graph of `fn` (run once eagerly first, on the capture's side stream)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        with torch.cuda.graph(graph, stream=s):
-            fn()
+        fn()
     torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
     return graph
 
 

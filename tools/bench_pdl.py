@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as cu
 
-from bench_gemv import GEOMETRIES, cdiv, check, commit, machine, rows_per_block, shapes  # shared with the GEMV bench
+from bench_gemv import (  # shared with the GEMV bench
+    GEOMETRIES, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, shapes)
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
@@ -119,47 +120,6 @@ def run_norm_silu(g, x, nw, w, y, n, k, ks, pdl):
 def run_residual(g, x, w, r, n, k, ks, pdl):
     g.launch("kern_gemv_residual_m1", cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
-
-
-def time_ms(fn, iters=50):
-    """Per-run CUDA-event timings (ms) of `fn` over `iters` runs (after 3 warm-up runs)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return times
-
-
-def capture(fn):
-    """A torch CUDA graph of `fn` (run once eagerly first, on a side stream)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    return graph
-
-
-def copy_bandwidth():
-    """Device-to-device copy bandwidth, bytes/s (read + write counted), 1 GiB buffers."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = statistics.median(time_ms(lambda: b.copy_(a), 20))
-    del a, b
-    return 2 * (1 << 30) / (ms * 1e-3)
 
 
 def token(geom, builds, bw, ks, rounds, iters):
@@ -244,7 +204,7 @@ def token(geom, builds, bw, ks, rounds, iters):
     resid.copy_(resid0)
     for _ in range(rounds):
         for i, graph in enumerate(graphs):
-            times[i] += time_ms(graph.replay, iters)
+            times[i] += event_times(graph.replay, iters, warmup=3)
     floor = total_bytes / bw * 1e3
     rows = [(geom, label, total_bytes, floor, statistics.median(ts), launches)
             for (label, _, _), ts in zip(variants, times)]
