@@ -184,3 +184,17 @@ def test_streaming_many_launches(fixtures, tmp_path):
         n += 1
         total += launch.params[3].value_u64
     assert n == 200_000 and total == 4096 * 200_000
+
+
+def test_params_from_extra_cuts_the_packed_buffer(cap):
+    gemm = list(cap.launches())[3]
+    raw = bytes.fromhex(gemm.extra_hex)
+    params = gemm.params_from_extra([(0, 8), (8, 8), (16, 4), (24, 8)])
+    assert [(p.offset, p.size) for p in params] == [(0, 8), (8, 8), (16, 4), (24, 8)]
+    assert params[2].raw == raw[16:20] and params[3].as_int() == int.from_bytes(raw[24:32], "little")
+    assert all(p.alloc is None and not p.host for p in params)
+    with pytest.raises(ValueError, match=r"parameter 1 at offset 28 \(8 B\) ends past the 32-byte extra buffer"):
+        gemm.params_from_extra([(0, 8), (28, 8)])
+    flat = list(cap.launches())[0]
+    with pytest.raises(ValueError, match="no packed extra buffer"):
+        flat.params_from_extra([(0, 8)])

@@ -184,6 +184,29 @@ class LaunchRecord(msgspec.Struct, frozen=True):
         last = self.params[-1]
         return last.offset + last.size
 
+    def params_from_extra(self, layout: "list[tuple[int, int]]") -> list[ParamRecord]:
+        """The parameters of an ``extra``-buffer launch, cut from ``extra_hex`` by a known layout.
+
+        ``layout`` is ``[(offset, size), ...]`` in bytes, one per parameter in order (from the
+        cubin's ELF parameter table, ``cuFuncGetParamInfo``, or a manifest's declared types).
+        The records carry the raw bytes only: ``alloc``/``host`` are not known for them.
+
+        Raises:
+            ValueError: the launch has no ``extra_hex`` (kernelParams launch, or a buffer over
+                4 KiB), or a parameter ends past the buffer's end.
+        """
+        if self.extra_hex is None:
+            raise ValueError(f"launch seq {self.seq} ({self.symbol}): no packed extra buffer was recorded "
+                             f"({self.params_reason or 'kernelParams launch: use .params'})")
+        buf = bytes.fromhex(self.extra_hex)
+        out = []
+        for i, (off, size) in enumerate(layout):
+            if off + size > len(buf):
+                raise ValueError(f"launch seq {self.seq} ({self.symbol}): parameter {i} at offset {off} "
+                                 f"({size} B) ends past the {len(buf)}-byte extra buffer")
+            out.append(ParamRecord(offset=off, size=size, hex=buf[off:off + size].hex()))
+        return out
+
     @property
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]

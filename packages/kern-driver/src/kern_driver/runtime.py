@@ -738,8 +738,8 @@ class Runtime:
 
     def close(self) -> None:
         """Free everything (graphs, cuBLASLt, staging, arena, modules, stream, context). Idempotent."""
-        if getattr(self, "_dev", None) is None:
-            return
+        if getattr(self, "_dev", None) is None or getattr(self, "_freed", False):
+            return  # a second close must not touch the destroyed stream or the released context
         try:
             drv.cuCtxSetCurrent(self._dev.ctx)
             drv.cuStreamSynchronize(self._dev.stream)
@@ -766,7 +766,7 @@ class Runtime:
             drv.cuModuleUnload(h)
         self._modules.clear()
         self._dev.release()
-        self._closed = True
+        self._closed = self._freed = True
 
     def __enter__(self) -> "Runtime":
         return self
