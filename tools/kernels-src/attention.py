@@ -55,9 +55,9 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     Rotary (neox, rotate-half over the full D): out[:D/2] = x1*cos - x2*sin,
     out[D/2:] = x2*cos + x1*sin.  fp32 math, one rounding at each store.
 
-    PDL: positions, the rotary row, both norm weights and the slot are loaded, then the
-    wait (qkv is the previous GEMV's output), then launch_dependents at once (the next
-    kernel, decode attention, may then get its programs resident and read its inputs).
+    PDL: positions and the rotary row are loaded, then the wait (qkv is the previous GEMV's
+    output), then launch_dependents at once (the next kernel, decode attention, may then get
+    its programs resident and read its inputs); the rest is the plain form's code.
     """
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -70,14 +70,14 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     cos = tl.load(cos_sin + pos * D + d)
     sin = tl.load(cos_sin + pos * D + HALF + d)
     if PDL:
-        # no earlier launch of the program writes these (weights, inputs)
-        qw1 = tl.load(q_norm_w + d).to(tl.float32)
-        qw2 = tl.load(q_norm_w + HALF + d).to(tl.float32)
-        kw1 = tl.load(k_norm_w + d).to(tl.float32)
-        kw2 = tl.load(k_norm_w + HALF + d).to(tl.float32)
-        slot = tl.load(slot_mapping + t)
+        # The wait comes before the norm weights and the slot are loaded, so that after
+        # this point the PDL form is the plain form's instruction stream: loading the
+        # weights ahead of the wait let the compiler contract the products differently
+        # (q differed in the last bf16 bit from the plain form, twin test on the H200,
+        # 2026-11-29), and the PDL form must compute exactly what the plain one does.
         gdc_wait()
         gdc_launch_dependents()
+        # (lines kept: the plain form's cubin, whose line table names these lines, is pinned)
 
     # q heads of this group: a [BLOCK_G, D/2] tile per half, rows >= G masked off
     rows = tl.arange(0, BLOCK_G)
@@ -86,9 +86,9 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     q1 = tl.load(qp, mask=rmask, other=0.0).to(tl.float32)
     q2 = tl.load(qp + HALF, mask=rmask, other=0.0).to(tl.float32)
     r = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)
-    if PDL:
-        a = q1 * r[:, None] * qw1[None, :]
-        b = q2 * r[:, None] * qw2[None, :]
+    if False:  # one path for both forms (see the PDL note above); lines kept as they were
+        pass
+        pass
     else:
         a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
         b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
@@ -100,16 +100,16 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     k1 = tl.load(kp + d).to(tl.float32)
     k2 = tl.load(kp + HALF + d).to(tl.float32)
     rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-    if PDL:
-        ka = k1 * rk * kw1
-        kb = k2 * rk * kw2
+    if False:  # one path for both forms, as for q
+        pass
+        pass
     else:
         ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
         kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
     vp = row + (num_q_heads + num_kv_heads) * D + g * D
     v1 = tl.load(vp + d)
     v2 = tl.load(vp + HALF + d)
-    if not PDL:
+    if True:
         slot = tl.load(slot_mapping + t)
     if slot >= 0:
         page_elems = (page_bytes // 512).to(tl.int64) * 256
