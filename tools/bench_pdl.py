@@ -4,6 +4,7 @@ Runs on the GPU machine (torch for allocation, the cuBLAS peer and CUDA graphs;
 cuda.bindings for module load and launches):
 
     python3 tools/bench_pdl.py [--geometries 4b 0.6b] [--ksplit o=2,down=2] [--out BENCHMARKS.md]
+    python3 tools/bench_pdl.py --l2-prefetch [--kernels DIR] [--geometries 4b 0.6b] [--out FILE.md]
 
 For one decode token's GEMV sequence (every layer: qkv with the input norm, o with the
 residual add, gate_up with the norm and SiLU-and-mul, down with the residual add; then
@@ -23,6 +24,30 @@ shows up as a difference), and (2) times each graph's replay (median of CUDA-eve
 timings, variants interleaved in rounds) against the floor: weight bytes / measured
 device-to-device copy bandwidth (read + write). Prints a table and appends it to
 BENCHMARKS.md (date, commit — from git, else env KERN_COMMIT —, machine).
+
+With `--l2-prefetch` it runs the L2-prefetch study instead (gemv.cu's `_pf` forms,
+`build_kernels.py --l2-prefetch`; kernels from `--kernels DIR` — its gemv.cubin and gemv_pf.cubin,
+sha256 checked against its index — else compiled here as build_kernels.py compiles them), every
+graph a PDL chain (trigger 1, the default build):
+
+- `prefetch P`: every GEMV is its `_pf` form and prefetches the first min(P, next weight) bytes
+  of the next GEMV's weight into L2 (qkv → o → gate_up → down → next layer's qkv → … → lm_head;
+  lm_head prefetches nothing), P in `--pf-mb` (default 0 2 4 8 16 all; all = the whole next
+  weight, capped at 24 MB), beside the plain kernels' chain (gemv.cubin, no prefetch);
+- the same at P = 8 MB and all with gemv_pf.cubin compiled here with other build options
+  (`-DGEMV_PF_AT=0`: issued at kernel start, before the wait; `-DGEMV_PF_AT=2`: after the dot
+  loop; `-DGEMV_PF_EVICT_FIRST=0`: plain loads);
+- `idle gap`: a kernel spinning `--gap-us` µs (4 CTAs, griddepcontrol.wait then launch_dependents
+  then a %globaltimer loop: qk-norm/rope + attention's place) between qkv and o of every layer,
+  with no prefetch, with qkv prefetching all of o (others nothing), and with every GEMV
+  prefetching all of its next weight (≤ 24 MB);
+- `exit check`: whether a prefetch issued by blocks that then exit lands in L2: one o-proj GEMV
+  timed after a 256 MB L2 flush and a 20 µs spin, cold vs after a `_pf` kernel with no work of
+  its own (132 blocks, k = 8) prefetched its whole weight before the spin vs after a full read
+  of it (L2-warm bound).
+
+Numerics as above: every chain (plain, each `_pf` variant, with or without the gap) must give
+bit-identical final residual, logits, qkv and activations. The table goes to `--out`.
 
 Exit status 1 when a numerics check fails.
 """

@@ -2,7 +2,7 @@
 """Build every Qwen3 provider kernel for sm_90 into a kernels directory + index.json.
 
     python tools/build_kernels.py --out DIR [--geometry 4b|0.6b|...|path/to/config.json ...] [-j N] [--pdl]
-                                  [--fused-attention]
+                                  [--fused-attention] [--l2-prefetch]
 
 No GPU needed.  CUDA C sources are compiled with ``nvcc -cubin -arch=sm_90``;
 Triton kernels (pinned triton==3.6.0) ahead of time with
@@ -157,13 +157,14 @@ def _triton_job(args):
 
 
 def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False,
-          *, pdl: bool = False, fused_attention: bool = False) -> dict:
+          *, pdl: bool = False, fused_attention: bool = False, l2_prefetch: bool = False) -> dict:
     """Build the instances of `geometry_specs` into `out_dir`. `pdl`: also the opt-in PDL
     instances (`NAME_pdl`, catalog `_pdl_kernels`); `fused_attention`: also the opt-in one-launch
-    decode attention (`paged_decode_attention_fused`, and `_pdl` with `pdl`); every other entry
-    and cubin is the same."""
+    decode attention (`paged_decode_attention_fused`, and `_pdl` with `pdl`); `l2_prefetch`: also the
+    opt-in L2-prefetch GEMV forms (`kern_gemv*_m1_pf`, module `gemv_pf.cubin`, catalog
+    `_gemv_pf_kernels`); every other entry and cubin is the same."""
     geoms = [load_geometry(s) for s in geometry_specs]
-    kernels = instances(geoms, pdl=pdl, fused_attention=fused_attention)
+    kernels = instances(geoms, pdl=pdl, fused_attention=fused_attention, l2_prefetch=l2_prefetch)
     out_dir.mkdir(parents=True, exist_ok=True)
     index: dict = {"format": 1, "target": TARGET, "kernels": {}}
     with tempfile.TemporaryDirectory(prefix="kern-build-") as tmp:
@@ -238,10 +239,13 @@ def main(argv=None) -> int:
     ap.add_argument("--fused-attention", action="store_true",
                     help="also build the one-launch decode attention (paged_decode_attention_fused[_pdl]; "
                          "for gen_qwen3.py --fused-attention)")
+    ap.add_argument("--l2-prefetch", action="store_true",
+                    help="also build the L2-prefetch forms of the m1 decode GEMVs (kern_gemv*_m1_pf in gemv_pf.cubin: "
+                         "two extra params pf_ptr, pf_bytes; for tools/bench_pdl.py --l2-prefetch)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
     idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet, pdl=a.pdl,
-                fused_attention=a.fused_attention)
+                fused_attention=a.fused_attention, l2_prefetch=a.l2_prefetch)
     print(f"wrote {len(idx['kernels'])} kernels to {a.out}/index.json", file=sys.stderr)
     return 0
 

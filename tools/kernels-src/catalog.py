@@ -291,6 +291,34 @@ def _gemv_kernels() -> list[Kernel]:
     return out
 
 
+#: Values of M with an L2-prefetch form (gemv.cu `INSTANTIATE_PF`; decode uses M = 1).
+GEMV_PF_MS = (1,)
+#: The two params the L2-prefetch forms add after their twin's.
+GEMV_PF_PARAMS = (P("pf_ptr", "in buffer<bf16>", True), P("pf_bytes", "u64"))
+GEMV_PF_DOC = (" L2-prefetch form (build_kernels.py --l2-prefetch, module gemv_pf.cubin): {base}'s params, then "
+               "pf_ptr (16-byte aligned; typically the next GEMV's weight) and pf_bytes (u64; 0 = no prefetch); "
+               "computes exactly what {base} computes (bit for bit) and, as its blocks finish their weight loads, "
+               "prefetches [pf_ptr, pf_ptr + pf_bytes rounded down to 16) into L2 (cp.async.bulk.prefetch.L2: a "
+               "hint, no completion), each block its contiguous 1/grid.x share; its own weight loads carry an "
+               "L2::evict_first policy. Same grid, block, shared memory and PDL behaviour as {base}.")
+
+
+def _gemv_pf_kernels() -> list[Kernel]:
+    """Opt-in (`build_kernels.py --l2-prefetch`): the L2-prefetch forms `NAME_pf` of the decode GEMVs
+    for M in GEMV_PF_MS, from gemv.cu compiled with -DGEMV_L2_PREFETCH into their own module
+    (`gemv_pf.cubin`, which holds only these entries). Each is its twin plus the two trailing
+    params GEMV_PF_PARAMS; grid, block, shared memory and constexprs are the twin's."""
+    base = {k.name: k for k in _gemv_kernels()}
+    out = []
+    for M in GEMV_PF_MS:
+        for variant in ("", "_norm", "_norm_silu", "_residual"):
+            k = base[f"kern_gemv{variant}_m{M}"]
+            out.append(replace(k, name=k.name + "_pf", entry=k.entry + "_pf", params=k.params + GEMV_PF_PARAMS,
+                               defines=("GEMV_L2_PREFETCH",), module_suffix="_pf",
+                               doc=k.doc + GEMV_PF_DOC.format(base=f"`{k.name}`")))
+    return out
+
+
 #: The kernels of the decode program between the GEMVs that have a PDL form (`NAME_pdl`).
 PDL_KERNELS = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
                "argmax_partial", "argmax_reduce")
@@ -351,14 +379,16 @@ def _fused_attention_kernels(pdl: bool) -> list[Kernel]:
     return out
 
 
-def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention: bool = False) -> list[Kernel]:
+def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention: bool = False,
+              l2_prefetch: bool = False) -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME.
 
     `pdl`: add the opt-in PDL instances (`_pdl_kernels`); `fused_attention`: add the opt-in fused decode
-    attention (`_fused_attention_kernels`, with its PDL form when `pdl`); the default set is unchanged."""
+    attention (`_fused_attention_kernels`, with its PDL form when `pdl`); `l2_prefetch`: add the opt-in
+    L2-prefetch GEMV forms (`_gemv_pf_kernels`); the default set is unchanged."""
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _gemv_kernels() + (_pdl_kernels() if pdl else []) \
-        + (_fused_attention_kernels(pdl) if fused_attention else [])
+        + (_fused_attention_kernels(pdl) if fused_attention else []) + (_gemv_pf_kernels() if l2_prefetch else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")

@@ -52,6 +52,23 @@
 #define GEMV_PDL_TRIGGER 1
 #endif
 
+#ifdef GEMV_L2_PREFETCH
+#ifndef GEMV_PF_AT
+#define GEMV_PF_AT 1
+#endif
+#ifndef GEMV_PF_EVICT_FIRST
+#define GEMV_PF_EVICT_FIRST 1
+#endif
+#ifndef GEMV_PF_CHUNK
+#define GEMV_PF_CHUNK 65536ull
+#endif
+static_assert(GEMV_PF_AT >= 0 && GEMV_PF_AT <= 2, "GEMV_PF_AT: 0, 1 or 2");
+// sm_90 encodes a bulk prefetch's size as a 16-bit count of 16-byte units (ptxas turns a
+// size of 1 MB into 0, seen in the SASS): chunks must stay below 1 MB.
+static_assert(GEMV_PF_CHUNK >= 16 && GEMV_PF_CHUNK % 16 == 0 && GEMV_PF_CHUNK < (1ull << 20),
+              "GEMV_PF_CHUNK: a multiple of 16 below 1 MB");
+#endif
+
 namespace {
 
 __device__ __forceinline__ float bf(const __nv_bfloat16 v) { return __bfloat162float(v); }
@@ -89,12 +106,73 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
-__device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
+// What a GEMV does besides its own arithmetic, at the points named by `at<POINT>()`
+// (0: after the first weight stage is issued, before griddep_wait; 1: when the calling lane's
+// last pipelined weight stage is in flight; 2: after the lane's last weight load was consumed),
+// and how it loads weights (`evict_first`, `policy()`). The default forms: nothing, plain
+// loads (every member compiles to nothing: their code is that of the kernels without it).
+#ifndef GEMV_L2_PREFETCH
+struct NoL2Prefetch {
+    static constexpr bool evict_first = false;
+    __device__ __forceinline__ unsigned long long policy() const { return 0; }
+    template <int POINT>
+    __device__ __forceinline__ void at() const {}
+};
+#else
+// The _pf forms: at point GEMV_PF_AT, thread 0 of each block (lane 0 of warp 0) issues
+// `cp.async.bulk.prefetch.L2.global` over the block's share of [pf, pf + bytes): the bytes,
+// rounded down to 16, are cut into gridDim.x contiguous runs of whole 16-byte units (the
+// first `units % gridDim.x` blocks get one unit more), each issued in chunks of at most
+// GEMV_PF_CHUNK bytes. A prefetch is a hint with no completion and no visible effect: the
+// arithmetic is the default form's. With GEMV_PF_EVICT_FIRST the weight loads carry an
+// L2::evict_first policy.
+struct L2Prefetch {
+    static constexpr bool evict_first = GEMV_PF_EVICT_FIRST != 0;
+    const unsigned char *ptr;
+    unsigned long long bytes;
+    unsigned long long pol;
+    __device__ __forceinline__ unsigned long long policy() const { return pol; }
+    template <int POINT>
+    __device__ __forceinline__ void at() const {
+        if constexpr (POINT == GEMV_PF_AT) {
+            if (threadIdx.x != 0) return;
+            const unsigned long long units = bytes >> 4, nb = gridDim.x, b = blockIdx.x;
+            const unsigned long long q = units / nb, r = units % nb;
+            const unsigned long long first = b * q + (b < r ? b : r);
+            const unsigned long long len = (q + (b < r ? 1 : 0)) << 4;
+            const unsigned char *base = ptr + (first << 4);
+            for (unsigned long long off = 0; off < len; off += GEMV_PF_CHUNK) {
+                const unsigned size = (unsigned)(len - off < GEMV_PF_CHUNK ? len - off : GEMV_PF_CHUNK);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                             :: "l"(__cvta_generic_to_global(base + off)), "r"(size));
+            }
+        }
+    }
+};
+
+__device__ __forceinline__ L2Prefetch l2_prefetch(const void *ptr, unsigned long long bytes) {
+    unsigned long long pol = 0;
+    if constexpr (L2Prefetch::evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return L2Prefetch{static_cast<const unsigned char *>(ptr), bytes, pol};
+}
+#endif
+
+// The weight loads below take <EF, policy>: EF = false is the default forms' load (policy unused);
+// EF = true (the _pf forms with GEMV_PF_EVICT_FIRST) adds `.L2::cache_hint` with `policy`, an
+// L2::evict_first policy from createpolicy (sm_90 has no `.L2::evict_first` qualifier on 16-byte
+// loads), so that the streamed weight is evicted before the lines prefetched for the next GEMV.
+template <bool EF>
+__device__ __forceinline__ uint4 ldg_stream(const uint4 *p, unsigned long long policy) {
     // Weights are read once: bypass L1.
     uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
+    if constexpr (EF)
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p), "l"(policy));
+    else
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p));
     return r;
 }
 
@@ -108,11 +186,17 @@ struct Unroll {
 
 // One weight load that the compiler may not reorder against the other loads of
 // its stage (volatile asm keeps program order among volatile asm statements).
-__device__ __forceinline__ uint4 ldg_stage(const uint4 *p) {
+template <bool EF>
+__device__ __forceinline__ uint4 ldg_stage(const uint4 *p, unsigned long long policy) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
+    if constexpr (EF)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p), "l"(policy));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p));
     return r;
 }
 
@@ -120,12 +204,19 @@ __device__ __forceinline__ uint4 ldg_stage(const uint4 *p) {
 // A predicated load instead of a branch around the next stage's loads: with a branch,
 // ptxas rotated the loop and issued them after the current stage's FMAs (one stage in
 // flight instead of two, seen in the SASS of the first PDL build).
-__device__ __forceinline__ uint4 ldg_stage_if(const uint4 *p, bool pred) {
+template <bool EF>
+__device__ __forceinline__ uint4 ldg_stage_if(const uint4 *p, bool pred, unsigned long long policy) {
     uint4 r;
-    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
-                 "@q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "r"((int)pred));
+    if constexpr (EF)
+        asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+                     "@q ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %6;\n\t}"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p), "r"((int)pred), "l"(policy));
+    else
+        asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+                     "@q ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p), "r"((int)pred));
     return r;
 }
 
@@ -139,16 +230,16 @@ __device__ __forceinline__ int warp_stages(int v0, int v1, int lane) {
 
 // Issues the first pipeline stage of a warp's weight loads (R·U 16-byte loads per lane)
 // into cur. Weights depend on no earlier kernel, so this runs before griddep_wait().
-template <int M, int R>
+template <int M, int R, typename Pf>
 __device__ __forceinline__ void warp_prefetch(const uint4 *__restrict__ w, const long rows[R], int kv, int v0,
-                                              int full, int lane, uint4 (&cur)[R][Unroll<M>::v]) {
+                                              int full, int lane, uint4 (&cur)[R][Unroll<M>::v], const Pf &pf) {
     constexpr int U = Unroll<M>::v;
     if (full > 0) {
         const int v = v0 + lane;
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int u = 0; u < U; ++u) cur[r][u] = ldg_stage(w + rows[r] * kv + v + 32 * u);
+            for (int u = 0; u < U; ++u) cur[r][u] = ldg_stage<Pf::evict_first>(w + rows[r] * kv + v + 32 * u, pf.policy());
     }
 }
 
@@ -158,11 +249,13 @@ __device__ __forceinline__ void warp_prefetch(const uint4 *__restrict__ w, const
 // before the FMAs of stage i, and an empty asm that launders the x pointer keeps the
 // compiler from hoisting those FMAs above the loads, so ~2·R·U·512 B per warp are in
 // flight. Stage 0 is already in cur (warp_prefetch, `full` = warp_stages). Rows must be
-// valid (callers clamp out-of-range rows and drop their results).
-template <int M, int R>
+// valid (callers clamp out-of-range rows and drop their results). `pf.at<1>()` runs once per
+// lane when its last pipelined stage is in flight (before that stage's FMAs; a lane with no
+// full stage: before the tail loop), `pf.at<2>()` after the lane's last weight load was used.
+template <int M, int R, typename Pf>
 __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                          const long rows[R], int kv, int v0, int v1, int full, int lane,
-                                         uint4 (&cur)[R][Unroll<M>::v], float acc[R][M]) {
+                                         uint4 (&cur)[R][Unroll<M>::v], float acc[R][M], const Pf &pf) {
     constexpr int U = Unroll<M>::v;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -177,7 +270,9 @@ __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uin
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
-                for (int u = 0; u < U; ++u) nxt[r][u] = ldg_stage_if(w + rows[r] * kv + v + 32 * (U + u), more);
+                for (int u = 0; u < U; ++u) nxt[r][u] = ldg_stage_if<Pf::evict_first>(w + rows[r] * kv + v + 32 * (U + u), more,
+                                                                     pf.policy());
+            if (!more) pf.template at<1>();
             asm volatile("" : "+l"(xp));
 #pragma unroll
             for (int u = 0; u < U; ++u)
@@ -193,11 +288,13 @@ __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uin
                 for (int u = 0; u < U; ++u) cur[r][u] = nxt[r][u];
             v += 32 * U;
         }
+    } else {
+        pf.template at<1>();
     }
     for (; v < v1; v += 32) {
         uint4 wv[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) wv[r] = ldg_stream(w + rows[r] * kv + v);
+        for (int r = 0; r < R; ++r) wv[r] = ldg_stream<Pf::evict_first>(w + rows[r] * kv + v, pf.policy());
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4 xv = xs[m * kv + v];
@@ -205,6 +302,7 @@ __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uin
             for (int r = 0; r < R; ++r) acc8(acc[r][m], wv[r], xv);
         }
     }
+    pf.template at<2>();
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -213,20 +311,22 @@ __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uin
 
 // The PDL-ordered body shared by every variant: first weight stage, trigger (option 1),
 // wait, `prologue()` (the norm variants fill shared memory from x), the dot products,
-// trigger (option 2). Every thread of every block executes the wait.
-template <int M, int R, typename Prologue>
+// trigger (option 2). Every thread of every block executes the wait. `pf`: NoL2Prefetch for
+// the default forms, L2Prefetch for the _pf forms (its point 0 is right after the first stage).
+template <int M, int R, typename Prologue, typename Pf>
 __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                         const long rows[R], int kv, int v0, int v1, int lane,
-                                        Prologue prologue, float acc[R][M]) {
+                                        Prologue prologue, float acc[R][M], const Pf &pf) {
     uint4 cur[R][Unroll<M>::v];
     const int full = warp_stages<M>(v0, v1, lane);
-    warp_prefetch<M, R>(w, rows, kv, v0, full, lane, cur);
+    warp_prefetch<M, R>(w, rows, kv, v0, full, lane, cur, pf);
+    pf.template at<0>();
 #if GEMV_PDL_TRIGGER == 1
     griddep_launch_dependents();
 #endif
     griddep_wait();
     prologue();
-    warp_dot<M, R>(xs, w, rows, kv, v0, v1, full, lane, cur, acc);
+    warp_dot<M, R>(xs, w, rows, kv, v0, v1, full, lane, cur, acc, pf);
 #if GEMV_PDL_TRIGGER == 2
     griddep_launch_dependents();
 #endif
@@ -335,9 +435,10 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
 // ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
-template <int M, bool RESIDUAL, typename Prologue>
+template <int M, bool RESIDUAL, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
-                                          __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue) {
+                                          __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
+                                          const Pf &pf) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     long rows[R];
@@ -345,7 +446,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     int v0, v1;
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
-    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc);
+    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
     if (warp % ksplit != 0) return;
 #pragma unroll
@@ -363,10 +464,10 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
 // A warp owns one output column j: gate row j and up row n + j, loaded together.
-template <int M, typename Prologue>
+template <int M, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                                __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
-                                               Prologue prologue) {
+                                               Prologue prologue, const Pf &pf) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     const int group = warp / ksplit, part = warp % ksplit;
@@ -378,7 +479,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     per = (per + 31) & ~31;
     const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
     float acc[R][M];
-    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc);
+    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
     if (part != 0 || !ok) return;
 #pragma unroll
@@ -394,12 +495,14 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M(                      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {});       \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},        \
+                            NoL2Prefetch{});                                                      \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M(             \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}); \
+        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
+                           NoL2Prefetch{});                                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M(                 \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
@@ -408,7 +511,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
         gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
-                            [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); });                     \
+                            [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});     \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M(            \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
@@ -417,10 +520,53 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
         gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                \
-                          [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); });                       \
+                          [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});       \
     }
 
+#ifndef GEMV_L2_PREFETCH
 INSTANTIATE(1)
 INSTANTIATE(2)
 INSTANTIATE(4)
 INSTANTIATE(8)
+#else
+// The L2-prefetch forms (module gemv_pf.cubin, built with -DGEMV_L2_PREFETCH by
+// build_kernels.py --l2-prefetch; that module holds only these): the default form's params,
+// then the range to prefetch into L2 (the next GEMV's weight; pf_bytes = 0: none).
+#define INSTANTIATE_PF(M)                                                                         \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##_pf(                 \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
+        __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, const void *__restrict__ pf_ptr, \
+        unsigned long long pf_bytes) {                                                            \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},        \
+                            l2_prefetch(pf_ptr, pf_bytes));                                       \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##_pf(        \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
+        __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit,                           \
+        const void *__restrict__ pf_ptr, unsigned long long pf_bytes) {                           \
+        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
+                           l2_prefetch(pf_ptr, pf_bytes));                                        \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##_pf(            \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
+        float eps, int ksplit, const void *__restrict__ pf_ptr, unsigned long long pf_bytes) {    \
+        extern __shared__ __align__(16) unsigned char smem[];                                     \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
+        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
+                            [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); },                      \
+                            l2_prefetch(pf_ptr, pf_bytes));                                       \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M##_pf(       \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
+        float eps, int ksplit, const void *__restrict__ pf_ptr, unsigned long long pf_bytes) {    \
+        extern __shared__ __align__(16) unsigned char smem[];                                     \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
+        gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                \
+                          [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); },                        \
+                          l2_prefetch(pf_ptr, pf_bytes));                                         \
+    }
+
+INSTANTIATE_PF(1)
+#endif
