@@ -271,6 +271,10 @@ def test_decode_chain_pdl_equals_plain(chain, graph):
     assert t0 == t1, f"tokens differ: {t0} vs {t1}"
     assert np.array_equal(l0.view(np.uint16), l1.view(np.uint16)), \
         f"logits differ at steps {sorted(set(np.nonzero(l0.view(np.uint16) != l1.view(np.uint16))[0].tolist()))}"
-    assert len(set(t0)) > 1, "degenerate random model: one token only"
+    # not a frozen chain: every step's logits differ from the step before (with tied random
+    # embeddings the greedy token can repeat, H200 2026-11-29, but the KV cache and the
+    # position still change every step's logits)
+    same = [i for i in range(1, len(l0)) if np.array_equal(l0[i], l0[i - 1])]
+    assert not same, f"logits of steps {same} equal those of the step before: the chain did not advance"
     if graph:
         assert edges and max(edges) > 0, f"the --pdl decode graph has no programmatic edge: {edges}"
