@@ -38,6 +38,25 @@
 //                         for 0, H200, tools/bench_pdl.py, BENCHMARKS.md)
 //   -DGEMV_PDL_TRIGGER=2  after the warp's last weight load was consumed
 //
+// L2-prefetch forms (opt in: -DGEMV_L2_PREFETCH, build_kernels.py --l2-prefetch; the module then
+// holds only these, for M = 1): kern_gemv{,_norm,_norm_silu,_residual}_m1_pf take the default
+// form's params plus (const void *pf_ptr, unsigned long long pf_bytes) and compute exactly what it
+// computes (bit for bit). Each block's thread 0 also issues cp.async.bulk.prefetch.L2.global over
+// the block's contiguous share of [pf_ptr, pf_ptr + pf_bytes) (rounded down to 16 bytes; split
+// evenly over gridDim.x in 16-byte units, the first blocks taking the remainder; chunks of at most
+// GEMV_PF_CHUNK bytes), meant for the next GEMV's weight so that it starts from L2. pf_bytes = 0:
+// nothing. Build options:
+//   -DGEMV_PF_AT=0  issue at kernel start, right after the first weight stage (before the wait:
+//                   weights only, the PDL contract holds)
+//   -DGEMV_PF_AT=1  (default) when the issuing lane's last pipelined weight stage is in flight
+//                   (before that stage's FMAs), i.e. overlapping the block's own tail
+//   -DGEMV_PF_AT=2  after the issuing lane's last weight load was consumed
+//   -DGEMV_PF_EVICT_FIRST=1 (default) the form's own weight loads carry an L2::evict_first policy
+//                   (createpolicy + .L2::cache_hint), so that the streamed weight leaves L2 before
+//                   the prefetched lines; 0: plain loads
+//   -DGEMV_PF_CHUNK=65536ull  bytes per prefetch instruction: a multiple of 16 below 1 MB (sm_90
+//                   encodes the size as a 16-bit count of 16-byte units; ptxas turns 1 MB into 0)
+//
 // Launch: block = [256, 1, 1]: 8 warps in 8/ksplit groups of ksplit warps; a group owns 2 rows
 // (norm_silu: one output column, i.e. its gate row and its up row) and its ksplit warps
 // split k. grid.x = ceil_div(n, 2·8/ksplit) for plain, norm and residual, and
