@@ -256,9 +256,10 @@ def _pdl_kernels():
 
 
 #: Global loads a PDL Triton kernel issues before its wait: only inputs and weights (qk_norm_rope_kv:
-#: positions, the cos and sin halves of the rotary row (3 loads each in Triton's layout), q_norm_w (2),
-#: k_norm_w (2), slot_mapping; decode attention: seq_lens; the reduce: none).
-PDL_LOADS_BEFORE_WAIT = {"qk_norm_rope_kv_pdl": 12, "paged_decode_attention_pdl": 1, "paged_decode_reduce_pdl": 0}
+#: positions and the cos and sin halves of the rotary row (3 loads each in Triton's layout); the norm
+#: weights and the slot come after the wait, as in the plain form (2531002); decode attention:
+#: seq_lens; the reduce: none).
+PDL_LOADS_BEFORE_WAIT = {"qk_norm_rope_kv_pdl": 7, "paged_decode_attention_pdl": 1, "paged_decode_reduce_pdl": 0}
 
 
 def test_pdl_ptx_waits_before_any_store(tmp_path):
