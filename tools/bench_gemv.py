@@ -354,11 +354,14 @@ def machine() -> str:
 
 
 def commit() -> str:
+    """KERN_COMMIT when set (the GPU machine's copy of .git can be stale), else `git rev-parse`."""
+    if os.environ.get("KERN_COMMIT"):
+        return os.environ["KERN_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except Exception:
-        return os.environ.get("KERN_COMMIT", "unknown")
+        return "unknown"
 
 
 def main(argv=None) -> int:

@@ -125,11 +125,14 @@ def matmul_rate(timer: Timer) -> float:
 
 
 def commit() -> str:
+    """KERN_COMMIT when set (the GPU machine's copy of .git can be stale), else `git rev-parse`."""
+    if os.environ.get("KERN_COMMIT"):
+        return os.environ["KERN_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except Exception:
-        return os.environ.get("KERN_COMMIT", "unknown")
+        return "unknown"
 
 
 @dataclass
