@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Where one decode token's time goes: a kernel-level profile of kern-run's decode graph.
+
+    python3 tools/profile_decode.py --work DIR [--geometry 4b] [--context 128] [--steps 64] \\
+        [--manifest M] [--append BENCHMARKS.md]
+
+Runs the same session as tools/bench_decode.py (tools/gpu/prepare.py's layout: DIR/kernels,
+DIR/qwen3-<g>/{manifest.json,weights.safetensors}; --manifest picks another manifest over the
+same kernels and weights) under ``torch.profiler`` (CUPTI kernel activity, which also records
+the kernels inside CUDA graph launches), and splits the decode steps' wall time into:
+
+- each kernel's GPU time per token, grouped (GEMV = the decode GEMMs, attention, norms/rotary/KV,
+  embedding, argmax, other), from CUPTI's start/end timestamps;
+- the gaps: wall time per step (first decode kernel start to last decode kernel end, divided by
+  the steps) minus the summed kernel time. Gaps are where no kernel of the step ran: launch
+  latency between graph nodes, the host's 8-byte read-back and the next graph launch.
+
+Decode steps are the kernels after the last prefill kernel (the profile runs prefill of the
+prompt first; a kernel whose name contains ``prefill`` or a cuBLASLt GEMM marks prefill), the
+step count is the number of ``embedding`` launches among them. The profiler's own overhead makes
+the wall time a little longer than tools/bench_decode.py's (which is the number to quote for
+speed); the split is what this script is for. Prints a table; appends it to --append.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+GROUPS = (  # (group, substrings of the kernel name), first match wins
+    ("GEMV (decode GEMMs)", ("gemv",)),
+    ("decode attention", ("paged_decode_attention", "paged_decode_reduce")),
+    ("qk-norm + rotary + KV write", ("qk_norm_rope_kv",)),
+    ("RMS norm / residual", ("rms_norm",)),
+    ("SiLU-and-mul", ("silu",)),
+    ("embedding", ("embedding",)),
+    ("argmax", ("argmax",)),
+    ("copies (token/position staging, 8-byte read-back)", ("Memcpy", "Memset", "memcpy", "memset")),
+)
+
+
+def group_of(name: str) -> str:
+    for g, subs in GROUPS:
+        if any(s in name for s in subs):
+            return g
+    return "other"
+
+
+def is_prefill(name: str) -> bool:
+    return "prefill" in name or "gemm" in name.lower() or "nvjet" in name or "cutlass" in name
+
+
+def commit() -> str:
+    if os.environ.get("KERN_COMMIT"):
+        return os.environ["KERN_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def profile(manifest: Path, kernels: Path, weights: Path, context: int, steps: int):
+    """[(name, start_us, end_us)] of the CUDA kernels of one prefill + `steps` decode steps."""
+    import numpy as np
+    import torch
+    from kern_driver import Runtime
+    from kern_run.generator import ManifestInfo, Qwen3Session
+
+    rt = Runtime.load(manifest, kernels, weights, capacity_tokens=4096)
+    try:
+        info = ManifestInfo.read(manifest)
+        prompt = np.random.default_rng(0).integers(0, 151936, context).tolist()
+        s = Qwen3Session(rt, info, capacity=4096, graph=True)
+        list(s.generate(prompt, 8, 512))  # warm: graphs captured, caches hot
+        s = Qwen3Session(rt, info, capacity=4096, graph=True)
+        acts = [torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            tokens = list(s.generate(prompt, steps, 512))
+        torch.cuda.synchronize()
+    finally:
+        rt.close()
+    ev = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            ev.append((e.name, float(e.time_range.start), float(e.time_range.end)))
+    ev.sort(key=lambda x: x[1])
+    return ev, tokens
+
+
+def breakdown(ev, steps_hint: int):
+    """Per-token kernel time by group and kernel, wall per token and gap per token (µs)."""
+    last_prefill = max((i for i, (n, _, _) in enumerate(ev) if is_prefill(n)), default=-1)
+    dec = ev[last_prefill + 1:]
+    if not dec:
+        raise SystemExit("profile_decode: no decode kernels after the prefill kernels in the profile")
+    steps = sum(1 for n, _, _ in dec if "embedding" in n) or steps_hint
+    wall = (dec[-1][2] - dec[0][1]) / steps
+    by_kernel: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for n, a, b in dec:
+        by_kernel[n] += (b - a) / steps
+        count[n] += 1
+    by_group: dict[str, float] = defaultdict(float)
+    for n, t in by_kernel.items():
+        by_group[group_of(n)] += t
+    busy = sum(by_kernel.values())
+    return dict(steps=steps, wall=wall, busy=busy, gap=wall - busy, by_group=dict(by_group),
+                by_kernel=dict(by_kernel), launches={n: c / steps for n, c in count.items()})
+
+
+def table(r, label: str, machine: str) -> str:
+    L = [f"### Decode profile: {label} (`tools/profile_decode.py`)", "",
+         f"{datetime.date.today().isoformat()}, commit `{commit()}`, {machine}. torch.profiler (CUPTI kernel "
+         f"activity) over {r['steps']} decode steps in CUDA graphs after a prefill; per-token µs. The wall time "
+         "includes the profiler's overhead; quote tools/bench_decode.py for speed.", "",
+         "| part | µs per token | share of wall |", "|---|---|---|"]
+    for g, t in sorted(r["by_group"].items(), key=lambda x: -x[1]):
+        L.append(f"| {g} | {t:.1f} | {100 * t / r['wall']:.1f}% |")
+    L.append(f"| gaps (no kernel running: graph-node latency, read-back, next launch) | {r['gap']:.1f} | "
+             f"{100 * r['gap'] / r['wall']:.1f}% |")
+    L.append(f"| **wall per token** | **{r['wall']:.1f}** | 100% |")
+    L += ["", "| kernel | launches per token | µs per token | µs per launch |", "|---|---|---|---|"]
+    for n, t in sorted(r["by_kernel"].items(), key=lambda x: -x[1])[:16]:
+        k = r["launches"][n]
+        L.append(f"| `{n[:70]}` | {k:.0f} | {t:.1f} | {t / k:.2f} |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", required=True, type=Path, help="tools/gpu/prepare.py's directory")
+    ap.add_argument("--geometry", default="4b")
+    ap.add_argument("--manifest", type=Path, default=None, help="another manifest over the same kernels/weights")
+    ap.add_argument("--label", default=None, help="table title (default: geometry and manifest name)")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--append", type=Path, default=None)
+    a = ap.parse_args(argv)
+    d = a.work / f"qwen3-{a.geometry}"
+    manifest = a.manifest or d / "manifest.json"
+    ev, _ = profile(manifest, a.work / "kernels", d / "weights.safetensors", a.context, a.steps)
+    r = breakdown(ev, a.steps)
+    import torch
+
+    machine = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    t = table(r, a.label or f"Qwen3-{a.geometry}, {manifest.name}, context {a.context}", machine)
+    print(t)
+    if a.append:
+        with open(a.append, "a") as f:
+            f.write("\n" + t)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
