@@ -33,7 +33,7 @@ def test_breakdown_splits_kernels_groups_and_gaps():
     assert r["busy"] == pytest.approx(18)
     # wall: first decode kernel start (100) to last end (100 + 90 + 22) over 4 steps
     assert r["wall"] == pytest.approx((212 - 100) / 4)
-    assert r["gap"] == pytest.approx(r["wall"] - 18)
+    assert r["gap"] == pytest.approx(r["wall"] - 18) and r["overlap"] == pytest.approx(0)
     assert r["launches"]["paged_decode_reduce"] == pytest.approx(1)
     text = pd.table(r, "synthetic", "no GPU")
     assert "| GEMV (decode GEMMs) | 10.0 |" in text and "gaps" in text
@@ -42,3 +42,13 @@ def test_breakdown_splits_kernels_groups_and_gaps():
 def test_breakdown_without_decode_kernels_is_a_clear_error():
     with pytest.raises(SystemExit, match="no decode kernels after the prefill kernels"):
         pd.breakdown([("paged_prefill_attention", 0.0, 5.0)], steps_hint=1)
+
+
+def test_overlapping_kernels_count_once_in_the_gaps():
+    # PDL: the second kernel starts 4 µs before the first ends and waits
+    ev = [("paged_prefill_attention", 0.0, 5.0), ("embedding", 10.0, 20.0), ("kern_gemv_m1", 16.0, 30.0),
+          ("argmax_partial", 32.0, 34.0)]
+    r = pd.breakdown(ev, steps_hint=1)
+    assert r["busy"] == pytest.approx(26) and r["covered"] == pytest.approx(22)
+    assert r["overlap"] == pytest.approx(4) and r["gap"] == pytest.approx(24 - 22)
+    assert "overlap" in pd.table(r, "pdl", "no GPU")

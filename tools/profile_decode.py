@@ -12,7 +12,9 @@ the kernels inside CUDA graph launches), and splits the decode steps' wall time 
 - each kernel's GPU time per token, grouped (GEMV = the decode GEMMs, attention, norms/rotary/KV,
   embedding, argmax, other), from CUPTI's start/end timestamps;
 - the gaps: wall time per step (first decode kernel start to last decode kernel end, divided by
-  the steps) minus the summed kernel time. Gaps are where no kernel of the step ran: launch
+  the steps) minus the time covered by at least one kernel (the union of their intervals: under
+  PDL kernels overlap, and their summed durations, which then include each one's wait, can
+  exceed the wall; the table shows that overlap as its own line). Gaps are where no kernel of the step ran: launch
   latency between graph nodes, the host's 8-byte read-back and the next graph launch.
 
 Decode steps are the kernels after the last prefill kernel (the profile runs prefill of the
@@ -113,8 +115,17 @@ def breakdown(ev, steps_hint: int):
     for n, t in by_kernel.items():
         by_group[group_of(n)] += t
     busy = sum(by_kernel.values())
-    return dict(steps=steps, wall=wall, busy=busy, gap=wall - busy, by_group=dict(by_group),
-                by_kernel=dict(by_kernel), launches={n: c / steps for n, c in count.items()})
+    # the union of the kernel intervals: under PDL a kernel starts before its predecessor ends
+    # (and waits), so durations overlap and their sum can exceed the wall time
+    covered, end = 0.0, float("-inf")
+    for _, a, b in dec:
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    covered /= steps
+    return dict(steps=steps, wall=wall, busy=busy, covered=covered, gap=wall - covered,
+                overlap=busy - covered, by_group=dict(by_group), by_kernel=dict(by_kernel),
+                launches={n: c / steps for n, c in count.items()})
 
 
 def table(r, label: str, machine: str) -> str:
@@ -125,6 +136,9 @@ def table(r, label: str, machine: str) -> str:
          "| part | µs per token | share of wall |", "|---|---|---|"]
     for g, t in sorted(r["by_group"].items(), key=lambda x: -x[1]):
         L.append(f"| {g} | {t:.1f} | {100 * t / r['wall']:.1f}% |")
+    if r["overlap"] > 0.05 * r["wall"]:
+        L.append(f"| overlap (kernels running at once: under PDL a kernel starts early and waits; its "
+                 f"duration includes the wait) | −{r['overlap']:.1f} | −{100 * r['overlap'] / r['wall']:.1f}% |")
     L.append(f"| gaps (no kernel running: graph-node latency, read-back, next launch) | {r['gap']:.1f} | "
              f"{100 * r['gap'] / r['wall']:.1f}% |")
     L.append(f"| **wall per token** | **{r['wall']:.1f}** | 100% |")
