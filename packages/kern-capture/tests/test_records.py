@@ -1,5 +1,6 @@
 """Parser tests on the hand-written fixture capture (tests/fixtures/capture_torch)."""
 
+import gzip
 import shutil
 
 import msgspec
@@ -155,10 +156,83 @@ def test_error_capture_raises_unless_allowed(fixtures):
 
 
 def test_not_a_capture(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a directory"):
+    with pytest.raises(FileNotFoundError, match="missing: no such directory"):
         Capture.open(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileNotFoundError, match="file: not a directory"):
+        Capture.open(tmp_path / "file")
     with pytest.raises(FileNotFoundError, match="kern-capture directory"):
         Capture.open(tmp_path)
+
+
+def _gzip_launches(src, dst):
+    """A copy of ``src`` with launches.jsonl replaced by launches.jsonl.gz (what kern-mine trim writes)."""
+    shutil.copytree(src, dst)
+    data = (dst / "launches.jsonl").read_bytes()
+    (dst / "launches.jsonl").unlink()
+    (dst / "launches.jsonl.gz").write_bytes(gzip.compress(data))
+    return data
+
+
+def test_gzipped_launches_are_read(fixtures, tmp_path):
+    d = tmp_path / "trimmed"
+    _gzip_launches(fixtures / "capture_torch", d)
+    plain = list(iter_launches(fixtures / "capture_torch"))
+    assert list(iter_launches(d)) == plain
+    cap = Capture.open(d)
+    assert list(cap.launches()) == plain and sorted(cap.modules) == [1, 3, 7]
+    # the plain file wins when both are there
+    (d / "launches.jsonl").write_bytes(b"")
+    assert list(iter_launches(d)) == []
+
+
+def test_gzipped_launches_without_module_files(fixtures, tmp_path):
+    # kern-mine trim keeps launches.jsonl.gz (+ modules.jsonl, capture.json when present) only
+    d = tmp_path / "trimmed"
+    d.mkdir()
+    (d / "launches.jsonl.gz").write_bytes(gzip.compress((fixtures / "capture_torch" / "launches.jsonl").read_bytes()))
+    cap = Capture.open(d)
+    assert cap.modules == {} and sum(1 for _ in cap.launches()) == 9
+
+
+def test_gzipped_truncated_last_line_and_damaged_file(fixtures, tmp_path):
+    d = tmp_path / "trimmed"
+    data = _gzip_launches(fixtures / "capture_torch", d)
+    (d / "launches.jsonl.gz").write_bytes(gzip.compress(data + data[:57]))
+    assert sum(1 for _ in iter_launches(d)) == 9
+    with pytest.raises(CaptureFormatError, match=r"launches.jsonl.gz:10"):
+        list(iter_launches(d, strict=True))
+    (d / "launches.jsonl.gz").write_bytes(gzip.compress(data)[:-20])  # cut short
+    with pytest.raises(CaptureFormatError, match=r"launches.jsonl.gz: cannot decompress.*damaged"):
+        list(iter_launches(d))
+
+
+def test_trimmed_by_kern_mine_reads_like_the_original(fixtures, tmp_path):
+    trim = pytest.importorskip("kern_mine.trim")
+    n, _, _ = trim.trim(fixtures / "capture_torch", tmp_path / "t")
+    assert (tmp_path / "t" / "launches.jsonl.gz").is_file() and not (tmp_path / "t" / "launches.jsonl").exists()
+    got = list(Capture.open(tmp_path / "t").launches())
+    assert n == len(got) == 9
+    assert [(l.seq, l.symbol, l.grid) for l in got] == [(l.seq, l.symbol, l.grid)
+                                                        for l in iter_launches(fixtures / "capture_torch")]
+
+
+def test_no_launch_file_is_an_error_naming_both(fixtures, tmp_path):
+    d = tmp_path / "cap"
+    d.mkdir()
+    shutil.copy(fixtures / "capture_torch" / "modules.jsonl", d)
+    with pytest.raises(FileNotFoundError) as exc:
+        iter_launches(d)  # raised at the call, not at the first next()
+    msg = str(exc.value)
+    assert str(d) in msg and "launches.jsonl nor launches.jsonl.gz" in msg and "--out" in msg
+    with pytest.raises(FileNotFoundError, match="neither launches.jsonl nor launches.jsonl.gz"):
+        Capture.open(d).launches()
+    with pytest.raises(FileNotFoundError, match="missing: no such directory"):
+        iter_launches(tmp_path / "missing")
+    # a failed capture: Capture.launches() has none; iter_launches says why the file is missing
+    assert list(Capture.open(fixtures / "capture_error", allow_error=True).launches()) == []
+    with pytest.raises(FileNotFoundError, match=r"the capture failed \(error.json: CUPTI already has"):
+        iter_launches(fixtures / "capture_error")
 
 
 def test_subcaptures(fixtures, tmp_path):
@@ -196,5 +270,26 @@ def test_params_from_extra_cuts_the_packed_buffer(cap):
     with pytest.raises(ValueError, match=r"parameter 1 at offset 28 \(8 B\) ends past the 32-byte extra buffer"):
         gemm.params_from_extra([(0, 8), (28, 8)])
     flat = list(cap.launches())[0]
-    with pytest.raises(ValueError, match="no packed extra buffer"):
+    with pytest.raises(ValueError, match=r"no packed extra buffer.*kernelParams launch.*already split in .params"):
         flat.params_from_extra([(0, 8)])
+
+
+def test_params_from_extra_without_extra_hex_names_the_causes(cap):
+    gemm = msgspec.structs.replace(list(cap.launches())[3], extra_hex=None)  # as kern-mine trim leaves it
+    with pytest.raises(ValueError) as exc:
+        gemm.params_from_extra([(0, 8)])
+    msg = str(exc.value)
+    assert msg.startswith("launch seq 3 (nvjet_sm90_tst_128x64_64x6_1x2_h_bz_coopB_TNT): no packed extra buffer")
+    for cause in ("over 4 KiB", "older than extra_hex", "trimmed by `kern-mine trim`, which drops extra_hex",
+                  "read the untrimmed capture", "recorded reason: parameters passed through the packed extra"):
+        assert cause in msg, cause
+
+
+def test_params_from_extra_rejects_a_bad_layout(cap):
+    gemm = list(cap.launches())[3]
+    with pytest.raises(ValueError, match=r"launch seq 3 .*: layout parameter 1 has offset -8; .*>= 0"):
+        gemm.params_from_extra([(0, 8), (-8, 8)])
+    with pytest.raises(ValueError, match=r"layout parameter 2 has size 0; sizes are in bytes, >= 1"):
+        gemm.params_from_extra([(0, 8), (8, 8), (16, 0)])
+    with pytest.raises(ValueError, match=r"layout parameter 0 has size -4"):
+        gemm.params_from_extra([(0, -4)])

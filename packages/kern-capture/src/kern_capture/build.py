@@ -6,11 +6,14 @@ headers and linked against ``libcupti``; it does not link ``libcuda`` (it looks
 the driver entry points up in the process it is injected into), so it builds
 on machines without a GPU driver.
 
-Toolkit discovery, first match wins (each can hold ``cuda.h``, ``cupti.h``,
-``libcupti.so*``): ``$KERN_CAPTURE_CUDA_HOME``, ``$CUDA_HOME``, ``$CUDA_PATH``,
-the toolkit of ``nvcc`` on ``PATH``, ``/usr/local/cuda``, then the
-``nvidia-cuda-cupti``/``nvidia-cuda-runtime`` (or CUDA 13 ``nvidia/cu13``)
-wheels of the running Python.
+Toolkit: the first of ``$KERN_CAPTURE_CUDA_HOME``, ``$CUDA_HOME``,
+``$CUDA_PATH`` that is set is used alone; it must hold ``cuda.h``, ``cupti.h``
+and ``libcupti.so*`` (under ``include``/``lib64``/``lib``, ``targets/*/`` or
+``extras/CUPTI/``), else ``BuildError`` names the variable, its value and what
+is missing (no fall-back that would mix two toolkits). With none set, the
+first match wins over the toolkit of ``nvcc`` on ``PATH``, ``/usr/local/cuda``,
+then the ``nvidia-cuda-cupti``/``nvidia-cuda-runtime`` (or CUDA 13
+``nvidia/cu13``) wheels of the running Python.
 
 The result is cached as
 ``$KERN_CAPTURE_CACHE`` (default ``~/.cache/kern-capture``)
@@ -59,12 +62,20 @@ def source_path() -> Path:
     return Path(str(resources.files("kern_capture") / "csrc" / "capture.c"))
 
 
-def _toolkit_roots() -> list[tuple[str, Path]]:
-    roots: list[tuple[str, Path]] = []
-    for var in ("KERN_CAPTURE_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"):
+TOOLKIT_VARS = ("KERN_CAPTURE_CUDA_HOME", "CUDA_HOME", "CUDA_PATH")
+
+
+def _toolkit_override() -> tuple[str, str] | None:
+    """The first toolkit variable that is set, as (name, value), or None."""
+    for var in TOOLKIT_VARS:
         v = os.environ.get(var)
         if v:
-            roots.append((f"${var}", Path(v)))
+            return var, v
+    return None
+
+
+def _toolkit_roots() -> list[tuple[str, Path]]:
+    roots: list[tuple[str, Path]] = []
     nvcc = shutil.which("nvcc")
     if nvcc:
         roots.append(("nvcc on PATH", Path(nvcc).resolve().parent.parent))
@@ -121,7 +132,13 @@ def find_toolchain(cc: str | None = None) -> Toolchain:
     cuda_h: Path | None = None
     cupti_h: Path | None = None
     lib: Path | None = None
-    for label, root in _toolkit_roots():
+    override = _toolkit_override()
+    if override is not None:
+        var, value = override
+        roots = [(f"${var}", Path(value))]
+    else:
+        roots = _toolkit_roots()
+    for label, root in roots:
         for inc in _include_candidates(root):
             searched.append(f"{inc} ({label})")
             if cuda_h is None and (inc / "cuda.h").is_file():
@@ -134,6 +151,19 @@ def find_toolchain(cc: str | None = None) -> Toolchain:
         if cuda_h and cupti_h and lib:
             break
     missing = [n for n, v in (("cuda.h", cuda_h), ("cupti.h", cupti_h), ("libcupti.so", lib)) if v is None]
+    if missing and override is not None:
+        var, value = override
+        others = [v for v in TOOLKIT_VARS if v != var and os.environ.get(v)]
+        state = "does not exist" if not Path(value).exists() else f"lacks {', '.join(missing)}"
+        raise BuildError(
+            f"cannot build the kern-capture injection library: ${var}={value} {state}.\n"
+            f"${var} selects the CUDA toolkit, and the build takes cuda.h, cupti.h and libcupti from it alone "
+            "(never from a second toolkit). Point it at a complete toolkit (one with extras/CUPTI, or the "
+            "nvidia/cu13 wheel directory)"
+            + (f", or unset it to use {', '.join('$' + v for v in others)} instead" if others else
+               ", or unset it to search nvcc on PATH, /usr/local/cuda and the nvidia-* wheels")
+            + ".\nSearched:\n  " + "\n  ".join(dict.fromkeys(searched))
+        )
     if missing:
         raise BuildError(
             f"cannot build the kern-capture injection library: {', '.join(missing)} not found.\n"
@@ -142,15 +172,29 @@ def find_toolchain(cc: str | None = None) -> Toolchain:
             + "\n  ".join(dict.fromkeys(searched))
         )
     assert cuda_h and cupti_h and lib
-    compiler = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not compiler or not shutil.which(compiler):
-        raise BuildError(
-            "cannot build the kern-capture injection library: no C compiler found "
-            "(set CC, or install gcc or clang)"
-        )
+    compiler = _find_compiler(cc)
     incs = list(dict.fromkeys([cuda_h.parent, cupti_h.parent]))
     return Toolchain(cc=compiler, include_dirs=incs, cupti_lib=lib, cuda_version=_cuda_version(cuda_h),
                      searched=searched)
+
+
+def _find_compiler(cc: str | None) -> str:
+    """The C compiler: ``cc`` (from --cc), else ``$CC``, else cc, gcc, clang on PATH."""
+    given, source = (cc, "--cc") if cc else (os.environ.get("CC"), "$CC")
+    if given:
+        if shutil.which(given):
+            return given
+        hint = (" (it must name one executable, without arguments)" if len(given.split()) > 1 else
+                " (neither an executable file nor a name on PATH)")
+        fix = "pass --cc with an installed compiler (gcc, clang) or drop --cc" if source == "--cc" else \
+              "set CC to an installed compiler (gcc, clang) or unset it"
+        raise BuildError(f"cannot build the kern-capture injection library: the C compiler {given!r} given by "
+                         f"{source} was not found{hint}; {fix}")
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return name
+    raise BuildError("cannot build the kern-capture injection library: no C compiler found (looked for cc, gcc "
+                     "and clang on PATH); install gcc or clang, or name one with --cc or CC")
 
 
 def _cache_root() -> Path:
@@ -178,8 +222,9 @@ def build_library(force: bool = False, cc: str | None = None, cache_dir: str | o
                   verbose: bool = False) -> Path:
     """Build (or reuse) the injection library and return its path.
 
-    The build is atomic (compiled to a temporary file, then renamed), so
-    concurrent callers are safe.
+    The build is atomic (compiled to a temporary file, checked to be non-empty,
+    made mode 0755, then renamed), so concurrent callers are safe and a shared
+    cache is readable by every user.
     """
     tc = find_toolchain(cc)
     src = source_path()
@@ -196,7 +241,7 @@ def build_library(force: bool = False, cc: str | None = None, cache_dir: str | o
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     out_dir = root / tc.cuda_version / h.hexdigest()[:16]
     out = out_dir / LIB_NAME
-    if out.is_file() and not force:
+    if out.is_file() and out.stat().st_size > 0 and not force:
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
@@ -215,6 +260,16 @@ def build_library(force: bool = False, cc: str | None = None, cache_dir: str | o
             f"compiling the kern-capture injection library failed (exit {proc.returncode}):\n"
             f"  {' '.join(cmd)}\n{proc.stderr.strip()}"
         )
+    size = os.stat(tmp).st_size if os.path.exists(tmp) else 0
+    if size == 0:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise BuildError(
+            f"the C compiler {tc.cc!r} exited 0 but wrote no output to {tmp} (nothing was cached):\n"
+            f"  {' '.join(cmd)}\n"
+            "is it a working C compiler? Name one with --cc or CC (gcc or clang)"
+        )
+    os.chmod(tmp, 0o755)
     os.replace(tmp, out)
     return out
 

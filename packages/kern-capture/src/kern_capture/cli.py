@@ -7,12 +7,16 @@
 Exit codes of ``run``: the command's own exit code when it failed; 3 when the
 capture failed (CUPTI already held by a profiler, nothing captured, ...) even
 though the command succeeded; 2 for usage errors and build failures.
+Exit codes of ``summary``: 0; 3 when ``DIR/error.json`` or a ``DIR/pid<N>/error.json``
+says a capture failed; 2 when DIR is not a capture or a line is malformed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from kern_capture.records import (
     ERROR_FILE,
     INFO_FILE,
     LAUNCHES_FILE,
+    LAUNCHES_GZ_FILE,
     MODULES_FILE,
     Capture,
     CaptureFormatError,
@@ -37,6 +42,16 @@ EXIT_CAPTURE_FAILED = 3
 
 def _err(msg: str) -> None:
     print(f"kern-capture: error: {msg}", file=sys.stderr)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a count >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is below 1; give a count >= 1")
+    return n
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="per-kernel launch counts, grids and ABI flatness of a capture")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--max-grids", type=int, default=6, metavar="N", help="distinct grids shown per kernel")
+    s.add_argument("--max-grids", type=_positive_int, default=6, metavar="N",
+                   help="distinct grids shown per kernel (>= 1, default 6)")
     return p
 
 
@@ -79,7 +95,7 @@ def _is_capture_file(p: Path) -> bool:
     n = p.name
     if p.is_dir():
         return n.startswith("pid") and n[3:].isdigit()
-    return n in (LAUNCHES_FILE, MODULES_FILE, ERROR_FILE, INFO_FILE) or n.startswith("module_")
+    return n in (LAUNCHES_FILE, LAUNCHES_GZ_FILE, MODULES_FILE, ERROR_FILE, INFO_FILE) or n.startswith("module_")
 
 
 def _prepare_out(out: Path, force: bool) -> str | None:
@@ -110,6 +126,17 @@ def _capture_errors(out: Path) -> list[str]:
         if e is not None:
             errs.append(f"{d}: {e.get('message', e)}")
     return errs
+
+
+def _cuda_driver_loadable() -> bool:
+    """Whether libcuda (the NVIDIA driver's CUDA library) can be loaded on this machine."""
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -150,13 +177,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     errors = _capture_errors(out)
     for e in errors:
         _err(f"capture failed: {e}")
-    if not (out / INFO_FILE).exists():
+    captured = (out / INFO_FILE).exists()
+    if not captured:
+        hint = "" if _cuda_driver_loadable() else " (is there a CUDA driver on this machine? libcuda cannot be loaded)"
         _err(f"nothing captured: {command[0]} never initialised CUDA (no cuInit), "
-             "or the driver ignored CUDA_INJECTION64_PATH")
+             f"or the driver ignored CUDA_INJECTION64_PATH{hint}")
         errors.append("nothing captured")
     if proc.returncode != 0:
-        print(f"kern-capture: the command exited with {proc.returncode}; the capture in {out} holds what ran "
-              "before that", file=sys.stderr)
+        tail = f"; the capture in {out} holds what ran before that" if captured else ""
+        print(f"kern-capture: the command exited with {proc.returncode}{tail}", file=sys.stderr)
         return proc.returncode if proc.returncode > 0 else 128 - proc.returncode
     return EXIT_CAPTURE_FAILED if errors else 0
 
@@ -171,11 +200,18 @@ def cmd_summary(args: argparse.Namespace) -> int:
     except CaptureFormatError as exc:
         _err(f"malformed capture: {exc}")
         return EXIT_USAGE
-    if args.json:
-        print(json.dumps(s.to_json(), indent=1))
-    else:
-        print(format_summary(s, max_grids=args.max_grids))
-    return EXIT_CAPTURE_FAILED if s.error else 0
+    rc = EXIT_CAPTURE_FAILED if s.failed else 0
+    text = json.dumps(s.to_json(), indent=1) if args.json else format_summary(s, max_grids=args.max_grids)
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly; point stdout at /dev/null so the
+        # interpreter's final flush does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:

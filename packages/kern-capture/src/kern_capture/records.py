@@ -6,6 +6,8 @@ A capture directory, written by the injection library (``csrc/capture.c``)::
       modules.jsonl         one ModuleRecord per loaded module
       module_<id>.<kind>    the module's bytes, kind = cubin | fatbin | ptx
       launches.jsonl        one LaunchRecord per kernel launch, in call order
+                            (``launches.jsonl.gz`` instead in a capture trimmed
+                            by ``kern-mine trim``; read the same way)
       capture.json          written at start: pid, library version, CUDA version
       error.json            present only when the capture failed (e.g. CUPTI
                             was already held by a profiler)
@@ -22,7 +24,9 @@ defaults), never renamed or removed.
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +45,15 @@ __all__ = [
     "iter_modules",
     "read_error",
     "LAUNCHES_FILE",
+    "LAUNCHES_GZ_FILE",
     "MODULES_FILE",
+    "launches_path",
     "ERROR_FILE",
     "INFO_FILE",
 ]
 
 LAUNCHES_FILE = "launches.jsonl"
+LAUNCHES_GZ_FILE = LAUNCHES_FILE + ".gz"  # what `kern-mine trim` writes
 MODULES_FILE = "modules.jsonl"
 ERROR_FILE = "error.json"
 INFO_FILE = "capture.json"
@@ -192,17 +199,34 @@ class LaunchRecord(msgspec.Struct, frozen=True):
         The records carry the raw bytes only: ``alloc``/``host`` are not known for them.
 
         Raises:
-            ValueError: the launch has no ``extra_hex`` (kernelParams launch, or a buffer over
-                4 KiB), or a parameter ends past the buffer's end.
+            ValueError: a layout entry has a negative offset or a size below 1; the launch has
+                no ``extra_hex`` (a kernelParams launch, a buffer over 4 KiB, a capture older
+                than ``extra_hex``, or one trimmed by ``kern-mine trim``); or a parameter ends
+                past the buffer's end.
         """
+        where = f"launch seq {self.seq} ({self.symbol})"
+        for i, (off, size) in enumerate(layout):
+            if off < 0:
+                raise ValueError(f"{where}: layout parameter {i} has offset {off}; "
+                                 "offsets are byte positions in the buffer, >= 0")
+            if size < 1:
+                raise ValueError(f"{where}: layout parameter {i} has size {size}; "
+                                 "sizes are in bytes, >= 1")
         if self.extra_hex is None:
-            raise ValueError(f"launch seq {self.seq} ({self.symbol}): no packed extra buffer was recorded "
-                             f"({self.params_reason or 'kernelParams launch: use .params'})")
+            if self.params is not None:
+                why = "it is a kernelParams launch: its parameters are already split in .params"
+            else:
+                why = ("the likely causes: the buffer was over 4 KiB (not recorded), the capture was "
+                       "written by a kern-capture older than extra_hex (capture again), or it was trimmed "
+                       "by `kern-mine trim`, which drops extra_hex (read the untrimmed capture)")
+                if self.params_reason:
+                    why += f"; recorded reason: {self.params_reason}"
+            raise ValueError(f"{where}: no packed extra buffer was recorded (extra_hex is absent); {why}")
         buf = bytes.fromhex(self.extra_hex)
         out = []
         for i, (off, size) in enumerate(layout):
             if off + size > len(buf):
-                raise ValueError(f"launch seq {self.seq} ({self.symbol}): parameter {i} at offset {off} "
+                raise ValueError(f"{where}: parameter {i} at offset {off} "
                                  f"({size} B) ends past the {len(buf)}-byte extra buffer")
             out.append(ParamRecord(offset=off, size=size, hex=buf[off:off + size].hex()))
         return out
@@ -246,13 +270,30 @@ _module_decoder = msgspec.json.Decoder(ModuleRecord)
 
 def _iter_lines(path: Path, decoder: msgspec.json.Decoder, strict: bool) -> Iterator[Any]:
     # A crashed target may leave a truncated last line: it is dropped unless
-    # strict. A malformed line elsewhere is always an error.
+    # strict. A malformed line elsewhere is always an error. A missing file
+    # yields nothing (callers that need it check first). ``*.gz`` is streamed
+    # through gzip.
+    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        f = open(path, "rb")
+        f = opener(path, "rb")
     except FileNotFoundError:
         return
     with f:
-        for lineno, line in enumerate(f, 1):
+        lineno = 0
+        lines = iter(f)
+        while True:
+            try:
+                line = next(lines)
+            except StopIteration:
+                return
+            except (EOFError, OSError, zlib.error) as exc:  # truncated or corrupt .gz
+                if opener is open:
+                    raise
+                raise CaptureFormatError(
+                    f"{path}: cannot decompress after line {lineno}: {exc}; the file is damaged, "
+                    "write it again (kern-mine trim) or read the untrimmed capture"
+                ) from exc
+            lineno += 1
             if not line.strip():
                 continue
             try:
@@ -263,17 +304,42 @@ def _iter_lines(path: Path, decoder: msgspec.json.Decoder, strict: bool) -> Iter
                     raise CaptureFormatError(f"{path}:{lineno}: {exc}") from exc
 
 
+def launches_path(dir: str | os.PathLike[str]) -> Path:
+    """``DIR/launches.jsonl``, else ``DIR/launches.jsonl.gz`` (a capture trimmed by ``kern-mine trim``).
+
+    Raises:
+        FileNotFoundError: DIR holds neither file (the message names both, and the
+            capture's ``error.json`` when there is one).
+    """
+    d = Path(dir)
+    for name in (LAUNCHES_FILE, LAUNCHES_GZ_FILE):
+        if (d / name).is_file():
+            return d / name
+    if not d.is_dir():
+        raise FileNotFoundError(f"{d}: {'not a directory' if d.exists() else 'no such directory'} "
+                                "(give the --out directory of `kern-capture run`)")
+    err = read_error(d)
+    why = (f"the capture failed ({ERROR_FILE}: {err.get('message', err)})" if err is not None else
+           "is this a kern-capture directory (the --out of `kern-capture run`, or a pid<N>/ inside it)?")
+    raise FileNotFoundError(f"{d}: neither {LAUNCHES_FILE} nor {LAUNCHES_GZ_FILE} is there; {why}")
+
+
 def iter_launches(dir: str | os.PathLike[str], strict: bool = False) -> Iterator[LaunchRecord]:
     """Stream the launches of a capture directory, in record order.
 
-    A truncated last line (the target crashed mid-write) is skipped unless
-    ``strict``. Any other malformed line raises ``CaptureFormatError``.
+    Reads ``launches.jsonl``, else ``launches.jsonl.gz`` (a trimmed capture),
+    streamed either way. A truncated last line (the target crashed mid-write) is
+    skipped unless ``strict``. Any other malformed line raises
+    ``CaptureFormatError``.
+
+    Raises:
+        FileNotFoundError: at the call, when the directory holds neither file.
     """
-    return _iter_lines(Path(dir) / LAUNCHES_FILE, _launch_decoder, strict)
+    return _iter_lines(launches_path(dir), _launch_decoder, strict)
 
 
 def iter_modules(dir: str | os.PathLike[str], strict: bool = False) -> Iterator[ModuleRecord]:
-    """Stream the module records of a capture directory."""
+    """Stream the module records of a capture directory (none when ``modules.jsonl`` is absent)."""
     return _iter_lines(Path(dir) / MODULES_FILE, _module_decoder, strict)
 
 
@@ -310,20 +376,22 @@ class Capture:
     def open(cls, dir: str | os.PathLike[str], allow_error: bool = False) -> Capture:
         """Open a capture directory.
 
-        Raises ``FileNotFoundError`` when ``dir`` holds no capture, and
-        ``CaptureError`` when the injection recorded a failure (unless
-        ``allow_error``).
+        Raises ``FileNotFoundError`` when ``dir`` does not exist or holds no
+        capture, and ``CaptureError`` when the injection recorded a failure
+        (unless ``allow_error``).
         """
         d = Path(dir)
         if not d.is_dir():
-            raise FileNotFoundError(f"{d}: not a directory")
+            raise FileNotFoundError(f"{d}: {'not a directory' if d.exists() else 'no such directory'} "
+                                    "(give the --out directory of `kern-capture run`)")
         error = read_error(d)
         if error is not None and not allow_error:
             raise CaptureError(f"{d}: capture failed: {error.get('message', error)}")
-        if not ((d / LAUNCHES_FILE).exists() or (d / MODULES_FILE).exists() or error
-                or (d / INFO_FILE).exists()):
+        if not any((d / n).exists() for n in (LAUNCHES_FILE, LAUNCHES_GZ_FILE, MODULES_FILE, INFO_FILE)) \
+                and error is None:
             raise FileNotFoundError(
-                f"{d}: no {LAUNCHES_FILE} or {MODULES_FILE}; is this a kern-capture directory?"
+                f"{d}: no {LAUNCHES_FILE}, {LAUNCHES_GZ_FILE} or {MODULES_FILE}; is this a kern-capture "
+                "directory (the --out of `kern-capture run`)?"
             )
         info = None
         if (d / INFO_FILE).exists():
@@ -335,7 +403,15 @@ class Capture:
         return cls(d, modules, info, error)
 
     def launches(self, strict: bool = False) -> Iterator[LaunchRecord]:
-        """Stream the launches (a fresh iterator each call)."""
+        """Stream the launches (a fresh iterator each call).
+
+        A failed capture (``error.json``) without a launch file has none; any
+        other capture without ``launches.jsonl``/``launches.jsonl.gz`` raises
+        ``FileNotFoundError``.
+        """
+        if self.error is not None and not any((self.dir / n).is_file()
+                                              for n in (LAUNCHES_FILE, LAUNCHES_GZ_FILE)):
+            return iter(())
         return iter_launches(self.dir, strict=strict)
 
     def __iter__(self) -> Iterator[LaunchRecord]:

@@ -11,6 +11,26 @@ from kern_capture.records import Capture, LaunchRecord
 __all__ = ["KernelSummary", "CaptureSummary", "summarize", "format_summary"]
 
 
+# What kern-capture 0.1.0 before extra_hex's advice wrote for extra-buffer launches; shown with the
+# current wording (the record itself is left as written).
+_OLD_EXTRA_SUFFIX = "; per-parameter capture not possible"
+
+
+def _reason(launch: LaunchRecord) -> str:
+    r = launch.params_reason or ""
+    if r.endswith(_OLD_EXTRA_SUFFIX) and "extra buffer" in r:
+        r = r[: -len(_OLD_EXTRA_SUFFIX)] + (
+            "; raw bytes in extra_hex: LaunchRecord.params_from_extra(layout) cuts them"
+            if launch.extra_hex is not None
+            else "; extra_hex absent (buffer over 4 KiB, or dropped by kern-mine trim)"
+        )
+    return r
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "es" if word.endswith("h") else "s")
+
+
 @dataclass
 class KernelSummary:
     """What the capture saw of one kernel (symbol + module)."""
@@ -45,7 +65,7 @@ class KernelSummary:
             self.flat_count += 1
             self.param_counts[len(launch.params)] += 1
         elif launch.params_reason:
-            self.reasons[launch.params_reason] += 1
+            self.reasons[_reason(launch)] += 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +93,11 @@ class CaptureSummary:
     unresolved_modules: int
     error: dict[str, Any] | None
     subcaptures: list[CaptureSummary] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """True when this capture or any ``pid<N>/`` sub-capture has an ``error.json``."""
+        return self.error is not None or any(s.failed for s in self.subcaptures)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,12 +154,12 @@ def format_summary(s: CaptureSummary, max_grids: int = 6) -> str:
     if s.error:
         lines.append(f"  ERROR: {s.error.get('message', s.error)}")
     lines.append(
-        f"  {s.launches} launches of {len(s.kernels)} kernels, {s.modules} modules"
+        f"  {_n(s.launches, 'launch')} of {_n(len(s.kernels), 'kernel')}, {_n(s.modules, 'module')}"
         + (f" ({kinds})" if kinds else "")
-        + f"; {flat} launches with all parameters, {s.launches - flat} without"
+        + f"; {_n(flat, 'launch')} with all parameters, {s.launches - flat} without"
     )
     if s.unresolved_modules:
-        lines.append(f"  {s.unresolved_modules} launches with no module id")
+        lines.append(f"  {_n(s.unresolved_modules, 'launch')} with no module id")
     if s.kernels:
         lines.append("")
         lines.append(f"  {'count':>7}  {'abi':<8}  {'module':>6}  {'params':>6}  kernel")
@@ -150,7 +175,7 @@ def format_summary(s: CaptureSummary, max_grids: int = 6) -> str:
         apis = ",".join(k.apis)
         lines.append(f"  {'':>7}  grids {grids}; block {blocks}; {apis}")
         for reason in k.reasons:
-            lines.append(f"  {'':>7}  not captured: {reason}")
+            lines.append(f"  {'':>7}  params null: {reason}")
     for sub in s.subcaptures:
         lines.append("")
         lines.append(format_summary(sub, max_grids))

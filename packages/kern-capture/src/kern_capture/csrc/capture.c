@@ -806,8 +806,15 @@ static void record_launch(const CUpti_CallbackData *cb, const launch_t *L, uint6
   const char *reason = NULL;
   char reason_buf[320];
   if (use_extra) {
-    reason = "parameters passed through the packed extra buffer (CU_LAUNCH_PARAM_BUFFER_POINTER); "
-             "per-parameter capture not possible";
+    if (xsize && xsize <= EXTRA_HEX_MAX)
+      reason = "parameters passed through the packed extra buffer (CU_LAUNCH_PARAM_BUFFER_POINTER); "
+               "raw bytes in extra_hex: LaunchRecord.params_from_extra(layout) cuts them";
+    else {
+      snprintf(reason_buf, sizeof reason_buf,
+               "parameters passed through the packed extra buffer (CU_LAUNCH_PARAM_BUFFER_POINTER); "
+               "its %zu bytes are not recorded (extra_hex keeps 1..%d)", xsize, EXTRA_HEX_MAX);
+      reason = reason_buf;
+    }
   } else if (!L->kernelParams) {
     reason = f->nparams == 0 ? NULL : "kernelParams is NULL";
     if (f->nparams == 0) nparams = 0;
@@ -1440,6 +1447,14 @@ EXPORT int kern_capture_selftest(const char *dir, const void *cubin_a, size_t si
 
   /* 5: the first function again (cached path) */
   st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &k0, "vec_add", CUDA_SUCCESS);
+
+  /* 6: a packed extra buffer over EXTRA_HEX_MAX: not recorded, the reason says so */
+  static unsigned char big[EXTRA_HEX_MAX + 8];
+  size_t big_size = sizeof big;
+  void *extra_big[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, big, CU_LAUNCH_PARAM_BUFFER_SIZE, &big_size,
+                       CU_LAUNCH_PARAM_END};
+  cuLaunchKernel_params k6 = {ST_FN_A, 1, 1, 1, 32, 1, 1, 0, (CUstream)0, NULL, extra_big};
+  st_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, &k6, "vec_add", CUDA_SUCCESS);
 
   pthread_mutex_lock(&g_lock);
   flush_locked();
