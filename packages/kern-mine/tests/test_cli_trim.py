@@ -17,16 +17,23 @@ def test_json_document(standard, capsys):
     assert main([str(d), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["format"] == FORMAT
-    assert set(doc) >= {"requests", "reference", "sites", "pointers", "anchor", "summary", "other_windows"}
+    assert set(doc) >= {"requests", "reference", "sites", "pointers", "anchor", "summary", "other_windows",
+                        "pass_split", "shapes"}
     p = doc["requests"][0]["passes"][0]
     assert p == {"index": 3, "kind": "prefill", "tokens": 1, "launches": [90, 120],
-                 "t_ns": p["t_ns"], "anchor_launches": 7, "regular": True}
+                 "t_ns": p["t_ns"], "regular": True, "shape": 0}
+    assert doc["pass_split"]["method"] == "pauses" and doc["anchor"] is None
+    assert doc["pass_split"]["start_kernels"] == [{"symbol": "embed", "windows": 5, "passes": 19}]
+    assert doc["shapes"] == [{"id": 0, "passes": 19, "token_counts": [1, 3, 5, 16, 17, 30, 64], "kernels": 12,
+                              "sites": 30, "flat_sites": 20, "flat_sites_grid_fitted": 19}]
     attn = next(s for s in doc["sites"] if s["symbol"] == "attn")
     assert attn["grid"][0] == {"status": "fit", "expr": {"ceil_div": ["tokens", 16]},
                                "samples": [[1, 1], [3, 1], [5, 1], [16, 1], [17, 2], [30, 2], [64, 4]]}
     kv = next(p for p in doc["pointers"] if p["site"] == attn["id"] and p["param"] == 1)
     assert kv["class"] == "state" and kv["alloc_offset"] == 0
-    assert doc["reference"]["symbol"] == "embed" and len(doc["reference"]["candidates"]) == 5
+    ref = doc["reference"]
+    assert (ref["symbol"], ref["field"], ref["axis"], ref["param"]) == ("embed", "grid.x", "x", None)
+    assert len(ref["candidates"]) == 8
     # the document decodes back into the typed report
     assert msgspec.json.decode(json.dumps(doc), type=MineReport).summary.requests == 4
 

@@ -12,7 +12,8 @@ def test_two_logical_buffers_in_one_allocation(standard):
     w = [_ptrs(r, "rms_norm", k)[1] for k in range(7)]
     assert all(p.class_ == "weight" and p.alloc_base == W_BASE for p in w)
     assert [p.alloc_offset for p in w] == [0, 4096, 512, 4608, 1024, 5120, 8192]
-    assert w[0].reason == "the same (allocation, offset) in every pass, reached by one kernel"
+    assert w[0].reason == ("the same (allocation, offset) in every pass at 7 token counts, "
+                           "reached by one kernel per pass shape")
 
 
 def test_state_is_reached_by_two_kernels(standard):

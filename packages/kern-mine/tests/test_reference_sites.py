@@ -8,20 +8,25 @@ def _site(r, symbol, occ=0):
 def test_reference_is_chosen_by_score(standard):
     _, _, r = standard
     ref = r.reference
-    assert (ref.symbol, ref.axis) == ("embed", "x")
-    scores = {c.symbol: (c.score, c.unfit, c.underdetermined, c.values) for c in ref.candidates}
+    assert (ref.symbol, ref.field, ref.axis, ref.param) == ("embed", "grid.x", "x", None)
+    scores = {(c.symbol, c.field): (c.score, c.unfit, c.underdetermined, c.values) for c in ref.candidates}
     # 118 fields: the 6 position-dependent scalars are unfit under any reference;
     # bucket's grid (ceil_div(tokens, 32) seen up to 64) is underdetermined.
-    assert scores["embed"] == (7, 6, 1, [1, 3, 5, 16, 17, 30, 64])
+    assert scores[("embed", "grid.x")] == (7, 6, 1, [1, 3, 5, 16, 17, 30, 64])
     # rope counts pairs of tokens: 22 more fields are not functions of it
-    assert scores["rope"][0] == 29 and scores["rope"][3] == [1, 2, 3, 8, 9, 15, 32]
+    assert scores[("rope", "grid.x")][0] == 29 and scores[("rope", "grid.x")][3] == [1, 2, 3, 8, 9, 15, 32]
     # the degenerate candidate (values 1 and 2 only) explains the least
-    assert scores["bucket"][0] == 32 and scores["bucket"][3] == [1, 2]
+    assert scores[("bucket", "grid.x")][0] == 32 and scores[("bucket", "grid.x")][3] == [1, 2]
+    # scalars are candidates too: embed's 64·tokens element count, judged on its own range [1, 64·64],
+    # leaves more fields underdetermined than the token count itself (divided by its common factor 64
+    # it would be the same candidate as embed's grid, and is dropped as a duplicate)
+    assert scores[("embed", "param[3]")][:3] == (26, 6, 20)
     # first launches of multi-launch kernels are candidates too; those giving the same
     # counts as embed (rms_norm, kv_write: tokens; act / 3) are dropped as duplicates
-    assert [(c.symbol, c.divisor, c.once_per_pass, c.score) for c in ref.candidates] == [
-        ("embed", 1, True, 7), ("act", 1, False, 11), ("rope", 1, True, 29), ("attn", 1, False, 30),
-        ("bucket", 1, True, 32)]
+    assert [(c.symbol, c.field, c.divisor, c.once_per_pass, c.score) for c in ref.candidates] == [
+        ("embed", "grid.x", 1, True, 7), ("act", "grid.x", 1, False, 11), ("act", "param[2]", 1, False, 26),
+        ("embed", "param[3]", 1, True, 26), ("rope", "grid.x", 1, True, 29), ("attn", "grid.x", 1, False, 30),
+        ("attn", "param[3]", 1, False, 30), ("bucket", "grid.x", 1, True, 32)]
 
 
 def test_sites_align_by_symbol_and_occurrence(standard):

@@ -16,13 +16,14 @@ from kern_capture.records import LaunchRecord
 from .capture import load_capture
 from .fields import AXES, fit_field, site_fields
 from .fit import Fit, field_status
-from .passes import Pass, choose_anchor, split_passes
+from .passes import Pass, split_passes
 from .pointers import classify_pointers
 from .reference import choose_reference, reference_candidates
 from .report import (
-    FORMAT, AnchorOut, CandidateOut, MineReport, Options, PassOut, PointerOut, ReferenceOut,
-    ScalarOut, SiteOut, Summary, WindowOut,
+    FORMAT, AnchorOut, CandidateOut, MineReport, Options, PassOut, PassSplitOut, PointerOut, ReferenceOut,
+    ScalarOut, ShapeOut, SiteOut, StartKernelOut, Summary, WindowOut,
 )
+from .shapes import assign_shapes
 from .sites import align_sites, kernel_keys
 from .windows import split_windows
 
@@ -76,10 +77,15 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
 
     anchor_out = None
     passes: list[Pass] = []
+    split = None
     if n:
-        anchor_id, anchor = choose_anchor(sym, t, ws.ranges, symbols)
-        passes, per_pass = split_passes(sym, kid, t, ws.ranges, anchor_id)
-        anchor_out = AnchorOut(anchor.symbol, anchor.count, anchor.bursts, anchor.windows, per_pass, anchor.why)
+        flat = np.fromiter((r.params is not None for r in launches), bool, n)
+        split = split_passes(sym, kid, t, ws.ranges, symbols, flat)
+        passes = split.passes
+        if split.anchor is not None:
+            a = split.anchor
+            anchor_out = AnchorOut(a.symbol, a.count, a.bursts, a.windows, split.anchor_per_pass or 0, a.why)
+    shapes = assign_shapes(passes, kid)
 
     sites = align_sites(launches, kid_list, kernels, passes)
     fields = site_fields(launches, sites)
@@ -91,19 +97,24 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     r_max = options.tokens_max if options.tokens_max is not None else (max(tokens.values()) if tokens else 1)
     fits: list[Fit] = best.fits if best else [fit_field(f, tokens, r_max) for f in fields]
     is_req = _classify_windows(passes, len(ws.ranges))
+    for sh in shapes:
+        sh.token_counts = sorted({tokens[p] for p in sh.passes if p in tokens})
+    shape_counts = {sh.id: len(sh.token_counts) for sh in shapes}
 
     ref_out = None
     if best:
         cand_out = [
-            CandidateOut(c.site, c.symbol, c.axis_name, c.divisor, c.once_per_pass, len(c.tokens), sorted(set(c.tokens.values())),
+            CandidateOut(c.site, c.symbol, c.field_name, c.axis_name, c.param, c.divisor, c.once_per_pass,
+                         len(c.tokens), sorted(set(c.tokens.values())),
                          c.unfit, c.underdetermined, c.unobserved, c.complexity, c.score)
             for c in cands
         ]
         runner = f"; next best scores {cands[1].score}" if len(cands) > 1 else "; the only candidate"
         scaled = f" / {best.divisor}" if best.divisor > 1 else ""
+        launched = "launched once per pass" if best.once_per_pass else "first launch per pass"
         ref_out = ReferenceOut(
-            best.site, best.symbol, best.axis_name, best.divisor,
-            f"launched once per pass with a varying grid.{best.axis_name}{scaled}; leaves {best.score} of "
+            best.site, best.symbol, best.field_name, best.axis_name, best.param, best.divisor,
+            f"{launched}, varying {best.field_name}{scaled}, in {len(best.tokens)} passes; leaves {best.score} of "
             f"{len(fields)} fields unexplained ({best.unfit} unfit, {best.underdetermined} underdetermined, "
             f"{best.unobserved} unobserved){runner}",
             cand_out,
@@ -117,7 +128,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     for w, (a, b) in enumerate(ws.ranges):
         pouts = [
             PassOut(p.index, p.kind, p.tokens, (p.start, p.end), (int(t[p.start]), int(t[p.end - 1])),
-                    p.anchor_count, p.regular, p.note, p.extra.get("start_moved"))
+                    p.regular, p.shape, p.mismatch, p.note, p.extra.get("start_moved"), p.anchor_count)
             for p in by_w.get(w, [])
         ]
         wo = WindowOut(w, (a, b), (int(t[a]), int(t[b - 1])), pouts)
@@ -129,26 +140,53 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         fits_by_site.setdefault(f.site, {})[(f.kind, f.index)] = fit
     site_out = []
     grid_fitted = 0
+    cover = Counter()  # (flat site coverage class) -> count
+    per_shape: dict[int, list[int]] = {sh.id: [0, 0, 0] for sh in shapes}  # sites, flat, flat fitted
     for s in sites:
         sf = fits_by_site[s.id]
         recs = [launches[i] for i in s.launches.values()]
         block = Counter(r.block for r in recs).most_common(1)[0][0]
         smem = Counter(r.shared_mem for r in recs).most_common(1)[0][0]
         grid = [sf[("grid", a)] for a in range(len(AXES))]
-        if s.kernel.flat and all(g.status == "fit" for g in grid):
-            grid_fitted += 1
+        fitted = all(g.status == "fit" for g in grid)
+        st = per_shape.setdefault(s.shape, [0, 0, 0])
+        st[0] += 1
+        if s.kernel.flat:
+            st[1] += 1
+            nc = shape_counts.get(s.shape, 0)
+            cls = "multi" if nc >= 2 else "single" if nc == 1 else "none"
+            cover[cls] += 1
+            if fitted:
+                grid_fitted += 1
+                st[2] += 1
+                if cls == "multi":
+                    cover["multi_fitted"] += 1
         site_out.append(SiteOut(
-            s.id, s.kernel.symbol, s.occurrence, s.kernel.flat, sorted(s.kernel.module_ids), len(s.launches),
+            s.id, s.kernel.symbol, s.occurrence, s.shape, s.kernel.flat, sorted(s.kernel.module_ids), len(s.launches),
+            sorted({tokens[p] for p in s.launches if p in tokens}),
             tuple(block), smem, grid,
             [ScalarOut(p.index, p.offset, p.size, sf[("scalar", p.index)]) for p in s.params if p.kind == "scalar"],
             [p.index for p in s.params if p.kind == "pointer"],
             [p.index for p in s.params if p.kind == "host"],
             [p.index for p in s.params if p.kind == "opaque"],
         ))
+    shape_out = [ShapeOut(sh.id, len(sh.passes), sh.token_counts, len(sh.kernels), *per_shape.get(sh.id, [0, 0, 0]))
+                 for sh in shapes]
 
-    ptrs = classify_pointers(launches, sites)
+    ptrs = classify_pointers(launches, sites, tokens)
     ptr_out = [PointerOut(p.site, p.param, p.offset, p.cls, p.reason, p.passes, p.distinct,
                           p.alloc_base, p.alloc_size, p.alloc_offset, p.kernels) for p in ptrs]
+
+    if split is None:
+        split_out = PassSplitOut("pauses", 0, "no launches", [])
+    elif split.method == "pauses":
+        sk = [StartKernelOut(kernels[k.kernel].symbol, k.windows, k.passes) for k in split.start_kernels]
+        names = "; ".join(f"{_short(k.symbol)} ({k.passes} passes)" for k in sk[:4])
+        split_out = PassSplitOut("pauses", split.pause_ns,
+                                 f"cut at host pauses (> {split.pause_ns / 1e3:.3g} µs) before a start kernel: {names}", sk)
+    else:
+        split_out = PassSplitOut("bursts", split.pause_ns,
+                                 "no host pause inside any window: cut between bursts of the anchor kernel", [])
 
     summary = Summary(
         launches=n,
@@ -157,11 +195,20 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         requests=sum(is_req),
         passes=len(passes),
         regular_passes=sum(p.regular for p in passes),
+        shapes=len(shapes),
         sites=len(sites),
         flat_sites=sum(s.kernel.flat for s in sites),
         flat_sites_grid_fitted=grid_fitted,
+        flat_sites_multi_count=cover["multi"],
+        flat_sites_multi_count_grid_fitted=cover["multi_fitted"],
+        flat_sites_single_count=cover["single"],
+        flat_sites_no_count=cover["none"],
         fields=dict(Counter(field_status(f) for f in fits)),
         pointers=dict(Counter(p.cls for p in ptrs)),
     )
-    return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max), summary, anchor_out,
-                      ref_out, req_out, other_out, site_out, ptr_out)
+    return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max, split.pause_ns if split else 0),
+                      summary, split_out, anchor_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out)
+
+
+def _short(sym: str, n: int = 48) -> str:
+    return sym if len(sym) <= n else sym[: n - 1] + "…"

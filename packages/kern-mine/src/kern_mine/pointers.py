@@ -1,26 +1,41 @@
-"""Step 5: classify each pointer parameter by its stability across passes.
+"""Step 6: classify each pointer parameter by its stability across passes.
 
 A logical buffer is identified by ``(allocation base, offset)``, never by the
 allocation alone: a caching allocator carves many tensors out of one
-``cudaMalloc`` (two KV pools, every small index buffer in one 2 MB arena).
+``cudaMalloc`` (two KV pools, every small index buffer in one 2 MB arena, a
+model's norm weights next to the activations of a decode step).
 
-- ``workspace``: the identity changes from pass to pass (activations the
-  allocator hands out per call; possibly the same allocation at another
-  offset).
-- stable (the same identity in every pass the site occurs in, across all
-  requests) is persistent memory, weight or state. Directions are not in a
-  capture, so the split is a heuristic: an identity reached by two or more
-  different kernels is ``state`` (something writes it and something else
-  reads it: a KV cache written by a cache-update kernel and read by
-  attention); an identity reached by one kernel only is ``weight``. A weight
-  that two flat kernels read (tied embeddings read by a gather and a flat
-  GEMV) is reported as ``state``: the generator should check.
-- ``unknown``: the site occurs in fewer than two passes, or some observation
-  is not a device pointer (a null pointer in one pass).
+Stability is judged per call-site parameter and then per address, over the
+whole capture:
+
+- ``workspace``: the site's address changes from pass to pass (activations
+  the allocator hands out per call; possibly the same allocation at another
+  offset); or it is stable but the same address is the moving buffer of some
+  other site (the allocator recycles it).
+- persistent: the same address in every pass the site occurs in, and that
+  address is used, never moving, in passes of at least two token counts (a
+  caching allocator hands an activation of another size another address; a
+  weight stays put). Directions are not in a capture, so the split is a
+  heuristic: an address reached by two or more different kernels of one pass
+  shape is ``state`` (something writes it and something else reads it: a KV
+  cache written by a cache-update kernel and read by attention); otherwise
+  ``weight``. A weight that two kernels of one program read (tied embeddings
+  read by a gather and a flat GEMV, an embedding re-read by fused kernels) is
+  reported as ``state``: the generator should check.
+- an address seen only in passes of one token count (a graph specialised to
+  one-token decode): a weight and an activation the allocator hands out
+  identically every step cannot be told apart by stability. If two or more call
+  sites of one pass use the address, it is a recycled activation buffer
+  (``workspace``: the allocator gave the same memory to several layers'
+  intermediates); otherwise ``unknown``.
+- ``unknown`` also: some observation is not a device pointer (a null pointer
+  in one pass), or the site occurs in one pass only and its address says
+  nothing more.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kern_capture.records import LaunchRecord
@@ -47,51 +62,107 @@ class PointerClass:
     kernels: list[str] = field(default_factory=list)
 
 
-def classify_pointers(launches: list[LaunchRecord], sites: list[Site]) -> list[PointerClass]:
-    """One ``PointerClass`` per pointer parameter of every site, in site order."""
+@dataclass
+class _Addr:
+    """Everything known about one (allocation base, offset) over the capture."""
+
+    token_counts: set[int] = field(default_factory=set)
+    moving_user: tuple[int, int] | None = None  # (site, param) whose buffer moves and sometimes lands here
+    kernels: dict[int, set[str]] = field(default_factory=dict)  # shape -> kernels reaching it, stable
+    users_per_pass: dict[int, int] = field(default_factory=dict)  # pass -> call sites using it
+
+
+def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
+                      tokens: Mapping[int, int | None] | None = None) -> list[PointerClass]:
+    """One ``PointerClass`` per pointer parameter of every site, in site order.
+
+    ``tokens`` maps pass index to its token count (None: unknown)."""
+    tokens = tokens or {}
     out: list[PointerClass] = []
-    users: dict[tuple[int, int], set[str]] = {}
+    addrs: dict[tuple[int, int], _Addr] = {}
+    stable_id: list[tuple[int, int] | None] = []
+    sizes: list[int | None] = []
     for s in sites:
-        recs = [launches[i] for _, i in sorted(s.launches.items())]
+        items = sorted(s.launches.items())
+        recs = [(p, launches[i]) for p, i in items]
         for prm in s.params:
             if prm.kind != "pointer":
                 continue
-            ids = set()
+            ids: dict[tuple[int, int], list[int]] = {}
             non_device = 0
             size = None
-            for r in recs:
-                p = r.params[prm.index]  # type: ignore[index]
-                if p.alloc is None:
+            for p, r in recs:
+                x = r.params[prm.index]  # type: ignore[index]
+                if x.alloc is None:
                     non_device += 1
                     continue
-                v = int.from_bytes(bytes.fromhex(p.hex), "little")
-                ids.add((p.alloc.base, v - p.alloc.base))
-                size = p.alloc.size
+                v = int.from_bytes(bytes.fromhex(x.hex), "little")
+                ids.setdefault((x.alloc.base, v - x.alloc.base), []).append(p)
+                size = x.alloc.size
             pc = PointerClass(s.id, prm.index, prm.offset, "unknown", "", len(recs), len(ids))
+            sizes.append(size)
+            moving = len(ids) > 1
+            for ident, ps in ids.items():
+                a = addrs.get(ident)
+                if a is None:
+                    a = addrs[ident] = _Addr()
+                for p in ps:
+                    a.users_per_pass[p] = a.users_per_pass.get(p, 0) + 1
+                    t = tokens.get(p)
+                    if t is not None:
+                        a.token_counts.add(t)
+                if moving:
+                    if a.moving_user is None:
+                        a.moving_user = (s.id, prm.index)
+                else:
+                    a.kernels.setdefault(s.shape, set()).add(s.kernel.symbol)
             if non_device:
                 pc.reason = f"not a device pointer in {non_device} of {len(recs)} passes"
-            elif len(recs) < 2:
-                pc.reason = "seen in a single pass"
-            elif len(ids) > 1:
+                stable_id.append(None)
+            elif moving:
                 bases = {b for b, _ in ids}
                 pc.cls = "workspace"
                 pc.reason = (f"{len(ids)} distinct (allocation, offset) over {len(recs)} passes"
                              + (" inside one allocation" if len(bases) == 1 else ""))
+                stable_id.append(None)
             else:
-                (base, off), = ids
-                pc.cls = "stable"
-                pc.alloc_base, pc.alloc_size, pc.alloc_offset = base, size, off
-                users.setdefault((base, off), set()).add(s.kernel.symbol)
+                stable_id.append(next(iter(ids)) if ids else None)
             out.append(pc)
-    for pc in out:
-        if pc.cls != "stable":
+    for pc, ident, size in zip(out, stable_id, sizes):
+        if ident is None:
             continue
-        ks = sorted(users[(pc.alloc_base, pc.alloc_offset)])  # type: ignore[index]
-        pc.kernels = ks
-        if len(ks) >= 2:
-            pc.cls = "state"
-            pc.reason = f"the same (allocation, offset) in every pass, reached by {len(ks)} kernels"
+        a = addrs[ident]
+        base, off = ident
+        if a.moving_user is not None:
+            pc.cls = "workspace"
+            pc.reason = (f"the same (allocation, offset) in every pass, but site {a.moving_user[0]} param "
+                         f"{a.moving_user[1]} also lands there among other addresses: memory the allocator recycles")
+            continue
+        if len(a.token_counts) >= 2:
+            by_shape = {sh: ks for sh, ks in a.kernels.items()}
+            ks = sorted(set().union(*by_shape.values()))
+            pc.alloc_base, pc.alloc_size, pc.alloc_offset = base, size, off
+            pc.kernels = ks
+            n_tc = len(a.token_counts)
+            if any(len(v) >= 2 for v in by_shape.values()):
+                pc.cls = "state"
+                most = max(len(v) for v in by_shape.values())
+                pc.reason = (f"the same (allocation, offset) in every pass at {n_tc} token counts, "
+                             f"reached by {most} kernels of one pass shape")
+            else:
+                pc.cls = "weight"
+                pc.reason = (f"the same (allocation, offset) in every pass at {n_tc} token counts, "
+                             "reached by one kernel per pass shape")
+            continue
+        users = max(a.users_per_pass.values())
+        where = ("one token count" if a.token_counts else "passes of unknown token count")
+        if pc.passes < 2 and users < 2:
+            pc.reason = "seen in a single pass"
+        elif users >= 2:
+            pc.cls = "workspace"
+            pc.reason = (f"the same (allocation, offset) in every pass, all at {where}, and used by {users} call "
+                         "sites of one pass: an activation buffer the allocator recycles")
         else:
-            pc.cls = "weight"
-            pc.reason = "the same (allocation, offset) in every pass, reached by one kernel"
+            pc.reason = (f"the same (allocation, offset) in every pass, all at {where}: a weight cannot be told "
+                         "from a buffer the allocator hands out identically every pass")
     return out

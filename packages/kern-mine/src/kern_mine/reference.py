@@ -1,46 +1,56 @@
 """Step 4: choose the token-count reference by letting the data speak.
 
-The token count of a pass is the grid of some kernel launched exactly once
-per pass whose grid varies from pass to pass (a final norm, an embedding
-gather, ...). Which one is not assumed: every such (kernel, axis) is tried,
-and so is the first launch of every other kernel (a norm launched 57 times
-per pass may be the only one whose grid is exactly the token count);
-for each, every field of every site is fitted (``fit.py``) against it, and the
+The token count of a pass is some quantity of a kernel launched once per pass
+that varies from pass to pass: a grid axis (a final norm, an embedding
+gather: one block per token) or a scalar argument (the element count a
+Triton kernel or an ``arange`` is given). Which one is not assumed: every
+grid axis and every scalar parameter of the first launch of every kernel is
+tried, the kernel's launches gathered over *all* regular passes whatever
+their shape (a kernel outside a compiled graph, such as the ``arange`` of
+positions before it, is the only one that also counts the tokens of a graph
+specialised to one token count). Kernels launched once per pass come first
+(the seed's rule), then the first launch of every other kernel. For each
+candidate every field of every site is fitted (``fit.py``) against it, and the
 candidate leaving the fewest fields ``unfit``, ``underdetermined`` or
-unobserved wins. A candidate whose values share a common factor ``g`` (a
-grid of 4 blocks per token) is also tried divided by ``g``. A wrong reference (one that counts tiles of 64 tokens, or
+unobserved wins. A candidate whose values share a common factor ``g`` (a grid
+of 4 blocks per token, an element count of 1024 per token) is also tried
+divided by ``g``. A wrong reference (one that counts tiles of 64 tokens, or
 stays 1 for both 1- and 2-token passes) leaves many fields unfit. Ties go to
 the candidate whose fits are simplest (a reference counting ``2·tokens``
 explains as much as ``tokens`` but needs ``ceil_div(…, 2)`` everywhere), then
-to the one present in more passes, then to a once-per-pass kernel.
+to the one present in more passes, then to a once-per-pass kernel, then to a
+grid axis over a scalar. Candidates giving every pass the same count as an
+earlier one are dropped.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from math import gcd
 from dataclasses import dataclass, field
+from math import gcd
 
 from kern_capture.records import LaunchRecord
 
 from .fields import AXES, Field, fit_field, site_token_counts
 from .fit import Fit, expr_complexity
 from .passes import Pass
-from .sites import Site
+from .sites import Site, scalar_value
 
 __all__ = ["Candidate", "reference_candidates", "score_candidate", "choose_reference"]
 
 
 @dataclass
 class Candidate:
-    """A (site, grid axis) tried as the token-count reference, and its score."""
+    """A (site, field) tried as the token-count reference, and its score.
+
+    ``axis`` is 0..2 for a grid axis, ``None`` for a scalar parameter ``param``."""
 
     site: int
     symbol: str
-    axis: int
+    axis: int | None
     tokens: dict[int, int]  # pass index -> token count
-    divisor: int = 1  # token count = grid value / divisor
+    divisor: int = 1  # token count = value / divisor
     once_per_pass: bool = True
+    param: int | None = None
     unfit: int = 0
     underdetermined: int = 0
     unobserved: int = 0
@@ -53,25 +63,39 @@ class Candidate:
         return self.unfit + self.underdetermined + self.unobserved
 
     @property
-    def axis_name(self) -> str:
-        return AXES[self.axis]
+    def axis_name(self) -> str | None:
+        return None if self.axis is None else AXES[self.axis]
+
+    @property
+    def field_name(self) -> str:
+        return f"grid.{AXES[self.axis]}" if self.axis is not None else f"param[{self.param}]"
 
     def rank_key(self) -> tuple:
-        return (self.score, self.complexity, -len(self.tokens), not self.once_per_pass, min(self.tokens.values()),
-                self.site, self.axis, self.divisor)
+        return (self.score, self.complexity, -len(self.tokens), not self.once_per_pass, self.axis is None,
+                min(self.tokens.values()), self.site, self.axis or 0, self.param or 0, self.divisor)
 
 
 def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes: list[Pass]) -> list[Candidate]:
-    """Every (site, grid axis) whose grid varies across the regular passes.
+    """Every grid axis and scalar of a kernel's first launch per pass that varies across the regular passes.
 
     Kernels launched once per pass come first (the seed's rule); the first
     launch of every other kernel is tried too, in case no once-per-pass kernel
     counts tokens exactly. Candidates giving the same token count to every
     pass as an earlier one are dropped.
     """
-    occurrences = Counter(s.kernel.id for s in sites)
-    ordered = sorted((s for s in sites if s.occurrence == 0 and len(s.launches) >= 2),
-                     key=lambda s: (occurrences[s.kernel.id] != 1, s.id))
+    # a kernel's first launch in every regular pass, whatever the pass's shape
+    first: dict[int, dict[int, int]] = {}
+    first_site: dict[int, Site] = {}
+    multi: set[int] = set()
+    for s in sites:
+        k = s.kernel.id
+        if s.occurrence == 0:
+            first.setdefault(k, {}).update(s.launches)
+            first_site.setdefault(k, s)
+        elif s.occurrence == 1:
+            multi.add(k)
+    ordered = sorted((k for k, ls in first.items() if len(ls) >= 2),
+                     key=lambda k: (k in multi, first_site[k].id))
     out: list[Candidate] = []
     seen: set[tuple] = set()
 
@@ -81,15 +105,24 @@ def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes
             seen.add(key)
             out.append(c)
 
-    for s in ordered:
-        once = occurrences[s.kernel.id] == 1
+    def try_values(s: Site, vals: dict[int, int], axis: int | None, param: int | None, once: bool) -> None:
+        if len(set(vals.values())) < 2 or min(vals.values()) < 1:
+            return
+        add(Candidate(s.id, s.kernel.symbol, axis, vals, 1, once, param))
+        g = 0
+        for v in vals.values():
+            g = gcd(g, v)
+        if g > 1:  # a grid of (say) 4 blocks per token: also try it divided
+            add(Candidate(s.id, s.kernel.symbol, axis, {p: v // g for p, v in vals.items()}, g, once, param))
+
+    for k in ordered:
+        s, ls = first_site[k], first[k]
+        once = k not in multi
         for a in range(3):
-            vals = {p: launches[i].grid[a] for p, i in s.launches.items()}
-            if len(set(vals.values())) >= 2 and min(vals.values()) >= 1:
-                add(Candidate(s.id, s.kernel.symbol, a, vals, once_per_pass=once))
-                g = gcd(*vals.values())
-                if g > 1:  # a grid of (say) 4 blocks per token: also try it divided
-                    add(Candidate(s.id, s.kernel.symbol, a, {p: v // g for p, v in vals.items()}, g, once))
+            try_values(s, {p: launches[i].grid[a] for p, i in ls.items()}, a, None, once)
+        for prm in s.params:
+            if prm.kind == "scalar":
+                try_values(s, {p: scalar_value(launches[i], prm.index) for p, i in ls.items()}, None, prm.index, once)
     return out
 
 
@@ -117,8 +150,19 @@ def score_candidate(c: Candidate, fields: list[Field], tokens_max: int | None) -
 
 
 def choose_reference(candidates: list[Candidate], fields: list[Field], tokens_max: int | None) -> Candidate | None:
-    """Score every candidate and return the best (None when there is no candidate)."""
+    """Score every candidate and return the best (None when there is no candidate).
+
+    Each candidate is scored on its own range, ``[1, its largest value]``: a given ``tokens_max`` is in
+    real tokens, and only the winner is known to count them (a candidate counting 384 elements per token
+    would otherwise be judged on a range 384 times narrower than its own). The winner's fits are then
+    redone on ``[1, tokens_max]``."""
     for c in candidates:
-        score_candidate(c, fields, tokens_max)
+        score_candidate(c, fields, None)
     candidates.sort(key=Candidate.rank_key)
-    return candidates[0] if candidates else None
+    if not candidates:
+        return None
+    best = candidates[0]
+    if tokens_max is not None and tokens_max != max(best.tokens.values()):
+        scored = Candidate(best.site, best.symbol, best.axis, best.tokens, best.divisor, best.once_per_pass, best.param)
+        best.fits = score_candidate(scored, fields, tokens_max).fits
+    return best

@@ -14,25 +14,30 @@ from kern_schema import to_text
 from .fit import Fit
 
 __all__ = [
-    "FORMAT", "PassOut", "WindowOut", "AnchorOut", "CandidateOut", "ReferenceOut", "ScalarOut",
-    "SiteOut", "PointerOut", "Summary", "Options", "MineReport", "to_json", "render_text",
+    "FORMAT", "PassOut", "WindowOut", "AnchorOut", "StartKernelOut", "PassSplitOut", "ShapeOut", "CandidateOut",
+    "ReferenceOut", "ScalarOut", "SiteOut", "PointerOut", "Summary", "Options", "MineReport", "to_json",
+    "render_text",
 ]
 
-FORMAT = "kern-mine/1"
+FORMAT = "kern-mine/2"
 
 
 class PassOut(msgspec.Struct, omit_defaults=True):
-    """``launches``: half-open range of launch indices (0-based line numbers of launches.jsonl)."""
+    """``launches``: half-open range of launch indices (0-based line numbers of launches.jsonl).
+    ``mismatch``: launches of kernels launched a non-modal number of times in this pass.
+    ``shape``: the program the pass ran (regular passes only). ``anchor_launches``: bursts method only."""
 
     index: int
     kind: str  # prefill | decode | other
     tokens: int | None
     launches: tuple[int, int]
     t_ns: tuple[int, int]
-    anchor_launches: int
     regular: bool
+    shape: int | None = None
+    mismatch: int = 0
     note: str | None = None
     start_moved: int | None = None
+    anchor_launches: int | None = None
 
 
 class WindowOut(msgspec.Struct):
@@ -51,12 +56,42 @@ class AnchorOut(msgspec.Struct):
     why: str
 
 
+class StartKernelOut(msgspec.Struct):
+    symbol: str
+    windows: int
+    passes: int
+
+
+class PassSplitOut(msgspec.Struct):
+    """How passes were found: ``pauses`` (host pauses + start kernels) or ``bursts`` (anchor bursts)."""
+
+    method: str
+    pause_ns: int
+    why: str
+    start_kernels: list[StartKernelOut]
+
+
+class ShapeOut(msgspec.Struct):
+    """A program: regular passes whose kernel sets overlap (see ``shapes.py``)."""
+
+    id: int
+    passes: int
+    token_counts: list[int]
+    kernels: int
+    sites: int
+    flat_sites: int
+    flat_sites_grid_fitted: int
+
+
 class CandidateOut(msgspec.Struct):
-    """``values``: the distinct token counts this candidate gives (grid value / divisor)."""
+    """``values``: the distinct token counts this candidate gives (value / divisor).
+    ``field``: ``grid.x|y|z`` or ``param[i]``; ``axis`` is null for a scalar parameter."""
 
     site: int
     symbol: str
-    axis: str
+    field: str
+    axis: str | None
+    param: int | None
     divisor: int
     once_per_pass: bool
     passes: int
@@ -69,11 +104,13 @@ class CandidateOut(msgspec.Struct):
 
 
 class ReferenceOut(msgspec.Struct):
-    """tokens of a pass = the site's grid[axis] / divisor."""
+    """tokens of a pass = the kernel's first launch's ``field`` / divisor."""
 
     site: int
     symbol: str
-    axis: str
+    field: str
+    axis: str | None
+    param: int | None
     divisor: int
     why: str
     candidates: list[CandidateOut]
@@ -87,12 +124,16 @@ class ScalarOut(msgspec.Struct):
 
 
 class SiteOut(msgspec.Struct):
+    """``token_counts``: the distinct token counts of the passes the site was seen in."""
+
     id: int
     symbol: str
     occurrence: int
+    shape: int
     flat: bool
     module_ids: list[int]
     passes: int
+    token_counts: list[int]
     block: tuple[int, int, int]
     shared_mem: int
     grid: list[Fit]
@@ -117,15 +158,25 @@ class PointerOut(msgspec.Struct, omit_defaults=True):
 
 
 class Summary(msgspec.Struct):
+    """``flat_sites_multi_count``: flat sites of shapes seen at two or more token counts (their grids can
+    be fitted as functions of tokens); ``flat_sites_single_count``: of shapes seen at one token count only
+    (a program specialised to it: constants by construction); ``flat_sites_no_count``: of shapes never seen
+    with a known token count."""
+
     launches: int
     flat_launches: int
     windows: int
     requests: int
     passes: int
     regular_passes: int
+    shapes: int
     sites: int
     flat_sites: int
     flat_sites_grid_fitted: int
+    flat_sites_multi_count: int
+    flat_sites_multi_count_grid_fitted: int
+    flat_sites_single_count: int
+    flat_sites_no_count: int
     fields: dict[str, int]
     pointers: dict[str, int]
 
@@ -134,6 +185,7 @@ class Options(msgspec.Struct):
     gap_ns: int
     gap_rule: str
     tokens_max: int | None
+    pause_ns: int = 0
 
 
 class MineReport(msgspec.Struct):
@@ -141,8 +193,10 @@ class MineReport(msgspec.Struct):
     capture: str
     options: Options
     summary: Summary
+    pass_split: PassSplitOut
     anchor: AnchorOut | None
     reference: ReferenceOut | None
+    shapes: list[ShapeOut]
     requests: list[WindowOut]
     other_windows: list[WindowOut]
     sites: list[SiteOut]
@@ -170,13 +224,14 @@ def _short(sym: str, n: int = 44) -> str:
 
 
 def render_text(r: MineReport) -> str:
-    """A readable report: windows and passes, anchor, reference, sites, pointers."""
+    """A readable report: windows and passes, pass split, reference, shapes, sites, pointers."""
     s = r.summary
     out = [
         f"kern-mine report: {r.capture}",
         f"  {s.launches} launches ({s.flat_launches} flat), {s.windows} windows "
         f"(gap > {r.options.gap_ns / 1e6:.3g} ms, {r.options.gap_rule}), {s.requests} requests, "
-        f"{s.passes} passes ({s.regular_passes} regular)",
+        f"{s.passes} passes ({s.regular_passes} regular), {s.shapes} pass shapes",
+        f"  passes: {r.pass_split.why}",
     ]
     if r.anchor:
         a = r.anchor
@@ -184,12 +239,13 @@ def render_text(r: MineReport) -> str:
     if r.reference:
         ref = r.reference
         div = f" / {ref.divisor}" if ref.divisor > 1 else ""
-        out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} grid.{ref.axis}{div} — {ref.why}")
+        out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} {ref.field}{div} — {ref.why}")
         out.append("    candidates (score = unfit + underdetermined + unobserved fields):")
         for c in ref.candidates[:8]:
             div = f"/{c.divisor}" if c.divisor > 1 else ""
-            out.append(f"      site {c.site:>4} grid.{c.axis}{div} score {c.score:>4} (unfit {c.unfit}, under {c.underdetermined}, "
-                       f"unobs {c.unobserved}, complexity {c.complexity}) {_short(c.symbol, 50)}")
+            out.append(f"      site {c.site:>4} {c.field + div:<14} score {c.score:>4} (unfit {c.unfit}, "
+                       f"under {c.underdetermined}, unobs {c.unobserved}, complexity {c.complexity}) "
+                       f"{_short(c.symbol, 50)}")
     for title, wins in (("requests", r.requests), ("other windows", r.other_windows)):
         out.append(f"\n{title}:")
         for w in wins:
@@ -200,10 +256,20 @@ def render_text(r: MineReport) -> str:
             out.append(f"  window {w.index:>3} launches [{w.launches[0]}, {w.launches[1]}) "
                        f"{(w.t_ns[1] - w.t_ns[0]) / 1e6:8.2f} ms  passes: {passes}")
     out.append("  (* irregular pass, excluded from fitting)")
+    out.append("\nshapes (programs; sites are aligned per shape):")
+    for sh in r.shapes:
+        tc = ",".join(map(str, sh.token_counts[:12])) + (",…" if len(sh.token_counts) > 12 else "")
+        out.append(f"  shape {sh.id}: {sh.passes} passes at tokens {{{tc or '?'}}}, {sh.kernels} kernels, "
+                   f"{sh.flat_sites} flat sites ({sh.flat_sites_grid_fitted} with a fitted grid)")
     f = s.fields
+    multi = s.flat_sites_multi_count
+    pct = f" ({100.0 * s.flat_sites_multi_count_grid_fitted / multi:.1f}%)" if multi else ""
     out.append(f"\nsites: {s.sites} ({s.flat_sites} flat, {s.flat_sites_grid_fitted} of them with a fitted grid); "
                f"fields: {f.get('fit', 0)} fit, {f.get('underdetermined', 0)} underdetermined, "
                f"{f.get('unobserved', 0)} unobserved, {f.get('unfit', 0)} unfit")
+    out.append(f"  flat sites of shapes seen at >= 2 token counts: {s.flat_sites_multi_count_grid_fitted} of {multi} "
+               f"with a fitted grid{pct}; of shapes seen at one token count: {s.flat_sites_single_count} "
+               f"(constants by construction); never with a token count: {s.flat_sites_no_count}")
     out.append("  legend: expr = fitted, ?{a | b} = underdetermined (candidates that disagree), "
                "?(unobserved) = never seen in a pass with a known token count, !{values} = unfit")
     ptr_by_site: dict[int, list[PointerOut]] = {}
@@ -214,7 +280,7 @@ def render_text(r: MineReport) -> str:
         grid = "[" + ", ".join(_fit_text(g) for g in site.grid) + "]"
         scal = " ".join(f"p{x.param}={_fit_text(x.fit)}" for x in site.scalars if x.fit.status != "fit" or not isinstance(x.fit.expr, int))
         ptrs = "".join(letter[p.class_] for p in ptr_by_site.get(site.id, []))
-        out.append(f"  {site.id:>4} {_short(site.symbol):<44} #{site.occurrence:<3} ×{site.passes:<3} grid {grid}"
+        out.append(f"  {site.id:>4} {_short(site.symbol):<44} s{site.shape} #{site.occurrence:<3} ×{site.passes:<3} grid {grid}"
                    + (f" ptr {ptrs}" if ptrs else "") + (f" {scal}" if scal else "")
                    + ("" if site.flat else " (params via extra)"))
     pc = s.pointers

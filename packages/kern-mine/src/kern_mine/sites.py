@@ -1,11 +1,11 @@
 """Step 3: align call sites across passes and extract what varies per site.
 
-A call site is ``(kernel, occurrence)``: the n-th launch of one kernel inside a
-pass. A kernel is a symbol together with its parameter layout (the
-``(offset, size)`` list; ``None`` for launches whose parameters went through
-the packed ``extra`` buffer): two graphs of one compiled program may reuse a
-kernel name for differently specialised code, which then shows a different
-layout. Only regular passes are aligned.
+A call site is ``(shape, kernel, occurrence)``: the n-th launch of one kernel
+inside a pass of one shape (``shapes.py``: passes of different programs, such
+as a prefill graph and a decode graph, have different call sites even where a
+kernel name repeats). A kernel is a symbol together with its parameter layout
+(the ``(offset, size)`` list; ``None`` for launches whose parameters went
+through the packed ``extra`` buffer). Only regular passes are aligned.
 
 Each flat site's parameters are sorted into:
 
@@ -58,6 +58,7 @@ class Site:
     id: int
     kernel: Kernel
     occurrence: int
+    shape: int = 0
     launches: dict[int, int] = field(default_factory=dict)  # pass index -> launch index
     params: list[ParamInfo] = field(default_factory=list)
 
@@ -81,18 +82,20 @@ def kernel_keys(launches: list[LaunchRecord]) -> tuple[list[int], list[Kernel]]:
 def align_sites(launches: list[LaunchRecord], kid: list[int], kernels: list[Kernel],
                 passes: list[Pass]) -> list[Site]:
     """Sites in order of first appearance (pass order, then launch order)."""
-    sites: dict[tuple[int, int], Site] = {}
+    sites: dict[tuple[int, int, int], Site] = {}
     for p in passes:
         if not p.regular:
             continue
+        shape = p.shape or 0
         occ: dict[int, int] = {}
         for i in range(p.start, p.end):
             k = kid[i]
             n = occ.get(k, 0)
             occ[k] = n + 1
-            s = sites.get((k, n))
+            key = (shape, k, n)
+            s = sites.get(key)
             if s is None:
-                s = sites[(k, n)] = Site(len(sites), kernels[k], n)
+                s = sites[key] = Site(len(sites), kernels[k], n, shape)
             s.launches[p.index] = i
     out = list(sites.values())
     for s in out:
