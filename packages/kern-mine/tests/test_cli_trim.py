@@ -17,12 +17,11 @@ def test_json_document(standard, capsys):
     assert main([str(d), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["format"] == FORMAT
-    assert set(doc) >= {"requests", "reference", "sites", "pointers", "anchor", "summary", "other_windows",
+    assert set(doc) >= {"requests", "reference", "sites", "pointers", "summary", "other_windows",
                         "pass_split", "shapes"}
     p = doc["requests"][0]["passes"][0]
     assert p == {"index": 3, "kind": "prefill", "tokens": 1, "launches": [90, 120],
                  "t_ns": p["t_ns"], "regular": True, "shape": 0}
-    assert doc["pass_split"]["method"] == "pauses" and doc["anchor"] is None
     assert doc["pass_split"]["start_kernels"] == [{"symbol": "embed", "windows": 5, "passes": 19}]
     assert doc["shapes"] == [{"id": 0, "passes": 19, "token_counts": [1, 3, 5, 16, 17, 30, 64], "kernels": 12,
                               "sites": 30, "flat_sites": 20, "flat_sites_grid_fitted": 19}]

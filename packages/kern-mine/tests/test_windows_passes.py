@@ -3,7 +3,6 @@ from synth import Spec, write_capture
 
 from kern_mine.capture import load_capture
 from kern_mine.mine import MineOptions, mine
-from kern_mine.passes import find_bursts
 from kern_mine.windows import AUTO_FLOOR_NS, split_windows
 
 
@@ -18,17 +17,10 @@ def test_auto_threshold_is_far_above_the_median_gap():
     assert fixed.rule == "fixed" and fixed.ranges == [(0, 10), (10, 20), (20, 25)]
 
 
-def test_bursts():
-    t = np.array([0, 10, 20, 30, 1000, 1010, 1020, 5000])
-    assert find_bursts(t) == [(0, 4), (4, 7), (7, 8)]
-    assert find_bursts(np.array([0, 1000, 2000, 3000])) == [(0, 4)]  # once per pass: one burst
-
-
 def test_windows_and_passes(standard):
     _, truth, r = standard
     assert r.summary.windows == 5 and r.summary.requests == 4
     # every pass starts with embed after the host's pause: the one start kernel, no anchor needed
-    assert r.pass_split.method == "pauses" and r.anchor is None
     assert [(k.symbol, k.windows, k.passes) for k in r.pass_split.start_kernels] == [("embed", 5, 19)]
     tokens = [[p.tokens for p in w.passes] for w in r.other_windows + r.requests]
     assert tokens == truth.windows == [[64, 17, 3], [1, 1, 1, 1], [5, 1, 1, 1], [16, 1, 1, 1], [30, 1, 1, 1]]

@@ -20,7 +20,7 @@ from .passes import Pass, split_passes
 from .pointers import classify_pointers
 from .reference import choose_reference, reference_candidates
 from .report import (
-    FORMAT, AnchorOut, CandidateOut, MineReport, Options, PassOut, PassSplitOut, PointerOut, ReferenceOut,
+    FORMAT, CandidateOut, MineReport, Options, PassOut, PassSplitOut, PointerOut, ReferenceOut,
     ScalarOut, ShapeOut, SiteOut, StartKernelOut, Summary, WindowOut,
 )
 from .shapes import assign_shapes
@@ -69,22 +69,15 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     n = len(launches)
     t = np.fromiter((r.t_ns for r in launches), np.int64, n)
     ws = split_windows(t, options.gap_ms)
-    sym_ids: dict[str, int] = {}
-    sym = np.fromiter((sym_ids.setdefault(r.symbol, len(sym_ids)) for r in launches), np.int64, n)
-    symbols = list(sym_ids)
     kid_list, kernels = kernel_keys(launches)
     kid = np.asarray(kid_list, dtype=np.int64)
 
-    anchor_out = None
     passes: list[Pass] = []
     split = None
     if n:
         flat = np.fromiter((r.params is not None for r in launches), bool, n)
-        split = split_passes(sym, kid, t, ws.ranges, symbols, flat)
+        split = split_passes(kid, t, ws.ranges, flat)
         passes = split.passes
-        if split.anchor is not None:
-            a = split.anchor
-            anchor_out = AnchorOut(a.symbol, a.count, a.bursts, a.windows, split.anchor_per_pass or 0, a.why)
     shapes = assign_shapes(passes, kid)
 
     sites = align_sites(launches, kid_list, kernels, passes)
@@ -128,7 +121,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     for w, (a, b) in enumerate(ws.ranges):
         pouts = [
             PassOut(p.index, p.kind, p.tokens, (p.start, p.end), (int(t[p.start]), int(t[p.end - 1])),
-                    p.regular, p.shape, p.mismatch, p.note, p.extra.get("start_moved"), p.anchor_count)
+                    p.regular, p.shape, p.mismatch, p.note, p.extra.get("start_moved"))
             for p in by_w.get(w, [])
         ]
         wo = WindowOut(w, (a, b), (int(t[a]), int(t[b - 1])), pouts)
@@ -178,15 +171,12 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
                           p.alloc_base, p.alloc_size, p.alloc_offset, p.kernels) for p in ptrs]
 
     if split is None:
-        split_out = PassSplitOut("pauses", 0, "no launches", [])
-    elif split.method == "pauses":
-        sk = [StartKernelOut(kernels[k.kernel].symbol, k.windows, k.passes) for k in split.start_kernels]
-        names = "; ".join(f"{_short(k.symbol)} ({k.passes} passes)" for k in sk[:4])
-        split_out = PassSplitOut("pauses", split.pause_ns,
-                                 f"cut at host pauses (> {split.pause_ns / 1e3:.3g} µs) before a start kernel: {names}", sk)
+        split_out = PassSplitOut(0, "no launches", [])
     else:
-        split_out = PassSplitOut("bursts", split.pause_ns,
-                                 "no host pause inside any window: cut between bursts of the anchor kernel", [])
+        sk = [StartKernelOut(kernels[k.kernel].symbol, k.windows, k.passes) for k in split.start_kernels]
+        names = "; ".join(f"{_short(k.symbol)} ({k.passes} passes)" for k in sk[:4]) or "none found"
+        split_out = PassSplitOut(split.pause_ns,
+                                 f"cut at host pauses (> {split.pause_ns / 1e3:.3g} µs) before a start kernel: {names}", sk)
 
     summary = Summary(
         launches=n,
@@ -207,7 +197,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         pointers=dict(Counter(p.cls for p in ptrs)),
     )
     return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max, split.pause_ns if split else 0),
-                      summary, split_out, anchor_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out)
+                      summary, split_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out)
 
 
 def _short(sym: str, n: int = 48) -> str:

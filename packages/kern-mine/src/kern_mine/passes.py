@@ -40,46 +40,29 @@ next.
   ``MIN_PASS_LAUNCHES`` apart (a slow first launch after a pause is not a
   pass).
 
-**Bursts of an anchor kernel** (the fallback, for captures whose windows hold
-no pause at all: passes launched back to back, replayed graphs). The anchor is
-the kernel (by symbol) whose occurrences form the most bursts (a burst ends
-where the time to its next occurrence exceeds ``BURST_FACTOR`` times the
-median), then present in most windows, then the most frequent: a norm launched
-twice per layer forms one burst per pass. Adjacent fragments of a burst are
-merged; between two bursts the boundary is the largest time gap, then moved by
-±1 launch where that makes per-kernel counts modal. A pass whose anchor count
-is not the modal one is irregular.
+Passes launched back to back, with no host pause between them (replayed
+graphs, a program that never waits for a result), cannot be separated: they
+come out as one irregular pass. (The earlier method, bursts of the densest
+kernel, needed the same pauses and is gone: Inductor fuses the norms of a
+real model into differently named kernels, so no one kernel is dense in every
+pass.)
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = [
-    "Anchor", "Pass", "PassSplit", "find_bursts", "choose_anchor", "split_passes", "split_passes_bursts",
-    "pause_threshold", "modal_counts", "BURST_FACTOR", "PAUSE_FACTOR", "REGULAR_TOLERANCE", "MAX_START_KERNELS",
+    "Pass", "PassSplit", "StartKernel", "split_passes", "pause_threshold", "modal_counts",
+    "PAUSE_FACTOR", "REGULAR_TOLERANCE", "MAX_START_KERNELS", "MIN_PASS_LAUNCHES",
 ]
 
-BURST_FACTOR = 4.0
 PAUSE_FACTOR = 4.0
 REGULAR_TOLERANCE = 0.1
 MAX_START_KERNELS = 3
 MIN_PASS_LAUNCHES = 2
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """The kernel whose bursts delimit passes (bursts fallback)."""
-
-    symbol: str
-    count: int
-    bursts: int
-    windows: int
-    burst_size: int
-    why: str
 
 
 @dataclass
@@ -90,7 +73,6 @@ class Pass:
     window: int
     start: int
     end: int
-    anchor_count: int | None = None
     regular: bool = True
     note: str | None = None
     tokens: int | None = None
@@ -114,12 +96,9 @@ class PassSplit:
     """The passes of every window and how they were found."""
 
     passes: list[Pass]
-    method: str  # "pauses" | "bursts"
     pause_ns: int
     modes: dict[int, int]
     start_kernels: list[StartKernel] = field(default_factory=list)
-    anchor: Anchor | None = None
-    anchor_per_pass: int | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,9 +191,9 @@ def _regular(skc, modes: np.ndarray, n_segs: int) -> tuple[np.ndarray, np.ndarra
     return lens, mm, (mm <= REGULAR_TOLERANCE * lens) & (lens > 0)
 
 
-def split_passes(sym: np.ndarray, kid: np.ndarray, t_ns: np.ndarray, windows: list[tuple[int, int]],
-                 symbols: list[str], counted: np.ndarray | None = None) -> PassSplit:
-    """Passes of every window: by pauses and start kernels, or by anchor bursts when no window pauses.
+def split_passes(kid: np.ndarray, t_ns: np.ndarray, windows: list[tuple[int, int]],
+                 counted: np.ndarray | None = None) -> PassSplit:
+    """Passes of every window, cut at host pauses before start kernels.
 
     ``counted``: the launches whose kernels' counts decide regularity (default all; the pipeline
     passes the flat launches: a library's GEMM kernel choice and count depend on the problem size)."""
@@ -228,8 +207,6 @@ def split_passes(sym: np.ndarray, kid: np.ndarray, t_ns: np.ndarray, windows: li
             continue
         g = np.diff(t_ns[ws:we])
         pauses_w.append((np.nonzero(g > thr)[0] + 1 + ws).astype(np.int64))
-    if not any(len(p) for p in pauses_w):
-        return split_passes_bursts(sym, kid, t_ns, windows, symbols, thr)
 
     # initial cuts: each window at its own first kernel; the modal counts come from them
     first_cut = []
@@ -269,7 +246,7 @@ def split_passes(sym: np.ndarray, kid: np.ndarray, t_ns: np.ndarray, windows: li
                       else "no counted launch")
     mode_map = {k: int(v) for k, v in enumerate(modes.tolist()) if v}
     sks = sorted(starts_used.values(), key=lambda s: (-s.passes, s.kernel))
-    return PassSplit(passes, "pauses", thr, mode_map, sks)
+    return PassSplit(passes, thr, mode_map, sks)
 
 
 def _choose_start_kernels(kid: np.ndarray, kid_c: np.ndarray, pauses_w: list[np.ndarray],
@@ -329,164 +306,3 @@ def _choose_start_kernels(kid: np.ndarray, kid_c: np.ndarray, pauses_w: list[np.
         for w in near_w[pick]:
             cur[w] = state(w)
     return mask
-
-
-# ---------------------------------------------------------------------------------------------
-# bursts (fallback)
-
-
-def find_bursts(times: np.ndarray) -> list[tuple[int, int]]:
-    """Bursts of one kernel's sorted occurrence times, as index ranges into ``times``."""
-    n = len(times)
-    if n < 3:
-        return [(0, n)] if n else []
-    gaps = np.diff(times)
-    thr = BURST_FACTOR * float(np.median(gaps))
-    cuts = (np.nonzero(gaps > thr)[0] + 1).tolist()
-    b = [0, *cuts, n]
-    return [(b[i], b[i + 1]) for i in range(len(b) - 1)]
-
-
-def _merge_fragments(bursts: list[tuple[int, int]], mode: int) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in bursts:
-        if out:
-            ps, pe = out[-1]
-            if pe - ps < mode and e - s < mode and (pe - ps) + (e - s) <= mode:
-                out[-1] = (ps, e)
-                continue
-        out.append((s, e))
-    return out
-
-
-def choose_anchor(sym: np.ndarray, t_ns: np.ndarray, windows: list[tuple[int, int]],
-                  symbols: list[str]) -> tuple[int, Anchor]:
-    """Pick the anchor symbol id (``sym`` holds one symbol id per launch)."""
-    order = np.argsort(sym, kind="stable")
-    ssym = sym[order]
-    starts = np.searchsorted(ssym, np.arange(len(symbols)), "left")
-    ends = np.searchsorted(ssym, np.arange(len(symbols)), "right")
-    wstart = np.array([w[0] for w in windows], dtype=np.int64)
-    best = None
-    for s in range(len(symbols)):
-        idx = order[starts[s]:ends[s]]  # launch indices of this symbol, ascending
-        if len(idx) == 0:
-            continue
-        win = np.searchsorted(wstart, idx, "right") - 1
-        n_bursts = 0
-        n_windows = 0
-        for w in np.unique(win):
-            n_windows += 1
-            n_bursts += len(find_bursts(t_ns[idx[win == w]]))
-        key = (n_bursts, n_windows, len(idx), -s)
-        if best is None or key > best[0]:
-            best = (key, s)
-    assert best is not None, "no launches"
-    (n_bursts, n_windows, count, _), s = best
-    return s, Anchor(symbols[s], count, n_bursts, n_windows, 0,
-                     f"most bursts ({n_bursts}) over {n_windows} window(s); {count} launches")
-
-
-def split_passes_bursts(sym: np.ndarray, kid: np.ndarray, t_ns: np.ndarray, windows: list[tuple[int, int]],
-                        symbols: list[str], pause_ns: int = 0) -> PassSplit:
-    """Passes of every window by anchor bursts, boundaries repaired."""
-    anchor, anc = choose_anchor(sym, t_ns, windows, symbols)
-    per_window: list[list[tuple[int, int]]] = []  # bursts as (first, last) launch index
-    sizes: list[int] = []
-    anchor_idx = np.nonzero(sym == anchor)[0]
-    for (ws, we) in windows:
-        idx = anchor_idx[(anchor_idx >= ws) & (anchor_idx < we)]
-        bursts = [(int(idx[a]), int(idx[b - 1])) for a, b in find_bursts(t_ns[idx])]
-        per_window.append(bursts)
-        sizes += [int(np.count_nonzero((idx >= f) & (idx <= l))) for f, l in bursts]
-    mode = Counter(sizes).most_common(1)[0][0] if sizes else 0
-    passes: list[Pass] = []
-    for w, ((ws, we), bursts) in enumerate(zip(windows, per_window)):
-        idx = anchor_idx[(anchor_idx >= ws) & (anchor_idx < we)]
-        if bursts:
-            # merge fragments, counting anchor launches per burst
-            counted = [(int(np.searchsorted(idx, f)), int(np.searchsorted(idx, l)) + 1) for f, l in bursts]
-            counted = _merge_fragments(counted, mode)
-            bursts = [(int(idx[a]), int(idx[b - 1])) for a, b in counted]
-        if not bursts:
-            passes.append(Pass(len(passes), w, ws, we, 0, False, "no anchor launch in this window"))
-            continue
-        cuts = [ws]
-        for (_, l0), (f1, _) in zip(bursts, bursts[1:]):
-            lo, hi = l0 + 1, f1  # candidate first launches of the next pass: lo..hi
-            gaps = np.diff(t_ns[lo - 1:hi + 1])
-            if len(gaps) and gaps.max() > gaps.min():
-                cuts.append(lo + int(np.argmax(gaps)))
-            else:
-                cuts.append((lo + hi + 1) // 2)
-        cuts.append(we)
-        for a, b in zip(cuts, cuts[1:]):
-            passes.append(Pass(len(passes), w, a, b, 0))
-    _repair(passes, kid)
-    for p in passes:
-        p.anchor_count = int(np.count_nonzero(sym[p.start:p.end] == anchor))
-    amode = Counter(p.anchor_count for p in passes if p.anchor_count).most_common(1)
-    amode_n = amode[0][0] if amode else 0
-    for p in passes:
-        if p.regular and p.anchor_count != amode_n:
-            p.regular = False
-            p.note = f"anchor launched {p.anchor_count} times, the usual is {amode_n}"
-    n_kernels = int(kid.max()) + 1 if len(kid) else 1
-    bounds = []
-    for w, (ws, we) in enumerate(windows):
-        st = [p.start for p in passes if p.window == w]
-        bounds.append(np.array(st + [we], np.int64))
-    skc = _segment_counts(kid, bounds, n_kernels)
-    modes = modal_counts(skc, n_kernels)
-    for p, m in zip(passes, _mismatch(skc, modes, len(passes)).tolist()):
-        p.mismatch = m
-    return PassSplit(passes, "bursts", pause_ns, {k: int(v) for k, v in enumerate(modes.tolist()) if v},
-                     anchor=anc, anchor_per_pass=amode_n)
-
-
-def _repair(passes: list[Pass], kid: np.ndarray) -> None:
-    """Move each boundary by ±1 launch where that makes per-kernel counts modal."""
-    counts = [Counter(kid[p.start:p.end].tolist()) for p in passes]
-    per_kernel: dict[int, Counter] = {}
-    for c in counts:
-        for k, n in c.items():
-            per_kernel.setdefault(k, Counter())[n] += 1
-    mode = {k: c.most_common(1)[0][0] for k, c in per_kernel.items()}
-
-    def bad(c: Counter, k: int) -> int:
-        n = c.get(k, 0)
-        return int(n > 0 and n != mode[k])
-
-    for i in range(len(passes) - 1):
-        p, q = passes[i], passes[i + 1]
-        if p.window != q.window:
-            continue
-        cp, cq = counts[i], counts[i + 1]
-        options = [(0, 0)]
-        if p.end - p.start > 1:  # last launch of p moves to q
-            k = int(kid[p.end - 1])
-            before = bad(cp, k) + bad(cq, k)
-            cp[k] -= 1; cq[k] += 1
-            after = bad(cp, k) + bad(cq, k)
-            cp[k] += 1; cq[k] -= 1
-            options.append((after - before, -1))
-        if q.end - q.start > 1:  # first launch of q moves to p
-            k = int(kid[q.start])
-            before = bad(cp, k) + bad(cq, k)
-            cp[k] += 1; cq[k] -= 1
-            after = bad(cp, k) + bad(cq, k)
-            cp[k] -= 1; cq[k] += 1
-            options.append((after - before, +1))
-        delta, move = min(options)
-        if delta >= 0 or move == 0:
-            continue
-        if move == -1:
-            k = int(kid[p.end - 1]); cp[k] -= 1; cq[k] += 1
-            p.end -= 1; q.start -= 1
-        else:
-            k = int(kid[q.start]); cp[k] += 1; cq[k] -= 1
-            p.end += 1; q.start += 1
-        for c in (cp, cq):
-            if c[k] == 0:
-                del c[k]
-        q.extra["start_moved"] = move

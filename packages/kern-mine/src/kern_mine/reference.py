@@ -30,12 +30,12 @@ from math import gcd
 
 from kern_capture.records import LaunchRecord
 
-from .fields import AXES, Field, fit_field, site_token_counts
-from .fit import Fit, expr_complexity
+from .fields import AXES, Field
+from .fit import Fit, expr_complexity, fit_pairs, fit_samples
 from .passes import Pass
 from .sites import Site, scalar_value
 
-__all__ = ["Candidate", "reference_candidates", "score_candidate", "choose_reference"]
+__all__ = ["Candidate", "FieldGroups", "reference_candidates", "score_candidate", "choose_reference"]
 
 
 @dataclass
@@ -126,26 +126,64 @@ def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes
     return out
 
 
-def score_candidate(c: Candidate, fields: list[Field], tokens_max: int | None) -> Candidate:
-    """Fit every field against ``c.tokens`` and count the outcomes."""
+class FieldGroups:
+    """Fields grouped by what their fit depends on: the passes they were seen in and their values there.
+
+    The 28 layers of a model launch the same kernel with the same grid and scalars: their fields are
+    fitted once per candidate, not 28 times."""
+
+    def __init__(self, fields: list[Field]):
+        self.n = len(fields)
+        index: dict[tuple, int] = {}
+        self.passes: list[tuple[int, ...]] = []
+        self.values: list[tuple[int, ...]] = []
+        self.members: list[list[int]] = []
+        for i, f in enumerate(fields):
+            ps = tuple(p for p, _ in f.values)
+            vs = (f.const,) if f.const is not None else tuple(v for _, v in f.values)
+            key = (ps, vs)
+            g = index.get(key)
+            if g is None:
+                g = index[key] = len(self.passes)
+                self.passes.append(ps)
+                self.values.append(vs)
+                self.members.append([])
+            self.members[g].append(i)
+
+
+def _fit_group(ps: tuple[int, ...], vs: tuple[int, ...], tokens: dict[int, int], r: int,
+               ts_cache: dict[tuple[int, ...], tuple[int, ...]]) -> Fit:
+    if len(vs) == 1:  # constant: depends only on the distinct token counts of its passes
+        ts = ts_cache.get(ps)
+        if ts is None:
+            ts = ts_cache[ps] = tuple(sorted({t for p in ps if (t := tokens.get(p)) is not None}))
+        return fit_pairs(tuple((t, vs[0]) for t in ts), r)
+    return fit_samples([(t, v) for p, v in zip(ps, vs) if (t := tokens.get(p)) is not None], r)
+
+
+def score_candidate(c: Candidate, fields: list[Field] | FieldGroups, tokens_max: int | None,
+                    keep_fits: bool = True) -> Candidate:
+    """Fit every field against ``c.tokens`` and count the outcomes (``c.fits``: one per field)."""
+    groups = fields if isinstance(fields, FieldGroups) else FieldGroups(fields)
     r = tokens_max if tokens_max is not None else max(c.tokens.values())
     c.unfit = c.underdetermined = c.unobserved = c.complexity = 0
-    c.fits = []
-    site_ts: dict[int, tuple[int, ...]] = {}
-    for f in fields:
-        ts = site_ts.get(f.site)
-        if ts is None:
-            ts = site_ts[f.site] = site_token_counts(f, c.tokens)
-        fit = fit_field(f, c.tokens, r, ts)
-        c.fits.append(fit)
+    fits: list[Fit | None] = [None] * groups.n if keep_fits else []
+    ts_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for ps, vs, members in zip(groups.passes, groups.values, groups.members):
+        fit = _fit_group(ps, vs, c.tokens, r, ts_cache)
+        n = len(members)
         if fit.status == "fit":
-            c.complexity += expr_complexity(fit.expr)  # type: ignore[arg-type]
+            c.complexity += n * expr_complexity(fit.expr)  # type: ignore[arg-type]
         elif fit.status == "unfit":
-            c.unfit += 1
+            c.unfit += n
         elif not fit.samples:
-            c.unobserved += 1
+            c.unobserved += n
         else:
-            c.underdetermined += 1
+            c.underdetermined += n
+        if keep_fits:
+            for i in members:
+                fits[i] = fit
+    c.fits = fits  # type: ignore[assignment]
     return c
 
 
@@ -156,13 +194,13 @@ def choose_reference(candidates: list[Candidate], fields: list[Field], tokens_ma
     real tokens, and only the winner is known to count them (a candidate counting 384 elements per token
     would otherwise be judged on a range 384 times narrower than its own). The winner's fits are then
     redone on ``[1, tokens_max]``."""
+    groups = FieldGroups(fields)
     for c in candidates:
-        score_candidate(c, fields, None)
+        score_candidate(c, groups, None, keep_fits=False)
     candidates.sort(key=Candidate.rank_key)
     if not candidates:
         return None
     best = candidates[0]
-    if tokens_max is not None and tokens_max != max(best.tokens.values()):
-        scored = Candidate(best.site, best.symbol, best.axis, best.tokens, best.divisor, best.once_per_pass, best.param)
-        best.fits = score_candidate(scored, fields, tokens_max).fits
+    scored = Candidate(best.site, best.symbol, best.axis, best.tokens, best.divisor, best.once_per_pass, best.param)
+    best.fits = score_candidate(scored, groups, tokens_max).fits
     return best

@@ -14,7 +14,7 @@ from kern_schema import to_text
 from .fit import Fit
 
 __all__ = [
-    "FORMAT", "PassOut", "WindowOut", "AnchorOut", "StartKernelOut", "PassSplitOut", "ShapeOut", "CandidateOut",
+    "FORMAT", "PassOut", "WindowOut", "StartKernelOut", "PassSplitOut", "ShapeOut", "CandidateOut",
     "ReferenceOut", "ScalarOut", "SiteOut", "PointerOut", "Summary", "Options", "MineReport", "to_json",
     "render_text",
 ]
@@ -25,7 +25,7 @@ FORMAT = "kern-mine/2"
 class PassOut(msgspec.Struct, omit_defaults=True):
     """``launches``: half-open range of launch indices (0-based line numbers of launches.jsonl).
     ``mismatch``: launches of kernels launched a non-modal number of times in this pass.
-    ``shape``: the program the pass ran (regular passes only). ``anchor_launches``: bursts method only."""
+    ``shape``: the program the pass ran (regular passes only)."""
 
     index: int
     kind: str  # prefill | decode | other
@@ -37,7 +37,6 @@ class PassOut(msgspec.Struct, omit_defaults=True):
     mismatch: int = 0
     note: str | None = None
     start_moved: int | None = None
-    anchor_launches: int | None = None
 
 
 class WindowOut(msgspec.Struct):
@@ -47,15 +46,6 @@ class WindowOut(msgspec.Struct):
     passes: list[PassOut]
 
 
-class AnchorOut(msgspec.Struct):
-    symbol: str
-    launches: int
-    bursts: int
-    windows: int
-    per_pass: int
-    why: str
-
-
 class StartKernelOut(msgspec.Struct):
     symbol: str
     windows: int
@@ -63,9 +53,8 @@ class StartKernelOut(msgspec.Struct):
 
 
 class PassSplitOut(msgspec.Struct):
-    """How passes were found: ``pauses`` (host pauses + start kernels) or ``bursts`` (anchor bursts)."""
+    """How passes were found: cut at host pauses longer than ``pause_ns`` before a start kernel."""
 
-    method: str
     pause_ns: int
     why: str
     start_kernels: list[StartKernelOut]
@@ -194,7 +183,6 @@ class MineReport(msgspec.Struct):
     options: Options
     summary: Summary
     pass_split: PassSplitOut
-    anchor: AnchorOut | None
     reference: ReferenceOut | None
     shapes: list[ShapeOut]
     requests: list[WindowOut]
@@ -233,9 +221,6 @@ def render_text(r: MineReport) -> str:
         f"{s.passes} passes ({s.regular_passes} regular), {s.shapes} pass shapes",
         f"  passes: {r.pass_split.why}",
     ]
-    if r.anchor:
-        a = r.anchor
-        out.append(f"  anchor: {_short(a.symbol, 80)} ×{a.per_pass}/pass — {a.why}")
     if r.reference:
         ref = r.reference
         div = f" / {ref.divisor}" if ref.divisor > 1 else ""

@@ -5,8 +5,8 @@ between requests the program waits, inside a forward pass it launches every
 few microseconds. The threshold is either given (``gap_ms``) or ``auto``:
 ``AUTO_FACTOR`` times the median inter-launch gap, and never below
 ``AUTO_FLOOR_NS`` (5 ms, the value that separated vLLM's requests in the
-seed). Passes inside a window are found later from kernel bursts, not from
-time gaps (within a request the gaps between passes are small and irregular).
+seed). Passes inside a window are found later (``passes.py``) from the
+shorter pauses before each pass and the kernel that starts it.
 """
 
 from __future__ import annotations
