@@ -196,3 +196,150 @@ def write_capture(dir: Path, spec: Spec) -> Truth:
     first_req = (1 if spec.warmup else 0) + (1 if spec.autotune else 0)
     wins = [[t for t, _ in ps] for ps in windows]
     return Truth(([[]] if spec.autotune else []) + wins, list(range(first_req, first_req + len(spec.prompts))))
+
+
+# ---------------------------------------------------------------------------------------------
+# A torch.compile-like workload: two graphs, an eager prologue, cache resets, library GEMMs,
+# host stalls inside passes, a deterministic allocator. Modelled on the real H200 capture
+# (tools/gpu/capture_qwen3_compile.py).
+
+SMALL_BASE, SMALL_SIZE = 0x7F10_0000_0000, 1 << 21  # small-block arena: norm weights AND decode activations
+BIG_BASE, BIG_SIZE = 0x7F10_1000_0000, 1 << 26  # prefill activations
+EMB_BASE, EMB_SIZE = 0x7F10_2000_0000, 1 << 24  # embedding table
+KVC_BASE, KVC_SIZE = 0x7F10_3000_0000, 1 << 24  # static KV cache
+DEC_ACT = 0x2_0000  # decode activations: the same offsets of the small arena every decode pass
+
+
+@dataclass
+class CompiledSpec:
+    """``warmup``: token counts of single passes in one window, each after a cache reset;
+    ``prompts``: one request each (a reset window, then prefill + ``new_tokens - 1`` decodes).
+    A pass of 1 token runs the decode graph (``d_*`` kernels: constants, specialised), any other
+    the prefill graph (``p_*``). Each pass: ``arange`` (eager, numel = tokens), a guard pause,
+    the graph. The GEMMs are library kernels (params via extra) whose choice and count depend on
+    the token count; below 64 tokens a flat ``splitk_reduce`` follows the first one. The first
+    pass at a new token count stalls before layer 1's GEMM (a library plan for the new shape);
+    ``stall_layer``: every prefill pass also stalls before that layer's norm (a consistent
+    sub-cycle that must not become a pass boundary)."""
+
+    prompts: list[int]
+    warmup: list[int] = field(default_factory=lambda: [64, 17, 3, 1, 2, 7])
+    new_tokens: int = 4
+    layers: int = 4
+    stall_layer: int | None = 2
+    seed: int = 1
+
+
+def _norm_w(layer: int, which: int) -> dict:
+    return _ptr(SMALL_BASE + (2 * layer + which) * 0x800, SMALL_BASE, SMALL_SIZE)
+
+
+def compiled_pass(t: int, call: int, layers: int) -> list[tuple[str, list[int], list[dict] | None, str]]:
+    """(symbol, grid, params, stall tag) of one compiled pass of ``t`` tokens; ``call`` numbers the passes."""
+    out: list[tuple[str, list[int], list[dict] | None, str]] = []
+    if t > 1:  # prefill graph: activations move with the token count and the call
+        ws = lambda slot: _ptr(BIG_BASE + (call % 5) * 0x40_0000 + t * 0x1000 + slot * 0x8_0000, BIG_BASE, BIG_SIZE)  # noqa: E731
+        g = "p"
+    else:  # decode graph: the allocator hands out the same small blocks every decode pass
+        ws = lambda slot: _ptr(SMALL_BASE + DEC_ACT + slot * 0x200, SMALL_BASE, SMALL_SIZE)  # noqa: E731
+        g = "d"
+    emb = _ptr(EMB_BASE, EMB_BASE, EMB_SIZE)
+    out.append((f"{g}_embed_norm", [t if g == "p" else 1, 1, 1],
+                [ws(0), emb, _norm_w(0, 0), ws(1), _i32(t), _i32(1024)], ""))
+    for l in range(layers):
+        kv = _ptr(KVC_BASE + l * 0x10_0000, KVC_BASE, KVC_SIZE)
+        if l:
+            out.append((f"{g}_add_norm", [t if g == "p" else 4, 1, 1],
+                        [ws(2), ws(1), _norm_w(l, 0), ws(3), _i32(t), _i32(1024)],
+                        "stall" if g == "p" and l == 1 else ""))
+        if t < 64:
+            out.append(("gemm_64x8_splitk", [4, 8, 1], None, "plan" if l == 1 else ""))
+            out.append(("splitk_reduce", [32, cdiv(t, 16), 1], _layout([ws(4), ws(5), _i32(t)]), ""))
+        else:
+            out.append(("gemm_128x64", [cdiv(t, 128), 24, 1], None, "plan" if l == 1 else ""))
+        out.append((f"{g}_qk_norm_rope_cache", [cdiv(3 * t, 8) if g == "p" else 1, 1, 1],
+                    [ws(5), _norm_w(l, 1), kv, ws(6), _i32(t)], ""))
+        out.append((f"{g}_attn_softmax", [16 * t if g == "p" else 16, 1, 1], [ws(6), dict(kv), ws(7), _i32(2048)], ""))
+        out.append(("gemm_64x8" if t < 64 else "gemm_128x64", [4, 8, 1] if t < 64 else [cdiv(t, 128), 8, 1], None, ""))
+        out.append((f"{g}_mlp_act", [cdiv(3 * t, 4) if g == "p" else 1, 1, 1], [ws(8), ws(2), _i32(3072 * t)], ""))
+        out.append(("gemm_64x8" if t < 64 else "gemm_128x64", [4, 8, 1] if t < 64 else [cdiv(t, 128), 8, 1], None, ""))
+    out.append((f"{g}_final_norm", [t if g == "p" else 1, 1, 1], [ws(2), _norm_w(layers, 0), ws(9), _i32(t)],
+                "tail" if g == "p" else ""))
+    out.append(("lm_head", [1, 150, 1], None, ""))
+    out.append((f"{g}_argmax", [1, 1, 1], [ws(9), ws(10), _i32(t)], ""))
+    return [(s, gr, None if p is None else _layout(p), tag) for s, gr, p, tag in out]
+
+
+@dataclass
+class CompiledTruth:
+    windows: list[list[int]]  # token counts of each window's passes ([] for a reset window)
+    requests: list[int]  # window indices that are requests
+    start_of_pass: list[int]  # launch index of every pass's arange
+
+
+def write_compiled_capture(dir: Path, spec: CompiledSpec) -> CompiledTruth:
+    """Write ``dir/launches.jsonl`` for ``spec``; returns the ground truth."""
+    rng = random.Random(spec.seed)
+    dir.mkdir(parents=True, exist_ok=True)
+    lines: list[dict] = []
+    t_ns = 5_000_000_000
+    seen_t: set[int] = set()
+    starts: list[int] = []
+    windows: list[list[int]] = []
+    requests: list[int] = []
+    call = 0
+
+    def emit(sym: str, grid: list[int], params: list[dict] | None) -> None:
+        lines.append({"seq": len(lines), "t_ns": t_ns, "pid": 7, "tid": 7, "ctx": 1, "stream": 0,
+                      "module_id": 1 + sum(map(ord, sym)) % 997, "symbol": sym,
+                      "api": "cuLaunchKernel" if params is None else "cuLaunchKernelEx",
+                      "grid": grid, "block": [128, 1, 1], "shared_mem": 0, "attrs": None,
+                      "params": params, "params_reason": "extra" if params is None else None})
+
+    def step(us_lo: int, us_hi: int) -> None:
+        nonlocal t_ns
+        t_ns += rng.randint(us_lo, us_hi) * 1000
+
+    def reset() -> None:  # cache.reset(): one fill per layer, a single pointer each (a write)
+        for l in range(spec.layers):
+            step(8, 14)
+            emit("fill_zero", [2048, 1, 1], _layout([_ptr(KVC_BASE + l * 0x10_0000, KVC_BASE, KVC_SIZE), _i32(0)]))
+
+    def one_pass(t: int) -> None:
+        nonlocal call
+        step(300, 500)  # the host sync before the pass
+        starts.append(len(lines))
+        emit("arange", [cdiv(t, 64), 1, 1], _layout([_i32(t), _ptr(SMALL_BASE + 0x1_0000, SMALL_BASE, SMALL_SIZE)]))
+        step(1000, 2000)  # graph guards
+        first = t not in seen_t
+        seen_t.add(t)
+        for sym, grid, params, tag in compiled_pass(t, call, spec.layers):
+            if tag == "plan" and first:
+                step(2000, 3000)
+            elif tag == "stall" and spec.stall_layer is not None:
+                step(2000, 2500)
+            elif tag == "tail":
+                step(600, 900)
+            else:
+                step(15, 40)
+            emit(sym, grid, params)
+        call += 1
+
+    windows.append(list(spec.warmup))
+    for t in spec.warmup:
+        step(300, 500)
+        reset()
+        one_pass(t)
+    for p in spec.prompts:
+        t_ns += 200_000_000
+        windows.append([])
+        reset()
+        t_ns += 200_000_000
+        requests.append(len(windows))
+        windows.append([p] + [1] * (spec.new_tokens - 1))
+        for t in windows[-1]:
+            one_pass(t)
+    with open(dir / "launches.jsonl", "w") as f:
+        for rec in lines:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    return CompiledTruth(windows, requests, starts)

@@ -167,7 +167,8 @@ def _cuts(kid: np.ndarray, pauses: np.ndarray, ws: int, we: int, in_c: np.ndarra
         return np.array([ws], np.int64), {}
     exact = in_c[kid[pauses]]
     prev = pauses - 1
-    early = ~exact & (prev > ws) & in_c[kid[prev]]
+    # the pass's first kernel launched just before the pause; not inside a run of it (a reset's fills)
+    early = ~exact & (prev > ws) & in_c[kid[prev]] & (kid[np.maximum(prev - 1, ws)] != kid[prev])
     nxt = np.minimum(pauses + 1, we - 1)
     late = ~exact & ~early & (pauses + 1 < we) & in_c[kid[nxt]]
     cuts = np.concatenate([[ws], pauses[exact], prev[early], nxt[late]]).astype(np.int64)
