@@ -67,6 +67,7 @@ class Spec:
     seed: int = 0
     embed_blocks: int = 1  # embed's grid is [embed_blocks · t, 1, 1]
     autotune: int = 0  # a first window where `act` is benchmarked: this many bursts of 50 launches
+    gemm_extra: bool = False  # the extra-buffer GEMMs record their packed arguments (extra_hex)
 
 
 def _ptr(value: int, base: int, size: int) -> dict:
@@ -124,6 +125,19 @@ def pass_launches(t: int, pass_no: int, position: int, layers: int,
     return [(s, g, None if p is None else _layout(p)) for s, g, p in out]
 
 
+GEMM_W = 0x1_0000  # GEMM weights: in the norm weights' allocation, from this offset, 0x2000 apart
+
+
+def gemm_extra_hex(t: int, pass_no: int, gemm: int) -> str:
+    """The packed arguments of a pass's ``gemm``-th extra-buffer GEMM: A (activation, moves), B (its
+    weight), C (activation, moves), then M, N, K as i32 and 4 bytes of padding."""
+    act = A_BASE + (pass_no % 11) * 0x10_0000
+    words = [act + 0x2_0000 + gemm * 0x100, W_BASE + GEMM_W + gemm * 0x2000, act + 0x3_0000 + gemm * 0x100]
+    raw = b"".join(w.to_bytes(8, "little") for w in words)
+    raw += b"".join(v.to_bytes(4, "little") for v in (t, 1024, 1024, 0))
+    return raw.hex()
+
+
 @dataclass
 class Truth:
     """What the generator did: per window, the token counts of its passes."""
@@ -176,14 +190,19 @@ def write_capture(dir: Path, spec: Spec) -> Truth:
             if pass_no in spec.early_head:  # embed before the host pause
                 times = [times[0]] + [x + spec.pass_gap_ns for x in times[1:]]
                 t_ns = times[-1]
+            gi = 0
             for (sym, grid, params), tt in zip(launches, times):
-                lines.append({
+                rec = {
                     "seq": seq, "t_ns": tt, "pid": 10, "tid": 10, "ctx": 1, "stream": 7,
                     "module_id": SYMBOLS.index(sym) + 1, "symbol": sym,
                     "api": "cuLaunchKernel" if params is None else "cuLaunchKernelEx",
                     "grid": grid, "block": [128, 1, 1], "shared_mem": 0, "attrs": None,
                     "params": params, "params_reason": "extra" if params is None else None,
-                })
+                }
+                if params is None and spec.gemm_extra:
+                    rec["extra_hex"] = gemm_extra_hex(tokens, pass_no, gi)
+                    gi += 1
+                lines.append(rec)
                 seq += 1
             if pass_no in spec.late_tail or pass_no + 1 in spec.early_head:
                 t_ns += rng.randint(3_000, 9_000)  # the pause was moved inside a pass

@@ -34,3 +34,27 @@ def test_workspace_moves_inside_one_allocation(standard):
     assert tok.class_ == "weight" and tok.alloc_base == TOK_BASE  # a persistent output buffer looks like a weight
     assert r.summary.pointers == {"workspace": 34, "weight": 9, "state": 6}
     assert A_BASE not in {p.alloc_base for p in r.pointers}
+
+
+def test_gemm_pointers_in_the_extra_buffer(tmp_path):
+    # Library GEMMs pass their arguments through the packed extra buffer (kern-capture keeps it,
+    # up to 4 KiB, as extra_hex). Words that lie in an allocation the capture annotated elsewhere
+    # (here the norm weights' and the activations' allocations) are pointers: the weight operand
+    # is stable, the activations move.
+    from synth import GEMM_W, Spec, write_capture
+
+    from kern_mine.mine import mine
+
+    write_capture(tmp_path, Spec(prompts=[1, 5, 16, 30], warmup=[64, 17, 3], gemm_extra=True))
+    r = mine(tmp_path)
+    for layer in range(3):
+        for k, sym in enumerate(("gemm_qkv", "gemm_o", "gemm_down")):
+            site = next(s for s in r.sites if s.symbol == sym and s.occurrence == layer)
+            assert not site.flat and site.embedded_pointers == [(-1, 0), (-1, 8), (-1, 16)]
+            a, b, c = (p for p in r.pointers if p.site == site.id)
+            assert (a.param, a.within, b.within, c.within) == (-1, 0, 8, 16)
+            assert (a.class_, b.class_, c.class_) == ("workspace", "weight", "workspace")
+            assert (b.alloc_base, b.alloc_offset) == (W_BASE, GEMM_W + (3 * layer + k) * 0x2000)
+    # M, N, K (not in any allocation) are not pointers; 10 GEMMs (9 in the layers, lm_head) add one
+    # weight and two workspace pointers each; nothing else changed
+    assert r.summary.pointers == {"workspace": 34 + 20, "weight": 9 + 10, "state": 6}

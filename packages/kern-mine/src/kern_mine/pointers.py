@@ -1,5 +1,8 @@
 """Step 6: classify each pointer parameter by its stability across passes.
 
+Pointers are the pointer parameters of flat launches and the pointers embedded
+in by-value structs or in a library launch's packed extra buffer (``sites.py``).
+
 A logical buffer is identified by ``(allocation base, offset)``, never by the
 allocation alone: a caching allocator carves many tensors out of one
 ``cudaMalloc`` (two KV pools, every small index buffer in one 2 MB arena, a
@@ -30,7 +33,10 @@ whole capture:
   intermediates); otherwise ``unknown``.
 - ``unknown`` also: some observation is not a device pointer (a null pointer
   in one pass), or the site occurs in one pass only and its address says
-  nothing more.
+  nothing more, or only in passes without a token count.
+
+Only forward passes (those with a known token count) testify about an
+address: compile and autotune windows reuse memory in their own ways.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import dataclass, field
 
 from kern_capture.records import LaunchRecord
 
-from .sites import Site
+from .sites import EXTRA, AllocIndex, Site, embedded_words
 
 __all__ = ["PointerClass", "classify_pointers"]
 
@@ -60,6 +66,7 @@ class PointerClass:
     alloc_size: int | None = None
     alloc_offset: int | None = None
     kernels: list[str] = field(default_factory=list)
+    within: int | None = None  # an embedded pointer: its byte offset inside the parameter
 
 
 @dataclass
@@ -72,11 +79,28 @@ class _Addr:
     users_per_pass: dict[int, int] = field(default_factory=dict)  # pass -> call sites using it
 
 
-def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
-                      tokens: Mapping[int, int | None] | None = None) -> list[PointerClass]:
-    """One ``PointerClass`` per pointer parameter of every site, in site order.
+def _slots(s: Site):
+    """(param, offset, within, reader) of every pointer of a site: plain pointer parameters, then embedded ones.
+    A reader maps a launch to ((allocation base, size), address) or None (not a device pointer there)."""
+    for prm in s.params:
+        if prm.kind == "pointer":
+            def plain(r: LaunchRecord, j: int = prm.index):
+                x = r.params[j]  # type: ignore[index]
+                if x.alloc is None:
+                    return None
+                return (x.alloc.base, x.alloc.size), int.from_bytes(bytes.fromhex(x.hex), "little")
+            yield prm.index, prm.offset, None, plain
+    offsets = {prm.index: prm.offset for prm in s.params}
+    for e in s.embedded:
+        yield e.param, (0 if e.param == EXTRA else offsets[e.param]), e.within, e
 
-    ``tokens`` maps pass index to its token count (None: unknown)."""
+
+def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
+                      tokens: Mapping[int, int | None] | None = None,
+                      allocs: AllocIndex | None = None) -> list[PointerClass]:
+    """One ``PointerClass`` per pointer of every site (parameters, then embedded pointers), in site order.
+
+    ``tokens`` maps pass index to its token count (None: unknown); ``allocs`` resolves embedded pointers."""
     tokens = tokens or {}
     out: list[PointerClass] = []
     addrs: dict[tuple[int, int], _Addr] = {}
@@ -85,35 +109,40 @@ def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
     for s in sites:
         items = sorted(s.launches.items())
         recs = [(p, launches[i]) for p, i in items]
-        for prm in s.params:
-            if prm.kind != "pointer":
-                continue
+        for param, offset, within, reader in _slots(s):
             ids: dict[tuple[int, int], list[int]] = {}
             non_device = 0
             size = None
             for p, r in recs:
-                x = r.params[prm.index]  # type: ignore[index]
-                if x.alloc is None:
+                if within is None:
+                    got = reader(r)  # type: ignore[operator]
+                else:
+                    v = embedded_words(r, reader)  # type: ignore[arg-type]
+                    a = None if v is None or allocs is None else allocs.find(v)
+                    got = None if a is None else (a, v)
+                if got is None:
                     non_device += 1
                     continue
-                v = int.from_bytes(bytes.fromhex(x.hex), "little")
-                ids.setdefault((x.alloc.base, v - x.alloc.base), []).append(p)
-                size = x.alloc.size
-            pc = PointerClass(s.id, prm.index, prm.offset, "unknown", "", len(recs), len(ids))
+                (base, size), v = got
+                ids.setdefault((base, v - base), []).append(p)
+            pc = PointerClass(s.id, param, offset, "unknown", "", len(recs), len(ids), within=within)
             sizes.append(size)
             moving = len(ids) > 1
             for ident, ps in ids.items():
                 a = addrs.get(ident)
                 if a is None:
                     a = addrs[ident] = _Addr()
-                for p in ps:
+                # only forward passes (a known token count) testify about an address: the
+                # launches of compile and autotune windows reuse memory in their own ways
+                known = [p for p in ps if tokens.get(p) is not None]
+                for p in known:
                     a.users_per_pass[p] = a.users_per_pass.get(p, 0) + 1
-                    t = tokens.get(p)
-                    if t is not None:
-                        a.token_counts.add(t)
+                    a.token_counts.add(tokens[p])  # type: ignore[arg-type]
+                if not known:
+                    continue
                 if moving:
                     if a.moving_user is None:
-                        a.moving_user = (s.id, prm.index)
+                        a.moving_user = (s.id, param)
                 else:
                     a.kernels.setdefault(s.shape, set()).add(s.kernel.symbol)
             if non_device:
@@ -154,15 +183,15 @@ def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
                 pc.reason = (f"the same (allocation, offset) in every pass at {n_tc} token counts, "
                              "reached by one kernel per pass shape")
             continue
-        users = max(a.users_per_pass.values())
-        where = ("one token count" if a.token_counts else "passes of unknown token count")
-        if pc.passes < 2 and users < 2:
-            pc.reason = "seen in a single pass"
+        users = max(a.users_per_pass.values(), default=0)
+        if not a.token_counts:
+            pc.reason = ("seen in a single pass" if pc.passes < 2 else
+                         "the same (allocation, offset) in every pass, none of them with a known token count")
         elif users >= 2:
             pc.cls = "workspace"
-            pc.reason = (f"the same (allocation, offset) in every pass, all at {where}, and used by {users} call "
-                         "sites of one pass: an activation buffer the allocator recycles")
+            pc.reason = ("the same (allocation, offset) in every pass, all at one token count, and used by "
+                         f"{users} call sites of one pass: an activation buffer the allocator recycles")
         else:
-            pc.reason = (f"the same (allocation, offset) in every pass, all at {where}: a weight cannot be told "
-                         "from a buffer the allocator hands out identically every pass")
+            pc.reason = ("the same (allocation, offset) in every pass, all at one token count: a weight cannot be "
+                         "told from a buffer the allocator hands out identically every pass")
     return out

@@ -113,7 +113,9 @@ class ScalarOut(msgspec.Struct):
 
 
 class SiteOut(msgspec.Struct):
-    """``token_counts``: the distinct token counts of the passes the site was seen in."""
+    """``token_counts``: the distinct token counts of the passes the site was seen in.
+    ``embedded_pointers``: ``[param, within]`` of each pointer found inside a by-value struct
+    (``param`` -1: the packed extra buffer)."""
 
     id: int
     symbol: str
@@ -130,9 +132,13 @@ class SiteOut(msgspec.Struct):
     pointer_params: list[int]
     host_params: list[int]
     opaque_params: list[int]
+    embedded_pointers: list[tuple[int, int]] = []
 
 
 class PointerOut(msgspec.Struct, omit_defaults=True):
+    """``param``: the parameter index, -1 for the packed extra buffer; ``within``: for a pointer
+    embedded in a by-value struct or the extra buffer, its byte offset there."""
+
     site: int
     param: int
     offset: int
@@ -144,6 +150,7 @@ class PointerOut(msgspec.Struct, omit_defaults=True):
     alloc_size: int | None = None
     alloc_offset: int | None = None
     kernels: list[str] = []
+    within: int | None = None
 
 
 class Summary(msgspec.Struct):

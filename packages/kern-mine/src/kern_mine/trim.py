@@ -1,8 +1,8 @@
 """``kern-mine trim IN OUT [--max-bytes N]``: a compact copy of a capture, for fixtures.
 
 Writes ``OUT/launches.jsonl.gz`` (gzip, the launches with the optional fields
-mining never reads removed: ``extra_hex``, ``func``, ``num_regs``,
-``static_shared_mem``, ``result``), copies ``modules.jsonl`` and
+mining never reads removed: ``func``, ``num_regs``, ``static_shared_mem``,
+``result``; ``extra_hex`` is kept: the pointers of library GEMMs are in it), copies ``modules.jsonl`` and
 ``capture.json`` when present, and drops the module binaries. When the
 result is larger than ``--max-bytes``, the windows without any regular pass
 (compilation, autotuning) are dropped too; if it is still too large, nothing
@@ -25,7 +25,7 @@ from .capture import GZ_SUFFIX, load_capture
 
 __all__ = ["trim", "trim_main", "DROPPED_FIELDS"]
 
-DROPPED_FIELDS = ("extra_hex", "func", "num_regs", "static_shared_mem", "result")
+DROPPED_FIELDS = ("func", "num_regs", "static_shared_mem", "result")
 _enc = msgspec.json.Encoder()
 
 
@@ -35,6 +35,8 @@ def _encode(launches: list[LaunchRecord]) -> bytes:
         d = msgspec.structs.asdict(r)
         for k in DROPPED_FIELDS:
             d.pop(k, None)
+        if d.get("extra_hex") is None:
+            d.pop("extra_hex", None)
         d["params"] = None if r.params is None else [
             {"offset": p.offset, "size": p.size, "hex": p.hex,
              "alloc": None if p.alloc is None else {"base": p.alloc.base, "size": p.alloc.size}, "host": p.host}
