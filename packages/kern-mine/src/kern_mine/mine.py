@@ -100,7 +100,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         cand_out = [
             CandidateOut(c.site, c.symbol, c.field_name, c.axis_name, c.param, c.divisor, c.once_per_pass,
                          len(c.tokens), sorted(set(c.tokens.values())),
-                         c.unfit, c.underdetermined, c.unobserved, c.complexity, c.score)
+                         c.unfit, c.underdetermined, c.unobserved, c.complexity, c.score, c.pinned)
             for c in cands
         ]
         runner = f"; next best scores {cands[1].score}" if len(cands) > 1 else "; the only candidate"
@@ -110,7 +110,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
             best.site, best.symbol, best.field_name, best.axis_name, best.param, best.divisor,
             f"{launched}, varying {best.field_name}{scaled}, in {len(best.tokens)} passes; leaves {best.score} of "
             f"{len(fields)} fields unexplained ({best.unfit} unfit, {best.underdetermined} underdetermined, "
-            f"{best.unobserved} unobserved){runner}",
+            f"{best.unobserved} unobserved; {best.pinned} seen at one token count){runner}",
             cand_out,
         )
 

@@ -54,6 +54,7 @@ class Candidate:
     unfit: int = 0
     underdetermined: int = 0
     unobserved: int = 0
+    pinned: int = 0  # underdetermined, but seen at a single token count: no reference could do better
     complexity: int = 0
     fits: list[Fit] = field(default_factory=list, repr=False)
 
@@ -166,7 +167,7 @@ def score_candidate(c: Candidate, fields: list[Field] | FieldGroups, tokens_max:
     """Fit every field against ``c.tokens`` and count the outcomes (``c.fits``: one per field)."""
     groups = fields if isinstance(fields, FieldGroups) else FieldGroups(fields)
     r = tokens_max if tokens_max is not None else max(c.tokens.values())
-    c.unfit = c.underdetermined = c.unobserved = c.complexity = 0
+    c.unfit = c.underdetermined = c.unobserved = c.pinned = c.complexity = 0
     fits: list[Fit | None] = [None] * groups.n if keep_fits else []
     ts_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
     for ps, vs, members in zip(groups.passes, groups.values, groups.members):
@@ -178,6 +179,8 @@ def score_candidate(c: Candidate, fields: list[Field] | FieldGroups, tokens_max:
             c.unfit += n
         elif not fit.samples:
             c.unobserved += n
+        elif fit.samples[0][0] == fit.samples[-1][0]:
+            c.pinned += n
         else:
             c.underdetermined += n
         if keep_fits:

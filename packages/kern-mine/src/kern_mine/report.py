@@ -90,6 +90,7 @@ class CandidateOut(msgspec.Struct):
     unobserved: int
     complexity: int
     score: int
+    pinned: int = 0
 
 
 class ReferenceOut(msgspec.Struct):
@@ -232,7 +233,8 @@ def render_text(r: MineReport) -> str:
         ref = r.reference
         div = f" / {ref.divisor}" if ref.divisor > 1 else ""
         out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} {ref.field}{div} — {ref.why}")
-        out.append("    candidates (score = unfit + underdetermined + unobserved fields):")
+        out.append("    candidates (score = unfit + underdetermined + unobserved fields; fields seen at one token "
+               "count only are not counted):")
         for c in ref.candidates[:8]:
             div = f"/{c.divisor}" if c.divisor > 1 else ""
             out.append(f"      site {c.site:>4} {c.field + div:<14} score {c.score:>4} (unfit {c.unfit}, "
