@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         f"commit {_git_commit()}",
         "",
         f"Machine: {machine}. Best of {a.repeat}; read = decode launches.jsonl(.gz), "
-        "mine = windows → passes → sites → reference → fits → pointers → report.",
+        "mine = windows → passes → shapes → sites → reference → fits → pointers → report.",
         "",
         *table,
         "",
