@@ -88,3 +88,14 @@ def test_autotuning_noise_does_not_disturb_passes(tmp_path, standard):
     assert [[p.tokens for p in w.passes] for w in r.requests] == [[1, 1, 1, 1], [5, 1, 1, 1], [16, 1, 1, 1], [30, 1, 1, 1]]
     _, _, ref = standard
     assert r.summary.fields == ref.summary.fields and r.summary.pointers == ref.summary.pointers
+
+
+def test_many_autotune_fragments_do_not_outvote_the_passes(tmp_path):
+    # 30 autotune bursts launch `act` 25 times each, against 19 forward passes launching it 3
+    # times: counted per fragment, 25 would be `act`'s modal count and every forward pass would be
+    # irregular; each window votes once, so the modal count is 3.
+    spec = Spec(prompts=[1, 5, 16, 30], warmup=[64, 17, 3], late_tail={5}, early_head={9}, autotune=30)
+    write_capture(tmp_path, spec)
+    r = mine(tmp_path)
+    assert [[p.tokens for p in w.passes] for w in r.requests] == [[1, 1, 1, 1], [5, 1, 1, 1], [16, 1, 1, 1], [30, 1, 1, 1]]
+    assert r.summary.regular_passes == 19 and r.other_windows[0].passes[0].regular is False

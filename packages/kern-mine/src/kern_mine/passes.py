@@ -18,7 +18,9 @@ next.
   previous pass's last launch came after the pause): ±1 launch of jitter. The
   window's first launch always starts a pass.
 - **Regular pass**: every kernel (symbol + parameter layout) has a modal
-  number of launches per pass over the capture. A pass is *regular* when at
+  number of launches per pass over the capture (each window votes once, with
+  its own modal count: the hundreds of fragments of one compile or autotune
+  window do not outvote the forward passes of the other windows). A pass is *regular* when at
   most ``REGULAR_TOLERANCE`` of its launches are of kernels at a non-modal count
   (two passes launched back to back double every count; half a pass halves
   them; a kernel that only some token counts launch, such as a split-K reduce,
@@ -127,14 +129,39 @@ def _segment_counts(kid: np.ndarray, bounds: list[np.ndarray], n_kernels: int) -
     return uk // n_kernels, uk % n_kernels, cnt
 
 
-def modal_counts(seg_kernel_count: tuple[np.ndarray, np.ndarray, np.ndarray], n_kernels: int) -> np.ndarray:
-    """Each kernel's most frequent launch count per segment (among segments that launch it; ties: the smaller)."""
-    _, ker, cnt = seg_kernel_count
+def modal_counts(seg_kernel_count: tuple[np.ndarray, np.ndarray, np.ndarray], n_kernels: int,
+                 seg_window: np.ndarray | None = None) -> np.ndarray:
+    """Each kernel's modal launch count per segment, among the segments that launch it (ties: the smaller).
+
+    With ``seg_window`` (each segment's window), every window votes once, with its own modal count:
+    the many fragments of one compile or autotune window do not outvote the other windows' passes
+    (ties between windows: the count with more segments behind it, then the smaller)."""
+    seg, ker, cnt = seg_kernel_count
     modes = np.zeros(n_kernels, np.int64)
     if len(ker) == 0:
         return modes
-    pair, freq = np.unique(np.stack([ker, cnt]), axis=1, return_counts=True)
-    order = np.lexsort((pair[1], -freq, pair[0]))  # per kernel: most frequent first, then smaller count
+    if seg_window is None:
+        pair, freq = np.unique(np.stack([ker, cnt]), axis=1, return_counts=True)
+        order = np.lexsort((pair[1], -freq, pair[0]))
+        pk = pair[0][order]
+        first = np.ones(len(pk), bool)
+        first[1:] = pk[1:] != pk[:-1]
+        modes[pk[first]] = pair[1][order][first]
+        return modes
+    win = seg_window[seg]
+    trip, tfreq = np.unique(np.stack([ker, win, cnt]), axis=1, return_counts=True)
+    # per (kernel, window): the modal count of that window
+    order = np.lexsort((trip[2], -tfreq, trip[1], trip[0]))
+    tk, tw = trip[0][order], trip[1][order]
+    first = np.ones(len(tk), bool)
+    first[1:] = (tk[1:] != tk[:-1]) | (tw[1:] != tw[:-1])
+    vk, vc = tk[first], trip[2][order][first]
+    # per kernel: the count most windows vote for; ties: more segments behind it, then smaller
+    pair, votes = np.unique(np.stack([vk, vc]), axis=1, return_counts=True)
+    segs_pair, segs_n = np.unique(np.stack([ker, cnt]), axis=1, return_counts=True)
+    lookup = {(int(k), int(c)): int(n) for k, c, n in zip(segs_pair[0], segs_pair[1], segs_n)}
+    support = np.array([lookup[(int(k), int(c))] for k, c in zip(pair[0], pair[1])], np.int64)
+    order = np.lexsort((pair[1], -support, -votes, pair[0]))
     pk = pair[0][order]
     first = np.ones(len(pk), bool)
     first[1:] = pk[1:] != pk[:-1]
@@ -216,7 +243,8 @@ def split_passes(kid: np.ndarray, t_ns: np.ndarray, windows: list[tuple[int, int
         m[kid[ws]] = True
         first_cut.append(m)
     all_bounds = [np.append(_cuts(kid, p, ws, we, c)[0], we) for (ws, we), p, c in zip(windows, pauses_w, first_cut)]
-    modes = modal_counts(_segment_counts(kid_c, all_bounds, n_kernels), n_kernels)
+    seg_window = np.concatenate([np.full(len(b) - 1, w, np.int64) for w, b in enumerate(all_bounds)])
+    modes = modal_counts(_segment_counts(kid_c, all_bounds, n_kernels), n_kernels, seg_window)
     mask = _choose_start_kernels(kid, kid_c, pauses_w, windows, modes, n_kernels)
 
     passes: list[Pass] = []
