@@ -227,6 +227,15 @@ BIG_BASE, BIG_SIZE = 0x7F10_1000_0000, 1 << 26  # prefill activations
 EMB_BASE, EMB_SIZE = 0x7F10_2000_0000, 1 << 24  # embedding table
 KVC_BASE, KVC_SIZE = 0x7F10_3000_0000, 1 << 24  # static KV cache
 DEC_ACT = 0x2_0000  # decode activations: the same offsets of the small arena every decode pass
+WGT_BASE = 0x7F10_4000_0000  # GEMM weights of layers >= 1: memory no flat kernel touches (never annotated)
+WGT0 = 0x80_0000  # layer 0's GEMM weights: at this offset of the embedding's (annotated) allocation
+
+
+def gemm_weight(layer: int, k: int) -> int:
+    """Address of layer ``layer``'s ``k``-th GEMM weight (0 qkv, 1 o, 2 down) in the compiled workload."""
+    if layer == 0:
+        return EMB_BASE + WGT0 + k * 0x1_0000
+    return WGT_BASE + (3 * layer + k) * 0x10_0000
 
 
 @dataclass
@@ -236,7 +245,13 @@ class CompiledSpec:
     A pass of 1 token runs the decode graph (``d_*`` kernels: constants, specialised), any other
     the prefill graph (``p_*``). Each pass: ``arange`` (eager, numel = tokens), a guard pause,
     the graph. The GEMMs are library kernels (params via extra) whose choice and count depend on
-    the token count; below 64 tokens a flat ``splitk_reduce`` follows the first one. The first
+    the token count; below 64 tokens a flat ``splitk_reduce`` follows the first one. The kernel
+    the library picks for a GEMM changes at 64 tokens (qkv, o) or 16 (down), so a kernel's n-th
+    launch is not the same GEMM at every token count (at 3 tokens ``gemm_64x8``'s second launch
+    is layer 0's down projection, at 17 layer 1's o projection). ``gemm_extra``: each GEMM
+    records its packed arguments (activation in, weight, activation out, M, N, K); the weights
+    of layers >= 1 lie in memory no flat kernel touches (``WGT_BASE``, never annotated), layer
+    0's in the embedding's allocation, lm_head's weight is the embedding (tied). The first
     pass at a new token count stalls before layer 1's GEMM (a library plan for the new shape);
     ``stall_layer``: every prefill pass also stalls before that layer's norm (a consistent
     sub-cycle that must not become a pass boundary)."""
@@ -247,15 +262,23 @@ class CompiledSpec:
     layers: int = 4
     stall_layer: int | None = 2
     seed: int = 1
+    gemm_extra: bool = False
 
 
 def _norm_w(layer: int, which: int) -> dict:
     return _ptr(SMALL_BASE + (2 * layer + which) * 0x800, SMALL_BASE, SMALL_SIZE)
 
 
-def compiled_pass(t: int, call: int, layers: int) -> list[tuple[str, list[int], list[dict] | None, str]]:
-    """(symbol, grid, params, stall tag) of one compiled pass of ``t`` tokens; ``call`` numbers the passes."""
-    out: list[tuple[str, list[int], list[dict] | None, str]] = []
+def _gemm_args(a: dict, w: int, c: dict, t: int) -> list[int]:
+    """The words of a GEMM's packed arguments: in, weight, out (addresses), then M, N, K as i32 (+ pad)."""
+    return [int.from_bytes(bytes.fromhex(a["hex"]), "little"), w, int.from_bytes(bytes.fromhex(c["hex"]), "little"),
+            t | (1024 << 32), 1024]
+
+
+def compiled_pass(t: int, call: int, layers: int) -> list[tuple[str, list[int], list[dict] | None, str, list[int] | None]]:
+    """(symbol, grid, params, stall tag, packed GEMM words) of one compiled pass of ``t`` tokens; ``call``
+    numbers the passes."""
+    out: list[tuple[str, list[int], list[dict] | None, str, list[int] | None]] = []
     if t > 1:  # prefill graph: activations move with the token count and the call
         ws = lambda slot: _ptr(BIG_BASE + (call % 5) * 0x40_0000 + t * 0x1000 + slot * 0x8_0000, BIG_BASE, BIG_SIZE)  # noqa: E731
         g = "p"
@@ -264,29 +287,35 @@ def compiled_pass(t: int, call: int, layers: int) -> list[tuple[str, list[int], 
         g = "d"
     emb = _ptr(EMB_BASE, EMB_BASE, EMB_SIZE)
     out.append((f"{g}_embed_norm", [t if g == "p" else 1, 1, 1],
-                [ws(0), emb, _norm_w(0, 0), ws(1), _i32(t), _i32(1024)], ""))
+                [ws(0), emb, _norm_w(0, 0), ws(1), _i32(t), _i32(1024)], "", None))
+    small, mid = t < 64, t < 16
     for l in range(layers):
         kv = _ptr(KVC_BASE + l * 0x10_0000, KVC_BASE, KVC_SIZE)
         if l:
             out.append((f"{g}_add_norm", [t if g == "p" else 4, 1, 1],
                         [ws(2), ws(1), _norm_w(l, 0), ws(3), _i32(t), _i32(1024)],
-                        "stall" if g == "p" and l == 1 else ""))
-        if t < 64:
-            out.append(("gemm_64x8_splitk", [4, 8, 1], None, "plan" if l == 1 else ""))
-            out.append(("splitk_reduce", [32, cdiv(t, 16), 1], _layout([ws(4), ws(5), _i32(t)]), ""))
+                        "stall" if g == "p" and l == 1 else "", None))
+        x = ws(3) if l else ws(1)
+        if small:
+            out.append(("gemm_64x8_splitk", [4, 8, 1], None, "plan" if l == 1 else "",
+                        _gemm_args(x, gemm_weight(l, 0), ws(4), t)))
+            out.append(("splitk_reduce", [32, cdiv(t, 16), 1], _layout([ws(4), ws(5), _i32(t)]), "", None))
         else:
-            out.append(("gemm_128x64", [cdiv(t, 128), 24, 1], None, "plan" if l == 1 else ""))
+            out.append(("gemm_128x64", [cdiv(t, 128), 24, 1], None, "plan" if l == 1 else "",
+                        _gemm_args(x, gemm_weight(l, 0), ws(5), t)))
         out.append((f"{g}_qk_norm_rope_cache", [cdiv(3 * t, 8) if g == "p" else 1, 1, 1],
-                    [ws(5), _norm_w(l, 1), kv, ws(6), _i32(t)], ""))
-        out.append((f"{g}_attn_softmax", [16 * t if g == "p" else 16, 1, 1], [ws(6), dict(kv), ws(7), _i32(2048)], ""))
-        out.append(("gemm_64x8" if t < 64 else "gemm_128x64", [4, 8, 1] if t < 64 else [cdiv(t, 128), 8, 1], None, ""))
-        out.append((f"{g}_mlp_act", [cdiv(3 * t, 4) if g == "p" else 1, 1, 1], [ws(8), ws(2), _i32(3072 * t)], ""))
-        out.append(("gemm_64x8" if t < 64 else "gemm_128x64", [4, 8, 1] if t < 64 else [cdiv(t, 128), 8, 1], None, ""))
+                    [ws(5), _norm_w(l, 1), kv, ws(6), _i32(t)], "", None))
+        out.append((f"{g}_attn_softmax", [16 * t if g == "p" else 16, 1, 1], [ws(6), dict(kv), ws(7), _i32(2048)], "", None))
+        out.append(("gemm_64x8" if small else "gemm_128x64", [4, 8, 1] if small else [cdiv(t, 128), 8, 1], None, "",
+                    _gemm_args(ws(7), gemm_weight(l, 1), ws(8), t)))
+        out.append((f"{g}_mlp_act", [cdiv(3 * t, 4) if g == "p" else 1, 1, 1], [ws(8), ws(2), _i32(3072 * t)], "", None))
+        out.append(("gemm_64x8" if mid else "gemm_128x64", [4, 8, 1] if mid else [cdiv(t, 128), 8, 1], None, "",
+                    _gemm_args(ws(2), gemm_weight(l, 2), ws(1), t)))
     out.append((f"{g}_final_norm", [t if g == "p" else 1, 1, 1], [ws(2), _norm_w(layers, 0), ws(9), _i32(t)],
-                "tail" if g == "p" else ""))
-    out.append(("lm_head", [1, 150, 1], None, ""))
-    out.append((f"{g}_argmax", [1, 1, 1], [ws(9), ws(10), _i32(t)], ""))
-    return [(s, gr, None if p is None else _layout(p), tag) for s, gr, p, tag in out]
+                "tail" if g == "p" else "", None))
+    out.append(("lm_head", [1, 150, 1], None, "", _gemm_args(ws(9), EMB_BASE, ws(11), t)))
+    out.append((f"{g}_argmax", [1, 1, 1], [ws(9), ws(10), _i32(t)], "", None))
+    return [(s, gr, None if p is None else _layout(p), tag, x) for s, gr, p, tag, x in out]
 
 
 @dataclass
@@ -308,12 +337,14 @@ def write_compiled_capture(dir: Path, spec: CompiledSpec) -> CompiledTruth:
     requests: list[int] = []
     call = 0
 
-    def emit(sym: str, grid: list[int], params: list[dict] | None) -> None:
+    def emit(sym: str, grid: list[int], params: list[dict] | None, packed: list[int] | None = None) -> None:
         lines.append({"seq": len(lines), "t_ns": t_ns, "pid": 7, "tid": 7, "ctx": 1, "stream": 0,
                       "module_id": 1 + sum(map(ord, sym)) % 997, "symbol": sym,
                       "api": "cuLaunchKernel" if params is None else "cuLaunchKernelEx",
                       "grid": grid, "block": [128, 1, 1], "shared_mem": 0, "attrs": None,
                       "params": params, "params_reason": "extra" if params is None else None})
+        if packed is not None and spec.gemm_extra:
+            lines[-1]["extra_hex"] = b"".join(w.to_bytes(8, "little") for w in packed).hex()
 
     def step(us_lo: int, us_hi: int) -> None:
         nonlocal t_ns
@@ -332,7 +363,7 @@ def write_compiled_capture(dir: Path, spec: CompiledSpec) -> CompiledTruth:
         step(1000, 2000)  # graph guards
         first = t not in seen_t
         seen_t.add(t)
-        for sym, grid, params, tag in compiled_pass(t, call, spec.layers):
+        for sym, grid, params, tag, packed in compiled_pass(t, call, spec.layers):
             if tag == "plan" and first:
                 step(2000, 3000)
             elif tag == "stall" and spec.stall_layer is not None:
@@ -341,7 +372,7 @@ def write_compiled_capture(dir: Path, spec: CompiledSpec) -> CompiledTruth:
                 step(600, 900)
             else:
                 step(15, 40)
-            emit(sym, grid, params)
+            emit(sym, grid, params, packed)
         call += 1
 
     windows.append(list(spec.warmup))

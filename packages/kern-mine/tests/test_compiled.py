@@ -127,3 +127,120 @@ def test_weights_and_workspace_in_both_graphs(compiled):
     out = _ptrs(r, _site(r, "d_argmax"))[1]
     assert out.class_ == "unknown" and "cannot be told" in out.reason
     assert DEC_ACT  # the decode activations' offset in the small arena (see synth)
+
+
+@pytest.fixture(scope="module")
+def compiled_gemms(tmp_path_factory):
+    """The same workload with the GEMMs' packed arguments recorded (extra_hex)."""
+    d = tmp_path_factory.mktemp("compiled_gemms")
+    write_compiled_capture(d, CompiledSpec(prompts=PROMPTS, gemm_extra=True))
+    return mine(d)
+
+
+def _calls(r, shape):
+    """call index -> the library call sites of one shape (one per kernel the library picked for it)."""
+    out = {}
+    for s in r.sites:
+        if s.shape == shape and not s.flat:
+            out.setdefault(s.call, []).append(s)
+    return out
+
+
+def _shapes(r):
+    (p,) = {s.shape for s in r.sites if s.symbol.startswith("p_")}
+    (d,) = {s.shape for s in r.sites if s.symbol.startswith("d_")}
+    return p, d
+
+
+def test_library_calls_are_aligned_by_call_not_by_kernel(compiled_gemms):
+    # The library picks its kernel by size, so gemm_64x8's second launch is layer 0's down
+    # projection at 3 tokens and layer 1's o projection at 17. Sites of extra-buffer launches are
+    # aligned by their index among the pass's library calls: 3 per layer and lm_head.
+    r = compiled_gemms
+    layers = CompiledSpec(prompts=PROMPTS).layers
+    p, d = _shapes(r)
+    for shape in (p, d):
+        calls = _calls(r, shape)
+        assert sorted(calls) == list(range(3 * layers + 1))
+    pc = _calls(r, p)
+    # layer 0's down projection: gemm_64x8 below 16 tokens, gemm_128x64 from 16 (one site each)
+    assert sorted((s.symbol, s.token_counts[0]) for s in pc[2]) == [("gemm_128x64", 17), ("gemm_64x8", 2)]
+    assert {s.occurrence for s in pc[2] if s.symbol == "gemm_64x8"} == {1}  # its 2nd launch at 3 tokens
+    # flat sites keep (kernel, occurrence) alignment
+    assert all(s.call is None for s in r.sites if s.flat)
+
+
+def test_gemm_weights_outside_any_annotated_allocation(compiled_gemms):
+    # Each GEMM's packed arguments: in (activation), weight, out (activation). The weights of
+    # layers >= 1 lie in memory no flat kernel touches, so no annotated allocation holds them; the
+    # position of the weight word is learned from layer 0's, which lies in an annotated allocation
+    # (the embedding's). Every GEMM of both graphs reads its weight at one address, told apart
+    # from the activations; lm_head reads the (tied) embedding, which embed_norm also reads: state.
+    from synth import EMB_BASE, gemm_weight
+
+    r = compiled_gemms
+    layers = CompiledSpec(prompts=PROMPTS).layers
+    by_site = {}
+    for x in r.pointers:
+        by_site.setdefault(x.site, []).append(x)
+    p, d = _shapes(r)
+    for shape in (p, d):
+        for call, sites in _calls(r, shape).items():
+            for s in sites:
+                assert s.embedded_pointers == [(-1, 0), (-1, 8), (-1, 16)]  # not M, N, K
+                a, w, c = by_site[s.id]
+                assert w.distinct == 1
+                if call == 3 * layers:  # lm_head
+                    assert (w.class_, w.address, w.alloc_base) == ("state", EMB_BASE, EMB_BASE)
+                    continue
+                layer, k = divmod(call, 3)
+                assert w.class_ == "weight" and w.address == gemm_weight(layer, k), (shape, call, s.symbol)
+                if layer:
+                    assert w.alloc_base is None and "in no allocation the capture annotated" in w.reason
+                else:
+                    assert (w.alloc_base, w.alloc_offset) == (EMB_BASE, gemm_weight(0, k) - EMB_BASE)
+                assert "reached by one library call per pass shape" in w.reason
+                assert a.class_ == c.class_ == "workspace"
+                if shape == p:
+                    assert "distinct (allocation, offset)" in a.reason
+    # weights are never workspace anywhere
+    weights = {gemm_weight(layer, k) for layer in range(layers) for k in range(3)}
+    assert {x.class_ for x in r.pointers if x.address in weights} == {"weight"}
+
+
+def test_kernel_alignment_would_mix_gemms(compiled_gemms, tmp_path):
+    # What call alignment buys: without it (a shape whose passes make different numbers of library
+    # calls falls back to (kernel, occurrence)), gemm_64x8's n-th launch is a different GEMM at
+    # different token counts: its weight word moves, and the weights it lands on become workspace.
+    from kern_capture.records import LaunchRecord
+
+    from kern_mine.capture import load_capture
+    from kern_mine.passes import Pass
+    from kern_mine.pointers import classify_pointers
+    from kern_mine.sites import AllocIndex, Words, align_sites, kernel_keys
+
+    d = tmp_path / "c"
+    write_compiled_capture(d, CompiledSpec(prompts=PROMPTS, gemm_extra=True))
+    launches: list[LaunchRecord] = load_capture(d).launches
+    r = compiled_gemms
+    passes = []
+    for w in r.requests + r.other_windows:
+        for x in w.passes:
+            if x.shape is not None:
+                passes.append(Pass(x.index, w.index, x.launches[0], x.launches[1], shape=x.shape, tokens=x.tokens))
+    kid, kernels = kernel_keys(launches)
+    words = Words(launches, AllocIndex(launches))
+    tokens = {x.index: x.tokens for x in passes}
+    aligned = align_sites(launches, kid, kernels, passes, words)
+    assert any(s.call is not None for s in aligned)
+    # cut one prefill pass short before its lm_head: the shape's passes no longer agree on the
+    # number of library calls
+    p, _ = _shapes(r)
+    victim = next(x for x in passes if x.shape == p and x.tokens == 17)
+    victim.end = next(i for i in range(victim.start, victim.end) if launches[i].symbol == "lm_head")
+    mixed = align_sites(launches, kid, kernels, passes, words)
+    assert all(s.call is None for s in mixed if s.shape == p)
+    ptrs = classify_pointers(launches, mixed, tokens, words)
+    site = next(s for s in mixed if s.shape == p and s.kernel.symbol == "gemm_64x8" and s.occurrence == 1)
+    w = next(x for x in ptrs if x.site == site.id and x.within == 8)
+    assert w.cls == "workspace" and w.distinct == 2

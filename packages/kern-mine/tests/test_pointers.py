@@ -58,3 +58,40 @@ def test_gemm_pointers_in_the_extra_buffer(tmp_path):
     # M, N, K (not in any allocation) are not pointers; 10 GEMMs (9 in the layers, lm_head) add one
     # weight and two workspace pointers each; nothing else changed
     assert r.summary.pointers == {"workspace": 34 + 20, "weight": 9 + 10, "state": 6}
+
+
+def test_extra_buffer_pointer_positions_are_learned_per_buffer_size():
+    # A word of an extra buffer outside every annotated allocation is a pointer only at a position
+    # where some extra buffer of the same size holds an annotated pointer, and only when it is
+    # non-zero and in the annotated allocations' 1 TiB of address space.
+    import msgspec
+    from kern_capture.records import LaunchRecord
+
+    from kern_mine.sites import EXTRA, AllocIndex, Words
+
+    base, size = 0x7F00_0000_0000, 1 << 20
+
+    def rec(seq, words, params=None):
+        d = {"seq": seq, "t_ns": seq, "pid": 1, "tid": 1, "ctx": 1, "stream": 0, "module_id": 1, "symbol": "k",
+             "api": "cuLaunchKernel", "grid": [1, 1, 1], "block": [1, 1, 1], "shared_mem": 0, "attrs": None,
+             "params": params, "params_reason": None if params else "extra"}
+        if words is not None:
+            d["extra_hex"] = b"".join(w.to_bytes(8, "little") for w in words).hex()
+        return msgspec.convert(d, LaunchRecord)
+
+    flat = rec(0, None, [{"offset": 0, "size": 8, "hex": base.to_bytes(8, "little").hex(),
+                          "alloc": {"base": base, "size": size}, "host": False}])
+    far = 0x7F00_9000_0000  # no annotated allocation holds it, same 1 TiB
+    launches = [
+        flat,
+        rec(1, [base + 0x100, 7, 0]),          # position 0 learned (annotated); 8 and 16 not
+        rec(2, [far, far, 0]),                 # 0: pointer (learned); 8: not learned
+        rec(3, [0, 0x1234, 0]),                # zero / small value: not pointers
+        rec(4, [0x5F00_0000_0000, 0, 0]),      # another region: not a pointer
+        rec(5, [far, far]),                    # another buffer size: nothing learned for it
+    ]
+    words = Words(launches, AllocIndex(launches))
+    assert words.extra_positions[24].tolist() == [True, False, False]
+    assert words.extra_positions[16].tolist() == [False, False]
+    _, where = words.pointer_mask([1, 2, 3, 4, 5], EXTRA)
+    assert where[:, :2].tolist() == [[0, -2], [-1, -2], [-2, -2], [-2, -2], [-2, -2]]

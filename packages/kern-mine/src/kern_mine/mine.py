@@ -24,7 +24,7 @@ from .report import (
     ScalarOut, ShapeOut, SiteOut, StartKernelOut, Summary, WindowOut,
 )
 from .shapes import assign_shapes
-from .sites import AllocIndex, align_sites, kernel_keys
+from .sites import AllocIndex, Words, align_sites, kernel_keys
 from .windows import split_windows
 
 __all__ = ["MineOptions", "mine", "mine_launches"]
@@ -80,8 +80,8 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         passes = split.passes
     shapes = assign_shapes(passes, kid)
 
-    allocs = AllocIndex(launches)
-    sites = align_sites(launches, kid_list, kernels, passes, allocs)
+    words = Words(launches, AllocIndex(launches))
+    sites = align_sites(launches, kid_list, kernels, passes, words)
     fields = site_fields(launches, sites)
     cands = reference_candidates(launches, sites, passes)
     best = choose_reference(cands, fields, options.tokens_max)
@@ -164,13 +164,14 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
             [p.index for p in s.params if p.kind == "host"],
             [p.index for p in s.params if p.kind == "opaque"],
             [(e.param, e.within) for e in s.embedded],
+            s.call,
         ))
     shape_out = [ShapeOut(sh.id, len(sh.passes), sh.token_counts, len(sh.kernels), *per_shape.get(sh.id, [0, 0, 0]))
                  for sh in shapes]
 
-    ptrs = classify_pointers(launches, sites, tokens, allocs)
+    ptrs = classify_pointers(launches, sites, tokens, words)
     ptr_out = [PointerOut(p.site, p.param, p.offset, p.cls, p.reason, p.passes, p.distinct,
-                          p.alloc_base, p.alloc_size, p.alloc_offset, p.kernels, p.within) for p in ptrs]
+                          p.alloc_base, p.alloc_size, p.alloc_offset, p.kernels, p.within, p.address) for p in ptrs]
 
     if split is None:
         split_out = PassSplitOut(0, "no launches", [])

@@ -6,7 +6,9 @@ in by-value structs or in a library launch's packed extra buffer (``sites.py``).
 A logical buffer is identified by ``(allocation base, offset)``, never by the
 allocation alone: a caching allocator carves many tensors out of one
 ``cudaMalloc`` (two KV pools, every small index buffer in one 2 MB arena, a
-model's norm weights next to the activations of a decode step).
+model's norm weights next to the activations of a decode step). An embedded
+pointer into an allocation the capture never annotated is identified by its
+address.
 
 Stability is judged per call-site parameter and then per address, over the
 whole capture:
@@ -20,7 +22,8 @@ whole capture:
   caching allocator hands an activation of another size another address; a
   weight stays put). Directions are not in a capture, so the split is a
   heuristic: an address reached by two or more different kernels of one pass
-  shape is ``state`` (something writes it and something else reads it: a KV
+  shape (a library call counts once, whichever kernels the library picked for
+  it) is ``state`` (something writes it and something else reads it: a KV
   cache written by a cache-update kernel and read by attention); otherwise
   ``weight``. A weight that two kernels of one program read (tied embeddings
   read by a gather and a flat GEMV, an embedding re-read by fused kernels) is
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 
 from kern_capture.records import LaunchRecord
 
-from .sites import EXTRA, AllocIndex, Site, embedded_words
+from .sites import EXTRA, AllocIndex, Site, Words
 
 __all__ = ["PointerClass", "classify_pointers"]
 
@@ -67,6 +70,7 @@ class PointerClass:
     alloc_offset: int | None = None
     kernels: list[str] = field(default_factory=list)
     within: int | None = None  # an embedded pointer: its byte offset inside the parameter
+    address: int | None = None  # a persistent pointer: its address (the only identity of an unannotated one)
 
 
 @dataclass
@@ -75,57 +79,83 @@ class _Addr:
 
     token_counts: set[int] = field(default_factory=set)
     moving_user: tuple[int, int] | None = None  # (site, param) whose buffer moves and sometimes lands here
-    kernels: dict[int, set[str]] = field(default_factory=dict)  # shape -> kernels reaching it, stable
+    users: dict[int, set] = field(default_factory=dict)  # shape -> kernels (library calls) reaching it, stable
+    kernels: set[str] = field(default_factory=set)  # their symbols
     users_per_pass: dict[int, int] = field(default_factory=dict)  # pass -> call sites using it
 
 
-def _slots(s: Site):
-    """(param, offset, within, reader) of every pointer of a site: plain pointer parameters, then embedded ones.
-    A reader maps a launch to ((allocation base, size), address) or None (not a device pointer there)."""
+def _observations(launches: list[LaunchRecord], s: Site, words: Words | None):
+    """(param, offset, within, [(pass, identity or None)]) of every pointer of a site: plain pointer
+    parameters, then embedded ones. An identity is (allocation base, offset) or, for an address in no
+    annotated allocation, (None, address); None: not a device pointer in that pass."""
+    items = sorted(s.launches.items())
     for prm in s.params:
-        if prm.kind == "pointer":
-            def plain(r: LaunchRecord, j: int = prm.index):
-                x = r.params[j]  # type: ignore[index]
-                if x.alloc is None:
-                    return None
-                return (x.alloc.base, x.alloc.size), int.from_bytes(bytes.fromhex(x.hex), "little")
-            yield prm.index, prm.offset, None, plain
+        if prm.kind != "pointer":
+            continue
+        obs = []
+        for p, i in items:
+            x = launches[i].params[prm.index]  # type: ignore[index]
+            if x.alloc is None:
+                obs.append((p, None, None))
+            else:
+                obs.append((p, (x.alloc.base, int.from_bytes(bytes.fromhex(x.hex), "little") - x.alloc.base),
+                            x.alloc.size))
+        yield prm.index, prm.offset, None, obs
+    if not s.embedded or words is None:
+        return
     offsets = {prm.index: prm.offset for prm in s.params}
+    idx = [i for _, i in items]
+    by_param: dict[int, list[int]] = {}
     for e in s.embedded:
-        yield e.param, (0 if e.param == EXTRA else offsets[e.param]), e.within, e
+        by_param.setdefault(e.param, []).append(e.within)
+    allocs = words.allocs
+    for j, withins in by_param.items():
+        vals, where = words.pointer_mask(idx, j)
+        cols = [w // 8 for w in withins]
+        vals, where = vals[:, cols].tolist(), where[:, cols].tolist()
+        for c, w in enumerate(withins):
+            obs = []
+            for k, (p, _) in enumerate(items):
+                a, v = where[k][c], vals[k][c]
+                if a == -2:
+                    obs.append((p, None, None))
+                elif a == -1:
+                    obs.append((p, (None, v), None))
+                else:
+                    base = allocs.bases[a]
+                    obs.append((p, (base, v - base), allocs.sizes[a]))
+            yield j, (0 if j == EXTRA else offsets[j]), w, obs
 
 
 def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
                       tokens: Mapping[int, int | None] | None = None,
-                      allocs: AllocIndex | None = None) -> list[PointerClass]:
+                      allocs: AllocIndex | Words | None = None) -> list[PointerClass]:
     """One ``PointerClass`` per pointer of every site (parameters, then embedded pointers), in site order.
 
     ``tokens`` maps pass index to its token count (None: unknown); ``allocs`` resolves embedded pointers."""
     tokens = tokens or {}
+    words = allocs if isinstance(allocs, Words) else (Words(launches, allocs) if allocs is not None else None)
     out: list[PointerClass] = []
-    addrs: dict[tuple[int, int], _Addr] = {}
-    stable_id: list[tuple[int, int] | None] = []
+    addrs: dict[tuple[int | None, int], _Addr] = {}
+    stable_id: list[tuple[int | None, int] | None] = []
     sizes: list[int | None] = []
     for s in sites:
-        items = sorted(s.launches.items())
-        recs = [(p, launches[i]) for p, i in items]
-        for param, offset, within, reader in _slots(s):
-            ids: dict[tuple[int, int], list[int]] = {}
+        # what counts as one user of an address for the state rule: a kernel, or a library call
+        # (whichever kernel the library picked for it)
+        user = ("call", s.call) if s.call is not None else ("kernel", s.kernel.symbol)
+        n_passes = len(s.launches)
+        for param, offset, within, obs in _observations(launches, s, words):
+            ids: dict[tuple[int | None, int], list[int]] = {}
             non_device = 0
             size = None
-            for p, r in recs:
-                if within is None:
-                    got = reader(r)  # type: ignore[operator]
-                else:
-                    v = embedded_words(r, reader)  # type: ignore[arg-type]
-                    a = None if v is None or allocs is None else allocs.find(v)
-                    got = None if a is None else (a, v)
-                if got is None:
+            for p, ident, sz in obs:
+                if ident is None:
                     non_device += 1
                     continue
-                (base, size), v = got
-                ids.setdefault((base, v - base), []).append(p)
-            pc = PointerClass(s.id, param, offset, "unknown", "", len(recs), len(ids), within=within)
+                if sz is not None:
+                    size = sz
+                ids.setdefault(ident, []).append(p)
+            pc = PointerClass(s.id, param, offset, "unknown", "", n_passes, len(ids), within=within)
             sizes.append(size)
             moving = len(ids) > 1
             for ident, ps in ids.items():
@@ -144,15 +174,16 @@ def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
                     if a.moving_user is None:
                         a.moving_user = (s.id, param)
                 else:
-                    a.kernels.setdefault(s.shape, set()).add(s.kernel.symbol)
+                    a.users.setdefault(s.shape, set()).add(user)
+                    a.kernels.add(s.kernel.symbol)
             if non_device:
-                pc.reason = f"not a device pointer in {non_device} of {len(recs)} passes"
+                pc.reason = f"not a device pointer in {non_device} of {n_passes} passes"
                 stable_id.append(None)
             elif moving:
                 bases = {b for b, _ in ids}
                 pc.cls = "workspace"
-                pc.reason = (f"{len(ids)} distinct (allocation, offset) over {len(recs)} passes"
-                             + (" inside one allocation" if len(bases) == 1 else ""))
+                pc.reason = (f"{len(ids)} distinct (allocation, offset) over {n_passes} passes"
+                             + (" inside one allocation" if len(bases) == 1 and None not in bases else ""))
                 stable_id.append(None)
             else:
                 stable_id.append(next(iter(ids)) if ids else None)
@@ -168,20 +199,25 @@ def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
                          f"{a.moving_user[1]} also lands there among other addresses: memory the allocator recycles")
             continue
         if len(a.token_counts) >= 2:
-            by_shape = {sh: ks for sh, ks in a.kernels.items()}
-            ks = sorted(set().union(*by_shape.values()))
-            pc.alloc_base, pc.alloc_size, pc.alloc_offset = base, size, off
-            pc.kernels = ks
+            if base is None:
+                pc.address = off
+                where = "the same address (in no allocation the capture annotated)"
+            else:
+                pc.alloc_base, pc.alloc_size, pc.alloc_offset = base, size, off
+                pc.address = base + off
+                where = "the same (allocation, offset)"
+            pc.kernels = sorted(a.kernels)
             n_tc = len(a.token_counts)
-            if any(len(v) >= 2 for v in by_shape.values()):
+            most = max((len(v) for v in a.users.values()), default=0)
+            if most >= 2:
                 pc.cls = "state"
-                most = max(len(v) for v in by_shape.values())
-                pc.reason = (f"the same (allocation, offset) in every pass at {n_tc} token counts, "
-                             f"reached by {most} kernels of one pass shape")
+                calls = any(u[0] == "call" for v in a.users.values() for u in v)
+                pc.reason = (f"{where} in every pass at {n_tc} token counts, "
+                             f"reached by {most} {'kernels or library calls' if calls else 'kernels'} of one pass shape")
             else:
                 pc.cls = "weight"
-                pc.reason = (f"the same (allocation, offset) in every pass at {n_tc} token counts, "
-                             "reached by one kernel per pass shape")
+                one = "one library call" if any(u[0] == "call" for v in a.users.values() for u in v) else "one kernel"
+                pc.reason = f"{where} in every pass at {n_tc} token counts, reached by {one} per pass shape"
             continue
         users = max(a.users_per_pass.values(), default=0)
         if not a.token_counts:

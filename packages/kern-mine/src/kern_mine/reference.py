@@ -84,17 +84,24 @@ def reference_candidates(launches: list[LaunchRecord], sites: list[Site], passes
     counts tokens exactly. Candidates giving the same token count to every
     pass as an earlier one are dropped.
     """
-    # a kernel's first launch in every regular pass, whatever the pass's shape
+    # a kernel's first launch in every regular pass, whatever the pass's shape (taken from the
+    # launches: a library call site holds a kernel's launches at one call, not its first ones)
     first: dict[int, dict[int, int]] = {}
-    first_site: dict[int, Site] = {}
-    multi: set[int] = set()
+    owner: dict[tuple[int, int], Site] = {}
+    count: dict[tuple[int, int], int] = {}
     for s in sites:
         k = s.kernel.id
-        if s.occurrence == 0:
-            first.setdefault(k, {}).update(s.launches)
-            first_site.setdefault(k, s)
-        elif s.occurrence == 1:
-            multi.add(k)
+        d = first.setdefault(k, {})
+        for p, i in s.launches.items():
+            count[(k, p)] = count.get((k, p), 0) + 1
+            if p not in d or i < d[p]:
+                d[p] = i
+                owner[(k, p)] = s
+    multi = {k for (k, _), n in count.items() if n >= 2}
+    first_site: dict[int, Site] = {}
+    for (k, _), s in owner.items():
+        if k not in first_site or s.id < first_site[k].id:
+            first_site[k] = s
     ordered = sorted((k for k, ls in first.items() if len(ls) >= 2),
                      key=lambda k: (k in multi, first_site[k].id))
     out: list[Candidate] = []

@@ -116,7 +116,8 @@ class ScalarOut(msgspec.Struct):
 class SiteOut(msgspec.Struct):
     """``token_counts``: the distinct token counts of the passes the site was seen in.
     ``embedded_pointers``: ``[param, within]`` of each pointer found inside a by-value struct
-    (``param`` -1: the packed extra buffer)."""
+    (``param`` -1: the packed extra buffer). ``call``: for a library call site (aligned by its
+    index among the pass's extra-buffer launches, see ``sites.py``), that index; null otherwise."""
 
     id: int
     symbol: str
@@ -134,11 +135,13 @@ class SiteOut(msgspec.Struct):
     host_params: list[int]
     opaque_params: list[int]
     embedded_pointers: list[tuple[int, int]] = []
+    call: int | None = None
 
 
 class PointerOut(msgspec.Struct, omit_defaults=True):
     """``param``: the parameter index, -1 for the packed extra buffer; ``within``: for a pointer
-    embedded in a by-value struct or the extra buffer, its byte offset there."""
+    embedded in a by-value struct or the extra buffer, its byte offset there. ``address``: of a
+    persistent pointer (``alloc_*`` too when the capture annotated its allocation)."""
 
     site: int
     param: int
@@ -152,6 +155,7 @@ class PointerOut(msgspec.Struct, omit_defaults=True):
     alloc_offset: int | None = None
     kernels: list[str] = []
     within: int | None = None
+    address: int | None = None
 
 
 class Summary(msgspec.Struct):
@@ -265,7 +269,8 @@ def render_text(r: MineReport) -> str:
                f"with a fitted grid{pct}; of shapes seen at one token count: {s.flat_sites_single_count} "
                f"(constants by construction); never with a token count: {s.flat_sites_no_count}")
     out.append("  legend: expr = fitted, ?{a | b} = underdetermined (candidates that disagree), "
-               "?(unobserved) = never seen in a pass with a known token count, !{values} = unfit")
+               "?(unobserved) = never seen in a pass with a known token count, !{values} = unfit; "
+               "#n = the kernel's n-th launch in the pass, cn = the pass's n-th library call")
     ptr_by_site: dict[int, list[PointerOut]] = {}
     for p in r.pointers:
         ptr_by_site.setdefault(p.site, []).append(p)
@@ -274,7 +279,8 @@ def render_text(r: MineReport) -> str:
         grid = "[" + ", ".join(_fit_text(g) for g in site.grid) + "]"
         scal = " ".join(f"p{x.param}={_fit_text(x.fit)}" for x in site.scalars if x.fit.status != "fit" or not isinstance(x.fit.expr, int))
         ptrs = "".join(letter[p.class_] for p in ptr_by_site.get(site.id, []))
-        out.append(f"  {site.id:>4} {_short(site.symbol):<44} s{site.shape} #{site.occurrence:<3} ×{site.passes:<3} grid {grid}"
+        where = f"#{site.occurrence:<3}" if site.call is None else f"c{site.call:<3}"
+        out.append(f"  {site.id:>4} {_short(site.symbol):<44} s{site.shape} {where} ×{site.passes:<3} grid {grid}"
                    + (f" ptr {ptrs}" if ptrs else "") + (f" {scal}" if scal else "")
                    + ("" if site.flat else " (params via extra)"))
     pc = s.pointers
