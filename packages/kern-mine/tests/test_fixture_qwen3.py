@@ -1,9 +1,11 @@
 """Acceptance on the real capture (issue 8): torch.compile'd Qwen3-0.6B, 4 requests.
 
 The fixture (fixtures/qwen3-0.6b-compile/README.md): transformers' Qwen3ForCausalLM, 0.6B
-geometry, random weights, ``torch.compile(dynamic=True)``, captured by kern-capture on the
-H200. kern-mine is given the directory only; the numbers below are the workload's ground
-truth (the capture script's own output), not anything read back from the mining.
+geometry, random weights, ``torch.compile`` with the token dims marked dynamic, captured by
+kern-capture on the H200 with the cuBLAS GEMMs' packed arguments (``extra_hex``). kern-mine is
+given the directory only; the numbers below are the workload's ground truth (the capture
+script's own output, and the model's structure where a test counts GEMMs), not anything read
+back from the mining.
 
 How the fitted-grid share is counted (``summary.flat_sites_multi_count*``): Dynamo compiled
 two graphs, one for passes of more than one token and one specialised to one token (the
@@ -144,18 +146,65 @@ def test_norm_sites_tell_weights_from_workspace(report):
     assert weights[decode.id] <= weights[prefill.id]
 
 
-def test_gemm_sites(report):
-    # cuBLAS GEMMs carry their arguments in the packed extra buffer. kern-capture records it
-    # (extra_hex) but this fixture was trimmed before kern-mine read it, so their sites have grids
-    # and no pointers: their weights cannot be told from their workspace here (a capture trimmed
-    # now keeps extra_hex; tests/test_pointers.py shows the classification on a synthetic one).
+def test_gemm_sites_tell_weights_from_workspace(report):
+    # cuBLAS GEMMs (nvjet kernels) carry their arguments in the packed extra buffer, which the
+    # capture kept (extra_hex). cuBLAS picks its kernel by size, so GEMM sites are aligned by
+    # library call: every pass of a graph makes the same calls, 9 per layer (the q, k, v, o, gate,
+    # up and down projections, the two attention matmuls) and lm_head.
     prefill, decode = _main_shapes(report)
-    gemms = [x for x in report.sites if x.shape == prefill.id and not x.flat]
-    assert len(gemms) >= 7 * LAYERS
-    assert all(x.pointer_params == [] and x.scalars == [] and x.embedded_pointers == [] for x in gemms)
+    by_site = defaultdict(list)
+    for p in report.pointers:
+        by_site[p.site].append(p)
+    weights = {}
+    for shape in (prefill, decode):
+        calls = defaultdict(list)
+        for x in report.sites:
+            if x.shape == shape.id and not x.flat:
+                calls[x.call].append(x)
+        assert sorted(calls) == list(range(9 * LAYERS + 1))
+        per_call = {c: {p.address for x in ss for p in by_site[x.id] if p.class_ == "weight"}
+                    for c, ss in calls.items()}
+        linear = {c: a for c, a in per_call.items() if a}
+        # the 7 nn.Linear projections of every layer: each call reads one weight, at one address
+        # whichever kernel cuBLAS picked, at every token count; 196 distinct weights
+        assert len(linear) == 7 * LAYERS and all(len(a) == 1 for a in linear.values())
+        weights[shape.id] = set().union(*linear.values())
+        assert len(weights[shape.id]) == 7 * LAYERS
+        for c in linear:
+            for x in calls[c]:
+                ptrs = by_site[x.id]
+                assert x.embedded_pointers and all(p.param == -1 for p in ptrs)
+                classes = {p.class_ for p in ptrs}
+                # the weight, the activations (input and output), and at most cuBLAS's own
+                # workspace (one address every call of the graph uses: state)
+                assert {"weight", "workspace"} <= classes <= {"weight", "workspace", "state"}, (c, x.symbol, classes)
+                for p in ptrs:
+                    if p.class_ == "weight":
+                        assert p.distinct == 1 and "at 11 token counts" in p.reason
+                    if p.class_ == "state":
+                        assert "library calls of one pass shape" in p.reason
+                ws = [p for p in ptrs if p.class_ == "workspace"]
+                if shape is prefill and len(x.token_counts) > 1:  # activations move with the token count
+                    assert all("distinct (allocation, offset)" in p.reason for p in ws), (c, x.symbol)
+        # no pointer of any GEMM call is left unknown
+        assert all(p.class_ != "unknown" for ss in calls.values() for x in ss for p in by_site[x.id])
+        # lm_head reads the tied embedding, which the graph's embedding kernels also read: state
+        head = {p.address for x in calls[9 * LAYERS] for p in by_site[x.id] if p.class_ == "state"}
+        emb = {p.address for x in report.sites if x.shape == shape.id and x.flat and "embedding" in x.symbol
+               for p in by_site[x.id] if p.class_ == "state"}
+        assert head & emb
+    # the decode graph reads the prefill graph's weights; most lie in allocations no flat kernel
+    # ever touched (found at the positions other calls' annotated pointers taught)
+    assert weights[decode.id] == weights[prefill.id]
+    unannotated = {p.address for p in report.pointers if p.class_ == "weight" and p.param == -1 and p.alloc_base is None}
+    assert len(unannotated & weights[prefill.id]) > 7 * LAYERS // 2
+
+
+def test_cutlass_sgemm_pointers_inside_its_params_struct(report):
     # The one flat GEMM, CUTLASS's SGEMM of the rotary embedding (inverse frequencies times
     # positions), passes its operands inside its by-value Params struct: found there, and all four
     # (A, B, C, D) are per-pass activations (the frequencies are copied to a fresh buffer first).
+    prefill, decode = _main_shapes(report)
     by_site = defaultdict(list)
     for p in report.pointers:
         by_site[p.site].append(p)
