@@ -249,7 +249,7 @@ class CompiledSpec:
     the library picks for a GEMM changes at 64 tokens (qkv, o) or 16 (down), so a kernel's n-th
     launch is not the same GEMM at every token count (at 3 tokens ``gemm_64x8``'s second launch
     is layer 0's down projection, at 17 layer 1's o projection). ``gemm_extra``: each GEMM
-    records its packed arguments (activation in, weight, activation out, M, N, K); the weights
+    records its packed arguments (activation in, weight, activation out, M, N, K, out again); the weights
     of layers >= 1 lie in memory no flat kernel touches (``WGT_BASE``, never annotated), layer
     0's in the embedding's allocation, lm_head's weight is the embedding (tied). The first
     pass at a new token count stalls before layer 1's GEMM (a library plan for the new shape);
@@ -270,9 +270,10 @@ def _norm_w(layer: int, which: int) -> dict:
 
 
 def _gemm_args(a: dict, w: int, c: dict, t: int) -> list[int]:
-    """The words of a GEMM's packed arguments: in, weight, out (addresses), then M, N, K as i32 (+ pad)."""
-    return [int.from_bytes(bytes.fromhex(a["hex"]), "little"), w, int.from_bytes(bytes.fromhex(c["hex"]), "little"),
-            t | (1024 << 32), 1024]
+    """The words of a GEMM's packed arguments: in, weight, out (addresses), M, N, K as i32 (+ pad), then
+    the out address again (a library's struct may hold a pointer twice, as cuBLAS's TMA descriptors do)."""
+    out = int.from_bytes(bytes.fromhex(c["hex"]), "little")
+    return [int.from_bytes(bytes.fromhex(a["hex"]), "little"), w, out, t | (1024 << 32), 1024, out]
 
 
 def compiled_pass(t: int, call: int, layers: int) -> list[tuple[str, list[int], list[dict] | None, str, list[int] | None]]:

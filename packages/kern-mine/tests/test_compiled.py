@@ -187,11 +187,14 @@ def test_gemm_weights_outside_any_annotated_allocation(compiled_gemms):
     for shape in (p, d):
         for call, sites in _calls(r, shape).items():
             for s in sites:
-                assert s.embedded_pointers == [(-1, 0), (-1, 8), (-1, 16)]  # not M, N, K
-                a, w, c = by_site[s.id]
-                assert w.distinct == 1
+                assert s.embedded_pointers == [(-1, 0), (-1, 8), (-1, 16), (-1, 40)]  # not M, N, K
+                a, w, c, c2 = by_site[s.id]
+                assert w.distinct == 1 and c2.class_ == c.class_
                 if call == 3 * layers:  # lm_head
                     assert (w.class_, w.address, w.alloc_base) == ("state", EMB_BASE, EMB_BASE)
+                    # its output (logits) in the decode graph: one address every step, which no other
+                    # call site uses (the struct holding it twice does not make two users): unknown
+                    assert c.class_ == ("workspace" if shape == p else "unknown")
                     continue
                 layer, k = divmod(call, 3)
                 assert w.class_ == "weight" and w.address == gemm_weight(layer, k), (shape, call, s.symbol)

@@ -31,7 +31,8 @@ whole capture:
 - an address seen only in passes of one token count (a graph specialised to
   one-token decode): a weight and an activation the allocator hands out
   identically every step cannot be told apart by stability. If two or more call
-  sites of one pass use the address, it is a recycled activation buffer
+  sites of one pass use the address (a site counts once, however many times
+  its struct holds the pointer), it is a recycled activation buffer
   (``workspace``: the allocator gave the same memory to several layers'
   intermediates); otherwise ``unknown``.
 - ``unknown`` also: some observation is not a device pointer (a null pointer
@@ -85,46 +86,57 @@ class _Addr:
 
 
 def _observations(launches: list[LaunchRecord], s: Site, words: Words | None):
-    """(param, offset, within, [(pass, identity or None)]) of every pointer of a site: plain pointer
-    parameters, then embedded ones. An identity is (allocation base, offset) or, for an address in no
-    annotated allocation, (None, address); None: not a device pointer in that pass."""
+    """(param, offset, within, ids, non_device, size) of every pointer of a site: plain pointer parameters,
+    then embedded ones. ``ids`` maps each identity seen to the passes it was seen in: (allocation base,
+    offset), or (None, address) for an address in no annotated allocation; ``non_device`` counts the
+    passes where it was not a device pointer; ``size`` is the allocation's."""
     items = sorted(s.launches.items())
     for prm in s.params:
         if prm.kind != "pointer":
             continue
-        obs = []
+        ids: dict[tuple[int | None, int], list[int]] = {}
+        non_device = 0
+        size = None
         for p, i in items:
             x = launches[i].params[prm.index]  # type: ignore[index]
             if x.alloc is None:
-                obs.append((p, None, None))
-            else:
-                obs.append((p, (x.alloc.base, int.from_bytes(bytes.fromhex(x.hex), "little") - x.alloc.base),
-                            x.alloc.size))
-        yield prm.index, prm.offset, None, obs
+                non_device += 1
+                continue
+            size = x.alloc.size
+            v = int.from_bytes(bytes.fromhex(x.hex), "little")
+            ids.setdefault((x.alloc.base, v - x.alloc.base), []).append(p)
+        yield prm.index, prm.offset, None, ids, non_device, size
     if not s.embedded or words is None:
         return
     offsets = {prm.index: prm.offset for prm in s.params}
     idx = [i for _, i in items]
+    passes = [p for p, _ in items]
     by_param: dict[int, list[int]] = {}
     for e in s.embedded:
         by_param.setdefault(e.param, []).append(e.within)
     allocs = words.allocs
     for j, withins in by_param.items():
         vals, where = words.pointer_mask(idx, j)
-        cols = [w // 8 for w in withins]
-        vals, where = vals[:, cols].tolist(), where[:, cols].tolist()
-        for c, w in enumerate(withins):
-            obs = []
-            for k, (p, _) in enumerate(items):
-                a, v = where[k][c], vals[k][c]
-                if a == -2:
-                    obs.append((p, None, None))
-                elif a == -1:
-                    obs.append((p, (None, v), None))
-                else:
-                    base = allocs.bases[a]
-                    obs.append((p, (base, v - base), allocs.sizes[a]))
-            yield j, (0 if j == EXTRA else offsets[j]), w, obs
+        done: dict[bytes, tuple] = {}  # a struct often holds one pointer several times (TMA descriptors)
+        for w in withins:
+            col_v, col_w = vals[:, w // 8], where[:, w // 8]
+            key = col_v.tobytes() + col_w.tobytes()
+            got = done.get(key)
+            if got is None:
+                ids = {}
+                non_device = 0
+                size = None
+                for p, a, v in zip(passes, col_w.tolist(), col_v.tolist()):
+                    if a == -2:
+                        non_device += 1
+                    elif a == -1:
+                        ids.setdefault((None, v), []).append(p)
+                    else:
+                        base = allocs.bases[a]
+                        size = allocs.sizes[a]
+                        ids.setdefault((base, v - base), []).append(p)
+                got = done[key] = (ids, non_device, size)
+            yield (j, (0 if j == EXTRA else offsets[j]), w) + got
 
 
 def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
@@ -144,17 +156,9 @@ def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
         # (whichever kernel the library picked for it)
         user = ("call", s.call) if s.call is not None else ("kernel", s.kernel.symbol)
         n_passes = len(s.launches)
-        for param, offset, within, obs in _observations(launches, s, words):
-            ids: dict[tuple[int | None, int], list[int]] = {}
-            non_device = 0
-            size = None
-            for p, ident, sz in obs:
-                if ident is None:
-                    non_device += 1
-                    continue
-                if sz is not None:
-                    size = sz
-                ids.setdefault(ident, []).append(p)
+        tok = {p: t for p in s.launches if (t := tokens.get(p)) is not None}
+        counted: set[tuple[int | None, int]] = set()  # addresses this site was already counted as a user of
+        for param, offset, within, ids, non_device, size in _observations(launches, s, words):
             pc = PointerClass(s.id, param, offset, "unknown", "", n_passes, len(ids), within=within)
             sizes.append(size)
             moving = len(ids) > 1
@@ -164,12 +168,15 @@ def classify_pointers(launches: list[LaunchRecord], sites: list[Site],
                     a = addrs[ident] = _Addr()
                 # only forward passes (a known token count) testify about an address: the
                 # launches of compile and autotune windows reuse memory in their own ways
-                known = [p for p in ps if tokens.get(p) is not None]
-                for p in known:
-                    a.users_per_pass[p] = a.users_per_pass.get(p, 0) + 1
-                    a.token_counts.add(tokens[p])  # type: ignore[arg-type]
+                known = [p for p in ps if p in tok]
                 if not known:
                     continue
+                if ident not in counted:  # one call site, however many times its struct holds the pointer
+                    counted.add(ident)
+                    upp, tcs = a.users_per_pass, a.token_counts
+                    for p in known:
+                        upp[p] = upp.get(p, 0) + 1
+                        tcs.add(tok[p])
                 if moving:
                     if a.moving_user is None:
                         a.moving_user = (s.id, param)
