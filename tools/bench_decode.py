@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 for pkg in ("kern-schema", "kern-verify", "kern-driver", "kern-run"):
     sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
@@ -462,16 +463,6 @@ def machine():
 
     bits += [f"torch {torch.__version__}", f"transformers {transformers.__version__}", f"python {platform.python_version()}"]
     return ", ".join(bits)
-
-
-def commit():
-    if c := os.environ.get("KERN_COMMIT"):
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                              timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
 
 
 def table(res: Results, args) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 for p in ("kern-schema", "kern-verify", "kern-driver"):
     sys.path.insert(0, str(ROOT / "packages" / p / "src"))
 
@@ -66,16 +67,6 @@ def manifest(sha: str, calls: int) -> dict:
 
 def median_us(samples: list[float], per: int = 1) -> float:
     return statistics.median(samples) * 1e6 / per
-
-
-def commit() -> str:
-    if os.environ.get("KERN_COMMIT"):
-        return os.environ["KERN_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ import torch
 from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
+from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 
 GEOMETRIES = {
     # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
@@ -351,17 +352,6 @@ def rule_ksplit(shape: str, n: int, k: int) -> str:
 def machine() -> str:
     name = torch.cuda.get_device_name()
     return f"{name}, {platform.node()}"
-
-
-def commit() -> str:
-    """KERN_COMMIT when set (the GPU machine's copy of .git can be stale), else `git rev-parse`."""
-    if os.environ.get("KERN_COMMIT"):
-        return os.environ["KERN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -122,17 +123,6 @@ def matmul_rate(timer: Timer) -> float:
     b = torch.randn(n, n, device=DEV).to(torch.bfloat16)
     t = timer.median_us(lambda: a @ b, reps=20)
     return 2 * n**3 / (t * 1e-6)
-
-
-def commit() -> str:
-    """KERN_COMMIT when set (the GPU machine's copy of .git can be stale), else `git rev-parse`."""
-    if os.environ.get("KERN_COMMIT"):
-        return os.environ["KERN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
 
 
 @dataclass

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from benchinfo import commit as _git_commit  # noqa: E402  (tools/ is the script's own directory)
 TESTS = ROOT / "packages" / "kern-mine" / "tests"
 FIXTURE = TESTS / "fixtures" / "qwen3-0.6b-compile"
 sys.path.insert(0, str(TESTS))
@@ -34,14 +35,6 @@ from kern_mine.fit import _fit_cached  # noqa: E402
 from kern_mine.mine import mine_launches  # noqa: E402
 
 TARGET_S = 5.0
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _bench(name: str, d: Path, repeat: int) -> list[str]:

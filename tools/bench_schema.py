@@ -32,6 +32,7 @@ import msgspec
 from kern_schema import SourceMap, decode, dump, load
 
 ROOT = Path(__file__).resolve().parent.parent
+from benchinfo import commit as _git_commit  # noqa: E402  (tools/ is the script's own directory)
 TARGET_MS = 20.0
 
 
@@ -133,14 +134,6 @@ def _time(fn: Any, repeat: int) -> tuple[float, float]:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), min(times)
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools"))
 
 GROUPS = (  # (group, substrings of the kernel name), first match wins
@@ -58,16 +59,6 @@ def group_of(name: str) -> str:
 
 def is_prefill(name: str) -> bool:
     return "prefill" in name or "gemm" in name.lower() or "nvjet" in name or "cutlass" in name
-
-
-def commit() -> str:
-    if os.environ.get("KERN_COMMIT"):
-        return os.environ["KERN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
 
 
 def profile(manifest: Path, kernels: Path, weights: Path, context: int, steps: int):
