@@ -149,9 +149,11 @@ def run_residual(g, x, w, r, n, k, ks, pdl):
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
-def token(geom, builds, bw, ks, rounds, iters):
-    """One decode token's GEMV sequence in a CUDA graph per variant: numerics and timing.
-    Returns (rows, ok): rows (geometry, variant, bytes, floor ms, median ms, launches)."""
+def token_buffers(geom):
+    """One decode token's GEMV operands on the GPU, drawn from a seeded generator (seed 0):
+    (shapes, layers, per-layer weights {qkv, o, gate_up, down}, lm_head weight, hidden size,
+    initial residual, residual, norm weight, qkv out, attention out (random), MLP activation out);
+    bf16, weights N(0, 0.05²)."""
     sh, layers = shapes(geom)
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -167,6 +169,13 @@ def token(geom, builds, bw, ks, rounds, iters):
     qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
     attn = randn(1, sh["o"][1])
     act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
+    return sh, layers, weights, lm, h, resid0, resid, nw, qkv, attn, act
+
+
+def token(geom, builds, bw, ks, rounds, iters):
+    """One decode token's GEMV sequence in a CUDA graph per variant: numerics and timing.
+    Returns (rows, ok): rows (geometry, variant, bytes, floor ms, median ms, launches)."""
+    sh, layers, weights, lm, h, resid0, resid, nw, qkv, attn, act = token_buffers(geom)
     gu = torch.empty(1, sh["gate_up"][0], device="cuda", dtype=torch.bfloat16)
     o = torch.empty(1, h, device="cuda", dtype=torch.bfloat16)
     logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
@@ -315,21 +324,7 @@ def prefetch_study(geom, plain, pf, extra, spin, bw, ks, rounds, iters, sweep, g
     prefetch size, the extra builds, and the idle-gap chains, then `exit_check`. Returns (rows, exit
     rows, ms of one spin kernel, ok); rows (geometry, label, bytes, floor ms, ms, launches, label of
     the row it is compared with)."""
-    sh, layers = shapes(geom)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
-
-    weights = [{nm: randn(*sh[nm], scale=0.05) for nm in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
-    lm = randn(*sh["lm_head"], scale=0.05)
-    h = sh["o"][0]
-    resid0 = randn(1, h)
-    resid = resid0.clone()
-    nw = (1 + 0.1 * torch.randn(h, device="cuda", generator=gen)).to(torch.bfloat16)
-    qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
-    attn = randn(1, sh["o"][1])
-    act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
+    sh, layers, weights, lm, h, resid0, resid, nw, qkv, attn, act = token_buffers(geom)
     logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
     total_bytes = sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2
     inter = sh["down"][1]
