@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The GPU checks that this repository's code still owes the H200 (written without a GPU on
-# 2026-11-29; see NOTES.md and BENCHMARKS.md): run from the repository root, logs in $OUT.
+# GPU checks of the opt-in forms and the mining workload, batched for the H200: run from the
+# repository root, logs in $OUT. Written without a GPU; every stage ran on the H200 on 2026-11-29
+# (session 2: NOTES.md 9-13, BENCHMARKS.md). Still owed: a capture of
+# tools/gpu/capture_qwen3_compile.py with its one-graph default (the `capture` stage), checked
+# with `kern-mine` (one program shape for prefill and decode), to replace kern-mine's fixture.
+# Note: at most 8 files come back from $OUT; tar the logs when adding stages.
 #
 #   OUT=/tmp/out tools/gpu/pending.sh [stage ...]        (default: every stage, in order)
 #
