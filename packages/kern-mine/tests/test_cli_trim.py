@@ -33,6 +33,9 @@ def test_json_document(standard, capsys):
     ref = doc["reference"]
     assert (ref["symbol"], ref["field"], ref["axis"], ref["param"]) == ("embed", "grid.x", "x", None)
     assert len(ref["candidates"]) == 8
+    sm = doc["summary"]  # one program for prefill and decode: the requests' shape is shape 0
+    assert (sm["request_shapes"], sm["flat_sites_request_shapes"], sm["flat_sites_request_shapes_grid_fitted"]) == (
+        [0], 20, 19)
     # the document decodes back into the typed report
     assert msgspec.json.decode(json.dumps(doc), type=MineReport).summary.requests == 4
 
@@ -45,6 +48,7 @@ def test_text_report(standard, capsys):
     assert "token reference: site 0 embed grid.x" in out
     assert "passes: prefill:30, decode:1, decode:1, decode:1" in out
     assert "grid [ceil_div(tokens, 16), 4, 1] ptr wSw" in out
+    assert "flat sites of the requests' pass shapes (shape 0): 19 of 20 with a fitted grid (95.0%)" in out
 
 
 def test_missing_capture(tmp_path, capsys):

@@ -80,6 +80,12 @@ def test_two_graphs_are_two_shapes(compiled):
     assert all(s.token_counts == [1] and s.grid[0].status == "underdetermined" for s in flat_d)
     assert r.summary.flat_sites_no_count == 4  # the reset windows' fills
     assert r.summary.flat_sites_multi_count == by_shape[p].flat_sites
+    # the requests ran both graphs: the share over their sites counts the decode graph's
+    # constants as not fitted (the reset windows' fills, in no request, are not counted)
+    s = r.summary
+    assert s.request_shapes == sorted([p, d])
+    assert s.flat_sites_request_shapes == by_shape[p].flat_sites + by_shape[d].flat_sites == 54
+    assert s.flat_sites_request_shapes_grid_fitted == by_shape[p].flat_sites_grid_fitted == 18
 
 
 def test_reference_is_the_scalar_of_a_kernel_outside_the_graphs(compiled):

@@ -3,6 +3,7 @@ from synth import Spec, write_capture
 
 from kern_mine.capture import load_capture
 from kern_mine.mine import MineOptions, mine
+from kern_mine.report import render_text
 from kern_mine.windows import AUTO_FLOOR_NS, split_windows
 
 
@@ -70,6 +71,9 @@ def test_fixed_gap_option(standard):
     d, _, _ = standard
     r = mine(d, MineOptions(gap_ms=0.5))  # below the pause between passes: one window per pass
     assert r.summary.windows == 19 and r.summary.requests == 0 and r.options.gap_rule == "fixed"
+    # no request, no forward program to count over (the share over all multi-count shapes remains)
+    assert r.summary.request_shapes == [] and r.summary.flat_sites_request_shapes == 0
+    assert "requests' pass shapes" not in render_text(r)
 
 
 def test_autotuning_noise_does_not_disturb_passes(tmp_path, standard):

@@ -94,6 +94,8 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     for sh in shapes:
         sh.token_counts = sorted({tokens[p] for p in sh.passes if p in tokens})
     shape_counts = {sh.id: len(sh.token_counts) for sh in shapes}
+    # the programs the requests ran (their passes' shapes): the model's forward pass(es)
+    request_shapes = {p.shape for p in passes if p.kind in ("prefill", "decode") and p.shape is not None}
 
     ref_out = None
     if best:
@@ -150,11 +152,15 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
             nc = shape_counts.get(s.shape, 0)
             cls = "multi" if nc >= 2 else "single" if nc == 1 else "none"
             cover[cls] += 1
+            if s.shape in request_shapes:
+                cover["request"] += 1
             if fitted:
                 grid_fitted += 1
                 st[2] += 1
                 if cls == "multi":
                     cover["multi_fitted"] += 1
+                if s.shape in request_shapes:
+                    cover["request_fitted"] += 1
         site_out.append(SiteOut(
             s.id, s.kernel.symbol, s.occurrence, s.shape, s.kernel.flat, sorted(s.kernel.module_ids), len(s.launches),
             sorted({tokens[p] for p in s.launches if p in tokens}),
@@ -198,6 +204,9 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         flat_sites_no_count=cover["none"],
         fields=dict(Counter(field_status(f) for f in fits)),
         pointers=dict(Counter(p.cls for p in ptrs)),
+        flat_sites_request_shapes=cover["request"],
+        flat_sites_request_shapes_grid_fitted=cover["request_fitted"],
+        request_shapes=sorted(request_shapes),
     )
     return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max, split.pause_ns if split else 0),
                       summary, split_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out)

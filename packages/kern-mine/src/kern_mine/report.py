@@ -162,7 +162,11 @@ class Summary(msgspec.Struct):
     """``flat_sites_multi_count``: flat sites of shapes seen at two or more token counts (their grids can
     be fitted as functions of tokens); ``flat_sites_single_count``: of shapes seen at one token count only
     (a program specialised to it: constants by construction); ``flat_sites_no_count``: of shapes never seen
-    with a known token count."""
+    with a known token count. ``flat_sites_request_shapes``: flat sites of the shapes the requests' passes ran
+    (``request_shapes``: the model's forward program(s), whatever token counts they were seen at); the
+    fitted share over them is the one that says how much of a served model's launches a generator can
+    emit from the fits (sites that never ran in a pass with a known token count, such as the model's
+    initialisation and cache resets, are not in it)."""
 
     launches: int
     flat_launches: int
@@ -180,6 +184,9 @@ class Summary(msgspec.Struct):
     flat_sites_no_count: int
     fields: dict[str, int]
     pointers: dict[str, int]
+    flat_sites_request_shapes: int = 0
+    flat_sites_request_shapes_grid_fitted: int = 0
+    request_shapes: list[int] = []
 
 
 class Options(msgspec.Struct):
@@ -265,6 +272,12 @@ def render_text(r: MineReport) -> str:
     out.append(f"\nsites: {s.sites} ({s.flat_sites} flat, {s.flat_sites_grid_fitted} of them with a fitted grid); "
                f"fields: {f.get('fit', 0)} fit, {f.get('underdetermined', 0)} underdetermined, "
                f"{f.get('unobserved', 0)} unobserved, {f.get('unfit', 0)} unfit")
+    req = s.flat_sites_request_shapes
+    if s.request_shapes:
+        rpct = f" ({100.0 * s.flat_sites_request_shapes_grid_fitted / req:.1f}%)" if req else ""
+        names = ", ".join(f"shape {i}" for i in s.request_shapes)
+        out.append(f"  flat sites of the requests' pass shapes ({names}): {s.flat_sites_request_shapes_grid_fitted} "
+                   f"of {req} with a fitted grid{rpct}")
     out.append(f"  flat sites of shapes seen at >= 2 token counts: {s.flat_sites_multi_count_grid_fitted} of {multi} "
                f"with a fitted grid{pct}; of shapes seen at one token count: {s.flat_sites_single_count} "
                f"(constants by construction); never with a token count: {s.flat_sites_no_count}")
