@@ -1,22 +1,25 @@
 """Acceptance on the real capture (issue 8): torch.compile'd Qwen3-0.6B, 4 requests.
 
 The fixture (fixtures/qwen3-0.6b-compile/README.md): transformers' Qwen3ForCausalLM, 0.6B
-geometry, random weights, ``torch.compile`` with the token dims marked dynamic, captured by
-kern-capture on the H200 with the cuBLAS GEMMs' packed arguments (``extra_hex``). kern-mine is
-given the directory only; the numbers below are the workload's ground truth (the capture
-script's own output, and the model's structure where a test counts GEMMs), not anything read
-back from the mining.
+geometry, random weights, ``torch.compile`` with the token dims dynamic and the one-token
+branches pinned (``--compile-mode one-graph``: Dynamo compiled one graph for every token count,
+prefill and decode alike), captured by kern-capture on the H200 with the cuBLAS GEMMs' packed
+arguments (``extra_hex``). kern-mine is given the directory only; the numbers below are the
+workload's ground truth (the capture script's own output, and the model's structure where a test
+counts GEMMs or norms), not anything read back from the mining.
 
-How the fitted-grid share is counted (``summary.flat_sites_multi_count*``): Dynamo compiled
-two graphs, one for passes of more than one token and one specialised to one token (the
-decode passes, the 1-token prompt's prefill, the 1-token warm-up pass). The second graph's
-call sites only ever run at ``tokens == 1``: each of their fields is one observed constant,
-and no capture of this program can say how it would scale, because it never does (a
-generator emits those launches under ``tokens == 1``). So the share is taken over the flat
-sites of pass shapes seen at two or more token counts, with every such site in the
-denominator (including odd shapes from the compile windows and library kernels that only
-run at some sizes); the single-count sites are asserted separately: they are exactly the
-sites of one shape whose passes all have 1 token, and none of them is reported as fitted.
+How the fitted-grid share is counted. The issue asks for "at least 90% of the sites of flat-ABI
+kernels" of the model's forward passes. Its denominator is ``summary.flat_sites_request_shapes``:
+every flat call site of the program the requests' passes ran (one pass shape here), including
+sites that only ran at some token counts (cuBLASLt's split-K reduces, run at 85 tokens or fewer;
+the rotary embedding's CUTLASS SGEMMs, one kernel for one token and another for more). Not in it: the flat sites never launched in a pass
+with a known token count (the model's initialisation, the cache resets between requests, the
+compile and autotuning windows; ``flat_sites_no_count``): no grid of theirs can be fitted against
+a token count, and they are no part of a forward pass. Each shape the requests ran must also
+reach 90% on its own, and so must the flat sites of every shape seen at two or more token counts
+(``flat_sites_multi_count``: the forward program plus two eager kernels cut off from their passes
+by the compile). Over all flat sites of the capture the share is lower (see the README); it is
+not the issue's number.
 """
 
 from collections import defaultdict
@@ -30,6 +33,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "qwen3-0.6b-compile"
 PROMPTS = [1, 34, 85, 175]  # the true prompt lengths, in request order
 NEW_TOKENS = 4
 WARMUP = [2048, 512, 130, 17, 3, 1, 2, 7]  # the second warm-up round, one window
+TOKEN_COUNTS = sorted(set(WARMUP + PROMPTS))  # every token count a forward pass ran at
 LAYERS = 28
 
 pytestmark = pytest.mark.skipif(
@@ -43,13 +47,19 @@ def report():
     return mine(FIXTURE)
 
 
-def _main_shapes(report):
-    """(the multi-token graph, the one-token graph): the shapes of the requests' passes."""
+def _forward_shape(report):
+    """The one program every pass of every request ran (prefill and decode alike)."""
     shapes = {sh.id: sh for sh in report.shapes}
-    prefill = {p.shape for w in report.requests for p in w.passes[:1] if p.tokens > 1}
-    decode = {p.shape for w in report.requests for p in w.passes[1:]}
-    assert len(prefill) == len(decode) == 1
-    return shapes[prefill.pop()], shapes[decode.pop()]
+    used = {p.shape for w in report.requests for p in w.passes}
+    assert len(used) == 1, used
+    return shapes[used.pop()]
+
+
+def _by_site(report):
+    by_site = defaultdict(list)
+    for p in report.pointers:
+        by_site[p.site].append(p)
+    return by_site
 
 
 def test_four_requests(report):
@@ -75,30 +85,47 @@ def test_warmup_round_token_counts(report):
     assert WARMUP in rounds
 
 
-def test_token_reference_counts_both_graphs(report):
-    # the arange of cache positions runs eagerly before either graph: its element count
+def test_one_program_for_prefill_and_decode(report):
+    # One Dynamo graph: the prefills (the 1-token prompt's too) and the decode passes run the same
+    # kernels, so they are one pass shape, seen at every token count of the workload; no program
+    # specialised to one token count is left.
+    fwd = _forward_shape(report)
+    assert report.summary.request_shapes == [fwd.id]
+    assert fwd.token_counts == TOKEN_COUNTS
+    # the requests' 16 passes and the second warm-up round at least (the first round's passes
+    # are cut up by compiling and autotuning)
+    assert fwd.passes >= 4 * NEW_TOKENS + len(WARMUP)
+    assert report.summary.flat_sites_single_count == 0
+    # the token count comes from the eager arange of cache positions before the graph
     ref = report.reference
     assert "arange" in ref.symbol and ref.field == "param[0]" and ref.divisor == 1
-    prefill, decode = _main_shapes(report)
-    assert decode.token_counts == [1]
-    assert prefill.token_counts == sorted(set(WARMUP + PROMPTS) - {1})
 
 
 def test_flat_sites_get_fitted_grids(report):
     s = report.summary
-    prefill, decode = _main_shapes(report)
-    # >= 90% of the flat sites of shapes seen at two or more token counts (see the docstring)
+    fwd = _forward_shape(report)
+    # the issue's number: >= 90% of the flat sites of the requests' program (see the docstring)
+    assert s.flat_sites_request_shapes == fwd.flat_sites > 0
+    assert s.flat_sites_request_shapes_grid_fitted / s.flat_sites_request_shapes >= 0.90, (
+        s.flat_sites_request_shapes_grid_fitted, s.flat_sites_request_shapes)
+    # per shape the requests ran (one here), and over every shape seen at two or more token counts
+    for sh in report.shapes:
+        if sh.id in s.request_shapes:
+            assert sh.flat_sites_grid_fitted / sh.flat_sites >= 0.90, (sh.id, sh.flat_sites_grid_fitted, sh.flat_sites)
     assert s.flat_sites_multi_count_grid_fitted / s.flat_sites_multi_count >= 0.90, (
         s.flat_sites_multi_count_grid_fitted, s.flat_sites_multi_count)
-    # the prefill graph alone
-    assert prefill.flat_sites_grid_fitted / prefill.flat_sites >= 0.90
-    # the sites seen at one token count only are the decode graph's, all of them constants at 1
-    single = [x for x in report.sites if x.flat and len(x.token_counts) == 1 and x.shape == decode.id]
-    assert s.flat_sites_single_count == decode.flat_sites == len(single) > 0
-    assert all(x.token_counts == [1] for x in single)
-    assert all(len({v for _, v in g.samples}) == 1 for x in single for g in x.grid)
-    assert decode.flat_sites_grid_fitted == 0  # never reported as a fitted expression
-    # the rest never saw a token count: the reset windows' fills, compile and autotune launches
+    flat = [x for x in report.sites if x.flat and x.shape == fwd.id]
+    # every flat site of the forward program ran in passes with known token counts (no field of
+    # its grid is unobserved), and every fitted grid is reported in the summary
+    assert all(g.samples for x in flat for g in x.grid)
+    fitted = [x for x in flat if all(g.status == "fit" for g in x.grid)]
+    assert len(fitted) == s.flat_sites_request_shapes_grid_fitted == s.flat_sites_grid_fitted
+    # most of what is left: cuBLASLt's split-K reduce after one GEMM per layer, run at 85 tokens
+    # or fewer, whose grid the samples do not pin on [1, 2048]
+    fitted_ids = {x.id for x in fitted}
+    left = [x for x in flat if x.id not in fitted_ids]
+    assert sum("splitKreduce" in x.symbol for x in left) == LAYERS
+    # the rest never ran in a pass with a known token count: init, cache resets, compiling
     assert s.flat_sites == s.flat_sites_multi_count + s.flat_sites_single_count + s.flat_sites_no_count
 
 
@@ -109,106 +136,104 @@ def _norm_sites(report, shape):
 
 
 def test_norm_sites_tell_weights_from_workspace(report):
-    by_site = defaultdict(list)
-    for p in report.pointers:
-        by_site[p.site].append(p)
+    by_site = _by_site(report)
     persistent = {"weight", "state"}
     addr_class = defaultdict(set)
     for p in report.pointers:
         if p.alloc_base is not None:
             addr_class[(p.alloc_base, p.alloc_offset)].add(p.class_)
-    prefill, decode = _main_shapes(report)
-    weights = {}
-    for shape in (prefill, decode):
-        norms = _norm_sites(report, shape)
-        with_weight = [x for x in norms if any(p.class_ in persistent for p in by_site[x.id])]
-        # input + post-attention norm per layer and the final norm, and the q/k norms, each
-        # applied by a kernel reading its weight
-        assert len(with_weight) >= 2 * LAYERS + 1
-        for x in norms:
-            classes = [p.class_ for p in by_site[x.id]]
-            assert "unknown" not in classes, (x.symbol, x.occurrence, classes)
-            assert "workspace" in classes, (x.symbol, x.occurrence, classes)  # the activations
-        weights[shape.id] = {(p.alloc_base, p.alloc_offset) for x in with_weight for p in by_site[x.id]
-                             if p.class_ in persistent}
-        # the prefill graph's activations move with the token count; the decode graph's sit at
-        # the same addresses every step and are recognised as recycled
-        ws = [p for x in norms for p in by_site[x.id] if p.class_ == "workspace"]
-        if shape is prefill:
-            assert sum("distinct (allocation, offset)" in p.reason for p in ws) > len(ws) // 2
-        else:
-            assert all("distinct" not in p.reason for p in ws)
-    # 57 RMSNorm weights + 56 q/k-norm weights (+ the KV cache and the rope table, read by the
-    # fused q/k kernels), each its own address, never classified workspace anywhere
-    assert len(weights[prefill.id]) >= 2 * LAYERS + 1 + 2 * LAYERS
-    assert all(addr_class[a] <= persistent for a in weights[prefill.id])
-    # the decode graph reads the same weights
-    assert weights[decode.id] <= weights[prefill.id]
+    fwd = _forward_shape(report)
+    norms = _norm_sites(report, fwd)
+    with_weight = [x for x in norms if any(p.class_ in persistent for p in by_site[x.id])]
+    # input + post-attention norm per layer and the final norm, and the q/k norms, each applied by
+    # a kernel reading its weight
+    assert len(with_weight) >= 2 * LAYERS + 1
+    for x in norms:
+        classes = [p.class_ for p in by_site[x.id]]
+        assert "unknown" not in classes, (x.symbol, x.occurrence, classes)
+        assert "workspace" in classes, (x.symbol, x.occurrence, classes)  # the activations
+    weights = {(p.alloc_base, p.alloc_offset) for x in with_weight for p in by_site[x.id] if p.class_ in persistent}
+    # the activations move with the token count (the decode passes' with them: same program)
+    ws = [p for x in norms for p in by_site[x.id] if p.class_ == "workspace"]
+    assert sum("distinct (allocation, offset)" in p.reason for p in ws) > len(ws) // 2
+    # 57 RMSNorm weights + 56 q/k-norm weights (+ the KV cache, read by the fused k-norm, rope and
+    # cache-write kernels), each its own address, never classified workspace anywhere
+    assert len(weights) >= 2 * LAYERS + 1 + 2 * LAYERS
+    assert all(addr_class[a] <= persistent for a in weights)
+    # the RMSNorm weights, each read by one kernel, are weights (the q/k-norm weights, each read
+    # by two kernels recomputing the normalised q or k, look like state: see the README's limits)
+    assert sum(addr_class[a] == {"weight"} for a in weights) >= 2 * LAYERS + 1
 
 
 def test_gemm_sites_tell_weights_from_workspace(report):
     # cuBLAS GEMMs (nvjet kernels) carry their arguments in the packed extra buffer, which the
     # capture kept (extra_hex). cuBLAS picks its kernel by size, so GEMM sites are aligned by
-    # library call: every pass of a graph makes the same calls, 9 per layer (the q, k, v, o, gate,
-    # up and down projections, the two attention matmuls) and lm_head.
-    prefill, decode = _main_shapes(report)
-    by_site = defaultdict(list)
-    for p in report.pointers:
-        by_site[p.site].append(p)
-    weights = {}
-    for shape in (prefill, decode):
-        calls = defaultdict(list)
-        for x in report.sites:
-            if x.shape == shape.id and not x.flat:
-                calls[x.call].append(x)
-        assert sorted(calls) == list(range(9 * LAYERS + 1))
-        per_call = {c: {p.address for x in ss for p in by_site[x.id] if p.class_ == "weight"}
-                    for c, ss in calls.items()}
-        linear = {c: a for c, a in per_call.items() if a}
-        # the 7 nn.Linear projections of every layer: each call reads one weight, at one address
-        # whichever kernel cuBLAS picked, at every token count; 196 distinct weights
-        assert len(linear) == 7 * LAYERS and all(len(a) == 1 for a in linear.values())
-        weights[shape.id] = set().union(*linear.values())
-        assert len(weights[shape.id]) == 7 * LAYERS
-        for c in linear:
-            for x in calls[c]:
-                ptrs = by_site[x.id]
-                assert x.embedded_pointers and all(p.param == -1 for p in ptrs)
-                classes = {p.class_ for p in ptrs}
-                # the weight, the activations (input and output), and at most cuBLAS's own
-                # workspace (one address every call of the graph uses: state)
-                assert {"weight", "workspace"} <= classes <= {"weight", "workspace", "state"}, (c, x.symbol, classes)
-                for p in ptrs:
-                    if p.class_ == "weight":
-                        assert p.distinct == 1 and "at 11 token counts" in p.reason
-                    if p.class_ == "state":
-                        assert "library calls of one pass shape" in p.reason
-                ws = [p for p in ptrs if p.class_ == "workspace"]
-                if shape is prefill and len(x.token_counts) > 1:  # activations move with the token count
-                    assert all("distinct (allocation, offset)" in p.reason for p in ws), (c, x.symbol)
-        # no pointer of any GEMM call is left unknown
-        assert all(p.class_ != "unknown" for ss in calls.values() for x in ss for p in by_site[x.id])
-        # lm_head reads the tied embedding, which the graph's embedding kernels also read: state
-        head = {p.address for x in calls[9 * LAYERS] for p in by_site[x.id] if p.class_ == "state"}
-        emb = {p.address for x in report.sites if x.shape == shape.id and x.flat and "embedding" in x.symbol
-               for p in by_site[x.id] if p.class_ == "state"}
-        assert head & emb
-    # the decode graph reads the prefill graph's weights; most lie in allocations no flat kernel
-    # ever touched (found at the positions other calls' annotated pointers taught)
-    assert weights[decode.id] == weights[prefill.id]
+    # library call: every pass makes the same calls, 9 per layer (the q, k, v, o, gate, up and
+    # down projections, the two attention matmuls) and lm_head.
+    fwd = _forward_shape(report)
+    by_site = _by_site(report)
+    calls = defaultdict(list)
+    for x in report.sites:
+        if x.shape == fwd.id and not x.flat:
+            calls[x.call].append(x)
+    assert sorted(calls) == list(range(9 * LAYERS + 1))
+    # each call is made at every token count, decode passes included (whichever kernel it picked)
+    assert all(sorted(set().union(*(x.token_counts for x in ss))) == TOKEN_COUNTS for ss in calls.values())
+    per_call = {c: {p.address for x in ss for p in by_site[x.id] if p.class_ == "weight"} for c, ss in calls.items()}
+    linear = {c: a for c, a in per_call.items() if a}
+    # the 7 nn.Linear projections of every layer: each call reads one weight, at one address
+    # whichever kernel cuBLAS picked, at every token count; 196 distinct weights
+    assert len(linear) == 7 * LAYERS and all(len(a) == 1 for a in linear.values())
+    weights = set().union(*linear.values())
+    assert len(weights) == 7 * LAYERS
+    for c in linear:
+        for x in calls[c]:
+            ptrs = by_site[x.id]
+            assert x.embedded_pointers and all(p.param == -1 for p in ptrs)
+            classes = {p.class_ for p in ptrs}
+            # the weight, the activations (input and output), and at most cuBLAS's own
+            # workspace (one address every call uses: state)
+            assert {"weight", "workspace"} <= classes <= {"weight", "workspace", "state"}, (c, x.symbol, classes)
+            for p in ptrs:
+                if p.class_ == "weight":
+                    assert p.distinct == 1 and f"at {len(TOKEN_COUNTS)} token counts" in p.reason
+                if p.class_ == "state":
+                    assert "library calls of one pass shape" in p.reason
+            ws = [p for p in ptrs if p.class_ == "workspace"]
+            if len(x.token_counts) > 1:  # activations move with the token count
+                assert all("distinct (allocation, offset)" in p.reason for p in ws), (c, x.symbol)
+    # no pointer of any GEMM call is left unknown
+    assert all(p.class_ != "unknown" for ss in calls.values() for x in ss for p in by_site[x.id])
+    # lm_head reads the tied embedding, which the program's embedding kernels also read: state
+    head = {p.address for x in calls[9 * LAYERS] for p in by_site[x.id] if p.class_ == "state"}
+    emb = {p.address for x in report.sites if x.shape == fwd.id and x.flat and "embedding" in x.symbol
+           for p in by_site[x.id] if p.class_ == "state"}
+    assert head & emb
+    # most weights lie in allocations no flat kernel ever touched (found at the positions other
+    # calls' annotated pointers taught)
     unannotated = {p.address for p in report.pointers if p.class_ == "weight" and p.param == -1 and p.alloc_base is None}
-    assert len(unannotated & weights[prefill.id]) > 7 * LAYERS // 2
+    assert len(unannotated & weights) > 7 * LAYERS // 2
 
 
 def test_cutlass_sgemm_pointers_inside_its_params_struct(report):
-    # The one flat GEMM, CUTLASS's SGEMM of the rotary embedding (inverse frequencies times
-    # positions), passes its operands inside its by-value Params struct: found there, and all four
+    # The flat GEMMs, CUTLASS SGEMMs of the rotary embedding (inverse frequencies times
+    # positions), pass their operands inside a by-value Params struct: found there, and all four
     # (A, B, C, D) are per-pass activations (the frequencies are copied to a fresh buffer first).
-    prefill, decode = _main_shapes(report)
-    by_site = defaultdict(list)
-    for p in report.pointers:
-        by_site[p.site].append(p)
-    for shape in (prefill, decode):
-        (sgemm,) = [x for x in report.sites if x.shape == shape.id and "cutlass" in x.symbol and "sgemm" in x.symbol]
+    # The library picks one kernel for 1 token and another for more: two sites, each flat and
+    # aligned by kernel occurrence, that together ran at every token count.
+    fwd = _forward_shape(report)
+    by_site = _by_site(report)
+    sgemms = [x for x in report.sites if x.shape == fwd.id and "cutlass" in x.symbol and "sgemm" in x.symbol]
+    assert len(sgemms) == 2
+    counts = [set(x.token_counts) for x in sgemms]
+    assert not counts[0] & counts[1] and sorted(counts[0] | counts[1]) == TOKEN_COUNTS
+    for sgemm in sgemms:
         assert len(sgemm.embedded_pointers) == 4 and {j for j, _ in sgemm.embedded_pointers} == {0}
         assert [p.class_ for p in by_site[sgemm.id]] == ["workspace"] * 4
+
+
+def test_no_pointer_of_the_forward_program_is_unknown(report):
+    # the pointers left unknown are all in launches outside the model's passes (init, resets)
+    fwd = _forward_shape(report)
+    sites = {x.id: x for x in report.sites}
+    assert all(sites[p.site].shape != fwd.id for p in report.pointers if p.class_ == "unknown")
