@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU checks of the opt-in forms and the mining workload, batched for the H200: run from the
 # repository root, logs in $OUT. Written without a GPU; every stage ran on the H200 on 2026-11-29
-# (session 2: NOTES.md 9-13, BENCHMARKS.md). Still owed: a capture of
-# tools/gpu/capture_qwen3_compile.py with its one-graph default (the `capture` stage), checked
-# with `kern-mine` (one program shape for prefill and decode), to replace kern-mine's fixture.
+# (session 2: NOTES.md 9-13, BENCHMARKS.md). Nothing is owed: the capture of
+# tools/gpu/capture_qwen3_compile.py with its one-graph default (775a0fb; dynamo_graphs 1) ran on
+# the H200 on 2026-11-29 and is kern-mine's fixture (one program shape for prefill and decode:
+# NOTES.md 15); rerun the `capture` stage only to remake it.
 # Note: at most 8 files come back from $OUT; tar the logs when adding stages.
 #
 #   OUT=/tmp/out tools/gpu/pending.sh [stage ...]        (default: every stage, in order)
