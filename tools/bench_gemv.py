@@ -44,6 +44,7 @@ from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
+from gemv_plan import PIECE_CHUNKS, THREADS as GEMVP_THREADS, plan_gemvp  # noqa: E402
 
 GEOMETRIES = {
     # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
@@ -63,30 +64,50 @@ def check(res):
     return vals[0] if len(vals) == 1 else (tuple(vals) or None)
 
 
-class Gemv:
-    """The gemv.cu module, loaded once; `launch(name, grid, smem, args)` on torch's stream."""
+def threads_of(name: str) -> int:
+    """Block size of a GEMV entry (256 for both gemv.cu and gemv_persist.cu)."""
+    return GEMVP_THREADS if name.startswith("kern_gemvp") else 256
 
-    def __init__(self, cubin: bytes):
+
+class Gemv:
+    """CUDA modules (gemv.cu, and gemv_persist.cu when given), loaded once; `launch(name, grid,
+    smem, args, pdl)` enqueues on torch's stream, with pdl=True through cuLaunchKernelEx with
+    the programmatic-stream-serialization attribute (CUDA driver API, sm_90)."""
+
+    def __init__(self, *cubins: bytes):
         check(cu.cuInit(0))
         torch.zeros(1, device="cuda")  # makes torch's primary context current
-        self.module = check(cu.cuModuleLoadData(cubin))
+        self.modules = [check(cu.cuModuleLoadData(c)) for c in cubins]
         self.fns: dict[str, object] = {}
 
     def fn(self, name: str, smem: int):
         f = self.fns.get(name)
         if f is None:
-            f = check(cu.cuModuleGetFunction(self.module, name.encode()))
+            module = self.modules[1] if name.startswith("kern_gemvp") else self.modules[0]
+            f = check(cu.cuModuleGetFunction(module, name.encode()))
             self.fns[name] = f
         if smem > 48 * 1024:
             check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
         return f
 
-    def launch(self, name: str, grid: int, smem: int, args: list[tuple[int, type]]):
+    def launch(self, name: str, grid: int, smem: int, args: list[tuple[int, type]], pdl: bool = False):
         f = self.fn(name, smem)
         stream = torch.cuda.current_stream().cuda_stream
-        values = tuple(a for a, _ in args)
-        types = tuple(t for _, t in args)
-        check(cu.cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, smem, stream, (values, types), 0))
+        kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
+        if not pdl:
+            check(cu.cuLaunchKernel(f, grid, 1, 1, threads_of(name), 1, 1, smem, stream, kp, 0))
+            return
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads_of(name), 1, 1
+        cfg.sharedMemBytes = smem
+        cfg.hStream = cu.CUstream(stream)
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
 
 
 P = ctypes.c_void_p
@@ -123,6 +144,35 @@ def run_residual(g, x, w, r, n, k, ks=1):
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)])
 
 
+# The persistent forms (gemv_persist.cu): grid, rows_per_job and shared memory from tools/gemv_plan.py.
+#: Target chunks per ring slot of the persistent forms (tools/gemv_plan.py PIECE_CHUNKS unless swept).
+GEMVP_PIECE = [PIECE_CHUNKS]
+
+
+def _gemvp(g, name, n, k, silu, args, pdl):
+    plan = plan_gemvp(n, k, silu, piece_target=GEMVP_PIECE[0]) or plan_gemvp(n, k, silu)
+    g.launch(name, plan.grid, plan.smem, args + [(plan.piece_chunks, I32)], pdl)
+
+
+def runp_plain(g, x, w, y, n, k, pdl=False):
+    _gemvp(g, "kern_gemvp_m1", n, k, False, [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32)], pdl)
+
+
+def runp_norm(g, x, nw, w, y, n, k, pdl=False):
+    _gemvp(g, "kern_gemvp_norm_m1", n, k, False, [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P),
+                                                  (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32)], pdl)
+
+
+def runp_norm_silu(g, x, nw, w, y, n, k, pdl=False):
+    _gemvp(g, "kern_gemvp_norm_silu_m1", n, k, True, [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P),
+                                                      (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32)], pdl)
+
+
+def runp_residual(g, x, w, r, n, k, pdl=False):
+    _gemvp(g, "kern_gemvp_residual_m1", n, k, False, [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P),
+                                                      (n, I32), (k, I32)], pdl)
+
+
 def rmsnorm_ref(x, w):
     """HF Qwen3RMSNorm in bf16: weight * (x.float() * rsqrt(mean(x²)+eps)).to(bf16)."""
     h = x.float()
@@ -139,27 +189,33 @@ def rel_err(out, ref):
 
 
 def correctness(g, k, n, ks=1):
-    """All four variants at (n, k), m = 1, vs float64 references. Returns rel. errors."""
+    """All four variants at (n, k), m = 1, vs float64 references. Returns rel. errors.
+    ks = "p": the persistent forms (gemv_persist.cu) instead of gemv.cu's at that ksplit."""
+    if ks == "p":
+        plain, norm, silu, resid = runp_plain, runp_norm, runp_norm_silu, runp_residual
+    else:
+        plain, norm, silu, resid = (lambda *a, f=f: f(*a, ks) for f in (run_plain, run_norm, run_norm_silu, run_residual))
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
     nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(torch.bfloat16)
     errs = {}
     y = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    run_plain(g, x, w, y, n, k, ks)
+    plain(g, x, w, y, n, k)
     errs["plain"] = rel_err(y, x.double() @ w.double().T)
     y.fill_(float("nan"))
-    run_norm(g, x, nw, w, y, n, k, ks)
+    norm(g, x, nw, w, y, n, k)
+    torch.cuda.synchronize()
     errs["norm"] = rel_err(y, rmsnorm_ref(x, nw).double() @ w.double().T)
-    if n % 2 == 0:
+    if n % 2 == 0 and (ks != "p" or plan_gemvp(n // 2, k, True)):
         half = n // 2
         y2 = torch.full((1, half), float("nan"), device="cuda", dtype=torch.bfloat16)
-        run_norm_silu(g, x, nw, w, y2, half, k, ks)
+        silu(g, x, nw, w, y2, half, k)
         gu = rmsnorm_ref(x, nw).double() @ w.double().T
         ref = torch.nn.functional.silu(gu[:, :half]) * gu[:, half:]
         errs["norm_silu"] = rel_err(y2, ref)
     r = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
     r0 = r.clone()
-    run_residual(g, x, w, r, n, k, ks)
+    resid(g, x, w, r, n, k)
     errs["residual"] = rel_err(r, r0.double() + x.double() @ w.double().T)
     torch.cuda.synchronize()
     return errs
@@ -260,6 +316,16 @@ def standalone(g, geom, bw):
             it[0] += 1
             torch.matmul(x, w.T, out=y)
 
+        def persistent():
+            w = ws[it[0] % copies]
+            it[0] += 1
+            if name in ("qkv", "lm_head"):
+                runp_norm(g, x, nw, w, y, n, k)
+            elif name == "gate_up":
+                runp_norm_silu(g, x, nw, w, y, n // 2, k)
+            elif name in ("o", "down"):
+                runp_residual(g, x, w, y, n, k)
+
         best = None
         for ks in KSPLITS:
             cur_ks[0] = ks
@@ -269,8 +335,9 @@ def standalone(g, geom, bw):
         t_ours, ks_best = best
         KSPLIT_BEST[(geom, name)] = ks_best
         t_cub = graph_ms(cublas, copies) / copies
+        t_p = graph_ms(persistent, copies) / copies if plan_gemvp(n // 2 if name == "gate_up" else n, k, name == "gate_up") else float("nan")
         floor = n * k * 2 / bw * 1e3
-        rows.append((geom, name, f"{n}x{k}", n * k * 2, floor, t_ours, t_cub, ks_best))
+        rows.append((geom, name, f"{n}x{k}", n * k * 2, floor, t_ours, t_cub, ks_best, t_p))
         del ws
     return rows
 
@@ -311,22 +378,72 @@ def token_graph(g, geom, bw):
             torch.matmul(act, lw["down"].T, out=o)
         torch.matmul(resid, lm.T, out=logits)
 
+    def persistent(pdl):
+        def fn():
+            first = True
+            for lw in weights:
+                runp_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, pdl and not first)
+                first = False
+                runp_residual(g, attn, lw["o"], resid, h, sh["o"][1], pdl)
+                runp_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, pdl)
+                runp_residual(g, act, lw["down"], resid, h, sh["down"][1], pdl)
+            runp_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, pdl)
+        return fn
+
+    def staged(chunks, pdl):
+        fn = persistent(pdl)
+
+        def run():
+            GEMVP_PIECE[0] = chunks
+            fn()
+            GEMVP_PIECE[0] = PIECE_CHUNKS
+        return run
+
+    variants = [("kern gemv", ours), ("kern gemv persistent", persistent(False)),
+                ("kern gemv persistent, PDL", persistent(True)),
+                ("kern gemv persistent, PDL, ≤ 8 KB slots", staged(16, True)),
+                ("kern gemv persistent, PDL, ≤ 20 KB slots", staged(40, True)), ("cuBLAS", cublas)]
+    # numerics: from one start, the persistent chains must agree bit for bit with each other and
+    # stay close to gemv.cu's (another summation order: not bitwise)
+    resid0 = resid.clone()
+    outs = {}
+    graphs = []
+    for label, fn in variants:
+        resid.copy_(resid0)
+        graphs.append(capture(fn))
+    for (label, _), graph in zip(variants, graphs):
+        resid.copy_(resid0)
+        logits.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        outs[label] = (resid.clone(), logits.clone())
+    a, b = outs["kern gemv persistent"], outs["kern gemv persistent, PDL"]
+    same = torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ref = outs["kern gemv"]
+    print(f"  {geom}: persistent == persistent+PDL bitwise: {same}; logits rel. diff vs gemv.cu "
+          f"{rel_err(a[1], ref[1]):.2e}, residual {rel_err(a[0], ref[0]):.2e}")
+    NUMERICS_OK.append(same and rel_err(a[1], ref[1]) < 2e-2)
     out = []
-    for label, fn in (("kern gemv", ours), ("cuBLAS", cublas)):
-        graph = capture(fn)
-        resid.normal_()  # keep values bounded between replays
-        ms = time_ms(graph.replay, 30)
-        out.append((geom, label, total_bytes, total_bytes / bw * 1e3, ms))
-    del weights
+    times: list[list[float]] = [[] for _ in variants]
+    for _ in range(5):  # variants interleaved in rounds
+        for i, graph in enumerate(graphs):
+            resid.copy_(resid0)
+            times[i] += event_times(graph.replay, 10, warmup=2)
+    for (label, _), ts in zip(variants, times):
+        out.append((geom, label, total_bytes, total_bytes / bw * 1e3, statistics.median(ts)))
+    del weights, graphs
     return out
 
 
-def gemv_cubin(kernels_dir: str | None) -> bytes:
-    """gemv.cubin from a built kernels dir (sha256 checked against its index), else built now
-    the way tools/build_kernels.py builds it."""
+NUMERICS_OK: list[bool] = []
+
+
+def gemv_cubin(kernels_dir: str | None, source: str = "gemv.cu", kernel: str = "kern_gemv_m1") -> bytes:
+    """The module of `kernel` (built from `source`) from a built kernels dir (sha256 checked
+    against its index), else `source` built now the way tools/build_kernels.py builds it."""
     if kernels_dir:
         d = Path(kernels_dir)
-        entry = json.loads((d / "index.json").read_text())["kernels"]["kern_gemv_m1"]
+        entry = json.loads((d / "index.json").read_text())["kernels"][kernel]
         data = (d / entry["module"]).read_bytes()
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise SystemExit(f"{d / entry['module']}: sha256 differs from {d / 'index.json'} (stale build?)")
@@ -335,7 +452,7 @@ def gemv_cubin(kernels_dir: str | None) -> bytes:
     import build_kernels
 
     with tempfile.TemporaryDirectory() as tmp:
-        return build_kernels.compile_cuda("gemv.cu", tmp)
+        return build_kernels.compile_cuda(source, tmp)
 
 
 def rule_ksplit(shape: str, n: int, k: int) -> str:
@@ -363,13 +480,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
-    g = Gemv(gemv_cubin(args.kernels))
+    g = Gemv(gemv_cubin(args.kernels), gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"))
     print("== correctness (m=1, rel. error vs float64; bound 1e-2)")
     bad = 0
     for geom in args.geometries:
         for name, (n, k) in shapes(geom)[0].items():
             errs = {}
-            for ks in KSPLITS:
+            for ks in (*KSPLITS, "p"):
                 errs.update({f"{v}/ks{ks}": e for v, e in correctness(g, k, n, ks).items()})
             ok = all(e < 1e-2 for e in errs.values())
             bad += not ok
@@ -377,12 +494,12 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     print(f"\n== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
     lines = []
-    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern % floor | cuBLAS µs | cuBLAS % floor |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern % floor | persistent µs | persistent % floor | cuBLAS µs | cuBLAS % floor |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for geom in args.geometries:
-        for geom_, name, nk, nbytes, floor, t_o, t_c, ks in standalone(g, geom, bw):
+        for geom_, name, nk, nbytes, floor, t_o, t_c, ks, t_p in standalone(g, geom, bw):
             n, k = map(int, nk.split("x"))
-            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | {rule_ksplit(name, n, k)} | {100 * floor / t_o:.0f}% | {t_c * 1e3:.1f} | {100 * floor / t_c:.0f}% |")
+            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | {rule_ksplit(name, n, k)} | {100 * floor / t_o:.0f}% | {t_p * 1e3:.1f} | {100 * floor / t_p:.0f}% | {t_c * 1e3:.1f} | {100 * floor / t_c:.0f}% |")
     lines.append("")
     lines.append("| geometry | one decode token's GEMMs in a CUDA graph | GB | floor ms | ms | % floor |")
     lines.append("|---|---|---|---|---|---|")
@@ -398,7 +515,7 @@ def main(argv=None) -> int:
         f.write(f"Copy bandwidth {bw / 1e12:.3f} TB/s (read+write); floor = weight bytes / copy bandwidth; m = 1; "
                 "standalone = one graph of back-to-back launches rotating over ≥ 8 weight copies (> 256 MB), median replay / launches.\n\n")
         f.write(table + "\n")
-    return 1 if bad else 0
+    return 1 if bad or not all(NUMERICS_OK) else 0
 
 
 if __name__ == "__main__":

@@ -228,6 +228,7 @@ CUDA_FLAGS: dict[str, tuple[str, ...]] = {
     "embedding.cu": ("--use_fast_math",),
     "argmax.cu": ("--use_fast_math",),
     "gemv.cu": (),
+    "gemv_persist.cu": (),
 }
 
 #: The decode GEMV block: 8 warps (gemv.cu `WARPS`), 256 threads.
