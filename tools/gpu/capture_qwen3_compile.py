@@ -41,8 +41,10 @@ host sync on the sampled token, so passes are separated by a host pause):
    default warm-up and prompts with ``--attn sdpa``, ``--dynamic all`` and
    ``--no-oblivious`` too; the same generated tokens as ``--compile-mode
    eager`` (no torch.compile) in each; in fp32 the logits within 4e-6 of the
-   uncompiled model's at every token count tried, 1 included. The H200 run
-   is still owed.
+   uncompiled model's at every token count tried, 1 included. On the H200
+   (2026-11-29, under kern-capture, the kern-mine fixture): ``dynamo_graphs:
+   1``, no recompiles, no graph breaks; kern-mine finds one program shape
+   for prefill and decode (NOTES.md entry 15).
 3. Warm-up: two rounds of single forward passes at ``--warmup`` token counts
    (default 2048 512 130 17 3 1 2 7; the first round compiles and autotunes).
    They are extra sampling points for the expression fits: without a pass at
