@@ -84,12 +84,12 @@ def test_every_geometry_verifies(preset: str, fake_kernels: Path) -> None:
                  "down_proj"]
     all_prefill = ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer]
     assert prefill == all_prefill[: 1 + 9 * (L - 1) + 3]  # ... up to the last layer's KV write
-    # decode: 6 calls (7 launches) per layer through the fused GEMV ops
+    # decode: 6 calls (6 launches: decode attention in one) per layer through the fused GEMV ops
     per_layer = ["norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add"]
     assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["norm_lm_head", "sample"]
     assert len(set(decode)) == len(decode)
     launches = {name: len(op.impl.launches) for name, op in m.ops.items()}
-    assert sum(launches[c.op] for c in m.programs["decode"].calls if c.label.startswith("l3.")) == 7
+    assert sum(launches[c.op] for c in m.programs["decode"].calls if c.label.startswith("l3.")) == 6
     assert {c.op for c in m.programs["decode"].calls} == {
         "embedding", "gemv_norm_qkv", "qk_norm_rope_kv", "attention_decode", "gemv_residual_o_proj",
         "gemv_norm_silu_gate_up", "gemv_residual_down_proj", "gemv_norm_lm_head", "argmax"}
@@ -127,7 +127,10 @@ def test_4b_wiring_details(fake_kernels: Path) -> None:
     assert [a.buf for a in calls["norm_lm_head"].args] == [
         "residual", "model.norm.weight", "model.embed_tokens.weight", "logits"]
     attn = m.ops["attention_decode"].impl
-    assert len(attn.launches) == 2 and set(attn.scratch) == {"part_acc", "part_ml"}
+    assert [la.entry for la in attn.launches] == ["decode_attention_cluster"] and attn.scratch == {}
+    assert attn.launches[0].grid == [8, gen.CLUSTER_SPLITS, 1]
+    tri = _build("4b", fake_kernels, decode_attention="triton").ops["attention_decode"].impl
+    assert len(tri.launches) == 2 and set(tri.scratch) == {"part_acc", "part_ml"}
     # the literal geometry the kernels get
     rope = m.ops["qk_norm_rope_kv"].impl.launches[0]
     k = gen.load_index(fake_kernels)["qk_norm_rope_kv"]
@@ -597,7 +600,7 @@ def test_fused_attention_every_geometry(preset: str, pdl: bool, fake_kernels: Pa
     m = _build(preset, fake_kernels, fused_attention=True, pdl=pdl)
     diags = kern_verify.verify(m)
     assert diags == [], "\n".join(map(str, diags))
-    check_fused_manifest(m, _build(preset, fake_kernels, pdl=pdl), cfg, pdl)
+    check_fused_manifest(m, _build(preset, fake_kernels, pdl=pdl, decode_attention="triton"), cfg, pdl)
     if pdl:
         check_pdl_manifest(m)
 
@@ -661,3 +664,94 @@ def test_fused_attention_manifest_verifies_with_kernels(preset: str, built_kerne
     plain = tmp_path / f"plain-{preset}.json"
     subprocess.run(gen_cmd + ["--out", str(plain)], check=True, capture_output=True)
     assert plain.read_bytes() == EXAMPLES[preset].read_bytes()
+
+
+# ------------------------------------------------------------------ --decode-attention: the impls of attention_decode
+
+
+def check_decode_attention_impl(m: ks.Manifest, t: ks.Manifest, cfg: Qwen3Config, impl: str, pdl: bool) -> None:
+    """`m` (--decode-attention impl) against `t` (the same with triton): only the impl of `attention_decode`
+    differs (its interface, every call, every other op, state and var are the same); its launches, grids,
+    literals and scratch are the impl's."""
+    NQ, NKV = cfg.num_attention_heads, cfg.num_key_value_heads
+    assert m.programs == t.programs and m.states == t.states and m.vars == t.vars and m.buffers == t.buffers
+    assert {n: o for n, o in m.ops.items() if n != "attention_decode"} == \
+        {n: o for n, o in t.ops.items() if n != "attention_decode"}
+    op = m.ops["attention_decode"]
+    assert op.params == t.ops["attention_decode"].params
+    sfx = "_pdl" if pdl else ""
+    assert all(bool(la.pdl) == pdl for la in op.impl.launches)
+    if impl == "cluster":
+        (la,) = op.impl.launches
+        assert la.entry == "decode_attention_cluster" and la.grid == [NKV, gen.CLUSTER_SPLITS, 1]
+        assert m.modules[la.module].source == f"decode_attention{sfx}.cubin"
+        assert op.impl.scratch == {}
+        assert [a.param for a in la.args[:5]] == [0, 1, 2, 3, 4]
+    else:
+        split, merge = op.impl.launches
+        S = gen.CUDA_DECODE_SPLITS
+        assert (split.entry, merge.entry) == ("decode_attention_split", "decode_attention_merge")
+        assert split.module == merge.module and m.modules[split.module].source == f"decode_attention{sfx}.cubin"
+        assert split.grid == [NKV, S, 1] and merge.grid == [NQ, 1, 1]
+        assert op.impl.scratch == {"part_acc": ks.Scratch(dtype="f32", shape=[NQ * S * 128]),
+                                   "part_ml": ks.Scratch(dtype="f32", shape=[NQ * S * 2])}
+        assert [a.param for a in split.args[:4]] == [0, 1, 2, 3]
+        assert [a.scratch for a in split.args[4:6]] == ["part_acc", "part_ml"]
+        assert [a.scratch for a in merge.args[:2]] == ["part_acc", "part_ml"]
+        assert [a.param for a in merge.args[2:4]] == [3, 4]  # seq_lens, out
+        assert [a.literal for a in merge.args[4:]] == [NQ, S]  # num_q_heads, num_splits = the split grid.y
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+@pytest.mark.parametrize("impl", ["cuda", "cluster"])
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_decode_attention_impls_every_geometry(preset: str, impl: str, pdl: bool, fake_kernels: Path) -> None:
+    """--decode-attention cuda / cluster (with and without --pdl) for every geometry: verifies with no
+    diagnostic at all, and only the impl of `attention_decode` differs from the triton manifest."""
+    cfg = Qwen3Config.preset(preset)
+    m = _build(preset, fake_kernels, decode_attention=impl, pdl=pdl)
+    diags = kern_verify.verify(m)
+    assert diags == [], "\n".join(map(str, diags))
+    check_decode_attention_impl(m, _build(preset, fake_kernels, decode_attention="triton", pdl=pdl), cfg, impl, pdl)
+    if pdl:
+        check_pdl_manifest(m)
+
+
+def test_decode_attention_impl_errors(fake_kernels: Path) -> None:
+    with pytest.raises(gen.GenError, match="--fused-attention is the Triton one-launch form"):
+        _build("0.6b", fake_kernels, decode_attention="cuda", fused_attention=True)
+    with pytest.raises(gen.GenError, match="decode attention `flash`"):
+        _build("0.6b", fake_kernels, decode_attention="flash")
+    cfg = replace(Qwen3Config.preset("4b"), num_attention_heads=8 * 9)  # G = 9 > MAX_G
+    for impl in ("cuda", "cluster"):
+        with pytest.raises(gen.GenError, match=r"handles at most 8 q heads per kv head \(MAX_G\)"):
+            gen.build_manifest(cfg, gen.load_index(fake_kernels), decode_attention=impl)
+    gen.build_manifest(cfg, gen.load_index(fake_kernels), decode_attention="triton")  # BLOCK_H = 16
+
+
+def test_decode_attention_cli(fake_kernels: Path, tmp_path: Path) -> None:
+    """--cuda-attention is --decode-attention cuda; --fused-attention alone keeps the Triton impl."""
+    outs = {}
+    for name, flags in {"alias": ["--cuda-attention"], "cuda": ["--decode-attention", "cuda"],
+                        "fused": ["--fused-attention"], "default": []}.items():
+        outs[name] = tmp_path / f"{name}.json"
+        assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(outs[name]), *flags]) == 0
+    assert outs["alias"].read_bytes() == outs["cuda"].read_bytes()
+    fused = ks.load(outs["fused"].read_bytes())
+    assert fused.ops["attention_decode"].impl.launches[0].entry == "paged_decode_attention_fused"
+    default = ks.load(outs["default"].read_bytes())
+    want = {"cuda": "decode_attention_split", "cluster": "decode_attention_cluster",
+            "triton": "paged_decode_attention"}[gen.DEFAULT_DECODE_ATTENTION]
+    assert default.ops["attention_decode"].impl.launches[0].entry == want
+
+
+@pytest.mark.parametrize("preset", list(EXAMPLES))
+def test_decode_attention_impls_verify_with_kernels(preset: str, built_kernels: Path, tmp_path: Path) -> None:
+    """Every impl on the real default build (which has both decode attentions): kern-verify --kernels finds
+    nothing (the launches' params match the cubins' parameter tables)."""
+    for impl in gen.DECODE_ATTENTION_IMPLS:
+        out = tmp_path / f"{impl}-{preset}.json"
+        assert gen.main(["--preset", preset, "--kernels", str(built_kernels), "--out", str(out),
+                         "--decode-attention", impl]) == 0
+        diags = kern_verify.verify_path(out, kernels_dir=built_kernels)
+        assert diags == [], f"{impl}: " + "\n".join(map(str, diags))

@@ -81,7 +81,7 @@ def test_index_format(built):
         assert 32 <= bx * by * bz <= 1024 and bx % 32 == 0, name
         assert 0 <= k["shared_mem"] <= 232448, name
         assert k["doc"] and k["grid"], name
-        if k["module"] not in ("embedding.cubin", "argmax.cubin", "gemv.cubin"):  # Triton
+        if k["module"] not in ("embedding.cubin", "argmax.cubin", "gemv.cubin", "decode_attention.cubin"):  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
 
@@ -154,6 +154,54 @@ def test_index_matches_cubins(built):
             assert block[0] * block[1] * block[2] <= info.max_threads[0] * info.max_threads[1] * info.max_threads[2]
 
 
+# ------------------------------------------------------------------ the CUDA C decode attention
+
+DA = ("decode_attention_split", "decode_attention_merge", "decode_attention_cluster")
+EIATTR_CTA_PER_CLUSTER = 0x3D  # (x, y, z) u32: the compiled cluster (__cluster_dims__), as nvcc 13.0 writes it
+
+
+def _cluster_dims(data: bytes, entry: str):
+    import io
+
+    from elftools.elf.elffile import ELFFile
+    from kern_verify.cubin import _records
+
+    sec = ELFFile(io.BytesIO(data)).get_section_by_name(f".nv.info.{entry}")
+    dims = [v for fmt, attr, v in _records(sec.data(), entry) if attr == EIATTR_CTA_PER_CLUSTER]
+    return tuple(int.from_bytes(dims[0][i:i + 4], "little") for i in (0, 4, 8)) if dims else None
+
+
+def test_decode_attention_cuda_entries(built):
+    """decode_attention.cu: one module with exactly its three entries; the split kernel has the Triton stage 1's
+    params (names and types, without the hidden two), the merge adds seq_lens, the cluster form has no scratch;
+    block, dynamic shared memory (its page ring) and constexprs from the catalog; the cluster entry is compiled
+    for clusters of (1, CLUSTER, 1) and the others for none; registers leave room for 3 split CTAs per SM."""
+    a, idx = built
+    k = idx["kernels"]
+    data = (a / "decode_attention.cubin").read_bytes()
+    cub = read_cubin(data, "decode_attention.cubin")
+    assert set(cub.entries) == set(DA) == {n for n, e in k.items() if e["module"] == "decode_attention.cubin"}
+    split, merge, clu, tri = (k[n] for n in DA + ("paged_decode_attention",))
+    assert split["params"] == tri["params"][:-2] and split["param_names"] == tri["param_names"][:-2]
+    assert merge["param_names"] == ["part_acc", "part_ml", "seq_lens", "out", "num_q_heads", "num_splits"]
+    assert merge["params"] == ["in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "out buffer<bf16>", "i32", "i32"]
+    assert clu["param_names"] == split["param_names"][:4] + ["out"] + split["param_names"][6:]
+    assert clu["params"] == split["params"][:4] + ["out buffer<bf16>"] + split["params"][6:]
+    for e in (split, merge, clu):
+        assert e["entry"] in DA and e["block"] == [128, 1, 1] and e["constexprs"]["D"] == 128
+    cx = split["constexprs"]
+    slot = cx["PAGE"] * 528  # one page of one kv head: 16 token rows of k|v (512 bytes) 528 bytes apart
+    assert split["shared_mem"] == cx["WARPS"] * cx["SLOTS"] * slot == 67584 and merge["shared_mem"] == 0
+    recv = 8 * (2 * 8 + 8 * 128 // 8) * 4  # what the 8 CTAs of a cluster push to one: m, l of 8 heads, 128 acc
+    assert clu["shared_mem"] == clu["constexprs"]["WARPS"] * clu["constexprs"]["SLOTS"] * slot + recv == 139776
+    assert cx["MAX_G"] == 8 and merge["constexprs"]["MAX_SPLITS"] == cx["MAX_SPLITS"] == 64
+    assert _cluster_dims(data, "decode_attention_cluster") == (1, clu["constexprs"]["CLUSTER"], 1)
+    assert _cluster_dims(data, "decode_attention_split") is None and _cluster_dims(data, "decode_attention_merge") is None
+    regs = cub.entries["decode_attention_split"].registers
+    assert regs is not None and 3 * 128 * regs <= 65536, regs  # 3 CTAs per SM (3 x 64 KB shared memory fits too)
+    assert 3 * split["shared_mem"] <= 228 * 1024 - 3 * 1024
+
+
 def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
     """The geometry-dependent set is only the norms; all presets build (norms only: fast)."""
     sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
@@ -181,14 +229,24 @@ def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
 EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b.json"]
 
 
+#: Default modules no example uses: the Triton decode attention, which the CUDA C one replaced as the
+#: examples' impl (2026-11-29; `gen_qwen3.py --decode-attention triton` still selects it, and the GPU tests
+#: and benches compare against it). Pinned here as they were in the examples (validated on the H200).
+UNUSED_BY_EXAMPLES = {
+    "paged_decode_attention.cubin": "77354f69eaf21e464d7d4d011a7491d57fa85105ebb605c21d2e9c3a4a5ec8cd",
+    "paged_decode_reduce.cubin": "4aa5b00c5a5e8e8503ef217ba94f7fca85d256b795c91a189569d63b9db99003",
+}
+
+
 def test_default_build_matches_the_examples(built):
     """Every default cubin has the sha256 the committed examples pin (those cubins were validated on
     the H200): opt-in instances (`--pdl`) must never change a default one. Every default module is
-    used by some example, so this covers the whole default build."""
+    used by some example or pinned in UNUSED_BY_EXAMPLES, so this covers the whole default build."""
     a, idx = built
-    pinned: dict[str, str] = {}
+    pinned: dict[str, str] = dict(UNUSED_BY_EXAMPLES)
     for ex in EXAMPLES:
         for mod in json.loads(ex.read_text())["modules"].values():
+            assert mod["source"] not in UNUSED_BY_EXAMPLES, mod["source"]
             pinned.setdefault(mod["source"], mod["sha256"])
     for name, k in idx["kernels"].items():
         assert k["module"] in pinned, f"{name}: module {k['module']} is used by no example"
@@ -200,7 +258,8 @@ def test_default_build_matches_the_examples(built):
 # ------------------------------------------------------------------ opt-in PDL instances (--pdl)
 
 PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
-            "argmax_partial", "argmax_reduce")
+            "argmax_partial", "argmax_reduce", "decode_attention_split", "decode_attention_merge",
+            "decode_attention_cluster")
 
 
 @pytest.fixture(scope="session")

@@ -176,7 +176,7 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
             if k.lang == "cuda":
                 if cuda_modules.setdefault(k.module, (k.source, k.defines)) != (k.source, k.defines):
                     raise AssertionError(f"{k.name}: module {k.module} built from two different (source, defines)")
-                built[k.name] = (k.module, k.entry, 0)
+                built[k.name] = (k.module, k.entry, k.shared_mem)
         nvcc = {mod: start_cuda(src, tmp, defines, mod) for mod, (src, defines) in sorted(cuda_modules.items())}
         tri = [k for k in kernels if k.lang == "triton"]
         jobs = jobs or min(len(tri), os.cpu_count() or 1) or 1

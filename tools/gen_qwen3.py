@@ -17,7 +17,7 @@ op entries (tools/README.md is the contract):
   state.)
 - `decode`: one token (`tokens` = 1): every layer through the fused decode GEMV ops of
   `gemv.cu` (norm + qkv, o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
-  7 launches per layer with the attention prologue and the 2-launch decode attention), then the
+  6 launches per layer with the attention prologue and the one-launch decode attention), then the
   final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
   `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`),
   grid and dynamic shared memory are literals of its one launch.
@@ -32,7 +32,15 @@ its n and k; in decode, `residual` is written only by the embedding and then in 
 gemv_residual ops (o, down of each layer, in order); every declaration is used. The output is deterministic: the same config and index give the same
 bytes.
 
-`--fused-attention` (opt-in; the default output is unchanged): decode attention is one launch of
+Decode attention (`attention_decode`, one interface, three impls; `--decode-attention`):
+`cluster` (the default) is one launch of `decode_attention_cluster` (tools/kernels-src/decode_attention.cu:
+a cluster of 8 CTAs per kv head splits the keys and merges through distributed shared memory; no
+scratch); `cuda` (`--cuda-attention`) is `decode_attention_split` + `decode_attention_merge` (two
+launches, split-KV partials in impl scratch); `triton` is attention.py's `paged_decode_attention` +
+`paged_decode_reduce` (two launches, the impl before 2026-11-29). Only the op's impl differs: the same
+calls, buffers and interface (tools/bench_kernels.py times all three, BENCHMARKS.md).
+
+`--fused-attention` (opt-in, implies `--decode-attention triton`): decode attention is one launch of
 `paged_decode_attention_fused` (tools/kernels-src/attention.py: split-KV stage 1, and the last
 program of each kv head merges the splits) instead of stage 1 + reduce. That kernel needs
 counters that persist between runs and start at zero, which impl scratch is not (it is not
@@ -72,6 +80,16 @@ TRITON_HIDDEN = ("global_scratch", "profile_scratch")
 ARGMAX_BLOCK_LOGITS = 2048
 #: Key splits of decode attention (kernels-src recommends 32): NKV × 32 = 256 programs ≥ the H200's 132 SMs.
 DECODE_SPLITS = 32
+#: The impls of the one `attention_decode` interface (same params; only kernels, launches and scratch differ):
+#: `cuda` decode_attention_split + decode_attention_merge (decode_attention.cu, 2 launches), `cluster`
+#: decode_attention_cluster (decode_attention.cu, one launch, no scratch), `triton` paged_decode_attention +
+#: paged_decode_reduce (attention.py, 2 launches; with --fused-attention one launch and a counters state).
+DECODE_ATTENTION_IMPLS = ("cuda", "cluster", "triton")
+DEFAULT_DECODE_ATTENTION = "cluster"
+#: Split stride of decode_attention_split (grid.y and the scratch; the kernel uses fewer splits on short contexts).
+CUDA_DECODE_SPLITS = 32
+#: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
+CLUSTER_SPLITS = 8
 #: The opt-in one-launch decode attention (build_kernels.py --fused-attention) and its counters' state.
 FUSED_ATTENTION = "paged_decode_attention_fused"
 ATTN_COUNTERS = "attn_counters"
@@ -483,8 +501,10 @@ def _pdl(launch: Launch, pdl: bool) -> Launch:
     return launch
 
 
-def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_attention: bool = False) -> None:
-    """The ops other than the decode GEMVs. `fused_attention`: `attention_decode` is one launch of the
+def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_attention: bool = False,
+                decode_attention: str = DEFAULT_DECODE_ATTENTION) -> None:
+    """The ops other than the decode GEMVs. `decode_attention`: the impl of `attention_decode`
+    (DECODE_ATTENTION_IMPLS). `fused_attention` (with `triton`): `attention_decode` is one launch of the
     fused kernel, with an extra interface param `counters` (module docstring). `pdl`: the decode-only
     ops (attention_decode, argmax)
     launch the PDL kernel forms with `"pdl": true`, and decode's attention prologue is its own op
@@ -499,12 +519,20 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
 
     # What the attention kernels were compiled for must fit this geometry.
     group = NQ // NKV
+    if decode_attention not in DECODE_ATTENTION_IMPLS:
+        raise GenError(f"decode attention `{decode_attention}`: one of {', '.join(DECODE_ATTENTION_IMPLS)}")
+    if fused_attention and decode_attention != "triton":
+        raise GenError(f"--fused-attention is the Triton one-launch form: not with decode attention `{decode_attention}`")
     fused = fused_attention_kernel(b, pdl) if fused_attention else None
-    for kname in ("qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention") \
-            + ((fused,) if fused else ()):
+    decode_kernels = {"triton": ("paged_decode_attention", "paged_decode_reduce"),
+                      "cuda": ("decode_attention_split", "decode_attention_merge"),
+                      "cluster": ("decode_attention_cluster",)}[decode_attention]
+    for kname in ("qk_norm_rope_kv", "paged_prefill_attention") + decode_kernels + ((fused,) if fused else ()):
         if (d := b.constexpr(kname, "D")) != D:
             raise GenError(f"kernel `{kname}` is compiled for head_dim {d}; the config has head_dim {D}")
-    for kname, cx in (("qk_norm_rope_kv", "BLOCK_G"), ("paged_decode_attention", "BLOCK_H")) \
+    group_limit = (("paged_decode_attention", "BLOCK_H"),) if decode_attention == "triton" else \
+        ((decode_kernels[0], "MAX_G"),)
+    for kname, cx in (("qk_norm_rope_kv", "BLOCK_G"),) + group_limit \
             + (((fused, "BLOCK_H"),) if fused else ()):
         if group > (n := b.constexpr(kname, cx)):
             raise GenError(f"kernel `{kname}` handles at most {n} q heads per kv head ({cx}); "
@@ -557,32 +585,35 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
     ])
 
     # Decode: split-KV partial results into private scratch, then a reduce. Fixed shapes (one token).
-    splits = min(DECODE_SPLITS, b.constexpr("paged_decode_reduce", "MAX_SPLITS"))
-    scratch = {"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
-               "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])}
-    if fused:
-        # One launch: the last program of each kv head merges the splits; its counters are a state.
-        if splits > (n := b.constexpr(fused, "MAX_SPLITS")):
-            raise GenError(f"kernel `{fused}` merges at most {n} splits (MAX_SPLITS); decode uses {splits}")
-        iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
-                 ("counters", "inout ptr"), ("out", BF16_OUT)]
-        b.op("attention_decode", iface, [
-            _pdl(b.launch("attention_decode", iface, fused, [NKV, splits, 1],
-                          q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
-                          part_acc=S("part_acc"), part_ml=S("part_ml"), counters=P("counters"), out=P("out"),
-                          **common), pdl),
-        ], scratch=scratch)
+    if decode_attention != "triton":
+        declare_cuda_decode_attention(b, decode_attention, pdl, common)
     else:
-        iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
-                 ("out", BF16_OUT)]
-        b.op("attention_decode", iface, [
-            _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_attention", pdl), [NKV, splits, 1],
-                          q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
-                          part_acc=S("part_acc"), part_ml=S("part_ml"), **common), pdl),
-            _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_reduce", pdl), [NQ, 1, 1],
-                          part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ,
-                          num_splits=splits), pdl),
-        ], scratch=scratch)
+        splits = min(DECODE_SPLITS, b.constexpr("paged_decode_reduce", "MAX_SPLITS"))
+        scratch = {"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
+                   "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])}
+        if fused:
+            # One launch: the last program of each kv head merges the splits; its counters are a state.
+            if splits > (n := b.constexpr(fused, "MAX_SPLITS")):
+                raise GenError(f"kernel `{fused}` merges at most {n} splits (MAX_SPLITS); decode uses {splits}")
+            iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+                     ("counters", "inout ptr"), ("out", BF16_OUT)]
+            b.op("attention_decode", iface, [
+                _pdl(b.launch("attention_decode", iface, fused, [NKV, splits, 1],
+                              q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                              part_acc=S("part_acc"), part_ml=S("part_ml"), counters=P("counters"), out=P("out"),
+                              **common), pdl),
+            ], scratch=scratch)
+        else:
+            iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+                     ("out", BF16_OUT)]
+            b.op("attention_decode", iface, [
+                _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_attention", pdl), [NKV, splits, 1],
+                              q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"),
+                              part_acc=S("part_acc"), part_ml=S("part_ml"), **common), pdl),
+                _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "paged_decode_reduce", pdl), [NQ, 1, 1],
+                              part_acc=S("part_acc"), part_ml=S("part_ml"), out=P("out"), num_q_heads=NQ,
+                              num_splits=splits), pdl),
+            ], scratch=scratch)
 
     iface = [("gate_up", BF16_IN), ("out", BF16_OUT)]
     block = b.constexpr("silu_and_mul", "BLOCK")
@@ -600,6 +631,37 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
         _pdl(b.launch("argmax", iface, pdl_kernel(b, "argmax_reduce", pdl), [1, 1, 1], partial=S("partial"),
                       out=P("out"), parts=parts), pdl),
     ], scratch={"partial": Scratch(dtype="u64", shape=[parts])})
+
+
+def declare_cuda_decode_attention(b: ManifestBuilder, impl: str, pdl: bool, common: dict) -> None:
+    """`attention_decode` through decode_attention.cu, the same interface as the Triton pair: `cuda` =
+    decode_attention_split (grid [NKV, CUDA_DECODE_SPLITS, 1], partials into private scratch; it uses fewer
+    splits on short contexts) + decode_attention_merge ([NQ, 1, 1]); `cluster` = decode_attention_cluster
+    (grid [NKV, 8, 1], its compiled cluster; no scratch). `pdl`: their `_pdl` forms, launched with the flag."""
+    c = b.cfg
+    NQ, NKV, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
+             ("out", BF16_OUT)]
+    io = dict(q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"))
+    if impl == "cluster":
+        kname = pdl_kernel(b, "decode_attention_cluster", pdl)
+        if (n := b.constexpr(kname, "CLUSTER")) != CLUSTER_SPLITS:
+            raise GenError(f"kernel `{kname}` is compiled for clusters of {n}; the generator launches {CLUSTER_SPLITS}")
+        b.op("attention_decode", iface, [
+            _pdl(b.launch("attention_decode", iface, kname, [NKV, CLUSTER_SPLITS, 1], out=P("out"), **io, **common),
+                 pdl),
+        ])
+        return
+    splits = min(CUDA_DECODE_SPLITS, b.constexpr("decode_attention_merge", "MAX_SPLITS"))
+    scratch = {"part_acc": Scratch(dtype="f32", shape=[NQ * splits * D]),
+               "part_ml": Scratch(dtype="f32", shape=[NQ * splits * 2])}
+    b.op("attention_decode", iface, [
+        _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "decode_attention_split", pdl), [NKV, splits, 1],
+                      part_acc=S("part_acc"), part_ml=S("part_ml"), **io, **common), pdl),
+        _pdl(b.launch("attention_decode", iface, pdl_kernel(b, "decode_attention_merge", pdl), [NQ, 1, 1],
+                      part_acc=S("part_acc"), part_ml=S("part_ml"), seq_lens=P("seq_lens"), out=P("out"),
+                      num_q_heads=NQ, num_splits=splits), pdl),
+    ], scratch=scratch)
 
 
 #: Decode GEMV ops (one token): op name -> gemv.cu variant. Each op's impl is one launch of
@@ -701,7 +763,8 @@ def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = Fal
              m=tokens, n=i32(H), k=i32(I))
 
 
-#: Per-layer call labels of the decode program (7 kernel launches: attention is 2).
+#: Per-layer call labels of the decode program (6 kernel launches with the default decode attention, 7 with
+#: a two-launch one).
 DECODE_LAYER_CALLS = ("norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add")
 
 
@@ -743,20 +806,24 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
 
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
-                   model: str | None = None, pdl: bool = False, fused_attention: bool = False) -> Manifest:
+                   model: str | None = None, pdl: bool = False, fused_attention: bool = False,
+                   decode_attention: str | None = None) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
     `pdl`: every decode launch but the first (the embedding) is a programmatic dependent launch:
     the GEMVs (see `declare_gemv`) and the PDL kernel forms of the attention prologue, decode
     attention and argmax (see `declare_ops`; the index must come from build_kernels.py --pdl).
     `fused_attention`: decode attention in one launch with per-layer counters in the state
-    `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention)."""
+    `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention).
+    `decode_attention`: the impl of the `attention_decode` op (DECODE_ATTENTION_IMPLS; default
+    DEFAULT_DECODE_ATTENTION, `triton` with `fused_attention`)."""
+    decode_attention = decode_attention or ("triton" if fused_attention else DEFAULT_DECODE_ATTENTION)
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
     positions = max_positions or cfg.max_position_embeddings
     layout = layout or make_layout(cfg)
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
-    declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention)
+    declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
     declare_gemv_ops(b, pdl=pdl)
     forward(b, layout, "prefill")
     forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention)
@@ -1061,9 +1128,9 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
              max_positions: int | None = None, model: str | None = None, pdl: bool = False,
-             fused_attention: bool = False) -> Manifest:
+             fused_attention: bool = False, decode_attention: str | None = None) -> Manifest:
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
-                       pdl=pdl, fused_attention=fused_attention)
+                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
     data = ks.dump(m)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(out) + ".tmp")
@@ -1089,12 +1156,19 @@ def main(argv: list[str] | None = None) -> int:
                          "manifest `pdl: true`): the GEMVs and the PDL kernel forms (build_kernels.py --pdl)")
     ap.add_argument("--fused-attention", action="store_true",
                     help="decode attention in one launch (paged_decode_attention_fused; build_kernels.py "
-                         "--fused-attention): adds the state `attn_counters` and a var `seqs` (max 1)")
+                         "--fused-attention): adds the state `attn_counters` and a var `seqs` (max 1); "
+                         "with --decode-attention triton")
+    ap.add_argument("--decode-attention", choices=DECODE_ATTENTION_IMPLS, default=None,
+                    help="the impl of `attention_decode`: cuda (decode_attention.cu split + merge), cluster "
+                         "(decode_attention.cu, one launch), triton (attention.py); default "
+                         f"{DEFAULT_DECODE_ATTENTION} (triton with --fused-attention)")
+    ap.add_argument("--cuda-attention", dest="decode_attention", action="store_const", const="cuda",
+                    help="= --decode-attention cuda")
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
-                     pdl=a.pdl, fused_attention=a.fused_attention)
+                     pdl=a.pdl, fused_attention=a.fused_attention, decode_attention=a.decode_attention)
     except (GenError, ConfigError) as e:
         print(f"gen_qwen3: error: {e}", file=sys.stderr)
         return 1

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 GROUPS = (  # (group, substrings of the kernel name), first match wins
     ("GEMV (decode GEMMs)", ("gemv",)),
-    ("decode attention", ("paged_decode_attention", "paged_decode_reduce")),
+    ("decode attention", ("paged_decode_attention", "paged_decode_reduce", "decode_attention_")),
     ("qk-norm + rotary + KV write", ("qk_norm_rope_kv",)),
     ("RMS norm / residual", ("rms_norm",)),
     ("SiLU-and-mul", ("silu",)),

@@ -18,7 +18,7 @@ ulp here and there: the message prints the max difference to tell them apart).
    from a CUDA graph; every output equals its two-launch twin, counters zero at the end.
 4. The `_pdl` form (launched without the attribute) equals the plain one.
 5. The 0.6B decode program with `gen_qwen3.py --fused-attention` (and with --pdl too) gives the
-   default manifest's tokens and logits bit for bit, eager and in a CUDA graph.
+   `--decode-attention triton` manifest's tokens and logits bit for bit, eager and in a CUDA graph.
 
 Kernels: $KERN_KERNELS_DIR if its index has `paged_decode_attention_fused` (and `_pdl`), else
 built here (0.6b, 4b, --fused-attention --pdl).
@@ -274,7 +274,9 @@ def chain(kdir, tmp_path_factory):
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
            "--max-positions", str(CAPACITY)]
     out = {"kernels": kdir}
-    for which, flags in (("plain", []), ("fused", ["--fused-attention"]), ("fused_pdl", ["--fused-attention", "--pdl"])):
+    # plain: the Triton two-launch impl, which the fused kernel equals bit for bit (not the default impl)
+    for which, flags in (("plain", ["--decode-attention", "triton"]), ("fused", ["--fused-attention"]),
+                         ("fused_pdl", ["--fused-attention", "--pdl"])):
         out[which] = d / f"{which}.json"
         subprocess.run(gen + ["--out", str(out[which]), *flags], check=True, capture_output=True)
     out["weights"] = d / "weights.safetensors"

@@ -59,6 +59,8 @@ class Kernel:
     # Programmatic dependent launch: the instance keeps the manifest's `"pdl": true` contract
     # (packages/kern-schema/README.md); written as `"pdl": true` in its index entry.
     pdl: bool = False
+    # CUDA only: the launch's dynamic shared memory in bytes (Triton: what its compiler reports).
+    shared_mem: int = 0
 
     @property
     def block(self) -> list[int]:
@@ -74,7 +76,7 @@ class Kernel:
     def key(self):
         return (self.lang, self.source, self.entry, self.params, tuple(sorted(self.constexprs.items())),
                 self.num_warps, self.num_stages, self.block_x, tuple(sorted(self.shared_mem_per.items())),
-                self.defines, self.module_suffix, self.pdl)
+                self.defines, self.module_suffix, self.pdl, self.shared_mem)
 
 
 def P(name, type_, div16=False, elem=None):
@@ -221,10 +223,81 @@ def _attention_kernels() -> list[Kernel]:
     ]
 
 
+#: The CUDA C decode attention (decode_attention.cu): warps per CTA, the ring of page slots per warp
+#: (one slot = one page of one kv head: 16 token rows of k|v, 512 bytes each, DA_ROW bytes apart), the
+#: cluster size, and the partials a cluster CTA receives (per source CTA: m and l of 8 q heads, and 128 acc).
+DA_WARPS = 4
+DA_ROW = 528
+DA_SLOT_BYTES = 16 * DA_ROW
+DA_SPLIT_SLOTS = 2
+DA_CLUSTER = 8
+DA_CLUSTER_SLOTS = 4
+DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
+#: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
+DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
+DECODE_ATTENTION_CLUSTER = "decode_attention_cluster"
+DA_DOC_COMMON = ("q: bf16, head j of sequence b at q + b*q_stride + j*128 (q_stride = (NQ+2*NKV)*128 when q is the qkv "
+                 "buffer; a multiple of 16); kv = state + layer*65536 (16-byte aligned; page_bytes = L*65536, a multiple "
+                 "of 512); block_table: i32 [seqs, bt_stride] page ids; seq_lens: i32 [seqs] (>= 1, keys 0..L-1 incl. "
+                 "the current token). G = NQ/NKV q heads per kv head, 1 <= G <= 8 (MAX_G). sm_scale = 1/sqrt(128). "
+                 "fp32 accumulation and softmax (base 2), P rounded to bf16 for the PV product (tensor cores), one "
+                 "rounding of the output.")
+
+
+def _decode_attention_cuda_kernels() -> list[Kernel]:
+    """Decode attention in CUDA C (decode_attention.cu, one module): the split + merge pair (one op, two
+    launches, paged_decode_attention's scratch layout) and the one-launch cluster form."""
+    head = (P("q", BF16_IN, True), KV, P("block_table", "in buffer<i32>", True), P("seq_lens", "in buffer<i32>", True))
+    cx = {"D": D_HEAD, "MAX_G": 8, "WARPS": DA_WARPS, "PAGE": 16, "MIN_PAGES_PER_SPLIT": DA_WARPS,
+          "MAX_SPLITS": DECODE_MAX_SPLITS}
+    split_doc = ("S = grid.y CTAs per kv head, of which the first ns = min(S, 64, max(1, ceil(ceil(L/16)/4))) work "
+                 "(at least 4 pages, one per warp, per split; the others exit at once and write nothing); warp w of "
+                 "split s takes logical pages s*4+w + k*4*min(S, 64) (round-robin over the warps of the ns splits).")
+    return [
+        Kernel(
+            name="decode_attention_split", lang="cuda", source="decode_attention.cu", entry="decode_attention_split",
+            block_x=32 * DA_WARPS, shared_mem=DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES,
+            params=head + (P("part_acc", "out buffer<f32>", True), P("part_ml", "out buffer<f32>", True)) + ATTN_TAIL,
+            grid="(NKV, S, seqs), S = the split stride of the scratch (1..64; 32 recommended)",
+            doc="Decode attention, split-KV stage (CUDA C, flash decoding: one CTA per (kv head, split) for the whole "
+                "GQA group, K and V read once, cp.async page ring, mma.sync). " + split_doc + " Writes, for the ns "
+                "splits only, paged_decode_attention's scratch layout: part_acc f32 [seqs, NQ, S, 128] (sum p v), "
+                "part_ml f32 [seqs, NQ, S, 2] (running max in log2 units, sum p). " + DA_DOC_COMMON,
+            constexprs={**cx, "SLOTS": DA_SPLIT_SLOTS},
+        ),
+        Kernel(
+            name="decode_attention_merge", lang="cuda", source="decode_attention.cu", entry="decode_attention_merge",
+            block_x=32 * DA_WARPS,
+            params=(P("part_acc", "in buffer<f32>", True), P("part_ml", "in buffer<f32>", True),
+                    P("seq_lens", "in buffer<i32>", True), P("out", BF16_OUT, True), P("num_q_heads", "i32"),
+                    P("num_splits", "i32")),
+            grid="(NQ, seqs, 1)",
+            doc="Decode attention, merge stage of decode_attention_split (num_splits = its S): reads the ns splits "
+                "it wrote (ns from seq_lens, as there) and writes out: bf16 [seqs, NQ*128], out = bf16(sum_s "
+                "2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), M = max_s m_s (IEEE division).",
+            constexprs={"D": D_HEAD, "MAX_SPLITS": DECODE_MAX_SPLITS, "MIN_PAGES_PER_SPLIT": DA_WARPS},
+        ),
+        Kernel(
+            name=DECODE_ATTENTION_CLUSTER, lang="cuda", source="decode_attention.cu", entry="decode_attention_cluster",
+            block_x=32 * DA_WARPS, shared_mem=DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES,
+            params=head + (P("out", BF16_OUT, True),) + ATTN_TAIL,
+            grid=f"(NKV, {DA_CLUSTER}, seqs): grid.y must be {DA_CLUSTER}, the compiled cluster is (1, {DA_CLUSTER}, 1)",
+            doc=f"Decode attention in ONE launch (CUDA C): a thread-block cluster of {DA_CLUSTER} CTAs per (kv head, "
+                f"sequence), CTA r taking logical pages r*4+w + k*{4 * DA_CLUSTER} for its warps w (as "
+                f"decode_attention_split with {DA_CLUSTER} splits); each CTA pushes its partial through distributed "
+                "shared memory to the CTAs that merge it (CTA r: outputs [r*G*16, (r+1)*G*16) of the kv head's G*128), "
+                "one cluster barrier, then each merges its slice into out: bf16 [seqs, NQ*128]. No scratch, no "
+                "state. " + DA_DOC_COMMON,
+            constexprs={**cx, "SLOTS": DA_CLUSTER_SLOTS, "CLUSTER": DA_CLUSTER},
+        ),
+    ]
+
+
 #: nvcc flags per CUDA source, after the common `-cubin -arch=sm_90 -O3 -std=c++17`.  The GEMV
 #: kernels round where HF rounds and were checked against float64 without fast math
 #: (IEEE division, no flush-to-zero): keep it that way.
 CUDA_FLAGS: dict[str, tuple[str, ...]] = {
+    "decode_attention.cu": (),
     "embedding.cu": ("--use_fast_math",),
     "argmax.cu": ("--use_fast_math",),
     "gemv.cu": (),
@@ -322,7 +395,7 @@ def _gemv_pf_kernels() -> list[Kernel]:
 
 #: The kernels of the decode program between the GEMVs that have a PDL form (`NAME_pdl`).
 PDL_KERNELS = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
-               "argmax_partial", "argmax_reduce")
+               "argmax_partial", "argmax_reduce") + DECODE_ATTENTION_CUDA + (DECODE_ATTENTION_CLUSTER,)
 PDL_DOC = (" PDL form (programmatic dependent launch, manifest `\"pdl\": true`): every block loads only "
            "inputs and weights, then executes griddepcontrol.wait before reading any earlier launch's output "
            "and before any store (also in blocks with no work), and griddepcontrol.launch_dependents; launched "
@@ -337,7 +410,7 @@ def _pdl_kernels() -> list[Kernel]:
     CUDA C: the same source compiled with `-DKERN_PDL` into its own module (`*_pdl.cubin`).
     Same params, grid, block and shared memory as the default instance.
     """
-    base = {k.name: k for k in _shared_kernels() + _attention_kernels()}
+    base = {k.name: k for k in _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels()}
     out = []
     for name in PDL_KERNELS:
         k = base[name]
@@ -388,7 +461,8 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
     attention (`_fused_attention_kernels`, with its PDL form when `pdl`); `l2_prefetch`: add the opt-in
     L2-prefetch GEMV forms (`_gemv_pf_kernels`); the default set is unchanged."""
     out: dict[str, Kernel] = {}
-    shared = _shared_kernels() + _attention_kernels() + _gemv_kernels() + (_pdl_kernels() if pdl else []) \
+    shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
+        + (_pdl_kernels() if pdl else []) \
         + (_fused_attention_kernels(pdl) if fused_attention else []) + (_gemv_pf_kernels() if l2_prefetch else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():

@@ -1,0 +1,503 @@
+// Decode attention (one query token per sequence) over the paged bf16 KV cache, flash-decoding
+// style, for every Qwen3 dense geometry: head_dim D = 128, G = NQ/NKV q heads per kv head
+// (1 <= G <= DA_MAX_G = 8), shapes are runtime params.  Three entries, one module:
+//
+//   decode_attention_split + decode_attention_merge   one op, two launches (split-KV partial
+//       results into impl scratch, then a merge); the partial layout is paged_decode_attention's.
+//   decode_attention_cluster                           one launch: a thread-block cluster of 8
+//       CTAs per (kv head, sequence) splits the keys and merges through distributed shared memory
+//       (no scratch, no counters, no state).
+//
+// KV layout (tools/README.md; kernels-src/attention.py): pages of 16 tokens interleaved by layer,
+// [page][layer][16 tokens][NKV][k|v][D] bf16.  `kv` = state + layer*65536 (bytes), `page_bytes` =
+// the byte stride between pages (L*65536).  Token slot t of physical page p, kv head h: its k at
+// kv + p*page_bytes + t*NKV*512 + h*512 (256 bytes), its v in the next 256 bytes.  Logical page j of
+// sequence b is block_table[b*bt_stride + j]; keys 0..L-1 (L = seq_lens[b] >= 1, the current token
+// included) are attended.  q: bf16, head i of sequence b at q + b*q_stride + i*D.
+//
+// ABI (extern "C"; params in the manifest's type grammar, see kernels-src/README.md):
+//
+//   decode_attention_split(const bf16* q,          in  buffer<bf16> (16-byte aligned; q_stride % 8 == 0)
+//                          const char* kv,         in  ptr (16-byte aligned; page_bytes % 512 == 0)
+//                          const int*  block_table, in  buffer<i32> [seqs, bt_stride]
+//                          const int*  seq_lens,   in  buffer<i32> [seqs]
+//                          float*      part_acc,   out buffer<f32> [seqs, NQ, S, D]   (impl scratch)
+//                          float*      part_ml,    out buffer<f32> [seqs, NQ, S, 2]   (impl scratch)
+//                          int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
+//                          int page_bytes, float sm_scale)
+//     grid (NKV, S, seqs), S = gridDim.y = the scratch's split stride (1..64), block (128,1,1),
+//     dynamic shared memory DA_SPLIT_SMEM (66 KB: three CTAs per SM).
+//   decode_attention_merge(const float* part_acc, const float* part_ml, const int* seq_lens,
+//                          bf16* out,              out buffer<bf16> [seqs, NQ*D]
+//                          int num_q_heads, int num_splits)      num_splits = S of the split launch
+//     grid (NQ, seqs, 1), block (128,1,1), no dynamic shared memory.
+//   decode_attention_cluster(q, kv, block_table, seq_lens, bf16* out, int num_q_heads,
+//                          int num_kv_heads, int q_stride, int bt_stride, int page_bytes, float sm_scale)
+//     grid (NKV, 8, seqs) (grid.y must be 8: the compiled cluster is (1, 8, 1)), block (128,1,1),
+//     dynamic shared memory DA_CLUSTER_SMEM (136.5 KB).
+//
+// Work split.  With n = ceil(L/16) pages, the split launch uses ns = splits_for(L, S) =
+// min(S, 64, max(1, ceil(n / 4))) of its S CTAs per kv head (a short context uses few splits: at
+// least 4 pages, one per warp, per split); CTAs s >= ns exit at once and write nothing, and the
+// merge (which computes the same ns from seq_lens) reads only splits s < ns.  Warp w of split s takes
+// logical pages j = s*4 + w + k*4*min(S, 64), k = 0, 1, ...: round-robin over the warps of ns splits
+// (when ns < S every warp has at most one page), an assignment that does not depend on L, so the
+// block-table entries are loaded (lane-parallel, 32 at a time) together with seq_lens.  The cluster
+// launch does the same with 8 splits (its 8 CTAs, rank = split).
+//
+// Per warp (4 per CTA, independent until the CTA's merge): each page's K and V of this kv head (16
+// tokens x 512 bytes) stream into a private ring of shared-memory slots with 16-byte cp.async (L2 only;
+// the rows of tokens past L are zero-filled, never used), SLOTS pages in flight.  The scores use tensor
+// cores (mma.sync m16n8k16 bf16 -> f32, the G q heads as rows 0..G-1 of a 16-row tile whose rows 8..15
+// stay zero, the page's 16 tokens as two 8-column tiles), then an fp32 online softmax in base 2 (scores
+// scaled by sm_scale*log2(e); running max m and sum l per q head; the accumulators are rescaled only
+// when a running max grows), then P (rounded to bf16, as in flash attention and attention.py) times V,
+// also on tensor cores, into fp32 accumulators.  A slot's token rows are DA_ROW = 528 bytes apart and
+// tokens are read in a fixed permutation (tok_perm), so that both the K reads (128-bit, two tokens per
+// quarter warp) and the V reads (ldmatrix.trans, eight tokens per matrix) are free of bank conflicts.
+// The 4 warps' (m, l, acc) are merged through shared memory; then
+//   split:   the CTA's partial goes to part_acc/part_ml (layout of paged_decode_attention: row
+//            (b*NQ + i)*S + s; m in log2 units, l = sum of 2^(score*log2e - m), acc = sum p v);
+//   merge:   out = bf16(sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), M = max_s m_s;
+//   cluster: CTA r merges elements [r*G*16, (r+1)*G*16) of the kv head's G*128 outputs: every CTA
+//            pushes its (m, l) and its acc of those elements into CTA r's shared memory (distributed
+//            shared memory stores, after a cluster barrier wait whose arrive was at entry, so every
+//            CTA of the cluster has started), then one cluster barrier (release/acquire), then each
+//            CTA merges the 8 partials it received.
+// Arithmetic: fp32 throughout (accumulation, softmax, merges), IEEE division for the final
+// normalisation, one rounding per stored bf16.  exp2 is ex2.approx.ftz.f32 (weights below 2^-126
+// of the running max are 0).
+//
+// PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split and cluster kernels load the
+// block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
+// else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
+#include <cstdint>
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+namespace cg = cooperative_groups;
+
+#ifdef KERN_PDL
+#define DA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define DA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define DA_PDL_WAIT() \
+    do {              \
+    } while (0)
+#define DA_PDL_TRIGGER() \
+    do {                 \
+    } while (0)
+#endif
+
+#define DA_D 128
+#define DA_PAGE 16
+#define DA_WARPS 4
+#define DA_THREADS (DA_WARPS * 32)
+#define DA_MAX_G 8
+#define DA_MIN_PAGES_PER_SPLIT 4
+#define DA_MAX_SPLITS 64
+#define DA_ROW 528                       // a token's k|v (512 bytes) + 16 bytes of padding, in a slot
+#define DA_SLOT_BYTES (DA_PAGE * DA_ROW)  // one page of one kv head
+#define DA_SPLIT_SLOTS 2
+#define DA_CLUSTER 8
+#define DA_CLUSTER_SLOTS 4
+// Dynamic shared memory: the warps' rings of page slots and (cluster) the partials the other CTAs of the
+// cluster push (m, l of each q head from each CTA, and their acc of this CTA's slice of the outputs).
+#define DA_RECV_FLOATS (DA_CLUSTER * (2 * DA_MAX_G + DA_MAX_G * DA_D / DA_CLUSTER))
+#define DA_SPLIT_SMEM (DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES)
+#define DA_CLUSTER_SMEM (DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
+// The per-warp merge area (m[8], l[8], acc[8][128] floats per warp) overlays the ring once every warp
+// is done with it.
+#define DA_RED_FLOATS (2 * DA_MAX_G + DA_MAX_G * DA_D)
+
+static_assert(DA_WARPS * DA_RED_FLOATS * 4 <= DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES, "merge area fits the ring");
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ int splits_for(int L, int S) {
+    const int n = (L + DA_PAGE - 1) / DA_PAGE;
+    const int want = (n + DA_MIN_PAGES_PER_SPLIT - 1) / DA_MIN_PAGES_PER_SPLIT;
+    return max(1, min(min(S, DA_MAX_SPLITS), want));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d += A(16x16) x B(16x8), A's rows 8..15 zero (a1 = a3 = 0): a0 = row g cols 2t..2t+1, a2 = row g cols
+// 2t+8..2t+9; b0 = rows 2t..2t+1, b1 = rows 2t+8..2t+9 of col g; d0, d1 = row g cols 2t, 2t+1, d2, d3 =
+// row g+8 (zero in, zero out: the accumulators of rows 8..15 stay zero, so no register is rezeroed).
+__device__ __forceinline__ void mma16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Tokens of a page are read in the order pi(g) = (g>>1) | (g&1)<<2 within each half (0 4 1 5 2 6 3 7): the
+// quarter warp reading k for tokens pi(2q), pi(2q+1) = q, q+4 then hits the two 64-byte halves of the banks,
+// and ldmatrix's eight rows (tokens 0..7 in any order) start 4 banks apart (rows of DA_ROW = 132 words).
+__device__ __forceinline__ int tok_perm(int g) { return (g >> 1) | ((g & 1) << 2); }
+
+struct Geo {
+    const char* kvh;      // kv + h*512: this kv head's k of token slot 0 of page 0
+    const int* bt;        // this sequence's block-table row
+    int64_t page_bytes;
+    int tok_bytes;        // NKV*512
+    int L;                // keys
+    int npages;
+    float scale;          // sm_scale * log2(e)
+};
+
+// One warp's share: logical pages j = first + k*step (k < count); bt_reg: lane i holds the block-table
+// entry of page first + i*step (where i < count).  Its ring: SLOTS page slots at `ring`.  Leaves (m, l, acc) of the q heads rows g = lane/4 (0..7; rows >= G are
+// padding) for columns d = 8*nt + 2*(lane%4) + {0,1} (acc[nt][0..1]; acc[nt][2..3] are rows 8..15: zero).
+template <int SLOTS>
+__device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step, int count, int bt_reg,
+                                            const uint32_t (&qa)[4][4], uint32_t ring, float& m, float& l,
+                                            float (&acc)[16][4]) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    m = -INFINITY;
+    l = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    // this lane's reads inside a slot: k of token 8*jt + pi(g), 16-byte chunk 4*kp + tig (+ jt*8 rows,
+    // + kp*64 bytes); v rows for ldmatrix: lane r of matrix mi gives token (mi&1)*8 + pi(r), chunk 2*n2 + mi/2
+    const uint32_t k_off = uint32_t(tok_perm(g) * DA_ROW + tig * 16);
+    const int mi = lane >> 3;
+    const uint32_t v_off = uint32_t((((mi & 1) << 3) + tok_perm(lane & 7)) * DA_ROW + 256 + (mi >> 1) * 16);
+
+    // Page k -> slot k % SLOTS: the 16 tokens' k|v rows (512 bytes each; lane i copies bytes 16i..16i+15 of
+    // every row) with 16-byte cp.async (L2 only); the rows of tokens past L are zero-filled (never read).
+    // One commit group per call, also past the last page (empty), so that the waits below are uniform.
+    auto issue = [&](int k) {
+        if (k < count) {  // warp-uniform
+            if ((k & 31) == 0 && k > 0) {
+                const int kk = k + lane;
+                bt_reg = kk < count ? __ldg(geo.bt + first + kk * step) : 0;
+            }
+            const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
+            const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
+            const char* src = geo.kvh + int64_t(phys) * geo.page_bytes + lane * 16;  // token 0 of the page
+            const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES + lane * 16;
+            if (valid == DA_PAGE) {  // a full page (all but maybe the last): no predicates
+#pragma unroll
+                for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes) cp_async16(dst + t * DA_ROW, src, 16u);
+            } else {
+#pragma unroll
+                for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes)
+                    cp_async16(dst + t * DA_ROW, src, t < valid ? 16u : 0u);
+            }
+        }
+        cp_async_commit();
+    };
+
+#pragma unroll
+    for (int k = 0; k < SLOTS; ++k) issue(k);
+
+    for (int k = 0; k < count; ++k) {
+        cp_async_wait<SLOTS - 1>();  // SLOTS + k groups committed: page k's is complete
+        __syncwarp();                 // ... for every lane's copies
+        const uint32_t base = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
+        const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
+
+        // scores S[g][n] of n-tile jt, n = 2*tig + {0,1}: tokens 8*jt + pi(n) = 8*jt + tig + {0, 4}
+        float s[2][2];
+#pragma unroll
+        for (int jt = 0; jt < 2; ++jt) {
+            float e[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int kp = 0; kp < 4; ++kp) {
+                const uint4 k4 = lds128(base + k_off + jt * 8 * DA_ROW + kp * 64);
+                mma16(e, qa[kp][0], qa[kp][1], k4.x, k4.y);
+                mma16(o, qa[kp][2], qa[kp][3], k4.z, k4.w);
+            }
+            const int c = 8 * jt + tig;
+            s[jt][0] = c < valid ? (e[0] + o[0]) * geo.scale : -INFINITY;
+            s[jt][1] = c + 4 < valid ? (e[1] + o[1]) * geo.scale : -INFINITY;
+        }
+        float mx = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);  // finite: every page has a key
+        // rescale only when some row's running max grew (a row whose max did not grow has alpha = 1 exactly)
+        if (__any_sync(0xffffffffu, m_new > m)) {
+            const float alpha = m_new > m ? ex2(m - m_new) : 1.f;
+            l *= alpha;
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt) {
+                acc[nt][0] *= alpha;
+                acc[nt][1] *= alpha;
+            }
+            m = m_new;
+        }
+        const float p00 = ex2(s[0][0] - m), p01 = ex2(s[0][1] - m);
+        const float p10 = ex2(s[1][0] - m), p11 = ex2(s[1][1] - m);
+        l += (p00 + p01) + (p10 + p11);  // this lane's columns; the quad is summed at the end
+        const uint32_t pa0 = pack_bf16(p00, p01), pa2 = pack_bf16(p10, p11);
+#pragma unroll
+        for (int n2 = 0; n2 < 8; ++n2) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, base + v_off + n2 * 32);
+            mma16(acc[2 * n2], pa0, pa2, b[0], b[1]);
+            mma16(acc[2 * n2 + 1], pa0, pa2, b[2], b[3]);
+        }
+        __syncwarp();  // every lane is done with the slot before it is refilled
+        issue(k + SLOTS);
+    }
+    cp_async_wait<0>();  // (only empty groups are left)
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+}
+
+// The CTA's share: warp w takes logical pages gw + k*step (gw: its global warp index), merged over the 4
+// warps.  On return thread d (0..127) holds, for each q head g < G of the group, M[g] (log2 units; -inf when the CTA had no key), Lsum[g] and
+// A[g] for column d.  Every thread of the CTA must call it (it has block barriers).
+template <int SLOTS>
+__device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int bt_reg, int G,
+                                           const uint32_t (&qa)[4][4], float* smem, float (&M)[DA_MAX_G],
+                                           float (&Ls)[DA_MAX_G], float (&A)[DA_MAX_G]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int count = geo.npages > gw ? (geo.npages - gw - 1) / step + 1 : 0;
+    const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
+    float m, l, acc[16][4];
+    warp_attend<SLOTS>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc);
+
+    __syncthreads();  // every warp is done with the ring: the merge area overlays it
+    float* red = smem + warp * DA_RED_FLOATS;
+    const int g = lane >> 2, tig = lane & 3;
+    if (tig == 0) {
+        red[g] = m;
+        red[DA_MAX_G + g] = l;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+        *reinterpret_cast<float2*>(red + 2 * DA_MAX_G + g * DA_D + 8 * nt + 2 * tig) = make_float2(acc[nt][0], acc[nt][1]);
+    __syncthreads();
+    const int d = threadIdx.x;
+#pragma unroll
+    for (int gg = 0; gg < DA_MAX_G; ++gg) {
+        if (gg >= G) break;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DA_WARPS; ++w) mm = fmaxf(mm, smem[w * DA_RED_FLOATS + gg]);
+        float ls = 0.f, a = 0.f;
+        if (mm != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DA_WARPS; ++w) {
+                const float* rw = smem + w * DA_RED_FLOATS;
+                const float mw = rw[gg];
+                const float wt = mw == -INFINITY ? 0.f : ex2(mw - mm);
+                ls += wt * rw[DA_MAX_G + gg];
+                a += wt * rw[2 * DA_MAX_G + gg * DA_D + d];
+            }
+        }
+        M[gg] = mm;
+        Ls[gg] = ls;
+        A[gg] = a;
+    }
+}
+
+// q fragments of the group's heads (rows g = lane/4 < G; zero rows above): for k-step pair kp, the 16
+// bytes q[g][32kp + 8t .. +7] (t = lane%4) are the A operand's (a0, a2) of k-step 2kp and of 2kp+1, the
+// same permutation of head_dim as the K reads (the dot product does not depend on the order).
+__device__ __forceinline__ void load_q(const bf16* q, int64_t b, int q_stride, int h, int G, uint32_t (&qa)[4][4]) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const uint4* qp = reinterpret_cast<const uint4*>(q + b * q_stride + int64_t(h * G + g) * DA_D + 8 * tig);
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+        const uint4 v = g < G ? __ldcg(qp + 4 * kp) : make_uint4(0, 0, 0, 0);
+        qa[kp][0] = v.x;
+        qa[kp][1] = v.y;
+        qa[kp][2] = v.z;
+        qa[kp][3] = v.w;
+    }
+}
+
+// Lane i: the block-table entry of logical page gw + i*step, read only inside the row (bt_stride entries);
+// entries past the sequence's pages may be junk and are never used.
+__device__ __forceinline__ int load_bt(const int* bt_row, int bt_stride, int gw, int step) {
+    const int j = gw + (threadIdx.x & 31) * step;
+    return j < bt_stride ? __ldg(bt_row + j) : 0;
+}
+
+__device__ __forceinline__ Geo make_geo(const char* kv, const int* block_table, int64_t b, int bt_stride, int h,
+                                        int num_kv_heads, int page_bytes, int L, float sm_scale) {
+    Geo geo;
+    geo.kvh = kv + h * 512;
+    geo.bt = block_table + b * bt_stride;
+    geo.page_bytes = page_bytes;
+    geo.tok_bytes = num_kv_heads * 512;
+    geo.L = L;
+    geo.npages = (L + DA_PAGE - 1) / DA_PAGE;
+    geo.scale = sm_scale * 1.4426950408889634f;
+    return geo;
+}
+
+extern "C" __global__ void __launch_bounds__(DA_THREADS)
+decode_attention_split(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
+                       const int* __restrict__ seq_lens, float* __restrict__ part_acc, float* __restrict__ part_ml,
+                       int num_q_heads, int num_kv_heads, int q_stride, int bt_stride, int page_bytes, float sm_scale) {
+    extern __shared__ __align__(128) float smem[];
+    const int h = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+    const int64_t b = blockIdx.z;
+    const int G = num_q_heads / num_kv_heads;
+    // Page k of warp w of split s is logical page gw + k*step (gw = s*4 + w, step = 4*min(S, 64)), the
+    // assignment of ns = splits_for(L, S) splits (when ns < S every warp has at most one page, gw): it
+    // does not depend on L, so the block-table loads go out with the seq_lens load.
+    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * min(S, DA_MAX_SPLITS);
+    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
+    const int L = __ldg(seq_lens + b);
+    DA_PDL_WAIT();
+    DA_PDL_TRIGGER();
+    uint32_t qa[4][4];
+    load_q(q, b, q_stride, h, G, qa);
+    const int ns = splits_for(L, S);
+    if (s >= ns) return;
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+    cta_attend<DA_SPLIT_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
+    const int d = threadIdx.x;
+#pragma unroll
+    for (int gg = 0; gg < DA_MAX_G; ++gg) {
+        if (gg >= G) break;
+        const int64_t row = (b * num_q_heads + h * G + gg) * S + s;
+        part_acc[row * DA_D + d] = A[gg];
+        if (d == 0) *reinterpret_cast<float2*>(part_ml + row * 2) = make_float2(M[gg], Ls[gg]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DA_THREADS)
+decode_attention_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                       const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_splits) {
+    // The ns partial rows (512 bytes each, cp.async) and their (m, l) (L2 loads) are all requested before
+    // the first wait: one round trip to L2 after seq_lens, whatever ns is.
+    __shared__ __align__(16) float acc_s[DA_MAX_SPLITS * DA_D];
+    __shared__ float2 ml_s[DA_MAX_SPLITS];
+    DA_PDL_TRIGGER();
+    DA_PDL_WAIT();
+    const int j = blockIdx.x;
+    const int64_t b = blockIdx.y;
+    const int d = threadIdx.x, lane = threadIdx.x & 31;
+    const int ns = splits_for(__ldg(seq_lens + b), num_splits);
+    const int64_t base = (b * num_q_heads + j) * num_splits;
+    const char* src = reinterpret_cast<const char*>(part_acc + base * DA_D);
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(acc_s));
+    for (int c = d; c < ns * (DA_D / 4); c += DA_THREADS) cp_async16(dst + c * 16, src + c * 16, 16u);
+    if (d < ns) ml_s[d] = __ldcg(reinterpret_cast<const float2*>(part_ml) + base + d);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const float2 ml0 = lane < ns ? ml_s[lane] : make_float2(-INFINITY, 0.f);
+    const float2 ml1 = lane + 32 < ns ? ml_s[lane + 32] : make_float2(-INFINITY, 0.f);
+    float mm = fmaxf(ml0.x, ml1.x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+    const float w0 = ml0.x == -INFINITY ? 0.f : ex2(ml0.x - mm);
+    const float w1 = ml1.x == -INFINITY ? 0.f : ex2(ml1.x - mm);
+    float ls = w0 * ml0.y + w1 * ml1.y;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    float acc = 0.f;
+    for (int s = 0; s < ns; ++s) acc += __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s & 31) * acc_s[s * DA_D + d];
+    out[(b * num_q_heads + j) * DA_D + d] = __float2bfloat16_rn(acc / ls);
+}
+
+extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
+decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
+                         const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
+                         int q_stride, int bt_stride, int page_bytes, float sm_scale) {
+    extern __shared__ __align__(128) float smem[];
+    cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
+    const int h = blockIdx.x, s = int(cluster.block_rank());
+    const int64_t b = blockIdx.z;
+    const int G = num_q_heads / num_kv_heads;
+    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
+    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
+    const int L = __ldg(seq_lens + b);
+    DA_PDL_WAIT();
+    DA_PDL_TRIGGER();
+    uint32_t qa[4][4];
+    load_q(q, b, q_stride, h, G, qa);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+    cta_attend<DA_CLUSTER_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
+
+    // Push this CTA's partial to the CTAs that merge it (CTA r merges elements [r*G*16, (r+1)*G*16) of the
+    // kv head's G*128 outputs): (m, l) of every q head to every CTA, each acc element to its owner, into
+    // their `recv` areas (outside the ring: a CTA still streaming pages is not disturbed).  Distributed shared
+    // memory is written only after every CTA of the cluster has started (the wait of the arrive at entry).
+    float* recv = smem + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES / 4;
+    const int d = threadIdx.x;
+    const int per = G * (DA_D / DA_CLUSTER);
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    if (d < DA_CLUSTER) {
+        float* dst = cluster.map_shared_rank(recv, d) + s * 2 * DA_MAX_G;
+#pragma unroll
+        for (int gg = 0; gg < DA_MAX_G; ++gg) {
+            if (gg >= G) break;
+            dst[gg] = M[gg];
+            dst[DA_MAX_G + gg] = Ls[gg];
+        }
+    }
+#pragma unroll
+    for (int gg = 0; gg < DA_MAX_G; ++gg) {
+        if (gg >= G) break;
+        const int e = gg * DA_D + d;
+        float* dst = cluster.map_shared_rank(recv, e / per);
+        dst[DA_CLUSTER * 2 * DA_MAX_G + s * (DA_MAX_G * DA_D / DA_CLUSTER) + e % per] = A[gg];
+    }
+    // release/acquire at cluster scope: every push is visible to its owner; after this no CTA touches
+    // another's shared memory, so each may leave when done
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    if (d < per) {
+        const int e = s * per + d;
+        const int gg = e / DA_D, dd = e % DA_D;
+        float mr[DA_CLUSTER], lr[DA_CLUSTER], ar[DA_CLUSTER];
+#pragma unroll
+        for (int r = 0; r < DA_CLUSTER; ++r) {
+            mr[r] = recv[r * 2 * DA_MAX_G + gg];
+            lr[r] = recv[r * 2 * DA_MAX_G + DA_MAX_G + gg];
+            ar[r] = recv[DA_CLUSTER * 2 * DA_MAX_G + r * (DA_MAX_G * DA_D / DA_CLUSTER) + d];
+        }
+        float mm = mr[0];
+#pragma unroll
+        for (int r = 1; r < DA_CLUSTER; ++r) mm = fmaxf(mm, mr[r]);
+        float ls = 0.f, acc = 0.f;
+#pragma unroll
+        for (int r = 0; r < DA_CLUSTER; ++r) {
+            const float w = mr[r] == -INFINITY ? 0.f : ex2(mr[r] - mm);
+            ls += w * lr[r];
+            acc += w * ar[r];
+        }
+        out[(b * num_q_heads + h * G + gg) * DA_D + dd] = __float2bfloat16_rn(acc / ls);
+    }
+}
