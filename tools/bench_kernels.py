@@ -59,6 +59,13 @@ torch = None
 D = 128
 DEV = "cuda"
 GRAPH_MAX_BYTES = 40 * 2**30  # per case, all L sets together
+#: Cached tokens of the decode attention cases.
+DECODE_CONTEXTS = (512, 1024, 4096, 16384, 32768)
+
+
+def cuda_splits(ctx: int, S: int) -> int:
+    """The splits decode_attention_split uses at ctx cached tokens with grid.y = S (its splits_for)."""
+    return max(1, min(S, 64, -(-(-(-ctx // 16)) // 4)))
 
 
 class Timer:
@@ -238,55 +245,71 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
     # decode attention: one token, 36-layer interleaved pages, random page order.  In-graph:
     # call l reads layer l's blocks of the same pool (state + layer offset, as the decode
     # program does), so the L calls touch L distinct KV regions; block table and seq_lens
-    # shared, split-KV scratch (acc, ml) shared per op, qkv and output per call.
-    for ctx in (512, 4096, 32768):
+    # shared, split-KV scratch (acc, ml) shared per op, qkv and output per call.  Each impl of
+    # the op runs at every context: the Triton pair (attention.py) at S = 16, 32, 64, the CUDA C
+    # split + merge (decode_attention.cu) at S = 32, 64 (it uses ns = splits_for(ctx, S) of them),
+    # the CUDA C one-launch cluster form, and with --fused-attention the Triton one-launch form.
+    # Bytes: K and V once, q read and out written (bf16), the block table, and the op's own scratch
+    # written and read back (none for the cluster form).
+    kv_bytes = NKV * D * 4  # K + V bf16 per cached token
+
+    def pool(ctx):
         npages = -(-ctx // 16)
+        if shared.get("ctx") != ctx:  # one pool (+ block table) alive at a time, reused across impls and S
+            for k in ("kv", "bt", "seq"):
+                shared.pop(k, None)
+            torch.cuda.empty_cache()
+            shared.update(ctx=ctx, kv=bf(npages, page_elems),
+                          bt=torch.randperm(npages, device=DEV).to(torch.int32),
+                          seq=torch.tensor([ctx], dtype=torch.int32, device=DEV))
+        return shared["kv"], shared["bt"], shared["seq"], npages
+
+    def attn_setup(ctx, launch, scratch_splits=0):
+        """n per-layer launchers of one impl: launch(qkv, kvp, bt, seq, npages, acc, ml, o, l) enqueues it."""
+        def setup(n):
+            kv, bt, seq, npages = pool(ctx)
+            acc = torch.empty(max(1, NQ * scratch_splits * D), device=DEV)
+            ml = torch.empty(max(1, NQ * scratch_splits * 2), device=DEV)
+            counters = torch.zeros(NL * NKV, dtype=torch.int32, device=DEV)  # the fused form's state
+            out = []
+            for l in range(n):
+                qkv, o = bf(1, QS), bf(1, NQ * D)
+                out.append(lambda qkv=qkv, o=o, l=l, kv=kv, acc=acc, ml=ml, counters=counters: launch(
+                    qkv, kv.data_ptr() + l * layer_bytes, bt, seq, npages, acc, ml, o,
+                    counters.data_ptr() + l * NKV * 4))
+            return out
+        return setup
+
+    def add_attn(name, ctx, note, setup, scratch_splits):
+        nbytes = ctx * kv_bytes + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * scratch_splits * (D + 2) * 4
+        add(name, 1, f"ctx={ctx} {note}".rstrip(), setup, nbytes, 4 * NQ * D * ctx,
+            set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=-(-ctx // 16) * page_bytes)
+
+    for ctx in DECODE_CONTEXTS:
         for S in (16, 32, 64):
-            def dec(n, ctx=ctx, S=S, npages=npages):
-                if shared.get("ctx") != ctx:  # one pool (+ block table) alive at a time, reused across S
-                    for k in ("kv", "bt", "seq"):
-                        shared.pop(k, None)
-                    torch.cuda.empty_cache()
-                    shared.update(ctx=ctx, kv=bf(npages, page_elems),
-                                  bt=torch.randperm(npages, device=DEV).to(torch.int32),
-                                  seq=torch.tensor([ctx], dtype=torch.int32, device=DEV))
-                kv, bt, seq = shared["kv"], shared["bt"], shared["seq"]
-                acc = torch.empty(NQ * S * D, device=DEV)
-                ml = torch.empty(NQ * S * 2, device=DEV)
-                out = []
-                for l in range(n):
-                    qkv, o = bf(1, QS), bf(1, NQ * D)
+            def tri(qkv, kvp, bt, seq, npages, acc, ml, o, cnt, S=S):
+                ks.launch("paged_decode_attention", (NKV, S, 1),
+                          [qkv, kvp, bt, seq, acc, ml, NQ, NKV, QS, npages, page_bytes, scale])
+                ks.launch("paged_decode_reduce", (NQ, 1), [acc, ml, o, NQ, S])
+            add_attn("paged_decode_attention+reduce", ctx, f"S={S}", attn_setup(ctx, tri, S), S)
+            if fused_attention:
+                def fus(qkv, kvp, bt, seq, npages, acc, ml, o, cnt, S=S):
+                    ks.launch("paged_decode_attention_fused", (NKV, S, 1),
+                              [qkv, kvp, bt, seq, acc, ml, cnt, o, NQ, NKV, QS, npages, page_bytes, scale])
+                add_attn("paged_decode_attention_fused", ctx, f"S={S}", attn_setup(ctx, fus, S), S)
+        for S in (32, 64):
+            ns = cuda_splits(ctx, S)
 
-                    def f(qkv=qkv, o=o, kvp=kv.data_ptr() + l * layer_bytes, kv=kv):
-                        ks.launch("paged_decode_attention", (NKV, S, 1),
-                                  [qkv, kvp, bt, seq, acc, ml, NQ, NKV, QS, npages, page_bytes, scale])
-                        ks.launch("paged_decode_reduce", (NQ, 1), [acc, ml, o, NQ, S])
-                    out.append(f)
-                return out
-            nbytes = ctx * NKV * D * 4 + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * S * (D + 2) * 4
-            add("paged_decode_attention+reduce", 1, f"ctx={ctx} S={S}", dec, nbytes, 4 * NQ * D * ctx,
-                set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=npages * page_bytes)
-            if not fused_attention:
-                continue
+            def cud(qkv, kvp, bt, seq, npages, acc, ml, o, cnt, S=S):
+                ks.launch("decode_attention_split", (NKV, S, 1),
+                          [qkv, kvp, bt, seq, acc, ml, NQ, NKV, QS, npages, page_bytes, scale])
+                ks.launch("decode_attention_merge", (NQ, 1), [acc, ml, seq, o, NQ, S])
+            add_attn("decode_attention_split+merge", ctx, f"S={S} (ns={ns})", attn_setup(ctx, cud, S), ns)
 
-            def fused(n, ctx=ctx, S=S, npages=npages, dec=dec):
-                dec(0)  # the shared pool, block table and seq_lens of this context
-                kv, bt, seq = shared["kv"], shared["bt"], shared["seq"]
-                acc = torch.empty(NQ * S * D, device=DEV)
-                ml = torch.empty(NQ * S * 2, device=DEV)
-                counters = torch.zeros(NL * NKV, dtype=torch.int32, device=DEV)  # the state: every layer's
-                out = []
-                for l in range(n):
-                    qkv, o = bf(1, QS), bf(1, NQ * D)
-
-                    def f(qkv=qkv, o=o, kvp=kv.data_ptr() + l * layer_bytes, cnt=counters.data_ptr() + l * NKV * 4,
-                          kv=kv, counters=counters):
-                        ks.launch("paged_decode_attention_fused", (NKV, S, 1),
-                                  [qkv, kvp, bt, seq, acc, ml, cnt, o, NQ, NKV, QS, npages, page_bytes, scale])
-                    out.append(f)
-                return out
-            add("paged_decode_attention_fused", 1, f"ctx={ctx} S={S}", fused, nbytes, 4 * NQ * D * ctx,
-                set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=npages * page_bytes)
+        def clu(qkv, kvp, bt, seq, npages, acc, ml, o, cnt):
+            ks.launch("decode_attention_cluster", (NKV, 8, 1),
+                      [qkv, kvp, bt, seq, o, NQ, NKV, QS, npages, page_bytes, scale])
+        add_attn("decode_attention_cluster", ctx, "", attn_setup(ctx, clu), 0)
 
     # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
     T = 2048
