@@ -71,14 +71,11 @@ def test_catalog_adds_only_the_pf_forms():
             assert k.defines == ("GEMV_L2_PREFETCH",) and k.module == "gemv_pf.cubin" and not k.pdl, k.name
 
 
-def test_pf_build_keeps_every_default_entry(built_pf):
-    """Every entry but the `_pf` ones has the sha256 the committed examples pin, and its module file is that
-    cubin: the flag changes no default entry or cubin."""
+def test_pf_build_keeps_every_default_entry(built_pf, pinned_modules):
+    """Every entry but the `_pf` ones has the sha256 the committed examples pin (or conftest's pin of a default
+    module no example uses), and its module file is that cubin: the flag changes no default entry or cubin."""
     d, idx = built_pf
-    pinned: dict[str, str] = {}
-    for ex in EXAMPLES:
-        for mod in json.loads(ex.read_text())["modules"].values():
-            pinned.setdefault(mod["source"], mod["sha256"])
+    pinned = pinned_modules
     instances, load_geometry, _ = _catalog()
     default = {k.name for k in instances([load_geometry("0.6b"), load_geometry("4b")])}
     assert set(idx["kernels"]) == default | PF

@@ -226,28 +226,12 @@ def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
 
 # ------------------------------------------------------------------ the default build is pinned
 
-EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b.json"]
-
-
-#: Default modules no example uses: the Triton decode attention, which the CUDA C one replaced as the
-#: examples' impl (2026-11-29; `gen_qwen3.py --decode-attention triton` still selects it, and the GPU tests
-#: and benches compare against it). Pinned here as they were in the examples (validated on the H200).
-UNUSED_BY_EXAMPLES = {
-    "paged_decode_attention.cubin": "77354f69eaf21e464d7d4d011a7491d57fa85105ebb605c21d2e9c3a4a5ec8cd",
-    "paged_decode_reduce.cubin": "4aa5b00c5a5e8e8503ef217ba94f7fca85d256b795c91a189569d63b9db99003",
-}
-
-
-def test_default_build_matches_the_examples(built):
+def test_default_build_matches_the_examples(built, pinned_modules):
     """Every default cubin has the sha256 the committed examples pin (those cubins were validated on
     the H200): opt-in instances (`--pdl`) must never change a default one. Every default module is
-    used by some example or pinned in UNUSED_BY_EXAMPLES, so this covers the whole default build."""
+    used by some example or pinned in conftest.UNUSED_BY_EXAMPLES, so this covers the whole default build."""
     a, idx = built
-    pinned: dict[str, str] = dict(UNUSED_BY_EXAMPLES)
-    for ex in EXAMPLES:
-        for mod in json.loads(ex.read_text())["modules"].values():
-            assert mod["source"] not in UNUSED_BY_EXAMPLES, mod["source"]
-            pinned.setdefault(mod["source"], mod["sha256"])
+    pinned = pinned_modules
     for name, k in idx["kernels"].items():
         assert k["module"] in pinned, f"{name}: module {k['module']} is used by no example"
         assert k["sha256"] == pinned[k["module"]], f"{name}: {k['module']} changed vs the committed examples"
