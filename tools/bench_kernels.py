@@ -22,6 +22,12 @@ output written once.
   program's graph.  The launches are the standalone ones (cubin_launch launches on
   torch's current stream, which is the capture stream inside ``torch.cuda.graph``).
 
+Decode attention runs every impl of the op at 512 .. 32,768 cached tokens: the Triton pair
+(``paged_decode_attention+reduce``, S = 16, 32, 64), the CUDA C split + merge
+(``decode_attention_split+merge``, S = 32, 64; ns = the splits it uses) and the CUDA C one-launch
+``decode_attention_cluster``; each case's floor counts its own scratch traffic (none for the cluster
+form, whose floor is K + V + q + out + block table).
+
 `--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
 built by ``build_kernels.py --fused-attention``; refused when the index lacks it) at the same
 contexts and splits as the two-launch cases; each call gets its layer's own counters (one
