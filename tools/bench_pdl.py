@@ -69,15 +69,14 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as cu
 
-from bench_gemv import (  # shared with the GEMV bench
-    GEOMETRIES, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, shapes)
+from bench_gemv import (  # shared with the GEMV bench (Gemv: module load, PDL launches)
+    GEOMETRIES, Gemv, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, shapes)
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
 
 EPS = 1e-6
 TRIGGERS = (0, 1, 2)
-THREADS = 256
 
 P = ctypes.c_void_p
 I32 = ctypes.c_int
@@ -92,44 +91,6 @@ def build(trigger: int, out: Path) -> bytes:
     if r.returncode != 0:
         raise RuntimeError(f"nvcc failed (trigger {trigger}):\n{r.stdout}\n{r.stderr}")
     return out.read_bytes()
-
-
-class Gemv:
-    """One build of gemv.cu, loaded in torch's context. `launch(name, grid, smem, args, pdl)`
-    enqueues on torch's current stream; with pdl=True through cuLaunchKernelEx with the
-    programmatic-stream-serialization attribute."""
-
-    def __init__(self, cubin: bytes):
-        self.module = check(cu.cuModuleLoadData(cubin))
-        self.fns: dict[str, object] = {}
-
-    def fn(self, name: str, smem: int):
-        f = self.fns.get(name)
-        if f is None:
-            f = check(cu.cuModuleGetFunction(self.module, name.encode()))
-            self.fns[name] = f
-        if smem > 48 * 1024:
-            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
-        return f
-
-    def launch(self, name: str, grid: int, smem: int, args: list[tuple[object, type]], pdl: bool):
-        f = self.fn(name, smem)
-        stream = torch.cuda.current_stream().cuda_stream
-        kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
-        if not pdl:
-            check(cu.cuLaunchKernel(f, grid, 1, 1, THREADS, 1, 1, smem, stream, kp, 0))
-            return
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = THREADS, 1, 1
-        cfg.sharedMemBytes = smem
-        cfg.hStream = cu.CUstream(stream)
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
-        check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
 
 
 def run_norm(g, x, nw, w, y, n, k, ks, pdl):

@@ -90,40 +90,7 @@ static_assert(GEMV_PF_CHUNK >= 16 && GEMV_PF_CHUNK % 16 == 0 && GEMV_PF_CHUNK < 
 
 namespace {
 
-__device__ __forceinline__ float bf(const __nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ __nv_bfloat16 tobf(const float v) { return __float2bfloat16_rn(v); }
-
-__device__ __forceinline__ void acc8(float &s, const uint4 w, const uint4 x) {
-    const __nv_bfloat162 *wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
-    const __nv_bfloat162 *xp = reinterpret_cast<const __nv_bfloat162 *>(&x);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 wf = __bfloat1622float2(wp[i]);
-        const float2 xf = __bfloat1622float2(xp[i]);
-        s = fmaf(wf.x, xf.x, s);
-        s = fmaf(wf.y, xf.y, s);
-    }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Waits for the previous grid of a programmatic dependent launch (no-op otherwise).
-__device__ __forceinline__ void griddep_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next programmatic dependent launch be scheduled (no-op without one).
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+#include "gemv_common.cuh"
 
 // What a GEMV does besides its own arithmetic, at the points named by `at<POINT>()`
 // (0: after the first weight stage is issued, before griddep_wait; 1: when the calling lane's
@@ -446,8 +413,6 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     }
     __syncthreads();
 }
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 }  // namespace
 

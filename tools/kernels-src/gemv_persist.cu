@@ -54,33 +54,7 @@
 
 namespace {
 
-__device__ __forceinline__ float bf(const __nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ __nv_bfloat16 tobf(const float v) { return __float2bfloat16_rn(v); }
-
-__device__ __forceinline__ void acc8(float &s, const uint4 w, const uint4 x) {
-    const __nv_bfloat162 *wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
-    const __nv_bfloat162 *xp = reinterpret_cast<const __nv_bfloat162 *>(&x);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 wf = __bfloat1622float2(wp[i]);
-        const float2 xf = __bfloat1622float2(xp[i]);
-        s = fmaf(wf.x, xf.x, s);
-        s = fmaf(wf.y, xf.y, s);
-    }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
-
-__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void griddep_launch_dependents() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+#include "gemv_common.cuh"
 
 __device__ __forceinline__ void consumers_sync() { __syncthreads(); }
 

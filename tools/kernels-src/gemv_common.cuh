@@ -1,0 +1,43 @@
+// Device helpers shared by the decode GEMV sources (gemv.cu, gemv_persist.cu): bf16 <-> fp32,
+// the 8-element dot step, the warp sum, SiLU and the programmatic-dependent-launch controls.
+// Included inside each source's anonymous namespace (internal linkage per module), after
+// <cuda_bf16.h>.
+#pragma once
+
+__device__ __forceinline__ float bf(const __nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ __nv_bfloat16 tobf(const float v) { return __float2bfloat16_rn(v); }
+
+// s += Σ_i w[i]·x[i] over the 8 bf16 of each 16-byte vector, in fp32, in element order.
+__device__ __forceinline__ void acc8(float &s, const uint4 w, const uint4 x) {
+    const __nv_bfloat162 *wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
+    const __nv_bfloat162 *xp = reinterpret_cast<const __nv_bfloat162 *>(&x);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 wf = __bfloat1622float2(wp[i]);
+        const float2 xf = __bfloat1622float2(xp[i]);
+        s = fmaf(wf.x, xf.x, s);
+        s = fmaf(wf.y, xf.y, s);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// Waits for the previous grid of a programmatic dependent launch (no-op otherwise).
+__device__ __forceinline__ void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next programmatic dependent launch be scheduled (no-op without one).
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
