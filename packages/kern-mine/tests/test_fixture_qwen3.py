@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from kern_mine.mine import mine
+from kern_mine.report import CANDIDATES_SHOWN, render_text
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen3-0.6b-compile"
 PROMPTS = [1, 34, 85, 175]  # the true prompt lengths, in request order
@@ -127,6 +128,25 @@ def test_flat_sites_get_fitted_grids(report):
     assert sum("splitKreduce" in x.symbol for x in left) == LAYERS
     # the rest never ran in a pass with a known token count: init, cache resets, compiling
     assert s.flat_sites == s.flat_sites_multi_count + s.flat_sites_single_count + s.flat_sites_no_count
+
+
+def test_readme_accounts_for_every_flat_site(report):
+    """The README's "On the real fixture": of all 841 flat sites 688 are fitted; the other 153 are 117
+    never in a pass with a known token count, 34 unfitted in the requests' program, 2 in shape 1."""
+    s = report.summary
+    fwd = _forward_shape(report)
+    others = [sh for sh in report.shapes if sh.id != fwd.id and sh.token_counts]
+    assert [(sh.id, sh.token_counts, sh.flat_sites, sh.flat_sites_grid_fitted) for sh in others] == [
+        (1, [2, 2048], 2, 0)]
+    assert (s.flat_sites, s.flat_sites_grid_fitted, s.flat_sites_no_count) == (841, 688, 117)
+    assert fwd.flat_sites - fwd.flat_sites_grid_fitted == 34
+    assert s.flat_sites - s.flat_sites_grid_fitted == 153 == 117 + 34 + 2
+
+
+def test_text_report_points_to_the_other_candidates(report):
+    cands = report.reference.candidates
+    assert len(cands) > CANDIDATES_SHOWN  # the README: the JSON lists every one
+    assert f"({len(cands) - CANDIDATES_SHOWN} more in --json)" in render_text(report)
 
 
 def _norm_sites(report, shape):

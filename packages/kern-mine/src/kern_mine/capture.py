@@ -2,35 +2,60 @@
 
 Records are ``kern_capture.records.LaunchRecord`` (the capture's contract).
 ``launches.jsonl`` is read if present, else ``launches.jsonl.gz`` (what
-``kern-mine trim`` writes). A truncated last line (the target crashed while
-writing it) is dropped; any other malformed line is an error. A directory
-holding ``error.json`` (kern-capture writes it when the capture could not
-start, e.g. another CUPTI subscriber) raises ``CaptureError`` with its content.
+``kern-mine trim`` writes); a path to either file is accepted too (its
+directory is the capture). A truncated last line (the target crashed while
+writing it) is dropped and reported (``CaptureData.truncated_line``); any
+other malformed line, and a gzip file that is cut short or damaged, is a
+``CaptureFormatError``. A directory holding ``error.json`` (kern-capture
+writes it when the capture could not start, e.g. another CUPTI subscriber)
+raises ``CaptureError`` with its content; a launches file without a launch,
+``NoLaunchesError``.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 from kern_capture.records import ERROR_FILE, LAUNCHES_FILE, CaptureError, CaptureFormatError, LaunchRecord, read_error
 
-__all__ = ["CaptureData", "CaptureError", "load_capture", "launches_path", "capture_error_text", "GZ_SUFFIX"]
+__all__ = ["CaptureData", "CaptureError", "NoLaunchesError", "load_capture", "launches_path", "capture_error_text",
+           "GZ_SUFFIX", "FIX_MISSING"]
 
 GZ_SUFFIX = ".gz"
+GZ_MAGIC = b"\x1f\x8b"
+FIX_MISSING = "pass the --out directory of `kern-capture run` (or a pid<N>/ inside it)"
 _decoder = msgspec.json.Decoder(LaunchRecord)
+_LAUNCH_NAMES = (LAUNCHES_FILE, LAUNCHES_FILE + GZ_SUFFIX)
+
+
+class NoLaunchesError(CaptureError):
+    """The launches file holds no launch record (nothing to mine)."""
 
 
 @dataclass(frozen=True)
 class CaptureData:
-    """The launches of one capture, in record order (index = line number, 0-based)."""
+    """The launches of one capture, in record order (index = line number, 0-based).
+
+    ``truncated_line``: the 1-based number of the last line when it was cut short
+    (no newline, not a record: the target crashed or was still writing) and dropped;
+    None when the file ended cleanly."""
 
     dir: Path
     source: Path
     launches: list[LaunchRecord]
+    truncated_line: int | None = None
+
+    def truncation_warning(self) -> str | None:
+        """One line saying which line was dropped (None when none was)."""
+        if self.truncated_line is None:
+            return None
+        return (f"{self.source}:{self.truncated_line}: last line cut short (the target crashed or was still "
+                f"writing?); dropped, mining the {len(self.launches)} launches before it")
 
 
 def capture_error_text(err: dict) -> str:
@@ -41,35 +66,74 @@ def capture_error_text(err: dict) -> str:
 
 
 def launches_path(dir: str | os.PathLike[str]) -> Path:
-    """``DIR/launches.jsonl``, else ``DIR/launches.jsonl.gz``.
+    """``DIR/launches.jsonl``, else ``DIR/launches.jsonl.gz``; or DIR itself when it is such a file.
 
     Raises:
         CaptureError: DIR holds ``error.json`` (the capture failed), with its content.
-        FileNotFoundError: DIR does not exist, or holds neither file.
+        FileNotFoundError: DIR is empty (``""``), does not exist, is another file, or holds
+            neither file (the message says what to pass instead).
     """
+    if isinstance(dir, str) and not dir.strip():
+        raise FileNotFoundError(f"empty capture directory argument {dir!r}; {FIX_MISSING}")
     d = Path(dir)
+    if d.is_file():
+        if d.name in _LAUNCH_NAMES:
+            return d
+        raise FileNotFoundError(f"{d}: a file, not a capture directory; pass its directory ({d.parent}) "
+                                f"or a {LAUNCHES_FILE}[{GZ_SUFFIX}] file")
     if not d.is_dir():
-        raise FileNotFoundError(f"{d}: {'not a directory' if d.exists() else 'no such directory'}")
+        what = "not a directory" if d.exists() else "no such directory"
+        raise FileNotFoundError(f"{d}: {what}; {FIX_MISSING}")
     err = read_error(d)
     if err is not None:
         raise CaptureError(f"{d}: the capture failed ({ERROR_FILE}): {capture_error_text(err)}")
-    for name in (LAUNCHES_FILE, LAUNCHES_FILE + GZ_SUFFIX):
+    for name in _LAUNCH_NAMES:
         if (d / name).is_file():
             return d / name
-    subs = sorted(p.name for p in d.glob("pid*") if (p / LAUNCHES_FILE).is_file())
-    more = f" (it holds per-process captures: {', '.join(subs[:4])}{', ...' if len(subs) > 4 else ''}; mine one of them)" if subs else ""
-    raise FileNotFoundError(f"{d}: no {LAUNCHES_FILE} or {LAUNCHES_FILE}{GZ_SUFFIX}; is this a kern-capture directory?{more}")
+    subs = sorted(p.name for p in d.glob("pid*") if any((p / n).is_file() for n in _LAUNCH_NAMES))
+    none = f"{d}: no {LAUNCHES_FILE} or {LAUNCHES_FILE}{GZ_SUFFIX}"
+    if subs:
+        listed = ", ".join(subs[:4]) + (", ..." if len(subs) > 4 else "")
+        raise FileNotFoundError(f"{none} (it holds per-process captures: {listed}; mine one of them, "
+                                f"e.g. {d / subs[0]})")
+    raise FileNotFoundError(f"{none}; is this a kern-capture directory? {FIX_MISSING}")
+
+
+def _read_gzip(path: Path) -> bytes:
+    """The decompressed content; a cut short or damaged file is a one-line ``CaptureFormatError``."""
+    fix = "copy it again (or trim the original capture again)"
+    with open(path, "rb") as raw:
+        head = raw.read(2)
+        if not head:
+            return b""  # an empty file: no launch (NoLaunchesError)
+        if head != GZ_MAGIC:
+            why = (f"plain JSON lines, not gzip: rename it to {LAUNCHES_FILE}" if head[:1] == b"{" else
+                   f"not gzip data (damaged?); {fix}")
+            raise CaptureFormatError(f"{path}: {why}")
+        raw.seek(0)
+        try:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                return f.read()
+        except EOFError:
+            raise CaptureFormatError(f"{path}: truncated gzip stream (file cut short?); {fix}") from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise CaptureFormatError(f"{path}: corrupt gzip data ({exc}); {fix}") from None
 
 
 def load_capture(dir: str | os.PathLike[str]) -> CaptureData:
-    """Read every launch of a capture directory."""
+    """Read every launch of a capture directory (or of a ``launches.jsonl[.gz]`` file).
+
+    Raises:
+        FileNotFoundError, CaptureError: see ``launches_path``.
+        CaptureFormatError: a malformed line (not the last), or a damaged gzip file.
+        NoLaunchesError: the file holds no complete launch record.
+    """
     path = launches_path(dir)
-    opener = gzip.open if path.name.endswith(GZ_SUFFIX) else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    data = _read_gzip(path) if path.name.endswith(GZ_SUFFIX) else path.read_bytes()
     lines = data.split(b"\n")
     out: list[LaunchRecord] = []
     last = len(lines) - 1
+    truncated = None
     for lineno, line in enumerate(lines):
         if not line.strip():
             continue
@@ -77,6 +141,14 @@ def load_capture(dir: str | os.PathLike[str]) -> CaptureData:
             out.append(_decoder.decode(line))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             if lineno == last:  # no newline after it: a truncated write
+                truncated = lineno + 1
                 break
-            raise CaptureFormatError(f"{path}:{lineno + 1}: {exc}") from exc
-    return CaptureData(Path(dir), path, out)
+            hint = (f" (gzip data: rename it to {LAUNCHES_FILE}{GZ_SUFFIX})"
+                    if lineno == 0 and data[:2] == GZ_MAGIC else "")
+            raise CaptureFormatError(f"{path}:{lineno + 1}: {exc}{hint}") from exc
+    cap = CaptureData(path.parent, path, out, truncated)
+    if not out:
+        why = (f"its only line, line {truncated}, is cut short (the target crashed or was still writing?)"
+               if truncated else "the file is empty (the target launched no kernel, or it was cut short)")
+        raise NoLaunchesError(f"{path}: no launch to mine: {why}")
+    return cap

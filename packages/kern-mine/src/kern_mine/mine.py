@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -39,10 +40,21 @@ class MineOptions:
     gap_ms: float | None = None
     tokens_max: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.gap_ms is not None and not (math.isfinite(self.gap_ms) and self.gap_ms > 0):
+            raise ValueError(f"gap_ms must be > 0 ms (None: auto), got {self.gap_ms}")
+        if self.tokens_max is not None and self.tokens_max < 1:
+            raise ValueError(f"tokens_max must be >= 1 (None: the largest token count of the capture), "
+                             f"got {self.tokens_max}")
+
 
 def mine(dir: str | os.PathLike[str], options: MineOptions = MineOptions()) -> MineReport:
-    """Mine a capture directory (``launches.jsonl`` or ``launches.jsonl.gz``)."""
-    return mine_launches(load_capture(dir).launches, str(dir), options)
+    """Mine a capture directory (``launches.jsonl`` or ``launches.jsonl.gz``, or a path to either file).
+
+    A truncated last line is dropped and flagged (``summary.truncated_last_line``); see
+    ``capture.load_capture`` for the errors, ``reference.choose_reference`` for ``tokens_max``."""
+    cap = load_capture(dir)
+    return mine_launches(cap.launches, str(dir), options, truncated_last_line=cap.truncated_line is not None)
 
 
 def _classify_windows(passes: list[Pass], n_windows: int) -> list[bool]:
@@ -64,8 +76,10 @@ def _classify_windows(passes: list[Pass], n_windows: int) -> list[bool]:
     return is_req
 
 
-def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions = MineOptions()) -> MineReport:
-    """Mine launches already in memory (record order)."""
+def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions = MineOptions(),
+                  truncated_last_line: bool = False) -> MineReport:
+    """Mine launches already in memory (record order). ``truncated_last_line``: the capture's last
+    line was cut short and dropped (reported in the summary)."""
     n = len(launches)
     t = np.fromiter((r.t_ns for r in launches), np.int64, n)
     ws = split_windows(t, options.gap_ms)
@@ -207,6 +221,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         flat_sites_request_shapes=cover["request"],
         flat_sites_request_shapes_grid_fitted=cover["request_fitted"],
         request_shapes=sorted(request_shapes),
+        truncated_last_line=truncated_last_line,
     )
     return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max, split.pause_ns if split else 0),
                       summary, split_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out)

@@ -35,7 +35,19 @@ from .fit import Fit, expr_complexity, fit_pairs, fit_samples
 from .passes import Pass
 from .sites import Site, scalar_value
 
-__all__ = ["Candidate", "FieldGroups", "reference_candidates", "score_candidate", "choose_reference"]
+__all__ = ["Candidate", "FieldGroups", "reference_candidates", "score_candidate", "choose_reference",
+           "TokensMaxError"]
+
+
+class TokensMaxError(ValueError):
+    """``tokens_max`` is below the largest token count of the capture (fits cannot be claimed on a
+    range narrower than their samples). ``largest``: that count."""
+
+    def __init__(self, tokens_max: int, largest: int):
+        super().__init__(f"--tokens-max {tokens_max} is below the largest token count in the capture ({largest}): "
+                         f"the fits cover every pass seen; pass --tokens-max {largest} or more, or omit it")
+        self.tokens_max = tokens_max
+        self.largest = largest
 
 
 @dataclass
@@ -203,7 +215,10 @@ def choose_reference(candidates: list[Candidate], fields: list[Field], tokens_ma
     Each candidate is scored on its own range, ``[1, its largest value]``: a given ``tokens_max`` is in
     real tokens, and only the winner is known to count them (a candidate counting 384 elements per token
     would otherwise be judged on a range 384 times narrower than its own). The winner's fits are then
-    redone on ``[1, tokens_max]``."""
+    redone on ``[1, tokens_max]``.
+
+    Raises:
+        TokensMaxError: ``tokens_max`` is below the winner's largest token count."""
     groups = FieldGroups(fields)
     for c in candidates:
         score_candidate(c, groups, None, keep_fits=False)
@@ -211,6 +226,9 @@ def choose_reference(candidates: list[Candidate], fields: list[Field], tokens_ma
     if not candidates:
         return None
     best = candidates[0]
+    largest = max(best.tokens.values())
+    if tokens_max is not None and tokens_max < largest:
+        raise TokensMaxError(tokens_max, largest)
     scored = Candidate(best.site, best.symbol, best.axis, best.tokens, best.divisor, best.once_per_pass, best.param)
     best.fits = score_candidate(scored, groups, tokens_max).fits
     return best

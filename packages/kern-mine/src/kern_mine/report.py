@@ -20,6 +20,8 @@ __all__ = [
 ]
 
 FORMAT = "kern-mine/2"
+CANDIDATES_SHOWN = 8
+"""The readable report lists the best token-reference candidates; the JSON document lists them all."""
 
 
 class PassOut(msgspec.Struct, omit_defaults=True):
@@ -166,7 +168,8 @@ class Summary(msgspec.Struct):
     (``request_shapes``: the model's forward program(s), whatever token counts they were seen at); the
     fitted share over them is the one that says how much of a served model's launches a generator can
     emit from the fits (sites that never ran in a pass with a known token count, such as the model's
-    initialisation and cache resets, are not in it)."""
+    initialisation and cache resets, are not in it). ``truncated_last_line``: the launches file's last
+    line was cut short (the target crashed or was still writing) and dropped."""
 
     launches: int
     flat_launches: int
@@ -187,6 +190,7 @@ class Summary(msgspec.Struct):
     flat_sites_request_shapes: int = 0
     flat_sites_request_shapes_grid_fitted: int = 0
     request_shapes: list[int] = []
+    truncated_last_line: bool = False
 
 
 class Options(msgspec.Struct):
@@ -240,17 +244,22 @@ def render_text(r: MineReport) -> str:
         f"{s.passes} passes ({s.regular_passes} regular), {s.shapes} pass shapes",
         f"  passes: {r.pass_split.why}",
     ]
+    if s.truncated_last_line:
+        out.insert(2, "  note: the launches file's last line was cut short (the target crashed or was still "
+                      "writing?) and dropped")
     if r.reference:
         ref = r.reference
         div = f" / {ref.divisor}" if ref.divisor > 1 else ""
         out.append(f"  token reference: site {ref.site} {_short(ref.symbol, 60)} {ref.field}{div} — {ref.why}")
         out.append("    candidates (score = unfit + underdetermined + unobserved fields; fields seen at one token "
                "count only are not counted):")
-        for c in ref.candidates[:8]:
+        for c in ref.candidates[:CANDIDATES_SHOWN]:
             div = f"/{c.divisor}" if c.divisor > 1 else ""
             out.append(f"      site {c.site:>4} {c.field + div:<14} score {c.score:>4} (unfit {c.unfit}, "
                        f"under {c.underdetermined}, unobs {c.unobserved}, complexity {c.complexity}) "
                        f"{_short(c.symbol, 50)}")
+        if len(ref.candidates) > CANDIDATES_SHOWN:
+            out.append(f"      ({len(ref.candidates) - CANDIDATES_SHOWN} more in --json)")
     for title, wins in (("requests", r.requests), ("other windows", r.other_windows)):
         out.append(f"\n{title}:")
         for w in wins:

@@ -16,10 +16,11 @@ import argparse
 import gzip
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from kern_capture.records import INFO_FILE, LAUNCHES_FILE, MODULES_FILE, CaptureError, LaunchRecord
+from kern_capture.records import INFO_FILE, LAUNCHES_FILE, MODULES_FILE, CaptureError, CaptureFormatError, LaunchRecord
 
 from .capture import GZ_SUFFIX, load_capture
 
@@ -46,9 +47,17 @@ def _encode(launches: list[LaunchRecord]) -> bytes:
     return gzip.compress(bytes(out), compresslevel=9, mtime=0)
 
 
-def trim(src: str | Path, dst: str | Path, max_bytes: int | None = None) -> tuple[int, int, str]:
-    """Trim ``src`` into ``dst``; returns (launches kept, bytes written, what was done)."""
+def trim(src: str | Path, dst: str | Path, max_bytes: int | None = None,
+         warn: Callable[[str], None] | None = None) -> tuple[int, int, str]:
+    """Trim ``src`` into ``dst``; returns (launches kept, bytes written, what was done).
+
+    ``src`` is a capture directory or its launches file (``load_capture``); ``warn`` is called with
+    the line saying a truncated last line was dropped, if one was."""
+    if isinstance(dst, str) and not dst.strip():
+        raise FileNotFoundError(f"empty output directory argument {dst!r}")
     cap = load_capture(src)
+    if warn is not None and (w := cap.truncation_warning()) is not None:
+        warn(w)
     launches = cap.launches
     data = _encode(launches)
     done = "optional fields removed"
@@ -69,22 +78,26 @@ def trim(src: str | Path, dst: str | Path, max_bytes: int | None = None) -> tupl
     out.mkdir(parents=True, exist_ok=True)
     (out / (LAUNCHES_FILE + GZ_SUFFIX)).write_bytes(data)
     for name in (MODULES_FILE, INFO_FILE):
-        if (Path(src) / name).is_file():
-            shutil.copyfile(Path(src) / name, out / name)
+        if (cap.dir / name).is_file():
+            shutil.copyfile(cap.dir / name, out / name)
     return len(launches), len(data), done
 
 
 def trim_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kern-mine trim", description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", help="capture directory")
+    ap.add_argument("src", help="capture directory (or its launches.jsonl[.gz])")
     ap.add_argument("dst", help="output directory")
     ap.add_argument("--max-bytes", type=int, default=None, help="fail when the result is larger")
     a = ap.parse_args(argv)
     try:
-        n, size, done = trim(a.src, a.dst, a.max_bytes)
+        n, size, done = trim(a.src, a.dst, a.max_bytes,
+                             warn=lambda w: print(f"kern-mine trim: warning: {w}", file=sys.stderr))
     except (FileNotFoundError, CaptureError) as e:
         print(f"kern-mine trim: error: {e}", file=sys.stderr)
         return 2
+    except CaptureFormatError as e:
+        print(f"kern-mine trim: error: malformed capture: {e}", file=sys.stderr)
+        return 1
     except ValueError as e:
         print(f"kern-mine trim: error: {e}", file=sys.stderr)
         return 1
