@@ -132,6 +132,27 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 
 enum Kind { PLAIN, RESIDUAL, NORM, NORM_SILU };
 
+#ifdef GEMVP_TIMELINE
+// Diagnostic build (-DGEMVP_TIMELINE; tools/gpu/gemvp_timeline.py): %globaltimer (ns) of lane 0 of
+// each warp at 5 points — entry, its first FIFO fill issued, x in shared memory, its first piece
+// landed, exit — for blocks < 256: gemvp_timeline[(block · 8 + warp) · 5 + point].
+}  // namespace
+extern "C" __device__ unsigned long long gemvp_timeline[256 * WARPS * 5];  // unmangled: cuModuleGetGlobal
+namespace {
+#define TIMELINE(point)                                                                          \
+    do {                                                                                       \
+        if ((threadIdx.x & 31) == 0 && blockIdx.x < 256) {                                     \
+            unsigned long long t_;                                                             \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                             \
+            gemvp_timeline[(blockIdx.x * WARPS + (threadIdx.x >> 5)) * 5 + (point)] = t_;      \
+        }                                                                                      \
+    } while (0)
+#else
+#define TIMELINE(point) \
+    do {                \
+    } while (0)
+#endif
+
 template <Kind KIND>
 __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,
                                       const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n,
@@ -141,6 +162,7 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) uint64_t full[MAX_SLOTS];
 
+    TIMELINE(0);
     griddep_launch_dependents();
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -183,6 +205,7 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
     };
     if (lane == 0)
         for (int f = 0; f < fifo && issued < my_pieces; ++f) issue_next(warp * fifo + f);
+    TIMELINE(1);
 
     griddep_wait();
     if (KIND == NORM || KIND == NORM_SILU)
@@ -190,6 +213,7 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
     else
         x_to_smem(x, xs, k);
     __syncthreads();
+    TIMELINE(2);
 
     int f = 0;           // FIFO position of the next piece
     unsigned phase = 0;  // its fill's parity
@@ -204,6 +228,9 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
             for (int p = 0; p < pieces; ++p) {
                 const int slot = warp * fifo + f;
                 mbar_wait(&full[slot], phase);
+#ifdef GEMVP_TIMELINE
+                if (i == warp && seg == 0 && p == 0) TIMELINE(3);
+#endif
                 const uint4 *st = reinterpret_cast<const uint4 *>(ring + (size_t)slot * slot_bytes);
                 const int kc0 = p * pc, chunks = min(pc, cpr - kc0);
                 int c = 0;
@@ -238,6 +265,7 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
             }
         }
     }
+    TIMELINE(4);
 }
 
 }  // namespace
