@@ -102,3 +102,14 @@ def test_entries_abi(cubins):
         info = cub.entries[entry]
         if info.max_threads is not None:  # __launch_bounds__(256, 1)
             assert info.max_threads[0] * info.max_threads[1] * info.max_threads[2] >= 256
+
+
+def test_timeline_build_is_separate(cubins):
+    """-DGEMVP_TIMELINE (tools/gpu/gemvp_timeline.py) exports the unmangled `gemvp_timeline` global the
+    script reads with cuModuleGetGlobal; the default build holds no trace of it."""
+    import build_kernels
+
+    assert b"gemvp_timeline" not in cubins[0]
+    with tempfile.TemporaryDirectory() as t:
+        tl = build_kernels.finish_cuda(build_kernels.start_cuda("gemv_persist.cu", t, ("GEMVP_TIMELINE",), "tl.cubin"))
+    assert b"gemvp_timeline\x00" in tl
