@@ -65,7 +65,7 @@ def check(res):
 
 
 def threads_of(name: str) -> int:
-    """Block size of a GEMV entry (256 for both gemv.cu and gemv_persist.cu)."""
+    """Block size of a GEMV entry: gemv_plan.THREADS for gemv_persist.cu, 256 for gemv.cu."""
     return GEMVP_THREADS if name.startswith("kern_gemvp") else 256
 
 

@@ -9,24 +9,24 @@
 //
 // Here one block per SM streams a contiguous range of output columns (block b of G: outputs
 // [n·b/G, n·(b+1)/G), so blocks differ by at most one column) through shared memory, filled by
-// the Hopper bulk-copy engine (cp.async.bulk, completion counted in bytes on an mbarrier): a
-// producer warp issues copies as soon as slots free up, so up to the whole ring (~100 KB per
-// SM) is in flight without holding registers. 8 consumer warps each own every 8th column of the
-// block and sum its rows alone (no block barrier per column): warp w's columns stream through
-// its own FIFO of `fifo` slots (one weight-row piece of `piece_chunks` chunks each), filled
-// round robin with the other warps'. Per-warp FIFOs keep every mbarrier waiter at most one phase
-// ahead (a shared FIFO let a consumer wait two phases ahead, where parity waits alias: it hung).
-// With programmatic dependent launch the producer starts before griddepcontrol.wait (weights are
-// written by no kernel): a block uses under half an SM's shared memory, so the next GEMV's block
-// fits beside this one's and fills its FIFOs while this kernel drains.
+// the Hopper bulk-copy engine (cp.async.bulk, completion counted in bytes on an mbarrier), so up
+// to all the slots (~100 KB per SM) are in flight without holding registers. Each of the 8 warps
+// owns every 8th column of the block and sums its rows alone (no block barrier per column): its
+// columns stream through its own FIFO of `fifo` slots (one weight-row piece of `piece_chunks`
+// chunks each), which its lane 0 fills at start and refills as soon as the warp has read a slot.
+// Per-warp FIFOs keep every mbarrier waiter at most one phase ahead (with one ring shared by a
+// producer warp, a consumer could wait two phases ahead, where parity waits alias: it hung).
+// With programmatic dependent launch the first fills go out before griddepcontrol.wait (weights
+// are written by no kernel): a block uses under half an SM's shared memory, so the next GEMV's
+// block can fit beside this one's and fill its FIFOs while this kernel drains.
 //
 // A chunk is 256 elements of a row (one 16-byte shared-memory load per lane); a row of
 // cpr = k/256 chunks is cut into ceil(cpr / piece_chunks) pieces (the last may be shorter);
-// norm_silu's column is its gate row's pieces, then its up row's. A consumer warp sums a column
+// norm_silu's column is its gate row's pieces, then its up row's. A warp sums a column
 // in fp32 over two alternating chunk chains (even, odd), adds them, reduces over the warp, and
 // lane 0 applies the epilogue: the same bits on every run, any grid, any timing.
 //
-// Entries (extern "C"; block [288, 1, 1]: 8 consumer warps + 1 producer warp; any grid.x ≥ 1,
+// Entries (extern "C"; block [256, 1, 1]: 8 warps; any grid.x ≥ 1,
 // one block per SM is the design point; k a multiple of 256; every pointer 16-byte aligned):
 //   kern_gemvp_m1(x, w, y, n, k, piece_chunks)                    y[j] = bf16(Σ x·w[j])
 //   kern_gemvp_norm_m1(x, norm_w, w, y, n, k, eps, piece_chunks)
@@ -40,23 +40,21 @@
 // tools/gemv_plan.py picks piece_chunks and the size; a launch that breaks these rules traps.
 //
 // Programmatic dependent launch: every thread calls griddepcontrol.launch_dependents first;
-// the producer issues weight copies at once; the consumer warps execute griddepcontrol.wait
-// before they read x or the residual, and nothing is written to global memory before it
+// each warp issues its first weight copies at once; every thread executes griddepcontrol.wait
+// before x or the residual is read, and nothing is written to global memory before it
 // (a no-op without the launch attribute).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#define WARPS 8                       // consumer warps
+#define WARPS 8
 #define THREADS (WARPS * 32)
-#define CONSUMERS (WARPS * 32)
 #define CHUNK 256                     // elements of k per warp-wide 16-byte load (32 lanes × 8 bf16)
-#define MAX_SLOTS 64                  // ring slots (mbarrier pairs): 8 per-warp FIFOs
+#define MAX_SLOTS 64                  // slots (one mbarrier each): 8 per-warp FIFOs
 
 namespace {
 
 #include "gemv_common.cuh"
 
-__device__ __forceinline__ void consumers_sync() { __syncthreads(); }
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -89,10 +87,10 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
 
 // Writes x (k elements) into shared memory.
 __device__ __forceinline__ void x_to_smem(const __nv_bfloat16 *__restrict__ x, uint4 *xs, int k) {
-    for (int v = threadIdx.x; v < (k >> 3); v += CONSUMERS) xs[v] = reinterpret_cast<const uint4 *>(x)[v];
+    for (int v = threadIdx.x; v < (k >> 3); v += THREADS) xs[v] = reinterpret_cast<const uint4 *>(x)[v];
 }
 
-// Writes rmsnorm(x)·norm_w (HF Qwen3RMSNorm rounding) into shared memory (consumer threads).
+// Writes rmsnorm(x)·norm_w (HF Qwen3RMSNorm rounding) into shared memory.
 __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x,
                                              const __nv_bfloat16 *__restrict__ norm_w, uint4 *xs, int k,
                                              float eps) {
@@ -100,7 +98,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     float ss = 0.f;
-    for (int v = threadIdx.x; v < kv; v += CONSUMERS) {
+    for (int v = threadIdx.x; v < kv; v += THREADS) {
         const uint4 xv = reinterpret_cast<const uint4 *>(x)[v];
         const __nv_bfloat162 *q = reinterpret_cast<const __nv_bfloat162 *>(&xv);
 #pragma unroll
@@ -112,12 +110,12 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     }
     ss = warp_sum(ss);
     if (lane == 0) wsum[warp] = ss;
-    consumers_sync();
+    __syncthreads();
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < WARPS; ++i) s += wsum[i];
     const float inv = rsqrtf(s / (float)k + eps);
-    for (int v = threadIdx.x; v < kv; v += CONSUMERS) {
+    for (int v = threadIdx.x; v < kv; v += THREADS) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
         const uint4 xv = reinterpret_cast<const uint4 *>(x)[v];
         const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
