@@ -26,9 +26,7 @@ built here (0.6b, 4b, --fused-attention --pdl).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -46,81 +44,17 @@ pytest.importorskip("cuda.bindings.driver")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
-from cubin_launch import KernelSet  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import (BF, D, DEV, NKV, DecodeContext, bits, kernels_dir, nan_like, pool,  # noqa: E402
+                         ref_attention)
 
-D = 128
-BF = torch.bfloat16
-DEV = "cuda"
-NKV = 8
 FUSED = "paged_decode_attention_fused"
 NEEDED = (FUSED, FUSED + "_pdl", "paged_decode_attention_pdl")
 
 
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
-    d = os.environ.get("KERN_KERNELS_DIR")
-    if d and all(n in json.loads((Path(d) / "index.json").read_text())["kernels"] for n in NEEDED):
-        return Path(d)
-    import build_kernels
-
-    out = tmp_path_factory.mktemp("kernels-fused")
-    build_kernels.build(out, ["0.6b", "4b"], quiet=True, pdl=True, fused_attention=True)
-    return out
-
-
-@pytest.fixture(scope="session")
-def ks(kdir):
-    torch.cuda.init()
-    torch.empty(1, device=DEV)  # make torch's primary context current
-    return KernelSet(kdir)
-
-
-@pytest.fixture(autouse=True)
-def _seed(request):
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
-    yield
-    torch.cuda.synchronize()
-
-
-def nan_like(shape, dtype=BF):
-    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
-
-
-def kv_geom(layers):
-    tok = NKV * 2 * D  # elements per token of one layer
-    return tok, layers * 16 * tok  # page elements
-
-
-def pool(L, layers):
-    """A layer-interleaved KV pool holding L tokens for `layers` layers, pages in random order."""
-    tok, page_elems = kv_geom(layers)
-    n = -(-L // 16)
-    npages = n + 3
-    kv = torch.randn(npages * page_elems, device=DEV).to(BF)
-    bt = torch.randperm(npages, device=DEV)[:n].to(torch.int32)
-    bt = torch.cat([bt, torch.full((5,), 10**6, dtype=torch.int32, device=DEV)])  # junk past the end
-    return kv, bt, tok, page_elems
-
-
-def gather_kv(kv_layer, page_elems, bt, L):
-    pos = torch.arange(L, device=DEV)
-    tok = bt[pos // 16].long() * page_elems + (pos % 16) * (NKV * 2 * D)
-    hs = torch.arange(NKV, device=DEV) * 2 * D
-    dd = torch.arange(D, device=DEV)
-    idx = tok[:, None, None] + hs[None, :, None] + dd
-    return kv_layer[idx].double(), kv_layer[idx + D].double()  # [L, NKV, D]
-
-
-def ref_attention(qkv, kv_layer, page_elems, bt, L, nq):
-    K, V = gather_kv(kv_layer, page_elems, bt, L)
-    q = qkv[: nq * D].double().view(nq, D)
-    G = nq // NKV
-    s = torch.einsum("hd,lhd->hl", q, K.repeat_interleave(G, 1)) / math.sqrt(D)
-    return torch.einsum("hl,lhd->hd", s.softmax(-1), V.repeat_interleave(G, 1)).reshape(1, nq * D)
-
-
-def bits(t):
-    return t.contiguous().view(torch.uint8)
+    return kernels_dir(tmp_path_factory, "kernels-fused", ["0.6b", "4b"], NEEDED, pdl=True, fused_attention=True)
 
 
 def explain(out, ref2):
@@ -129,23 +63,14 @@ def explain(out, ref2):
            f"{(bits(out) != bits(ref2)).sum().item()} bytes differ"
 
 
-class Attn:
+class Attn(DecodeContext):
     """One context's decode attention, both ways, for `layers` layers of one pool."""
 
-    def __init__(self, ks, nq, L, S, layers=4, seqs=1):
-        self.ks, self.nq, self.L, self.S, self.layers = ks, nq, L, S, layers
-        self.kv, self.bt, self.tok, self.page_elems = pool(L, layers)
-        self.q_stride = (nq + 2 * NKV) * D
-        self.seq = torch.tensor([L], dtype=torch.int32, device=DEV)
+    def __init__(self, ks, nq, L, S, layers=4):
+        super().__init__(ks, nq, L, S, layers)
         self.counters = torch.zeros(layers * NKV, dtype=torch.int32, device=DEV)  # the state, zeroed at load
         self.acc = torch.empty(nq * S * D, device=DEV)  # impl scratch: shared by the layers, as in the manifest
         self.ml = torch.empty(nq * S * 2, device=DEV)
-
-    def layer_kv(self, l):
-        return self.kv[l * 16 * self.tok:]
-
-    def tail(self):
-        return [self.nq, NKV, self.q_stride, self.bt.numel(), self.page_elems * 2, 1 / math.sqrt(D)]
 
     def two_launch(self, qkv, l, out):
         self.ks.launch("paged_decode_attention", (NKV, self.S, 1),

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -35,10 +34,10 @@ cu = pytest.importorskip("cuda.bindings.driver")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cubin_launch import KernelSet, check  # noqa: E402
+from gpu_helpers import BF, DEV, kernels_dir  # noqa: E402
 
-BF = torch.bfloat16
-DEV = "cuda"
 EPS = 1e-6
 TOL = 1e-2
 MS = (1, 2, 4, 8)
@@ -58,36 +57,21 @@ CASES = [(v, m, n, k) for v, shapes in SHAPES.items() for m in MS for n, k in sh
 
 
 @pytest.fixture(scope="session")
-def kset(tmp_path_factory):
-    d = os.environ.get("KERN_KERNELS_DIR")
-    if not d:
-        import build_kernels
-
-        d = tmp_path_factory.mktemp("kernels")
-        build_kernels.build(Path(d), ["0.6b"], quiet=True)
-    torch.cuda.init()
-    torch.empty(1, device=DEV)  # make torch's primary context current
-    return KernelSet(d)
-
-
-@pytest.fixture(autouse=True)
-def _seed(request):
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
-    yield
-    torch.cuda.synchronize()
+def kdir(tmp_path_factory) -> Path:
+    return kernels_dir(tmp_path_factory, "kernels", ["0.6b"])  # $KERN_KERNELS_DIR taken unchecked
 
 
 _CT = {"i32": ctypes.c_int32, "f32": ctypes.c_float}
 
 
-def launch(kset: KernelSet, name: str, args: list, n: int, k: int, ksplit: int) -> None:
+def launch(ks: KernelSet, name: str, args: list, n: int, k: int, ksplit: int) -> None:
     """One launch of index kernel `name`, grid and dynamic shared memory from the index's rules."""
-    e = kset.kernels[name]
+    e = ks.kernels[name]
     cx = e["constexprs"]
     per_block = cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit
     values = dict(zip(e["param_names"], args))
     smem = e["shared_mem"] + sum(c * values[p] for p, c in e["shared_mem_per"].items())
-    f = kset.function(name)
+    f = ks.function(name)
     if smem > 48 * 1024:
         check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
     holders = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else _CT[t](a)
@@ -126,7 +110,7 @@ def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(("variant", "m", "n", "k"), CASES, ids=[f"{v}-m{m}-{n}x{k}" for v, m, n, k in CASES])
-def test_gemv(kset, variant: str, m: int, n: int, k: int) -> None:
+def test_gemv(ks, variant: str, m: int, n: int, k: int) -> None:
     name = f"kern_{variant}_m{m}"
     rows = 2 * n if variant == "gemv_norm_silu" else n
     x = torch.randn(m, k, device=DEV, dtype=BF)
@@ -150,7 +134,7 @@ def test_gemv(kset, variant: str, m: int, n: int, k: int) -> None:
         else:
             store, y = guarded(m, n, float("nan"))
             args = [x, w, y, n, k, ksplit] if variant == "gemv" else [x, nw, w, y, n, k, EPS, ksplit]
-        launch(kset, name, args, n, k, ksplit)
+        launch(ks, name, args, n, k, ksplit)
         torch.cuda.synchronize()
         head, tail = store[:GUARD], store[GUARD + m * n:]
         assert bool((head == SENTINEL).all() and (tail == SENTINEL).all()), \
@@ -159,7 +143,7 @@ def test_gemv(kset, variant: str, m: int, n: int, k: int) -> None:
     assert max(errs.values()) < TOL, f"{name} n={n} k={k}: rel. error by ksplit {errs}"
 
 
-def test_ksplit_results_agree(kset) -> None:
+def test_ksplit_results_agree(ks) -> None:
     """Only the summation order changes with ksplit: results agree to a few bf16 ulps."""
     n, k = 2560, 9728
     x = torch.randn(1, k, device=DEV, dtype=BF)
@@ -167,7 +151,7 @@ def test_ksplit_results_agree(kset) -> None:
     outs = []
     for ksplit in KSPLITS:
         y = torch.full((1, n), float("nan"), dtype=BF, device=DEV)
-        launch(kset, "kern_gemv_m1", [x, w, y, n, k, ksplit], n, k, ksplit)
+        launch(ks, "kern_gemv_m1", [x, w, y, n, k, ksplit], n, k, ksplit)
         outs.append(y.double())
     torch.cuda.synchronize()
     for ksplit, o in zip(KSPLITS[1:], outs[1:]):

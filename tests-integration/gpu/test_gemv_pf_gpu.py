@@ -18,16 +18,14 @@ Kernels: $KERN_KERNELS_DIR if its index has the `_pf` entries, else built here (
 from __future__ import annotations
 
 import ctypes
-import json
 import math
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -37,10 +35,10 @@ cu = pytest.importorskip("cuda.bindings.driver")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
-from cubin_launch import KernelSet, check  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cubin_launch import check  # noqa: E402
+from gpu_helpers import BF, DEV, bits, kernels_dir  # noqa: E402
 
-BF = torch.bfloat16
-DEV = "cuda"
 EPS = 1e-6
 KSPLITS = (1, 2, 4, 8)
 GUARD = 64
@@ -63,16 +61,8 @@ _PTR = re.compile(r"^(in|out|inout) (buffer<\w+>|ptr)$")
 
 
 @pytest.fixture(scope="session")
-def kset(tmp_path_factory):
-    d = os.environ.get("KERN_KERNELS_DIR")
-    if not (d and "kern_gemv_m1_pf" in json.loads((Path(d) / "index.json").read_text())["kernels"]):
-        import build_kernels
-
-        d = tmp_path_factory.mktemp("kernels-pf")
-        build_kernels.build(Path(d), ["0.6b"], quiet=True, l2_prefetch=True)
-    torch.cuda.init()
-    torch.empty(1, device=DEV)  # make torch's primary context current
-    return KernelSet(d)
+def kdir(tmp_path_factory) -> Path:
+    return kernels_dir(tmp_path_factory, "kernels-pf", ["0.6b"], ["kern_gemv_m1_pf"], l2_prefetch=True)
 
 
 @pytest.fixture(scope="session")
@@ -80,26 +70,19 @@ def pf_buf():
     return torch.randint(0, 255, (PF_BUF,), dtype=torch.uint8, device=DEV)
 
 
-@pytest.fixture(autouse=True)
-def _seed(request):
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
-    yield
-    torch.cuda.synchronize()
-
-
-def grid_of(kset, name: str, n: int, ksplit: int) -> int:
-    cx = kset.kernels[name]["constexprs"]
+def grid_of(ks, name: str, n: int, ksplit: int) -> int:
+    cx = ks.kernels[name]["constexprs"]
     return math.ceil(n / (cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit))
 
 
-def launch(kset, name: str, args: list, n: int, ksplit: int, pdl: bool = False) -> None:
+def launch(ks, name: str, args: list, n: int, ksplit: int, pdl: bool = False) -> None:
     """One launch of index kernel `name` (grid and dynamic shared memory from the index's rules) on
     torch's current stream; `pdl`: with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION."""
-    e = kset.kernels[name]
+    e = ks.kernels[name]
     assert len(args) == len(e["params"]), (name, e["param_names"])
     values = dict(zip(e["param_names"], args))
     smem = e["shared_mem"] + sum(c * values[p] for p, c in e["shared_mem_per"].items())
-    f = kset.function(name)
+    f = ks.function(name)
     if smem > 48 * 1024:
         check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
     vals, types = [], []
@@ -113,7 +96,7 @@ def launch(kset, name: str, args: list, n: int, ksplit: int, pdl: bool = False) 
             vals.append(a)
             types.append(_CT[t])
     kp = (tuple(vals), tuple(types))
-    grid = grid_of(kset, name, n, ksplit)
+    grid = grid_of(ks, name, n, ksplit)
     stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
     if not pdl:
         check(cu.cuLaunchKernel(f, grid, 1, 1, *e["block"], smem, stream, kp, 0))
@@ -131,13 +114,9 @@ def launch(kset, name: str, args: list, n: int, ksplit: int, pdl: bool = False) 
     check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
-
-
-def test_pf_entries_are_twins(kset):
+def test_pf_entries_are_twins(ks):
     for v in VARIANTS:
-        t, e = kset.kernels[f"kern_{v}_m1"], kset.kernels[f"kern_{v}_m1_pf"]
+        t, e = ks.kernels[f"kern_{v}_m1"], ks.kernels[f"kern_{v}_m1_pf"]
         assert e["params"] == t["params"] + ["in buffer<bf16>", "u64"], v
         assert e["param_names"] == t["param_names"] + ["pf_ptr", "pf_bytes"], v
         for f in ("block", "shared_mem", "shared_mem_per", "constexprs"):
@@ -145,7 +124,7 @@ def test_pf_entries_are_twins(kset):
 
 
 @pytest.mark.parametrize(("variant", "n", "k"), CASES, ids=[f"{v}-{n}x{k}" for v, n, k in CASES])
-def test_pf_twin(kset, pf_buf, variant: str, n: int, k: int) -> None:
+def test_pf_twin(ks, pf_buf, variant: str, n: int, k: int) -> None:
     name = f"kern_{variant}_m1"
     rows = 2 * n if variant == "gemv_norm_silu" else n
     x = torch.randn(1, k, device=DEV, dtype=BF)
@@ -161,7 +140,7 @@ def test_pf_twin(kset, pf_buf, variant: str, n: int, k: int) -> None:
             args = [x, w, y, n, k, ksplit]
         else:
             args = [x, nw, w, y, n, k, EPS, ksplit]
-        launch(kset, kname, args + extra, n, ksplit)
+        launch(ks, kname, args + extra, n, ksplit)
         torch.cuda.synchronize()
         return store
 
@@ -169,7 +148,7 @@ def test_pf_twin(kset, pf_buf, variant: str, n: int, k: int) -> None:
         ref = run(name, [], ksplit)
         assert bool((ref[:GUARD] == SENTINEL).all() and (ref[GUARD + n:] == SENTINEL).all()), (name, ksplit)
         assert not torch.isnan(ref[GUARD:GUARD + n].float()).any(), (name, ksplit)
-        g = grid_of(kset, name, n, ksplit)
+        g = grid_of(ks, name, n, ksplit)
         ranges = {
             "none": [0, 0],
             "32 MB": [pf_buf, PF_BUF],
@@ -182,7 +161,7 @@ def test_pf_twin(kset, pf_buf, variant: str, n: int, k: int) -> None:
             assert torch.equal(bits(out), bits(ref)), f"{name}_pf (ksplit {ksplit}, prefetch {label}) differs from {name}"
 
 
-def test_pf_pdl_chain_equals_plain(kset):
+def test_pf_pdl_chain_equals_plain(ks):
     """Three 0.6B layers (qkv + norm, o + residual, gate_up + norm + SiLU, down + residual) and a head: the
     `_pf` forms as a PDL chain, each prefetching all of the next weight, eager and replayed from a CUDA graph,
     give the plain forms' results bit for bit (launched one after the other without PDL)."""
@@ -210,13 +189,13 @@ def test_pf_pdl_chain_equals_plain(kset):
 
     def plain():
         for name, args, n, _ in steps:
-            launch(kset, name, args, n, 1)
+            launch(ks, name, args, n, 1)
 
     def pf():
         for i, (name, args, n, _) in enumerate(steps):
             nxt = steps[i + 1][3] if i + 1 < len(steps) else None
             extra = [nxt, nxt.numel() * 2] if nxt is not None else [0, 0]
-            launch(kset, name + "_pf", args + extra, n, 1, pdl=i > 0)
+            launch(ks, name + "_pf", args + extra, n, 1, pdl=i > 0)
 
     def run(fn):
         resid.copy_(resid0)

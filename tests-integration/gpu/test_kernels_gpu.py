@@ -13,13 +13,12 @@ no NaN anywhere in the output (a NaN never passes).
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -29,33 +28,16 @@ pytest.importorskip("cuda.bindings.driver")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
-from cubin_launch import KernelSet  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import BF, D, DEV, gather_kv, kernels_dir, kv_geom, nan_like, rope_table  # noqa: E402
 
-D = 128
-BF = torch.bfloat16
-DEV = "cuda"
 TOKENS = [1, 7, 512, 2048]
 TOL = 1e-2
 
 
 @pytest.fixture(scope="session")
-def ks(tmp_path_factory):
-    d = os.environ.get("KERN_KERNELS_DIR")
-    if not d:
-        import build_kernels
-
-        d = tmp_path_factory.mktemp("kernels")
-        build_kernels.build(Path(d), list(build_kernels.load_geometry.__globals__["PRESETS"]), quiet=True)
-    torch.cuda.init()
-    torch.empty(1, device=DEV)  # make torch's primary context current
-    return KernelSet(d)
-
-
-@pytest.fixture(autouse=True)
-def _seed(request):
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
-    yield
-    torch.cuda.synchronize()
+def kdir(tmp_path_factory) -> Path:
+    return kernels_dir(tmp_path_factory, "kernels", None)  # all presets; $KERN_KERNELS_DIR taken unchecked
 
 
 def relerr(out, ref) -> float:
@@ -65,18 +47,8 @@ def relerr(out, ref) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def nan_like(shape, dtype=BF):
-    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
-
-
 def hidden_sizes(ks):
     return sorted({int(n.split("_h")[-1]) for n in ks.kernels if n.startswith("rms_norm_h")})
-
-
-def rope_table(positions=40960, theta=1e6):
-    f = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.arange(positions, dtype=torch.float64)[:, None] * f[None]
-    return torch.cat([ang.cos(), ang.sin()], -1).float().to(DEV)
 
 
 # ---------------------------------------------------------------- embedding / argmax
@@ -174,21 +146,6 @@ def test_silu_and_mul(ks, T, I):
 
 # ---------------------------------------------------------------- paged KV helpers
 
-def kv_geom(nkv, layers):
-    tok = nkv * 2 * D  # elements per token per layer
-    return tok, layers * 16 * tok  # (token stride, page stride) in elements
-
-
-def gather_kv(kv_layer, page_elems, nkv, block_table, L):
-    """K, V as float64 [L, nkv, D] for logical positions 0..L-1 (kv_layer = state + layer offset)."""
-    j = torch.arange(L, device=DEV)
-    page = block_table[j // 16].long()
-    base = page * page_elems + (j % 16) * (nkv * 2 * D)
-    idx = base[:, None, None] + torch.arange(nkv, device=DEV)[None, :, None] * 2 * D + \
-        torch.arange(D, device=DEV)[None, None, :]
-    return kv_layer[idx].double(), kv_layer[idx + D].double()
-
-
 def ref_attention(q, K, V, positions, scale):
     """q [T, nq, D], K/V [L, nkv, D] float64; query t sees keys 0..positions[t]."""
     T, nq, _ = q.shape
@@ -215,7 +172,7 @@ def ref_norm_rope(x, w, cs, eps):
 @pytest.mark.parametrize("nq", [16, 32, 40, 64])
 def test_qk_norm_rope_kv(ks, T, nq):
     nkv, layers, layer, eps = 8, 4, 2, 1e-6
-    tok, page_elems = kv_geom(nkv, layers)
+    tok, page_elems = kv_geom(layers, nkv=nkv)
     cos_sin = rope_table()
     pos0 = 30000 + int(torch.randint(0, 5000, (1,)))
     pos = torch.arange(pos0, pos0 + T, device=DEV)
@@ -252,7 +209,7 @@ def test_qk_norm_rope_kv(ks, T, nq):
 
 
 def random_cache(nkv, L, layers=3, layer=1):
-    tok, page_elems = kv_geom(nkv, layers)
+    tok, page_elems = kv_geom(layers, nkv=nkv)
     n = -(-L // 16)
     npages = n + 5
     kv = torch.randn(npages * page_elems, device=DEV).to(BF)
@@ -277,7 +234,7 @@ def test_paged_decode_attention(ks, nq, L, S):
     ks.launch("paged_decode_attention", (nkv, S, 1),
               [qkv, kv_layer, bt, seq, acc, ml, nq, nkv, q_stride, bt.numel(), page_elems * 2, scale])
     ks.launch("paged_decode_reduce", (nq, 1), [acc, ml, out, nq, S])
-    K, V = gather_kv(kv_layer, page_elems, nkv, bt, L)
+    K, V = gather_kv(kv_layer, page_elems, bt, L, nkv=nkv)
     q = qkv[:, : nq * D].double().view(1, nq, D)
     ref = ref_attention(q, K, V, torch.tensor([L - 1], device=DEV), scale)
     assert relerr(out, ref) <= TOL
@@ -301,7 +258,7 @@ def test_paged_decode_attention_batch(ks):
               [qkv, kv_layer, bt, seq, acc, ml, nq, nkv, q_stride, 64, page_elems * 2, scale])
     ks.launch("paged_decode_reduce", (nq, 2), [acc, ml, out, nq, S])
     for b, L in enumerate(Ls):
-        K, V = gather_kv(kv_layer, page_elems, nkv, bt[b], L)
+        K, V = gather_kv(kv_layer, page_elems, bt[b], L, nkv=nkv)
         q = qkv[b: b + 1, : nq * D].double().view(1, nq, D)
         assert relerr(out[b: b + 1], ref_attention(q, K, V, torch.tensor([L - 1], device=DEV), scale)) <= TOL
 
@@ -323,7 +280,7 @@ def test_paged_prefill_attention(ks, nq, T, L):
     scale = 1 / math.sqrt(D)
     ks.launch("paged_prefill_attention", (-(-T // 128), nq, 1),
               [qkv, kv_layer, bt, seq, cu, out, nq, nkv, q_stride, bt.numel(), page_elems * 2, scale])
-    K, V = gather_kv(kv_layer, page_elems, nkv, bt, L)
+    K, V = gather_kv(kv_layer, page_elems, bt, L, nkv=nkv)
     q = qkv[:, : nq * D].double().view(T, nq, D)
     ref = ref_attention(q, K, V, torch.arange(L - T, L, device=DEV), scale)
     assert relerr(out, ref) <= TOL
@@ -333,7 +290,7 @@ def test_prologue_then_attention_chunks(ks):
     """The contract end to end for one layer: chunked prefill (prologue writes KV, prefill attention
     reads it) then a decode step, against attention over the whole normed/rotated sequence."""
     nq, nkv, layers, layer, eps = 32, 8, 36, 35, 1e-6
-    tok, page_elems = kv_geom(nkv, layers)
+    tok, page_elems = kv_geom(layers, nkv=nkv)
     total, chunk = 700, 256
     npages = -(-total // 16)
     kv = nan_like((npages * page_elems,))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -37,44 +36,16 @@ pytest.importorskip("cuda.bindings.driver")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
-from cubin_launch import KernelSet  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import BF, D, DEV, bits, kernels_dir, rope_table  # noqa: E402
 
-D = 128
-BF = torch.bfloat16
-DEV = "cuda"
 PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
             "argmax_partial", "argmax_reduce")
 
 
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
-    d = os.environ.get("KERN_KERNELS_DIR")
-    if d and all(n + "_pdl" in json.loads((Path(d) / "index.json").read_text())["kernels"] for n in PDL_BASE):
-        return Path(d)
-    import build_kernels
-
-    out = tmp_path_factory.mktemp("kernels-pdl")
-    build_kernels.build(out, ["0.6b", "4b"], quiet=True, pdl=True)
-    return out
-
-
-@pytest.fixture(scope="session")
-def ks(kdir):
-    torch.cuda.init()
-    torch.empty(1, device=DEV)  # make torch's primary context current
-    return KernelSet(kdir)
-
-
-@pytest.fixture(autouse=True)
-def _seed(request):
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
-    yield
-    torch.cuda.synchronize()
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The raw bytes of a tensor (NaN == NaN when the bit patterns agree)."""
-    return t.contiguous().view(torch.uint8)
+    return kernels_dir(tmp_path_factory, "kernels-pdl", ["0.6b", "4b"], [n + "_pdl" for n in PDL_BASE], pdl=True)
 
 
 def twins(ks, name: str, grid, make_args, outputs):
@@ -127,12 +98,6 @@ def test_argmax_twin(ks, rows, n, parts):
     ks.launch("argmax_reduce_pdl", (rows,), [p, o, parts])
     torch.cuda.synchronize()
     assert o.cpu().tolist() == np.argmax(x.float().cpu().numpy(), axis=1).tolist()
-
-
-def rope_table(positions=40960, theta=1e6):
-    f = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.arange(positions, dtype=torch.float64)[:, None] * f[None]
-    return torch.cat([ang.cos(), ang.sin()], -1).float().to(DEV)
 
 
 @pytest.mark.parametrize("T", [1, 7, 512])
