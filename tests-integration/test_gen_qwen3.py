@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
 import gen_qwen3 as gen  # noqa: E402
+from gemv_plan import plan_gemvp  # noqa: E402
 from qwen3_config import PRESETS, Qwen3Config  # noqa: E402
 
 GEOMETRIES = list(PRESETS)
@@ -163,6 +164,10 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
         "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
     assert _gemv(m, "gemv_norm_lm_head", index) == (
         "kern_gemv_norm_m1", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
+    # --gemv persistent: tools/gemv_plan.py's plan
+    assert _gemv(_build("4b", fake_kernels, gemv="persistent"), "gemv_norm_lm_head", index) == (
+        "kern_gemvp_norm_m1", [132, 1, 1], 2 * 2560 + 40 * 5 * 512,
+        {"n": 151936, "k": 2560, "eps": eps, "piece_chunks": 5})
     assert m.ops["gemv_residual_o_proj"].params == ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>"]
     assert m.ops["gemv_norm_qkv"].params == ["in buffer<bf16>"] * 3 + ["out buffer<bf16>"]
 
@@ -173,6 +178,52 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     assert {op: _gemv(m, op, index)[3]["ksplit"] for op in gen.GEMV_OPS} == {
         "gemv_norm_qkv": 1, "gemv_residual_o_proj": 1, "gemv_norm_silu_gate_up": 1, "gemv_residual_down_proj": 4,
         "gemv_norm_lm_head": 1}
+
+
+@pytest.mark.parametrize("preset", ["0.6b", "1.7b", "4b", "8b", "14b", "32b"])
+def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
+    """--gemv persistent: every decode GEMV op through gemv_persist.cu with tools/gemv_plan.py's plan (grid one
+    block per SM, piece_chunks, shared memory ≤ 112 KB), the same interfaces, calls and buffers as --gemv gemv;
+    the manifest verifies with no diagnostic; --gemv gemv has no persistent launch; auto is persistent with --pdl
+    on hidden sizes ≤ 1024 (0.6B), else gemv."""
+    index = gen.load_index(fake_kernels)
+    cfg = Qwen3Config.preset(preset)
+    m, plain, auto = (_build(preset, fake_kernels, gemv=g) for g in ("persistent", "gemv", "auto"))
+    auto_pdl = _build(preset, fake_kernels, pdl=True)
+    small = cfg.hidden_size <= 1024
+    assert kern_verify.verify(m) == []
+    shapes = {"gemv_norm_qkv": (cfg.qkv_size, cfg.hidden_size, False),
+              "gemv_residual_o_proj": (cfg.hidden_size, cfg.q_size, False),
+              "gemv_norm_silu_gate_up": (cfg.intermediate_size, cfg.hidden_size, True),
+              "gemv_residual_down_proj": (cfg.hidden_size, cfg.intermediate_size, False),
+              "gemv_norm_lm_head": (cfg.vocab_size, cfg.hidden_size, False)}
+    for op, (n, k, silu) in shapes.items():
+        plan = plan_gemvp(n, k, silu)
+        entry, grid, smem, lit = _gemv(m, op, index)
+        if plan is None:  # 32B down (k = 25600): x leaves under 2 slots per warp; gemv.cu's form instead
+            assert (preset, op) == ("32b", "gemv_residual_down_proj") and entry == "kern_gemv_residual_m1"
+            continue
+        assert entry == gen.GEMVP_ENTRY[gen.GEMV_OPS[op]]
+        assert (grid, smem, lit["n"], lit["k"], lit["piece_chunks"]) == (
+            [plan.grid, 1, 1], plan.smem, n, k, plan.piece_chunks)
+        assert smem <= 112 * 1024 and m.ops[op].params == plain.ops[op].params
+        assert _gemv(plain, op, index)[0].startswith("kern_gemv_")
+        assert _gemv(auto, op, index)[0].startswith("kern_gemv_")
+        assert _gemv(auto_pdl, op, index)[0].startswith("kern_gemvp_" if small else "kern_gemv_")
+    assert m.programs == plain.programs and m.buffers == plain.buffers
+
+
+def test_gemv_persistent_wiring_checked(fake_kernels: Path) -> None:
+    """check_wiring refuses a persistent GEMV launch whose grid, piece_chunks or shared memory leave the plan."""
+    index = gen.load_index(fake_kernels)
+    cfg = Qwen3Config.preset("0.6b")
+    m = _build("0.6b", fake_kernels, gemv="persistent")
+    la = m.ops["gemv_norm_qkv"].impl.launches[0]
+    la.shared_mem -= 512
+    with pytest.raises(gen.WiringError, match=r"ops.gemv_norm_qkv kernel `kern_gemvp_norm_m1`: grid .* plan"):
+        gen.check_wiring(m, cfg, gen.make_layout(cfg), index)
+    with pytest.raises(gen.GenError, match="--gemv 'fast'"):
+        _build("0.6b", fake_kernels, gemv="fast")
 
 
 @pytest.mark.parametrize(("warps", "k", "ksplit"), [
@@ -498,7 +549,7 @@ def check_pdl_manifest(m: ks.Manifest) -> None:
     assert all(la.pdl for _, _, la in launches[1:]), [(lb, i) for lb, i, la in launches[1:] if not la.pdl]
     for label, i, la in launches[1:]:
         mod = m.modules[la.module].source
-        assert mod == "gemv.cubin" or mod.endswith("_pdl.cubin"), (label, i, mod)
+        assert mod in ("gemv.cubin", "gemv_persist.cubin") or mod.endswith("_pdl.cubin"), (label, i, mod)
     assert not any(m.ops[c.op].impl.launches[i].pdl for c in m.programs["prefill"].calls
                    for i in range(len(m.ops[c.op].impl.launches)))
 

@@ -69,6 +69,7 @@ def test_index_format(built):
             "paged_decode_attention", "paged_decode_reduce", "paged_prefill_attention",
             "rms_norm_h1024", "rms_norm_h2560", "add_rms_norm_h1024", "add_rms_norm_h2560"}
     need |= {f"kern_gemv{v}_m{m}" for v in ("", "_norm", "_norm_silu", "_residual") for m in (1, 2, 4, 8)}
+    need |= {f"kern_gemvp{v}_m1" for v in ("", "_norm", "_norm_silu", "_residual")}
     assert need <= set(idx["kernels"]), need - set(idx["kernels"])
     for name, k in idx["kernels"].items():
         assert set(k) == {"module", "sha256", "entry", "params", "param_names", "aligned16", "block",
@@ -81,7 +82,8 @@ def test_index_format(built):
         assert 32 <= bx * by * bz <= 1024 and bx % 32 == 0, name
         assert 0 <= k["shared_mem"] <= 232448, name
         assert k["doc"] and k["grid"], name
-        if k["module"] not in ("embedding.cubin", "argmax.cubin", "gemv.cubin", "decode_attention.cubin"):  # Triton
+        if k["module"] not in ("embedding.cubin", "argmax.cubin", "gemv.cubin", "gemv_persist.cubin",
+                               "decode_attention.cubin"):  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
 

@@ -5,7 +5,7 @@ Usage::
 
     python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
                               [--chunk 2048] [--max-positions 40960] [--model NAME] [--pdl]
-                              [--fused-attention]
+                              [--fused-attention] [--gemv auto|gemv|persistent]
 
 DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
 every kernel is wired by the NAME, parameter names and types the index gives, and every
@@ -68,6 +68,7 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv_plan import plan_gemvp  # noqa: E402
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -90,6 +91,18 @@ DEFAULT_DECODE_ATTENTION = "cluster"
 CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
 CLUSTER_SPLITS = 8
+#: The decode GEMV impls (`--gemv`): `gemv` every decode GEMV op through gemv.cu; `persistent` every one
+#: through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs); `auto` (the
+#: default) `persistent` with --pdl on models of hidden size ≤ GEMVP_AUTO_MAX_HIDDEN, else `gemv`. Measured
+#: on the H200 (kern-run decode, tools/bench_decode.py; NOTES.md 20): 0.6B --pdl 0.820 ms/token persistent vs
+#: 0.865 gemv.cu; 4B --pdl 3.261 persistent vs 2.673 gemv.cu; without PDL the persistent forms lose on both;
+#: one persistent launch among gemv.cu ones (the lm_head alone) was slower in the program than in isolation.
+GEMV_IMPLS = ("auto", "gemv", "persistent")
+DEFAULT_GEMV = "auto"
+GEMVP_AUTO_MAX_HIDDEN = 1024
+#: Persistent GEMV entries by gemv.cu variant.
+GEMVP_ENTRY = {"gemv_norm": "kern_gemvp_norm_m1", "gemv_norm_silu": "kern_gemvp_norm_silu_m1",
+               "gemv_residual": "kern_gemvp_residual_m1"}
 #: The opt-in one-launch decode attention (build_kernels.py --fused-attention) and its counters' state.
 FUSED_ATTENTION = "paged_decode_attention_fused"
 ATTN_COUNTERS = "attn_counters"
@@ -675,48 +688,63 @@ GEMV_OPS = {
 }
 
 
-def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False) -> None:
+def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False,
+                 persistent: bool = False) -> None:
     """One decode GEMV op (m = 1) over a weight of n output columns by k.
 
     Interfaces: `gemv_norm` and `gemv_norm_silu` take (x, norm_w, w, out): out = rmsnorm(x)·norm_w
     times wᵀ (the SiLU variant: silu(gate)·up, w holding 2n rows); `gemv_residual` takes
     (x, w, residual): residual += x·wᵀ in place. Every pointer is a whole manifest buffer
     (256-byte aligned, so 16-byte aligned as gemv.cu requires); k must be a multiple of 8.
+    `persistent`: the impl is gemv_persist.cu's entry (GEMVP_ENTRY) with tools/gemv_plan.py's plan
+    (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
+    where the plan does not apply (k not a multiple of 256) gemv.cu's entry instead.
     With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
-    gemv.cu issues its first weight loads, then `griddepcontrol.wait`, so it streams weights
-    while the kernel before it drains. Every decode GEMV follows a kernel launch, never a
+    both GEMV sources issue their first weight loads, then `griddepcontrol.wait`, so they stream weights
+    while the kernel before drains. Every decode GEMV follows a kernel launch, never a
     built-in, so the attribute always has an effect (kern-verify E0091).
     """
     variant = GEMV_OPS[op]
-    kname = f"kern_{variant}_m1"
     if k % 8:
         raise GenError(f"op `{op}`: k = {k} is not a multiple of 8 (gemv.cu loads 8 bf16 at a time)")
-    if (m := b.constexpr(kname, "M")) != 1:
-        raise GenError(f"kernel `{kname}` is compiled for M = {m}; decode runs one token")
-    cols, warps_per_block = b.constexpr(kname, "COLS_PER_WARP"), b.constexpr(kname, "WARPS")
-    ksplit = gemv_ksplit(math.ceil(n / cols), k)
-    assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
-    grid = [math.ceil(n / (cols * warps_per_block // ksplit)), 1, 1]
     if variant == "gemv_residual":
         iface = [("x", BF16_IN), ("w", BF16_IN), ("residual", BF16_INOUT)]
         wiring: dict[str, P | int | float] = dict(x=P("x"), w=P("w"), residual=P("residual"))
     else:
         iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("w", BF16_IN), ("out", BF16_OUT)]
         wiring = dict(x=P("x"), norm_w=P("norm_w"), w=P("w"), y=P("out"), eps=eps)
-    launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)
+    plan = plan_gemvp(n, k, variant == "gemv_norm_silu", sms=GEMV_SMS) if persistent else None
+    if plan is not None:
+        launch = b.launch(op, iface, GEMVP_ENTRY[variant], [plan.grid, 1, 1], n=n, k=k,
+                          piece_chunks=plan.piece_chunks, **wiring)
+        launch.shared_mem = plan.smem
+    else:
+        kname = f"kern_{variant}_m1"
+        if (m := b.constexpr(kname, "M")) != 1:
+            raise GenError(f"kernel `{kname}` is compiled for M = {m}; decode runs one token")
+        cols, warps_per_block = b.constexpr(kname, "COLS_PER_WARP"), b.constexpr(kname, "WARPS")
+        ksplit = gemv_ksplit(math.ceil(n / cols), k)
+        assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
+        grid = [math.ceil(n / (cols * warps_per_block // ksplit)), 1, 1]
+        launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)
     if pdl:
         launch.pdl = True
     b.op(op, iface, [launch])
 
 
-def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False) -> None:
-    """The decode program's fused GEMV ops (prefill keeps cuBLASLt and the norm kernels)."""
+def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAULT_GEMV) -> None:
+    """The decode program's fused GEMV ops (prefill keeps cuBLASLt and the norm kernels); `gemv` picks
+    their impls (GEMV_IMPLS)."""
+    if gemv not in GEMV_IMPLS:
+        raise GenError(f"--gemv {gemv!r}: one of {', '.join(GEMV_IMPLS)}")
+    if gemv == "auto":
+        gemv = "persistent" if pdl and b.cfg.hidden_size <= GEMVP_AUTO_MAX_HIDDEN else "gemv"
     c = b.cfg
     H, I, eps = c.hidden_size, c.intermediate_size, c.rms_norm_eps
     for op, (n, k) in {"gemv_norm_qkv": (c.qkv_size, H), "gemv_residual_o_proj": (H, c.q_size),
                        "gemv_norm_silu_gate_up": (I, H), "gemv_residual_down_proj": (H, I),
                        "gemv_norm_lm_head": (c.vocab_size, H)}.items():
-        declare_gemv(b, op, n, k, eps, pdl=pdl)
+        declare_gemv(b, op, n, k, eps, pdl=pdl, persistent=gemv == "persistent")
 
 
 def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False,
@@ -807,7 +835,7 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
                    model: str | None = None, pdl: bool = False, fused_attention: bool = False,
-                   decode_attention: str | None = None) -> Manifest:
+                   decode_attention: str | None = None, gemv: str = DEFAULT_GEMV) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
     `pdl`: every decode launch but the first (the embedding) is a programmatic dependent launch:
     the GEMVs (see `declare_gemv`) and the PDL kernel forms of the attention prologue, decode
@@ -815,7 +843,8 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     `fused_attention`: decode attention in one launch with per-layer counters in the state
     `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention).
     `decode_attention`: the impl of the `attention_decode` op (DECODE_ATTENTION_IMPLS; default
-    DEFAULT_DECODE_ATTENTION, `triton` with `fused_attention`)."""
+    DEFAULT_DECODE_ATTENTION, `triton` with `fused_attention`). `gemv`: the impls of the decode GEMV
+    ops (GEMV_IMPLS; see `declare_gemv`)."""
     decode_attention = decode_attention or ("triton" if fused_attention else DEFAULT_DECODE_ATTENTION)
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
@@ -824,7 +853,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
     declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
-    declare_gemv_ops(b, pdl=pdl)
+    declare_gemv_ops(b, pdl=pdl, gemv=gemv)
     forward(b, layout, "prefill")
     forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention)
     m = b.manifest(model or cfg.name, chunk, fused_attention=fused_attention)
@@ -870,6 +899,8 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             except GenError as e:
                 err(str(e))
                 continue
+            if k.constexprs.get("PERSISTENT"):
+                continue  # x + the slots of its launch plan: checked with the plan below
             if (la.shared_mem or 0) != want:
                 err(f"ops.{op_name} kernel `{k.name}`: shared_mem {la.shared_mem or 0} != the {want} bytes it needs")
 
@@ -881,6 +912,22 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
                 continue
             lit = {pn: a.literal for pn, a in zip(k.param_names, la.args) if a.literal is not None}
             where = f"ops.{op_name} kernel `{k.name}`"
+            if k.constexprs.get("PERSISTENT"):
+                n, kk = lit.get("n"), lit.get("k")
+                if not all(isinstance(v, int) for v in (n, kk, lit.get("piece_chunks"))):
+                    err(f"{where}: n, k and piece_chunks must be integer literals (the plan is fixed per shape)")
+                    continue
+                try:
+                    plan = plan_gemvp(n, kk, "norm_silu" in k.entry, sms=GEMV_SMS)
+                except ValueError as e:
+                    err(f"{where}: {e}")
+                    continue
+                got = (la.grid, lit["piece_chunks"], la.shared_mem or 0)
+                if plan is None or got != ([plan.grid, 1, 1], plan.piece_chunks, plan.smem):
+                    err(f"{where}: grid {la.grid}, piece_chunks {lit['piece_chunks']}, shared_mem {la.shared_mem or 0} "
+                        f"!= tools/gemv_plan.py's plan for n = {n}, k = {kk}: {plan}")
+                gemv_ops[op_name] = (k, lit)
+                continue
             n, kk, split = lit.get("n"), lit.get("k"), lit.get("ksplit")
             if not all(isinstance(v, int) for v in (n, kk, split)):
                 err(f"{where}: n, k and ksplit must be integer literals (the grid is fixed per shape)")
@@ -932,7 +979,8 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
                 writers.append(call.label)
                 kerns = kernels_of.get(call.op, [])
                 ok = call.label == "embed" if call.op == "embedding" else \
-                    bool(kerns) and all(kn.entry.startswith("kern_gemv_residual") for kn in kerns)
+                    bool(kerns) and all(kn.entry.startswith(("kern_gemv_residual", "kern_gemvp_residual"))
+                                        for kn in kerns)
                 if not ok:
                     err(f"programs.decode `{call.label}`: writes `residual` through `{call.op}`; in decode only the "
                         f"embedding and the gemv_residual ops do")
@@ -1128,9 +1176,10 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
              max_positions: int | None = None, model: str | None = None, pdl: bool = False,
-             fused_attention: bool = False, decode_attention: str | None = None) -> Manifest:
+             fused_attention: bool = False, decode_attention: str | None = None,
+             gemv: str = DEFAULT_GEMV) -> Manifest:
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
-                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
+                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention, gemv=gemv)
     data = ks.dump(m)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(out) + ".tmp")
@@ -1164,11 +1213,16 @@ def main(argv: list[str] | None = None) -> int:
                          f"{DEFAULT_DECODE_ATTENTION} (triton with --fused-attention)")
     ap.add_argument("--cuda-attention", dest="decode_attention", action="store_const", const="cuda",
                     help="= --decode-attention cuda")
+    ap.add_argument("--gemv", choices=GEMV_IMPLS, default=DEFAULT_GEMV,
+                    help="the decode GEMV impls: gemv (gemv.cu), persistent (gemv_persist.cu, one block per SM), "
+                         f"auto (persistent with --pdl when hidden_size <= {GEMVP_AUTO_MAX_HIDDEN}, else gemv; "
+                         f"the faster on the H200); default {DEFAULT_GEMV}")
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
-                     pdl=a.pdl, fused_attention=a.fused_attention, decode_attention=a.decode_attention)
+                     pdl=a.pdl, fused_attention=a.fused_attention, decode_attention=a.decode_attention,
+                     gemv=a.gemv)
     except (GenError, ConfigError) as e:
         print(f"gen_qwen3: error: {e}", file=sys.stderr)
         return 1

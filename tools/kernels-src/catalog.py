@@ -365,6 +365,44 @@ def _gemv_kernels() -> list[Kernel]:
     return out
 
 
+#: The persistent decode GEMVs (gemv_persist.cu): one 256-thread block per SM, each of its 8 warps streams
+#: its own output columns through its own FIFO of bulk-copy slots; launch plans from tools/gemv_plan.py.
+GEMVP_DOC = (" Persistent form (gemv_persist.cu): grid (G, 1, 1), G = min(SMs, n) (one block per SM; block b "
+             "computes outputs [n·b/G, n·(b+1)/G)); piece_chunks = chunks of 256 elements per shared-memory slot; "
+             "dynamic shared memory 2·k bytes (x or its norm) + the slots: slots = min(64, (bytes − 2k) / "
+             "(piece_chunks·512)) ≥ 8, in 8 per-warp FIFOs (tools/gemv_plan.py `plan_gemvp` gives piece_chunks, G "
+             "and the bytes; a launch that breaks the rules traps). k: multiple of 256; every pointer 16-byte "
+             "aligned. bf16 storage, fp32 accumulation (two chunk chains per warp, then a warp sum), the same "
+             "bits for any grid or timing. Programmatic dependent launch: launch_dependents at entry, the first "
+             "weight copies before griddepcontrol.wait, nothing of an earlier launch read before it (no-op "
+             "without the launch attribute).")
+
+
+def _gemvp_kernels() -> list[Kernel]:
+    """The persistent decode GEMVs of gemv_persist.cu (m = 1), one module: the same four ops, arithmetic
+    and roundings as gemv.cu's kern_gemv*_m1, with `piece_chunks` in place of `ksplit`."""
+    x, w = P("x", BF16_IN, True), P("w", BF16_IN, True)
+    nw, y = P("norm_w", BF16_IN, True), P("y", BF16_OUT, True)
+    n, k, eps, pc = P("n", "i32"), P("k", "i32"), P("eps", "f32"), P("piece_chunks", "i32")
+    consts = {"M": 1, "WARPS": GEMV_WARPS, "PERSISTENT": 1, "CHUNK": 256, "MAX_SLOTS": 64}
+    grid = "(min(SMs, n), 1, 1): one block per SM (tools/gemv_plan.py)"
+    specs = [
+        ("kern_gemvp_m1", (x, w, y, n, k, pc), "y[j] = bf16(sum_k x[k] w[j,k]), j < n. x: bf16 [1, k]; w: bf16 [n, k]; "
+         "y: bf16 [1, n]."),
+        ("kern_gemvp_norm_m1", (x, nw, w, y, n, k, eps, pc), "RMS norm prologue (kern_gemv_norm_m1's rounding) + "
+         "GEMV: y[j] = bf16(sum_k xn[k] w[j,k]). x: bf16 [1, k]; norm_w: bf16 [k]; w: bf16 [n, k]; y: bf16 [1, n]."),
+        ("kern_gemvp_norm_silu_m1", (x, nw, w, y, n, k, eps, pc), "RMS norm prologue + gate/up GEMV + "
+         "SiLU-and-mul (kern_gemv_norm_silu_m1's rounding): y[j] = bf16(bf16(silu(bf16(xn·w[j]))) * bf16(xn·w[n+j])). "
+         "x: bf16 [1, k]; norm_w: bf16 [k]; w: bf16 [2n, k] (gate rows, then up rows); y: bf16 [1, n]."),
+        ("kern_gemvp_residual_m1", (x, w, P("residual", BF16_INOUT, True), n, k, pc), "GEMV + residual add, in "
+         "place: residual[j] = bf16(residual[j] + bf16(sum_k x[k] w[j,k])), j < n. x: bf16 [1, k]; w: bf16 [n, k]; "
+         "residual: bf16 [1, n]."),
+    ]
+    return [Kernel(name=name, lang="cuda", source="gemv_persist.cu", entry=name, block_x=256, params=params, grid=grid,
+                   doc=doc + GEMVP_DOC, constexprs=dict(consts), shared_mem_per={"k": 2})
+            for name, params, doc in specs]
+
+
 #: Values of M with an L2-prefetch form (gemv.cu `INSTANTIATE_PF`; decode uses M = 1).
 GEMV_PF_MS = (1,)
 #: The two params the L2-prefetch forms add after their twin's.
@@ -462,7 +500,7 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
     L2-prefetch GEMV forms (`_gemv_pf_kernels`); the default set is unchanged."""
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
-        + (_pdl_kernels() if pdl else []) \
+        + _gemvp_kernels() + (_pdl_kernels() if pdl else []) \
         + (_fused_attention_kernels(pdl) if fused_attention else []) + (_gemv_pf_kernels() if l2_prefetch else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():

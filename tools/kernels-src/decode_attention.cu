@@ -99,8 +99,12 @@ namespace cg = cooperative_groups;
 #define DA_ROW 528                       // a token's k|v (512 bytes) + 16 bytes of padding, in a slot
 #define DA_SLOT_BYTES (DA_PAGE * DA_ROW)  // one page of one kv head
 #define DA_SPLIT_SLOTS 2
+#ifndef DA_CLUSTER
 #define DA_CLUSTER 8
+#endif
+#ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
+#endif
 // Dynamic shared memory: the warps' rings of page slots and (cluster) the partials the other CTAs of the
 // cluster push (m, l of each q head from each CTA, and their acc of this CTA's slice of the outputs).
 #define DA_RECV_FLOATS (DA_CLUSTER * (2 * DA_MAX_G + DA_MAX_G * DA_D / DA_CLUSTER))

@@ -40,9 +40,11 @@
 // tools/gemv_plan.py picks piece_chunks and the size; a launch that breaks these rules traps.
 //
 // Programmatic dependent launch: every thread calls griddepcontrol.launch_dependents first;
-// each warp issues its first weight copies at once; every thread executes griddepcontrol.wait
-// before x or the residual is read, and nothing is written to global memory before it
-// (a no-op without the launch attribute).
+// each warp issues its first GEMVP_PRE_FILLS (2) weight copies at once; every thread executes
+// griddepcontrol.wait before x or the residual is read, and nothing is written to global memory
+// before it (a no-op without the launch attribute); each warp fills the rest of its FIFO once x is
+// in shared memory (filling the whole FIFO first queued x's reads behind every SM's copies: the 4B
+// GEMV chain with PDL took 2.64 ms with all fills first, 2.51 with 2; NOTES.md 20).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -50,6 +52,9 @@
 #define THREADS (WARPS * 32)
 #define CHUNK 256                     // elements of k per warp-wide 16-byte load (32 lanes × 8 bf16)
 #define MAX_SLOTS 64                  // slots (one mbarrier each): 8 per-warp FIFOs
+#ifndef GEMVP_PRE_FILLS
+#define GEMVP_PRE_FILLS 2             // slots each warp fills before griddepcontrol.wait (-1: its whole FIFO)
+#endif
 
 namespace {
 
@@ -201,8 +206,9 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
             }
         }
     };
+    const int pre = GEMVP_PRE_FILLS < 0 ? fifo : min(fifo, GEMVP_PRE_FILLS);
     if (lane == 0)
-        for (int f = 0; f < fifo && issued < my_pieces; ++f) issue_next(warp * fifo + f);
+        for (int f = 0; f < pre && issued < my_pieces; ++f) issue_next(warp * fifo + f);
     TIMELINE(1);
 
     griddep_wait();
@@ -211,6 +217,8 @@ __device__ __forceinline__ void gemvp(const __nv_bfloat16 *__restrict__ x, const
     else
         x_to_smem(x, xs, k);
     __syncthreads();
+    if (lane == 0)
+        for (int f = pre; f < fifo && issued < my_pieces; ++f) issue_next(warp * fifo + f);
     TIMELINE(2);
 
     int f = 0;           // FIFO position of the next piece
