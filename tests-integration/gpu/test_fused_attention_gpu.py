@@ -196,8 +196,9 @@ def chain(kdir, tmp_path_factory):
     from qwen3_config import Qwen3Config
 
     d = tmp_path_factory.mktemp("fused-chain")
+    # --gemv gemv: the same GEMV kernels with and without --pdl (auto picks the persistent ones with --pdl on 0.6B)
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
-           "--max-positions", str(CAPACITY)]
+           "--max-positions", str(CAPACITY), "--gemv", "gemv"]
     out = {"kernels": kdir}
     # plain: the Triton two-launch impl, which the fused kernel equals bit for bit (not the default impl)
     for which, flags in (("plain", ["--decode-attention", "triton"]), ("fused", ["--fused-attention"]),

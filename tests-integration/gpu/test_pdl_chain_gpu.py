@@ -199,14 +199,17 @@ def chain(kdir, tmp_path_factory):
     d = tmp_path_factory.mktemp("pdl-chain")
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
            "--max-positions", str(CAPACITY)]
-    plain, pdl = d / "plain.json", d / "pdl.json"
-    subprocess.run(gen + ["--out", str(plain)], check=True, capture_output=True)
-    subprocess.run(gen + ["--out", str(pdl), "--pdl"], check=True, capture_output=True)
+    # pairs of manifests that differ only in --pdl: gemv.cu's GEMVs, and the persistent ones (gemv_persist.cu)
+    out = {}
+    for name, flags in (("plain", ["--gemv", "gemv"]), ("pdl", ["--gemv", "gemv", "--pdl"]),
+                        ("persistent", ["--gemv", "persistent"]), ("persistent_pdl", ["--gemv", "persistent", "--pdl"])):
+        out[name] = d / f"{name}.json"
+        subprocess.run(gen + ["--out", str(out[name]), *flags], check=True, capture_output=True)
     from qwen3_config import Qwen3Config
 
     weights = d / "weights.safetensors"
-    random_weights(plain, weights, Qwen3Config.preset(GEOMETRY).rope_theta)
-    return {"plain": plain, "pdl": pdl, "weights": weights, "kernels": kdir}
+    random_weights(out["plain"], weights, Qwen3Config.preset(GEOMETRY).rope_theta)
+    return {**out, "weights": weights, "kernels": kdir}
 
 
 def run_chain(chain, which: str, graph: bool):
@@ -229,10 +232,12 @@ def run_chain(chain, which: str, graph: bool):
         rt.close()
 
 
+@pytest.mark.parametrize("gemv", ["plain", "persistent"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_decode_chain_pdl_equals_plain(chain, graph):
-    t0, l0, _ = run_chain(chain, "plain", graph)
-    t1, l1, edges = run_chain(chain, "pdl", graph)
+def test_decode_chain_pdl_equals_plain(chain, graph, gemv):
+    """gen_qwen3.py --pdl gives the same bits as without, for gemv.cu's and for the persistent GEMVs."""
+    t0, l0, _ = run_chain(chain, gemv, graph)
+    t1, l1, edges = run_chain(chain, "pdl" if gemv == "plain" else gemv + "_pdl", graph)
     assert t0 == t1, f"tokens differ: {t0} vs {t1}"
     assert np.array_equal(l0.view(np.uint16), l1.view(np.uint16)), \
         f"logits differ at steps {sorted(set(np.nonzero(l0.view(np.uint16) != l1.view(np.uint16))[0].tolist()))}"
