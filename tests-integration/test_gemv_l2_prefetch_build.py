@@ -77,14 +77,13 @@ def test_pf_build_keeps_every_default_entry(built_pf, pinned_modules):
     d, idx = built_pf
     pinned = pinned_modules
     instances, load_geometry, _ = _catalog()
-    default = {k.name for k in instances([load_geometry("0.6b"), load_geometry("4b")])}
+    default = {k.name for k in instances([load_geometry("0.6b"), load_geometry("4b")], pdl=True)}  # build's default
     assert set(idx["kernels"]) == default | PF
     for name, k in idx["kernels"].items():
         if name in PF:
             continue
         assert k["sha256"] == pinned[k["module"]], f"{name}: {k['module']} changed vs the committed examples"
         assert hashlib.sha256((d / k["module"]).read_bytes()).hexdigest() == pinned[k["module"]], name
-        assert "pdl" not in k, name
     assert "gemv_pf.cubin" not in pinned
 
 

@@ -255,8 +255,10 @@ def test_deterministic_and_chunk(fake_kernels: Path, tmp_path: Path) -> None:
     assert m.vars["tokens"].max == 512
     assert m.buffers["rope.cos_sin"].shape == [4096, 128] and m.buffers["block_table"].shape == [256]
     out = tmp_path / "m.json"
-    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out)]) == 0
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--no-pdl"]) == 0
     assert out.read_bytes() == a
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out)]) == 0  # CLI: --pdl
+    assert out.read_bytes() == ks.dump(_build("0.6b", fake_kernels, pdl=True))
 
 
 def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> None:
@@ -267,7 +269,7 @@ def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> 
     out = tmp_path / "m.json"
     assert gen.main(["--config", str(tmp_path / "config.json"), "--kernels", str(fake_kernels), "--out", str(out),
                      "--model", "qwen3-1.7b"]) == 0
-    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels))
+    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels, pdl=True))  # the CLI's default --pdl
 
 
 # ------------------------------------------------------------------ the exporter writes what the manifest binds
@@ -591,7 +593,7 @@ def built_kernels_pdl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("preset", list(EXAMPLES))
 def test_pdl_manifest_verifies_with_kernels(preset: str, built_kernels_pdl: Path, tmp_path: Path) -> None:
     """gen_qwen3.py --pdl on the real --pdl build: kern-verify --kernels finds nothing (E0088: every pdl
-    entry contains griddepcontrol.wait); without --pdl the same index still gives the committed example."""
+    entry contains griddepcontrol.wait); it is the CLI's default, so the committed example; --no-pdl verifies too."""
     out = tmp_path / f"pdl-{preset}.json"
     gen_cmd = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", preset, "--kernels",
                str(built_kernels_pdl)]
@@ -602,9 +604,13 @@ def test_pdl_manifest_verifies_with_kernels(preset: str, built_kernels_pdl: Path
     diags = kern_verify.verify_path(out, kernels_dir=built_kernels_pdl)
     assert diags == [], "\n".join(map(str, diags))
     check_pdl_manifest(ks.load(out.read_bytes()))
+    default = tmp_path / f"default-{preset}.json"
+    subprocess.run(gen_cmd + ["--out", str(default)], check=True, capture_output=True)
+    assert default.read_bytes() == out.read_bytes() == EXAMPLES[preset].read_bytes()
     plain = tmp_path / f"plain-{preset}.json"
-    subprocess.run(gen_cmd + ["--out", str(plain)], check=True, capture_output=True)
-    assert plain.read_bytes() == EXAMPLES[preset].read_bytes()
+    subprocess.run(gen_cmd + ["--out", str(plain), "--no-pdl"], check=True, capture_output=True)
+    assert kern_verify.verify_path(plain, kernels_dir=built_kernels_pdl) == []
+    assert not any(la.pdl for op in ks.load(plain.read_bytes()).ops.values() for la in op.impl.launches)
 
 
 # ------------------------------------------------------------------ --fused-attention: one-launch decode attention
@@ -703,7 +709,7 @@ def test_fused_attention_manifest_verifies_with_kernels(preset: str, built_kerne
     gen_cmd = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", preset, "--kernels",
                str(built_kernels_fused)]
     cli = Path(sys.executable).parent / "kern-verify"
-    for flags in (["--fused-attention"], ["--fused-attention", "--pdl"]):
+    for flags in (["--fused-attention", "--no-pdl"], ["--fused-attention"]):
         out = tmp_path / f"{'-'.join(f.strip('-') for f in flags)}-{preset}.json"
         subprocess.run(gen_cmd + ["--out", str(out), *flags], check=True, capture_output=True)
         r = subprocess.run([str(cli), str(out), "--kernels", str(built_kernels_fused)], capture_output=True, text=True)

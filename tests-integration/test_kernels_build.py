@@ -72,8 +72,9 @@ def test_index_format(built):
     need |= {f"kern_gemvp{v}_m1" for v in ("", "_norm", "_norm_silu", "_residual")}
     assert need <= set(idx["kernels"]), need - set(idx["kernels"])
     for name, k in idx["kernels"].items():
-        assert set(k) == {"module", "sha256", "entry", "params", "param_names", "aligned16", "block",
-                          "shared_mem", "shared_mem_per", "grid", "constexprs", "doc"}, name
+        assert set(k) - {"pdl"} == {"module", "sha256", "entry", "params", "param_names", "aligned16", "block",
+                                    "shared_mem", "shared_mem_per", "grid", "constexprs", "doc"}, name
+        assert k.get("pdl", True) is True and ("pdl" in k) == name.endswith("_pdl"), name
         assert set(k["shared_mem_per"]) <= set(k["param_names"]), name
         assert all(isinstance(c, int) and c > 0 for c in k["shared_mem_per"].values()), name
         assert len(k["params"]) == len(k["param_names"]) == len(set(k["param_names"])), name
@@ -82,8 +83,8 @@ def test_index_format(built):
         assert 32 <= bx * by * bz <= 1024 and bx % 32 == 0, name
         assert 0 <= k["shared_mem"] <= 232448, name
         assert k["doc"] and k["grid"], name
-        if k["module"] not in ("embedding.cubin", "argmax.cubin", "gemv.cubin", "gemv_persist.cubin",
-                               "decode_attention.cubin"):  # Triton
+        if k["module"].removesuffix("_pdl.cubin").removesuffix(".cubin") not in (
+                "embedding", "argmax", "gemv", "gemv_persist", "decode_attention"):  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
 
@@ -229,19 +230,18 @@ def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
 # ------------------------------------------------------------------ the default build is pinned
 
 def test_default_build_matches_the_examples(built, pinned_modules):
-    """Every default cubin has the sha256 the committed examples pin (those cubins were validated on
-    the H200): opt-in instances (`--pdl`) must never change a default one. Every default module is
-    used by some example or pinned in conftest.UNUSED_BY_EXAMPLES, so this covers the whole default build."""
+    """Every default cubin (the PDL forms included, since 2026-11-29 a default) has the sha256 the committed
+    examples pin (those cubins were validated on the H200). Every default module is used by some example or
+    pinned in conftest.UNUSED_BY_EXAMPLES, so this covers the whole default build."""
     a, idx = built
     pinned = pinned_modules
     for name, k in idx["kernels"].items():
         assert k["module"] in pinned, f"{name}: module {k['module']} is used by no example"
         assert k["sha256"] == pinned[k["module"]], f"{name}: {k['module']} changed vs the committed examples"
         assert hashlib.sha256((a / k["module"]).read_bytes()).hexdigest() == pinned[k["module"]], name
-        assert "pdl" not in k, name
 
 
-# ------------------------------------------------------------------ opt-in PDL instances (--pdl)
+# ------------------------------------------------------------------ PDL instances (default; --no-pdl drops them)
 
 PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
             "argmax_partial", "argmax_reduce", "decode_attention_split", "decode_attention_merge",
@@ -249,14 +249,21 @@ PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_dec
 
 
 @pytest.fixture(scope="session")
-def built_pdl(tmp_path_factory):
-    d = tmp_path_factory.mktemp("kernels_pdl")
-    return d, _build(d, "--pdl")
+def built_pdl(built):
+    """The default build has the PDL forms (`--pdl` is the default)."""
+    return built
 
 
-def test_pdl_build_keeps_every_default_entry(built, built_pdl):
-    """`--pdl` only adds `NAME_pdl` entries and their modules: every default entry and cubin is identical."""
-    a, idx = built
+@pytest.fixture(scope="session")
+def built_base(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernels_base")
+    return d, _build(d, "--no-pdl")
+
+
+def test_pdl_build_keeps_every_base_entry(built_base, built_pdl):
+    """The PDL forms only add `NAME_pdl` entries and their modules: every entry and cubin of the
+    `--no-pdl` build is identical in the default build."""
+    a, idx = built_base
     p, pidx = built_pdl
     assert set(pidx["kernels"]) == set(idx["kernels"]) | {n + "_pdl" for n in PDL_BASE}
     for name, k in idx["kernels"].items():
@@ -340,9 +347,9 @@ FUSED = "paged_decode_attention_fused"
 
 @pytest.fixture(scope="session")
 def built_fused(tmp_path_factory):
-    """`--fused-attention --pdl`: the fused kernel and its PDL form, with every PDL instance."""
+    """`--fused-attention` (with the default --pdl): the fused kernel and its PDL form, with every PDL instance."""
     d = tmp_path_factory.mktemp("kernels_fused")
-    return d, _build(d, "--fused-attention", "--pdl")
+    return d, _build(d, "--fused-attention")
 
 
 def test_fused_build_keeps_every_default_entry(built, built_fused):
@@ -350,7 +357,7 @@ def test_fused_build_keeps_every_default_entry(built, built_fused):
     alone it adds just `paged_decode_attention_fused`, with `--pdl` also its `_pdl` form."""
     a, idx = built
     f, fidx = built_fused
-    assert set(fidx["kernels"]) == set(idx["kernels"]) | {n + "_pdl" for n in PDL_BASE} | {FUSED, FUSED + "_pdl"}
+    assert set(fidx["kernels"]) == set(idx["kernels"]) | {FUSED, FUSED + "_pdl"}  # the default build has the _pdl forms
     for name, k in idx["kernels"].items():
         assert fidx["kernels"][name] == k, name
         assert (f / k["module"]).read_bytes() == (a / k["module"]).read_bytes(), name

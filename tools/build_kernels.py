@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build every Qwen3 provider kernel for sm_90 into a kernels directory + index.json.
 
-    python tools/build_kernels.py --out DIR [--geometry 4b|0.6b|...|path/to/config.json ...] [-j N] [--pdl]
+    python tools/build_kernels.py --out DIR [--geometry 4b|0.6b|...|path/to/config.json ...] [-j N] [--no-pdl]
                                   [--fused-attention] [--l2-prefetch]
 
 No GPU needed.  CUDA C sources are compiled with ``nvcc -cubin -arch=sm_90``;
@@ -234,8 +234,9 @@ def main(argv=None) -> int:
     ap.add_argument("--geometry", action="append", default=None,
                     help="preset (0.6b 1.7b 4b 8b 14b 32b) or HF config.json; repeatable (default: 0.6b, 4b)")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel Triton compiles (default: CPUs)")
-    ap.add_argument("--pdl", action="store_true",
-                    help="also build the PDL forms of the decode-path kernels (NAME_pdl; for gen_qwen3.py --pdl)")
+    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
+                    help="also build the PDL forms of the decode-path kernels (NAME_pdl, which gen_qwen3.py's "
+                         "default --pdl manifests launch; default: on; --no-pdl builds only the base set)")
     ap.add_argument("--fused-attention", action="store_true",
                     help="also build the one-launch decode attention (paged_decode_attention_fused[_pdl]; "
                          "for gen_qwen3.py --fused-attention)")

@@ -13,7 +13,8 @@
 # `bench uncaptured capture` is a good split):
 #   prep        wheels from .whl/ (msgspec, nvmath-python, pyelftools); kernels with the opt-in
 #               forms (--pdl, --fused-attention); random 0.6B/4B checkpoints, kern weights,
-#               default manifests (.gpu/e2e) and --pdl manifests (.gpu/e2e-pdl)
+#               default manifests (.gpu/e2e) and --pdl manifests (.gpu/e2e-pdl; the same since the
+#               generator defaults to --pdl, 2026-11-29 session 4)
 #   tests       GPU tests of the opt-in kernels: PDL chain (each NAME_pdl == its twin bit for
 #               bit; 0.6B decode with --pdl == without), fused decode attention, provider kernels
 #   e2e-pdl     the transformers equivalence test on the --pdl manifests

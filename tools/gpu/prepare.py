@@ -12,7 +12,7 @@ Layout written (each step skipped when its result exists):
     DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py
     DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json;
                                      regenerated every time, with the extra generator flags in
-                                     the env var KERN_GEN_FLAGS, e.g. "--pdl")
+                                     the env var KERN_GEN_FLAGS, e.g. "--no-pdl" or "--gemv gemv")
 
 The test tests-integration/gpu/test_e2e_qwen3.py and tools/bench_decode.py read
 this layout (KERN_E2E_DIR=DIR). Each step's output goes to DIR/logs/.
@@ -86,7 +86,7 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file():
             step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
-        gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--pdl --fused-attention"
+        gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--no-pdl" or "--fused-attention"
         step(f"manifest-{g}", [py, TOOLS / "gen_qwen3.py", "--preset", g, "--kernels", kernels,
                                "--out", p["manifest"], *gen_flags], logs)
         example = ROOT / "examples" / f"qwen3-{g}.json"
