@@ -247,7 +247,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet, pdl=a.pdl,
                 fused_attention=a.fused_attention, l2_prefetch=a.l2_prefetch)
-    print(f"wrote {len(idx['kernels'])} kernels to {a.out}/index.json", file=sys.stderr)
+    modules = len({k["module"] for k in idx["kernels"].values()})
+    print(f"wrote {len(idx['kernels'])} kernels ({modules} cubins) to {a.out}/index.json", file=sys.stderr)
     return 0
 
 

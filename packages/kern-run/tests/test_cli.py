@@ -71,7 +71,7 @@ def test_generates_ids_without_a_tokenizer(files, driver, capsys):
     assert rt.load_args[3:] == (0, 512) and rt.closed
     assert "fake runtime: 2 programs" in err  # rt.describe()
     assert "graph: decode (tokens=1) captured" in err
-    assert "prompt: 4 tokens in" in err and "prefill chunks 3, then decode" in err
+    assert "prompt: 4 tokens in" in err and "prefill 3 tokens in 1 chunk, then the last through decode" in err
     assert "decode: 7 tokens in" in err and "ms/token" in err and "CUDA graph" in err
 
 

@@ -733,7 +733,7 @@ class Runtime:
                 L.append(f"graph: {g.program} {g.vars}: {g.launches} launches → 1 cuGraphLaunch ({g.nodes} nodes"
                          + (f", {g.programmatic_edges} programmatic edges" if g.programmatic_edges else "") + ")")
         else:
-            L.append("graphs: none captured")
+            L.append("graphs: none captured yet")
         return "\n".join(L)
 
     def close(self) -> None:

@@ -81,7 +81,9 @@ def log(msg: str = "") -> None:
 
 def format_stats(s: GenerationStats, graph: bool) -> list[str]:
     chunks = "+".join(str(n) for n in s.prefill_chunks)
-    how = f"prefill chunks {chunks}, then decode" if chunks else "decode only"
+    n = len(s.prefill_chunks)
+    how = (f"prefill {chunks} tokens in {n} chunk{'s' if n > 1 else ''}, then the last through decode" if n
+           else "decode only")
     lines = [f"prompt: {s.prompt_tokens} tokens in {1e3 * s.prefill_s:.1f} ms, "
              f"{s.prefill_tok_s:,.0f} tok/s ({how}; time to first token)"]
     if s.decode_steps:
