@@ -17,9 +17,11 @@ lm_head; m = 1) it
 2. times it standalone (median of CUDA-event timings, rotating over enough weight
    copies that every run streams from HBM, not L2) beside torch.matmul (cuBLAS);
 3. replays the whole GEMM sequence of one decode token (all layers, fused variants as
-   the decode program uses them, lm_head) in a CUDA graph, beside the same sequence
-   through cuBLAS, and reports both against the floor: weight bytes / measured
-   device-to-device copy bandwidth (bytes read + written).
+   the decode program uses them, lm_head) in a CUDA graph — gemv.cu without and with
+   programmatic dependent launch (as the default --pdl manifests launch it), the persistent
+   forms (gemv_persist.cu) — beside the same sequence through cuBLAS, and reports time, GB/s
+   and % of the floor: weight bytes / measured device-to-device copy bandwidth (bytes read
+   + written).
 
 Prints a table and appends it to BENCHMARKS.md (date, commit, machine).
 """
@@ -31,10 +33,8 @@ import ctypes
 import datetime as _dt
 import hashlib
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -124,24 +124,27 @@ def rows_per_block(ksplit):
     return 2 * 8 // ksplit
 
 
-def run_plain(g, x, w, y, n, k, ks=1):
+# gemv.cu's m = 1 entries (pdl: launched with programmatic stream serialization; tools/bench_pdl.py too)
+def run_plain(g, x, w, y, n, k, ks=1, pdl=False):
     g.launch("kern_gemv_m1", cdiv(n, rows_per_block(ks)), 0,
-             [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (ks, I32)])
+             [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
-def run_norm(g, x, nw, w, y, n, k, ks=1):
+def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False):
     g.launch("kern_gemv_norm_m1", cdiv(n, rows_per_block(ks)), k * 2,
-             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)])
+             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
+             pdl)
 
 
-def run_norm_silu(g, x, nw, w, y, n, k, ks=1):
+def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False):
     g.launch("kern_gemv_norm_silu_m1", cdiv(n, rows_per_block(ks) // 2), k * 2,
-             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)])
+             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
+             pdl)
 
 
-def run_residual(g, x, w, r, n, k, ks=1):
+def run_residual(g, x, w, r, n, k, ks=1, pdl=False):
     g.launch("kern_gemv_residual_m1", cdiv(n, rows_per_block(ks)), 0,
-             [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)])
+             [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
 # The persistent forms (gemv_persist.cu): grid, rows_per_job and shared memory from tools/gemv_plan.py.
@@ -362,13 +365,17 @@ def token_graph(g, geom, bw):
 
     ks = {nm: KSPLIT_BEST.get((geom, nm), 1) for nm in sh}
 
-    def ours():
-        for lw in weights:
-            run_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, ks["qkv"])
-            run_residual(g, attn, lw["o"], resid, h, sh["o"][1], ks["o"])
-            run_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, ks["gate_up"])
-            run_residual(g, act, lw["down"], resid, h, sh["down"][1], ks["down"])
-        run_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, ks["lm_head"])
+    def ours(pdl=False):
+        def fn():
+            first = True
+            for lw in weights:
+                run_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, ks["qkv"], pdl and not first)
+                first = False
+                run_residual(g, attn, lw["o"], resid, h, sh["o"][1], ks["o"], pdl)
+                run_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, ks["gate_up"], pdl)
+                run_residual(g, act, lw["down"], resid, h, sh["down"][1], ks["down"], pdl)
+            run_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, ks["lm_head"], pdl)
+        return fn
 
     def cublas():
         for lw in weights:
@@ -399,7 +406,7 @@ def token_graph(g, geom, bw):
             GEMVP_PIECE[0] = PIECE_CHUNKS
         return run
 
-    variants = [("kern gemv", ours), ("kern gemv persistent", persistent(False)),
+    variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)), ("kern gemv persistent", persistent(False)),
                 ("kern gemv persistent, PDL", persistent(True)),
                 ("kern gemv persistent, PDL, ≤ 8 KB slots", staged(16, True)),
                 ("kern gemv persistent, PDL, ≤ 20 KB slots", staged(40, True)), ("cuBLAS", cublas)]
@@ -494,18 +501,23 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     print(f"\n== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
     lines = []
-    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern % floor | persistent µs | persistent % floor | cuBLAS µs | cuBLAS % floor |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern GB/s | kern % floor "
+                 "| persistent µs | persistent GB/s | persistent % floor | cuBLAS µs | cuBLAS GB/s | cuBLAS % floor |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for geom in args.geometries:
         for geom_, name, nk, nbytes, floor, t_o, t_c, ks, t_p in standalone(g, geom, bw):
             n, k = map(int, nk.split("x"))
-            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | {rule_ksplit(name, n, k)} | {100 * floor / t_o:.0f}% | {t_p * 1e3:.1f} | {100 * floor / t_p:.0f}% | {t_c * 1e3:.1f} | {100 * floor / t_c:.0f}% |")
+            gbs = [nbytes / (t * 1e-3) / 1e9 for t in (t_o, t_p, t_c)]  # weight bytes per second
+            lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | "
+                         f"{rule_ksplit(name, n, k)} | {gbs[0]:,.0f} | {100 * floor / t_o:.0f}% | {t_p * 1e3:.1f} | {gbs[1]:,.0f} | "
+                         f"{100 * floor / t_p:.0f}% | {t_c * 1e3:.1f} | {gbs[2]:,.0f} | {100 * floor / t_c:.0f}% |")
     lines.append("")
-    lines.append("| geometry | one decode token's GEMMs in a CUDA graph | GB | floor ms | ms | % floor |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| geometry | one decode token's GEMMs in a CUDA graph | GB | floor ms | ms | GB/s | % floor |")
+    lines.append("|---|---|---|---|---|---|---|")
     for geom in args.geometries:
         for geom_, label, nbytes, floor, ms in token_graph(g, geom, bw):
-            lines.append(f"| {geom_} | {label} | {nbytes / 1e9:.2f} | {floor:.3f} | {ms:.3f} | {100 * floor / ms:.0f}% |")
+            lines.append(f"| {geom_} | {label} | {nbytes / 1e9:.2f} | {floor:.3f} | {ms:.3f} | {nbytes / (ms * 1e-3) / 1e9:,.0f} | "
+                         f"{100 * floor / ms:.0f}% |")
     table = "\n".join(lines)
     print()
     print(table)

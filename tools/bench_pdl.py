@@ -69,8 +69,9 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as cu
 
-from bench_gemv import (  # shared with the GEMV bench (Gemv: module load, PDL launches)
-    GEOMETRIES, Gemv, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, shapes)
+from bench_gemv import (  # shared with the GEMV bench (Gemv: module load, PDL launches; gemv.cu's launchers)
+    GEOMETRIES, Gemv, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, run_norm,
+    run_norm_silu, run_residual, shapes)
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
@@ -91,23 +92,6 @@ def build(trigger: int, out: Path) -> bytes:
     if r.returncode != 0:
         raise RuntimeError(f"nvcc failed (trigger {trigger}):\n{r.stdout}\n{r.stderr}")
     return out.read_bytes()
-
-
-def run_norm(g, x, nw, w, y, n, k, ks, pdl):
-    g.launch("kern_gemv_norm_m1", cdiv(n, rows_per_block(ks)), k * 2,
-             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
-              (EPS, F32), (ks, I32)], pdl)
-
-
-def run_norm_silu(g, x, nw, w, y, n, k, ks, pdl):
-    g.launch("kern_gemv_norm_silu_m1", cdiv(n, rows_per_block(ks) // 2), k * 2,
-             [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
-              (EPS, F32), (ks, I32)], pdl)
-
-
-def run_residual(g, x, w, r, n, k, ks, pdl):
-    g.launch("kern_gemv_residual_m1", cdiv(n, rows_per_block(ks)), 0,
-             [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
 def token_buffers(geom):
