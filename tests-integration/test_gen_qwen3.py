@@ -576,18 +576,29 @@ def test_pdl_needs_the_pdl_build(tmp_path: Path) -> None:
     idx = json.loads((d / "index.json").read_text())
     idx["kernels"] = {n: k for n, k in idx["kernels"].items() if not n.endswith("_pdl")}
     (d / "index.json").write_text(json.dumps(idx))
-    _build("0.6b", d)  # the default manifest does not need them
-    with pytest.raises(gen.GenError, match="build_kernels.py --pdl"):
+    _build("0.6b", d)  # pdl=False (the CLI's --no-pdl) does not need them
+    with pytest.raises(gen.GenError, match=r"needed by --pdl, the default\); rebuild .* or pass --no-pdl"):
+        _build("0.6b", d, pdl=True)
+
+
+def test_persistent_gemv_needs_the_gemvp_entries(tmp_path: Path) -> None:
+    """An index without gemv_persist.cu's entries: --gemv auto with --pdl on 0.6B (the CLI's default) says
+    which flag needs them, not a geometry; --gemv gemv and 4B's auto do not need them."""
+    d = tmp_path / "k"
+    write_fake_index(d, ["0.6b", "4b"])
+    idx = json.loads((d / "index.json").read_text())
+    idx["kernels"] = {n: k for n, k in idx["kernels"].items() if not n.startswith("kern_gemvp")}
+    (d / "index.json").write_text(json.dumps(idx))
+    _build("0.6b", d, pdl=True, gemv="gemv")
+    _build("4b", d, pdl=True)
+    with pytest.raises(gen.GenError, match=r"no `kern_gemvp_norm_m1` .*--gemv persistent.* or pass --gemv gemv"):
         _build("0.6b", d, pdl=True)
 
 
 @pytest.fixture(scope="session")
-def built_kernels_pdl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real kernels of the example geometries with the opt-in PDL forms (build_kernels.py --pdl)."""
-    d = tmp_path_factory.mktemp("kernels-pdl")
-    cmd = [sys.executable, str(ROOT / "tools" / "build_kernels.py"), "--out", str(d), "-q", "--pdl"]
-    subprocess.run(cmd + [a for g in EXAMPLES for a in ("--geometry", g)], check=True)
-    return d
+def built_kernels_pdl(built_kernels: Path) -> Path:
+    """The real kernels of the example geometries with the PDL forms: build_kernels.py's default build."""
+    return built_kernels
 
 
 @pytest.mark.parametrize("preset", list(EXAMPLES))

@@ -158,8 +158,8 @@ def _triton_job(args):
 
 def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False,
           *, pdl: bool = False, fused_attention: bool = False, l2_prefetch: bool = False) -> dict:
-    """Build the instances of `geometry_specs` into `out_dir`. `pdl`: also the opt-in PDL
-    instances (`NAME_pdl`, catalog `_pdl_kernels`); `fused_attention`: also the opt-in one-launch
+    """Build the instances of `geometry_specs` into `out_dir`. `pdl` (False here; the CLI's default is
+    --pdl): also the PDL instances (`NAME_pdl`, catalog `_pdl_kernels`); `fused_attention`: also the opt-in one-launch
     decode attention (`paged_decode_attention_fused`, and `_pdl` with `pdl`); `l2_prefetch`: also the
     opt-in L2-prefetch GEMV forms (`kern_gemv*_m1_pf`, module `gemv_pf.cubin`, catalog
     `_gemv_pf_kernels`); every other entry and cubin is the same."""
@@ -219,7 +219,7 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
                 "constexprs": dict(k.constexprs),
                 "doc": k.doc,
             }
-            if k.pdl:  # only on the opt-in instances: default entries are unchanged
+            if k.pdl:  # only on the PDL instances: the base entries are unchanged
                 index["kernels"][k.name]["pdl"] = True
             if not quiet:
                 print(f"  {k.name:32s} {mod:36s} block {k.block[0]:4d} smem {shared:6d}", file=sys.stderr)

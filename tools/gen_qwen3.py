@@ -29,7 +29,8 @@ ranges of the fused qkv buffer lie inside a row and do not overlap, and every ke
 addresses them agrees with that one layout; each layer's calls use that layer's weights
 and no other call does; each layer's KV offset lies inside its page and matches the page
 stride passed to the kernels; parameters the kernels require 16-byte aligned are; each GEMV
-launch's grid, ksplit and shared memory follow its kernel's rules and its call's buffers have
+launch's grid, ksplit and shared memory follow its kernel's rules (a persistent GEMV's grid,
+piece_chunks and shared memory are tools/gemv_plan.py's plan) and its call's buffers have
 its n and k; in decode, `residual` is written only by the embedding and then in place by the
 gemv_residual ops (o, down of each layer, in order); every declaration is used. The output is deterministic: the same config and index give the same
 bytes.
@@ -94,7 +95,8 @@ CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
 CLUSTER_SPLITS = 8
 #: The decode GEMV impls (`--gemv`): `gemv` every decode GEMV op through gemv.cu; `persistent` every one
-#: through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs); `auto` (the
+#: through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs; gemv.cu where
+#: tools/gemv_plan.py has no plan, e.g. 32B's down); `auto` (the
 #: default) `persistent` with --pdl on models of hidden size ≤ GEMVP_AUTO_MAX_HIDDEN, else `gemv`. Measured
 #: on the H200 (kern-run decode, tools/bench_decode.py; NOTES.md 20): 0.6B --pdl 0.820 ms/token persistent vs
 #: 0.865 gemv.cu; 4B --pdl 3.261 persistent vs 2.673 gemv.cu; without PDL the persistent forms lose on both;
@@ -480,13 +482,13 @@ def declare_buffers(b: ManifestBuilder, max_positions: int) -> None:
 
 
 def pdl_kernel(b: ManifestBuilder, kname: str, pdl: bool) -> str:
-    """`kname`, or with `pdl` its PDL form `kname_pdl` (built by tools/build_kernels.py --pdl)."""
+    """`kname`, or with `pdl` its PDL form `kname_pdl` (built by tools/build_kernels.py unless --no-pdl)."""
     if not pdl:
         return kname
     name = kname + "_pdl"
     if name not in b.index:
-        raise GenError(f"the kernel index has no `{name}` (the PDL form of `{kname}`, needed by --pdl); "
-                       f"rebuild it with tools/build_kernels.py --pdl")
+        raise GenError(f"the kernel index has no `{name}` (the PDL form of `{kname}`, needed by --pdl, the "
+                       f"default); rebuild it with tools/build_kernels.py --pdl (its default), or pass --no-pdl")
     if b.index[name].entry != b.index[kname].entry or b.index[name].params != b.index[kname].params:
         raise GenError(f"kernel `{name}` does not have the entry and params of `{kname}`")
     return name
@@ -700,7 +702,8 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     (256-byte aligned, so 16-byte aligned as gemv.cu requires); k must be a multiple of 8.
     `persistent`: the impl is gemv_persist.cu's entry (GEMVP_ENTRY) with tools/gemv_plan.py's plan
     (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
-    where the plan does not apply (k not a multiple of 256) gemv.cu's entry instead.
+    where the plan does not apply (k not a multiple of 256, or fewer than 2 slots per warp fit beside x:
+    32B's down) gemv.cu's entry instead.
     With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
     both GEMV sources issue their first weight loads, then `griddepcontrol.wait`, so they stream weights
     while the kernel before drains. Every decode GEMV follows a kernel launch, never a
@@ -717,6 +720,10 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         wiring = dict(x=P("x"), norm_w=P("norm_w"), w=P("w"), y=P("out"), eps=eps)
     plan = plan_gemvp(n, k, variant == "gemv_norm_silu", sms=GEMV_SMS) if persistent else None
     if plan is not None:
+        if GEMVP_ENTRY[variant] not in b.index:
+            raise GenError(f"the kernel index has no `{GEMVP_ENTRY[variant]}` (gemv_persist.cu, needed by "
+                           f"--gemv persistent, which --gemv auto picks with --pdl on hidden sizes <= "
+                           f"{GEMVP_AUTO_MAX_HIDDEN}); rebuild it with tools/build_kernels.py, or pass --gemv gemv")
         launch = b.launch(op, iface, GEMVP_ENTRY[variant], [plan.grid, 1, 1], n=n, k=k,
                           piece_chunks=plan.piece_chunks, **wiring)
         launch.shared_mem = plan.smem
@@ -842,7 +849,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     `pdl` (False here; the CLI's default is --pdl): every decode launch but the first (the embedding) is a
     programmatic dependent launch:
     the GEMVs (see `declare_gemv`) and the PDL kernel forms of the attention prologue, decode
-    attention and argmax (see `declare_ops`; the index must come from build_kernels.py --pdl).
+    attention and argmax (see `declare_ops`; the index must have the PDL forms: build_kernels.py without --no-pdl).
     `fused_attention`: decode attention in one launch with per-layer counters in the state
     `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention).
     `decode_attention`: the impl of the `attention_decode` op (DECODE_ATTENTION_IMPLS; default

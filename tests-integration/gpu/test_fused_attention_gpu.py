@@ -200,9 +200,10 @@ def chain(kdir, tmp_path_factory):
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
            "--max-positions", str(CAPACITY), "--gemv", "gemv"]
     out = {"kernels": kdir}
-    # plain: the Triton two-launch impl, which the fused kernel equals bit for bit (not the default impl)
-    for which, flags in (("plain", ["--decode-attention", "triton"]), ("fused", ["--fused-attention"]),
-                         ("fused_pdl", ["--fused-attention", "--pdl"])):
+    # plain: the Triton two-launch impl, which the fused kernel equals bit for bit (not the default impl);
+    # --no-pdl on the plain ones: --pdl is the generator's default
+    for which, flags in (("plain", ["--decode-attention", "triton", "--no-pdl"]),
+                         ("fused", ["--fused-attention", "--no-pdl"]), ("fused_pdl", ["--fused-attention", "--pdl"])):
         out[which] = d / f"{which}.json"
         subprocess.run(gen + ["--out", str(out[which]), *flags], check=True, capture_output=True)
     out["weights"] = d / "weights.safetensors"

@@ -5,12 +5,13 @@ Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_pdl_chain_gpu.
 1. Twins: each `NAME_pdl` launched normally (no PDL attribute: its griddepcontrol
    instructions are no-ops) equals `NAME` bit for bit on fresh random inputs, outputs
    poisoned identically (both kernels see the same bytes; every byte they leave must match).
-2. The whole decode chain: the 0.6B manifest generated with and without `gen_qwen3.py --pdl`
+2. The whole decode chain: the 0.6B manifest generated with `gen_qwen3.py --pdl` and `--no-pdl`
    (same kernels dir, built with --pdl; random weights written here from the manifest's own
    weight declarations, the rotary table real) runs the same prompt: the greedy tokens and
    the logits of every decode step are identical (bitwise), eager and in a CUDA graph, and the
-   --pdl graph has programmatic edges. The kernels are the same arithmetic, so any difference
-   is a race: a kernel reading its predecessor's output before its griddepcontrol.wait.
+   --pdl graph has programmatic edges (the --no-pdl one none). The kernels are the same
+   arithmetic, so any difference is a race: a kernel reading its predecessor's output before
+   its griddepcontrol.wait.
 
 Kernels: $KERN_KERNELS_DIR if its index has the `_pdl` entries, else built here (0.6b, 4b, --pdl).
 """
@@ -45,7 +46,9 @@ PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_dec
 
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
-    return kernels_dir(tmp_path_factory, "kernels-pdl", ["0.6b", "4b"], [n + "_pdl" for n in PDL_BASE], pdl=True)
+    # the chain also needs the default decode attention's PDL form and the persistent GEMVs
+    need = [n + "_pdl" for n in PDL_BASE + ("decode_attention_cluster",)] + ["kern_gemvp_norm_m1"]
+    return kernels_dir(tmp_path_factory, "kernels-pdl", ["0.6b", "4b"], need, pdl=True)
 
 
 def twins(ks, name: str, grid, make_args, outputs):
@@ -199,10 +202,12 @@ def chain(kdir, tmp_path_factory):
     d = tmp_path_factory.mktemp("pdl-chain")
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
            "--max-positions", str(CAPACITY)]
-    # pairs of manifests that differ only in --pdl: gemv.cu's GEMVs, and the persistent ones (gemv_persist.cu)
+    # pairs of manifests that differ only in --pdl: gemv.cu's GEMVs, and the persistent ones (gemv_persist.cu);
+    # the plain ones need --no-pdl (--pdl is the generator's default)
     out = {}
-    for name, flags in (("plain", ["--gemv", "gemv"]), ("pdl", ["--gemv", "gemv", "--pdl"]),
-                        ("persistent", ["--gemv", "persistent"]), ("persistent_pdl", ["--gemv", "persistent", "--pdl"])):
+    for name, flags in (("plain", ["--gemv", "gemv", "--no-pdl"]), ("pdl", ["--gemv", "gemv", "--pdl"]),
+                        ("persistent", ["--gemv", "persistent", "--no-pdl"]),
+                        ("persistent_pdl", ["--gemv", "persistent", "--pdl"])):
         out[name] = d / f"{name}.json"
         subprocess.run(gen + ["--out", str(out[name]), *flags], check=True, capture_output=True)
     from qwen3_config import Qwen3Config
@@ -236,7 +241,7 @@ def run_chain(chain, which: str, graph: bool):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_decode_chain_pdl_equals_plain(chain, graph, gemv):
     """gen_qwen3.py --pdl gives the same bits as without, for gemv.cu's and for the persistent GEMVs."""
-    t0, l0, _ = run_chain(chain, gemv, graph)
+    t0, l0, edges0 = run_chain(chain, gemv, graph)
     t1, l1, edges = run_chain(chain, "pdl" if gemv == "plain" else gemv + "_pdl", graph)
     assert t0 == t1, f"tokens differ: {t0} vs {t1}"
     assert np.array_equal(l0.view(np.uint16), l1.view(np.uint16)), \
@@ -248,3 +253,4 @@ def test_decode_chain_pdl_equals_plain(chain, graph, gemv):
     assert not same, f"logits of steps {same} equal those of the step before: the chain did not advance"
     if graph:
         assert edges and max(edges) > 0, f"the --pdl decode graph has no programmatic edge: {edges}"
+        assert not any(edges0), f"the --no-pdl decode graph has programmatic edges: {edges0}"

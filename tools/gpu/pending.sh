@@ -12,16 +12,17 @@
 # Stages (each fits well inside one 10-minute device call; `prep tests witness` then
 # `bench uncaptured capture` is a good split):
 #   prep        wheels from .whl/ (msgspec, nvmath-python, pyelftools); kernels with the opt-in
-#               forms (--pdl, --fused-attention); random 0.6B/4B checkpoints, kern weights,
-#               default manifests (.gpu/e2e) and --pdl manifests (.gpu/e2e-pdl; the same since the
-#               generator defaults to --pdl, 2026-11-29 session 4)
+#               forms (--fused-attention; --pdl, the default since session 4); random 0.6B/4B
+#               checkpoints, kern weights, default manifests (.gpu/e2e) and --pdl manifests
+#               (.gpu/e2e-pdl; the same since the generator defaults to --pdl, 2026-11-29 session 4)
 #   tests       GPU tests of the opt-in kernels: PDL chain (each NAME_pdl == its twin bit for
-#               bit; 0.6B decode with --pdl == without), fused decode attention, provider kernels
+#               bit; 0.6B decode with --pdl == --no-pdl), fused decode attention, provider kernels
 #   e2e-pdl     the transformers equivalence test on the --pdl manifests
 #   witness     kern-capture of a kern-run decode step == the manifest's launch list (issue 7)
-#   bench       kern decode ms/token: default vs --pdl vs --pdl --fused-attention manifests
-#               (tools/bench_decode.py, kern only) and the provider kernels in a graph, fused
-#               decode attention beside the two-launch one (tools/bench_kernels.py)
+#   bench       kern decode ms/token: default (= --pdl since session 4) vs --pdl vs --pdl
+#               --fused-attention manifests (tools/bench_decode.py, kern only) and the provider
+#               kernels in a graph, fused decode attention beside the two-launch one
+#               (tools/bench_kernels.py)
 #   uncaptured  tools/gpu/capture_qwen3_compile.py WITHOUT the capture (tells a kern-capture bug
 #               from a PyTorch one: it died twice under capture with CUBLAS_STATUS_EXECUTION_FAILED)
 #   capture     the same under kern-capture, then the trimmed capture into $OUT/q3c for
@@ -54,7 +55,7 @@ for stage in "${stages[@]}"; do
         python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/pip.log" 2>&1 || echo "pip install of .whl/ failed"
       fi
       step prepare 400 python3 tools/gpu/prepare.py --work "$W" --geometry 0.6b --geometry 4b
-      # the opt-in kernel forms are added beside the default ones (default cubins unchanged)
+      # the opt-in kernel forms (--fused-attention) are added beside the default ones (default cubins unchanged)
       step build-optin 200 python3 tools/build_kernels.py --out "$W/kernels" --pdl --fused-attention -q
       # .gpu/e2e-pdl: --pdl manifests; .gpu/e2e-pdl-fused: --pdl --fused-attention (4B only)
       for g in 0.6b 4b; do

@@ -441,7 +441,7 @@ PDL_DOC = (" PDL form (programmatic dependent launch, manifest `\"pdl\": true`):
 
 
 def _pdl_kernels() -> list[Kernel]:
-    """Opt-in (`build_kernels.py --pdl`): the PDL forms of the decode-path kernels.
+    """Built by default (`build_kernels.py`; `--no-pdl` leaves them out): the PDL forms of the decode-path kernels.
 
     Triton: the same function with the constexpr `PDL` = True (the default instances compile
     it with False, which prunes every PDL branch: byte-identical to the kernel without it).
@@ -495,9 +495,9 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
               l2_prefetch: bool = False) -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME.
 
-    `pdl`: add the opt-in PDL instances (`_pdl_kernels`); `fused_attention`: add the opt-in fused decode
-    attention (`_fused_attention_kernels`, with its PDL form when `pdl`); `l2_prefetch`: add the opt-in
-    L2-prefetch GEMV forms (`_gemv_pf_kernels`); the default set is unchanged."""
+    `pdl`: add the PDL instances (`_pdl_kernels`; build_kernels.py adds them unless --no-pdl); `fused_attention`:
+    add the opt-in fused decode attention (`_fused_attention_kernels`, with its PDL form when `pdl`); `l2_prefetch`:
+    add the opt-in L2-prefetch GEMV forms (`_gemv_pf_kernels`); the other instances are unchanged."""
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
         + _gemvp_kernels() + (_pdl_kernels() if pdl else []) \
