@@ -62,6 +62,9 @@ def fake_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _build(preset: str, kernels: Path, **kw) -> ks.Manifest:
+    """build_manifest of a preset; without PDL unless `pdl=True` is given (the API's and CLI's default is
+    --pdl: the tests name the variant they check; test_pdl_every_geometry and the examples cover the default)."""
+    kw.setdefault("pdl", False)
     return gen.build_manifest(Qwen3Config.preset(preset), gen.load_index(kernels), **kw)
 
 

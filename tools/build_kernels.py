@@ -157,9 +157,9 @@ def _triton_job(args):
 
 
 def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False,
-          *, pdl: bool = False, fused_attention: bool = False, l2_prefetch: bool = False) -> dict:
-    """Build the instances of `geometry_specs` into `out_dir`. `pdl` (False here; the CLI's default is
-    --pdl): also the PDL instances (`NAME_pdl`, catalog `_pdl_kernels`); `fused_attention`: also the opt-in one-launch
+          *, pdl: bool = True, fused_attention: bool = False, l2_prefetch: bool = False) -> dict:
+    """Build the instances of `geometry_specs` into `out_dir`. `pdl` (default True, as the CLI's
+    --pdl; False = --no-pdl): also the PDL instances (`NAME_pdl`, catalog `_pdl_kernels`); `fused_attention`: also the opt-in one-launch
     decode attention (`paged_decode_attention_fused`, and `_pdl` with `pdl`); `l2_prefetch`: also the
     opt-in L2-prefetch GEMV forms (`kern_gemv*_m1_pf`, module `gemv_pf.cubin`, catalog
     `_gemv_pf_kernels`); every other entry and cubin is the same."""

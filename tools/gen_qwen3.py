@@ -843,11 +843,11 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
 
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
-                   model: str | None = None, pdl: bool = False, fused_attention: bool = False,
+                   model: str | None = None, pdl: bool = True, fused_attention: bool = False,
                    decode_attention: str | None = None, gemv: str = DEFAULT_GEMV) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
-    `pdl` (False here; the CLI's default is --pdl): every decode launch but the first (the embedding) is a
-    programmatic dependent launch:
+    `pdl` (default True, as the CLI's --pdl; False = --no-pdl): every decode launch but the first (the
+    embedding) is a programmatic dependent launch:
     the GEMVs (see `declare_gemv`) and the PDL kernel forms of the attention prologue, decode
     attention and argmax (see `declare_ops`; the index must have the PDL forms: build_kernels.py without --no-pdl).
     `fused_attention`: decode attention in one launch with per-layer counters in the state
@@ -1185,7 +1185,7 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 
 
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
-             max_positions: int | None = None, model: str | None = None, pdl: bool = False,
+             max_positions: int | None = None, model: str | None = None, pdl: bool = True,
              fused_attention: bool = False, decode_attention: str | None = None,
              gemv: str = DEFAULT_GEMV) -> Manifest:
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
