@@ -1213,7 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="every decode launch but the embedding as a programmatic dependent launch (Hopper; "
                          "manifest `pdl: true`): the GEMVs and the PDL kernel forms (built by build_kernels.py by "
-                         "default); default: on (4B decode 2.673 vs 2.750 ms/token on the H200); --no-pdl: none")
+                         "default); default: on (4B decode 2.655 vs 2.734 ms/token on the H200); --no-pdl: none")
     ap.add_argument("--fused-attention", action="store_true",
                     help="decode attention in one launch (paged_decode_attention_fused; build_kernels.py "
                          "--fused-attention): adds the state `attn_counters` and a var `seqs` (max 1); "
