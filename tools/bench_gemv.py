@@ -176,6 +176,30 @@ def runp_residual(g, x, w, r, n, k, pdl=False):
                                                       (n, I32), (k, I32)], pdl)
 
 
+def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, pdl=False):
+    """A function that enqueues one decode token's GEMVs in program order: per layer norm + qkv into `qkv`,
+    o + residual add (x = `attn`), norm + gate_up + SiLU-and-mul into `act`, down + residual add; then
+    norm + lm_head into `logits`. `ks` (ksplit per shape name): gemv.cu's forms; None: the persistent forms
+    (gemv_persist.cu). `pdl`: every launch but the first (no kernel before it in a graph) with programmatic
+    stream serialization. `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
+    h = sh["o"][0]
+    if ks is None:
+        norm, norm_silu, residual = runp_norm, runp_norm_silu, runp_residual
+        split = dict.fromkeys(sh, ())
+    else:
+        norm, norm_silu, residual = run_norm, run_norm_silu, run_residual
+        split = {nm: (ks[nm],) for nm in sh}
+
+    def fn():
+        for i, lw in enumerate(weights):
+            norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, *split["qkv"], pdl and i > 0)
+            residual(g, attn, lw["o"], resid, h, sh["o"][1], *split["o"], pdl)
+            norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, *split["gate_up"], pdl)
+            residual(g, act, lw["down"], resid, h, sh["down"][1], *split["down"], pdl)
+        norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, *split["lm_head"], pdl)
+    return fn
+
+
 def rmsnorm_ref(x, w):
     """HF Qwen3RMSNorm in bf16: weight * (x.float() * rsqrt(mean(x²)+eps)).to(bf16)."""
     h = x.float()
@@ -366,16 +390,7 @@ def token_graph(g, geom, bw):
     ks = {nm: KSPLIT_BEST.get((geom, nm), 1) for nm in sh}
 
     def ours(pdl=False):
-        def fn():
-            first = True
-            for lw in weights:
-                run_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, ks["qkv"], pdl and not first)
-                first = False
-                run_residual(g, attn, lw["o"], resid, h, sh["o"][1], ks["o"], pdl)
-                run_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, ks["gate_up"], pdl)
-                run_residual(g, act, lw["down"], resid, h, sh["down"][1], ks["down"], pdl)
-            run_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, ks["lm_head"], pdl)
-        return fn
+        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks, pdl)
 
     def cublas():
         for lw in weights:
@@ -386,16 +401,7 @@ def token_graph(g, geom, bw):
         torch.matmul(resid, lm.T, out=logits)
 
     def persistent(pdl):
-        def fn():
-            first = True
-            for lw in weights:
-                runp_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, pdl and not first)
-                first = False
-                runp_residual(g, attn, lw["o"], resid, h, sh["o"][1], pdl)
-                runp_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, pdl)
-                runp_residual(g, act, lw["down"], resid, h, sh["down"][1], pdl)
-            runp_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, pdl)
-        return fn
+        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, None, pdl)
 
     def staged(chunks, pdl):
         fn = persistent(pdl)

@@ -70,8 +70,8 @@ import torch
 from cuda.bindings import driver as cu
 
 from bench_gemv import (  # shared with the GEMV bench (Gemv: module load, PDL launches; gemv.cu's launchers)
-    GEOMETRIES, Gemv, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, run_norm,
-    run_norm_silu, run_residual, shapes)
+    GEOMETRIES, Gemv, capture, cdiv, check, commit, copy_bandwidth, event_times, machine, rows_per_block, shapes,
+    token_chain)
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tools" / "kernels-src" / "gemv.cu"
@@ -128,17 +128,7 @@ def token(geom, builds, bw, ks, rounds, iters):
     launches = 4 * layers + 1
 
     def ours(g, pdl):
-        def fn():
-            first = True
-            for lw in weights:
-                # the first launch of the graph has no kernel before it: no attribute
-                run_norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, ks["qkv"], pdl and not first)
-                first = False
-                run_residual(g, attn, lw["o"], resid, h, sh["o"][1], ks["o"], pdl)
-                run_norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, ks["gate_up"], pdl)
-                run_residual(g, act, lw["down"], resid, h, sh["down"][1], ks["down"], pdl)
-            run_norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, ks["lm_head"], pdl)
-        return fn
+        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks, pdl)
 
     def cublas():
         for lw in weights:
