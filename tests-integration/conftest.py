@@ -14,7 +14,8 @@ EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b
 #: examples' impl (2026-11-29; `gen_qwen3.py --decode-attention triton` still selects it, and the GPU tests
 #: and benches compare against it); since the examples are --pdl manifests (2026-11-29), the base forms of
 #: the decode-only kernels their PDL twins replaced (`gen_qwen3.py --no-pdl`), and the PDL forms they do not
-#: launch (the embedding is decode's first launch). Pinned as the examples had them or as built and tested on
+#: launch (the embedding is decode's first launch), and the persistent GEMVs (`--gemv persistent`; the 0.6B example
+#: used them until session 5, when gemv.cu overtook them). Pinned as the examples had them or as built and tested on
 #: the H200 (tests-integration/gpu: the PDL twins bit-identical to their base forms).
 UNUSED_BY_EXAMPLES = {
     "paged_decode_attention.cubin": "77354f69eaf21e464d7d4d011a7491d57fa85105ebb605c21d2e9c3a4a5ec8cd",
@@ -24,6 +25,7 @@ UNUSED_BY_EXAMPLES = {
     "argmax.cubin": "d128f74af9ac7f8a433fb47a12c5478d51af13da487b07fae2ff4b445f60ee89",
     "decode_attention.cubin": "1acf6f0283233314f67605b4f2f82a5db9e9a205a11910c60a9d25c043de8d3a",
     "embedding_pdl.cubin": "382e706a4e75cbeea6768c01aabd7271c415274bd5e9aeb867e46f01bcfb7704",
+    "gemv_persist.cubin": "399ff4e1f58a483e5639ce11f8a24faabfdd5bc9e0a35a5ef607a4c816501255",
 }
 
 

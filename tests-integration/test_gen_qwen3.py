@@ -187,13 +187,12 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
 def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
     """--gemv persistent: every decode GEMV op through gemv_persist.cu with tools/gemv_plan.py's plan (grid one
     block per SM, piece_chunks, shared memory ≤ 112 KB), the same interfaces, calls and buffers as --gemv gemv;
-    the manifest verifies with no diagnostic; --gemv gemv has no persistent launch; auto is persistent with --pdl
-    on hidden sizes ≤ 1024 (0.6B), else gemv."""
+    the manifest verifies with no diagnostic; --gemv gemv has no persistent launch, nor has the default, with
+    or without PDL."""
     index = gen.load_index(fake_kernels)
     cfg = Qwen3Config.preset(preset)
-    m, plain, auto = (_build(preset, fake_kernels, gemv=g) for g in ("persistent", "gemv", "auto"))
-    auto_pdl = _build(preset, fake_kernels, pdl=True)
-    small = cfg.hidden_size <= 1024
+    m, plain = (_build(preset, fake_kernels, gemv=g) for g in ("persistent", "gemv"))
+    default, default_pdl = _build(preset, fake_kernels), _build(preset, fake_kernels, pdl=True)
     assert kern_verify.verify(m) == []
     shapes = {"gemv_norm_qkv": (cfg.qkv_size, cfg.hidden_size, False),
               "gemv_residual_o_proj": (cfg.hidden_size, cfg.q_size, False),
@@ -211,8 +210,8 @@ def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
             [plan.grid, 1, 1], plan.smem, n, k, plan.piece_chunks)
         assert smem <= 112 * 1024 and m.ops[op].params == plain.ops[op].params
         assert _gemv(plain, op, index)[0].startswith("kern_gemv_")
-        assert _gemv(auto, op, index)[0].startswith("kern_gemv_")
-        assert _gemv(auto_pdl, op, index)[0].startswith("kern_gemvp_" if small else "kern_gemv_")
+        assert _gemv(default, op, index)[0].startswith("kern_gemv_")
+        assert _gemv(default_pdl, op, index)[0].startswith("kern_gemv_")
     assert m.programs == plain.programs and m.buffers == plain.buffers
 
 
@@ -585,17 +584,17 @@ def test_pdl_needs_the_pdl_build(tmp_path: Path) -> None:
 
 
 def test_persistent_gemv_needs_the_gemvp_entries(tmp_path: Path) -> None:
-    """An index without gemv_persist.cu's entries: --gemv auto with --pdl on 0.6B (the CLI's default) says
-    which flag needs them, not a geometry; --gemv gemv and 4B's auto do not need them."""
+    """An index without gemv_persist.cu's entries: --gemv persistent says which flag needs them; the default
+    (--gemv gemv) does not need them, with or without --pdl."""
     d = tmp_path / "k"
     write_fake_index(d, ["0.6b", "4b"])
     idx = json.loads((d / "index.json").read_text())
     idx["kernels"] = {n: k for n, k in idx["kernels"].items() if not n.startswith("kern_gemvp")}
     (d / "index.json").write_text(json.dumps(idx))
-    _build("0.6b", d, pdl=True, gemv="gemv")
-    _build("4b", d, pdl=True)
+    _build("0.6b", d, pdl=True)
+    _build("4b", d)
     with pytest.raises(gen.GenError, match=r"no `kern_gemvp_norm_m1` .*--gemv persistent.* or pass --gemv gemv"):
-        _build("0.6b", d, pdl=True)
+        _build("0.6b", d, pdl=True, gemv="persistent")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ shared-memory slots filled by bulk copies. `plan_gemvp(n, k, silu)` picks the sl
 and the dynamic shared memory (x, then the slots: at most BLOCK_SMEM, so that two blocks —
 this GEMV's and the next one's in a PDL chain — can fit on one SM).
 
-No GPU needed; tools/gen_qwen3.py (--gemv persistent / auto), tools/bench_gemv.py and
+No GPU needed; tools/gen_qwen3.py (--gemv persistent), tools/bench_gemv.py and
 tools/gpu/gemvp_timeline.py use it.
 """
 

@@ -5,7 +5,7 @@ Usage::
 
     python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
                               [--chunk 2048] [--max-positions 40960] [--model NAME] [--no-pdl]
-                              [--fused-attention] [--gemv auto|gemv|persistent]
+                              [--fused-attention] [--gemv gemv|persistent]
 
 DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
 every kernel is wired by the NAME, parameter names and types the index gives, and every
@@ -94,16 +94,13 @@ DEFAULT_DECODE_ATTENTION = "cluster"
 CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
 CLUSTER_SPLITS = 8
-#: The decode GEMV impls (`--gemv`): `gemv` every decode GEMV op through gemv.cu; `persistent` every one
-#: through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs; gemv.cu where
-#: tools/gemv_plan.py has no plan, e.g. 32B's down); `auto` (the
-#: default) `persistent` with --pdl on models of hidden size ≤ GEMVP_AUTO_MAX_HIDDEN, else `gemv`. Measured
-#: on the H200 (kern-run decode, tools/bench_decode.py; NOTES.md 20): 0.6B --pdl 0.820 ms/token persistent vs
-#: 0.865 gemv.cu; 4B --pdl 3.261 persistent vs 2.673 gemv.cu; without PDL the persistent forms lose on both;
-#: one persistent launch among gemv.cu ones (the lm_head alone) was slower in the program than in isolation.
-GEMV_IMPLS = ("auto", "gemv", "persistent")
-DEFAULT_GEMV = "auto"
-GEMVP_AUTO_MAX_HIDDEN = 1024
+#: The decode GEMV impls (`--gemv`): `gemv` (the default) every decode GEMV op through gemv.cu; `persistent`
+#: every one through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs; gemv.cu
+#: where tools/gemv_plan.py has no plan, e.g. 32B's down). Measured on the H200 (kern-run decode,
+#: tools/bench_decode.py, --pdl; NOTES.md 20, 22): 0.6B 0.685 ms/token gemv.cu vs 0.815 persistent (gemv.cu
+#: with two pipeline stages issued before the PDL wait; with one, 0.865 vs 0.820), 4B 2.675 vs 3.261.
+GEMV_IMPLS = ("gemv", "persistent")
+DEFAULT_GEMV = "gemv"
 #: Persistent GEMV entries by gemv.cu variant.
 GEMVP_ENTRY = {"gemv_norm": "kern_gemvp_norm_m1", "gemv_norm_silu": "kern_gemvp_norm_silu_m1",
                "gemv_residual": "kern_gemvp_residual_m1"}
@@ -722,8 +719,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     if plan is not None:
         if GEMVP_ENTRY[variant] not in b.index:
             raise GenError(f"the kernel index has no `{GEMVP_ENTRY[variant]}` (gemv_persist.cu, needed by "
-                           f"--gemv persistent, which --gemv auto picks with --pdl on hidden sizes <= "
-                           f"{GEMVP_AUTO_MAX_HIDDEN}); rebuild it with tools/build_kernels.py, or pass --gemv gemv")
+                           f"--gemv persistent); rebuild it with tools/build_kernels.py, or pass --gemv gemv")
         launch = b.launch(op, iface, GEMVP_ENTRY[variant], [plan.grid, 1, 1], n=n, k=k,
                           piece_chunks=plan.piece_chunks, **wiring)
         launch.shared_mem = plan.smem
@@ -746,8 +742,6 @@ def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAU
     their impls (GEMV_IMPLS)."""
     if gemv not in GEMV_IMPLS:
         raise GenError(f"--gemv {gemv!r}: one of {', '.join(GEMV_IMPLS)}")
-    if gemv == "auto":
-        gemv = "persistent" if pdl and b.cfg.hidden_size <= GEMVP_AUTO_MAX_HIDDEN else "gemv"
     c = b.cfg
     H, I, eps = c.hidden_size, c.intermediate_size, c.rms_norm_eps
     for op, (n, k) in {"gemv_norm_qkv": (c.qkv_size, H), "gemv_residual_o_proj": (H, c.q_size),
@@ -1225,9 +1219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-attention", dest="decode_attention", action="store_const", const="cuda",
                     help="= --decode-attention cuda")
     ap.add_argument("--gemv", choices=GEMV_IMPLS, default=DEFAULT_GEMV,
-                    help="the decode GEMV impls: gemv (gemv.cu), persistent (gemv_persist.cu, one block per SM), "
-                         f"auto (persistent with --pdl when hidden_size <= {GEMVP_AUTO_MAX_HIDDEN}, else gemv; "
-                         f"the faster on the H200); default {DEFAULT_GEMV}")
+                    help="the decode GEMV impls: gemv (gemv.cu, the faster on the H200), persistent "
+                         f"(gemv_persist.cu, one block per SM); default {DEFAULT_GEMV}")
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)

@@ -196,7 +196,7 @@ def chain(kdir, tmp_path_factory):
     from qwen3_config import Qwen3Config
 
     d = tmp_path_factory.mktemp("fused-chain")
-    # --gemv gemv: the same GEMV kernels with and without --pdl (auto picks the persistent ones with --pdl on 0.6B)
+    # --gemv gemv (the default, spelled out): the same GEMV kernels with and without --pdl
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
            "--max-positions", str(CAPACITY), "--gemv", "gemv"]
     out = {"kernels": kdir}

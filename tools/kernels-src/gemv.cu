@@ -3,7 +3,7 @@
 //
 // Decode is weight streaming: every weight byte is read exactly once, with
 // 16-byte loads coalesced across the warp; a block owns a few rows and its 8 warps
-// split k, each lane keeping ~16 loads in flight before the first use. x is tiny (≤ 80 KB) and is read from
+// split k, each lane keeping 16 loads (two stages) in flight before their first use. x is tiny (≤ 80 KB) and is read from
 // shared memory (norm variants, where the normalized x is computed once per
 // block) or through the read-only path (plain variants; it stays in L1/L2).
 //
@@ -24,8 +24,8 @@
 // Roundings follow HF transformers' bf16 Qwen3 exactly where it rounds (GEMM
 // output, SiLU, product, residual add), so decode tokens track the reference.
 //
-// Programmatic dependent launch (PDL, sm_90): every variant first issues its first pipeline
-// stage of weight loads (weights are written by no kernel), then executes
+// Programmatic dependent launch (PDL, sm_90): every variant first issues its first
+// GEMV_PRE_STAGES pipeline stages of weight loads (weights are written by no kernel), then executes
 // `griddepcontrol.wait` (returns once the previous grid has completed and its writes are
 // visible; a no-op when the launch has no PDL attribute), and only then reads x, the
 // residual or runs the norm prologue. Every block executes the wait, before any early
@@ -33,7 +33,7 @@
 // `griddepcontrol.launch_dependents` lets the next PDL launch be scheduled; where is a
 // build option (the launch-attribute contract does not depend on it):
 //   -DGEMV_PDL_TRIGGER=0  never (the next kernel launches as this grid's blocks exit)
-//   -DGEMV_PDL_TRIGGER=1  right after the first stage is issued (earliest; default: one 4B
+//   -DGEMV_PDL_TRIGGER=1  right after the first stages are issued (earliest; default: one 4B
 //                         token's GEMVs in a graph 2.310 ms vs 2.329 ms for 2 and 2.396 ms
 //                         for 0, H200, tools/bench_pdl.py, BENCHMARKS.md)
 //   -DGEMV_PDL_TRIGGER=2  after the warp's last weight load was consumed
@@ -46,7 +46,7 @@
 // evenly over gridDim.x in 16-byte units, the first blocks taking the remainder; chunks of at most
 // GEMV_PF_CHUNK bytes), meant for the next GEMV's weight so that it starts from L2. pf_bytes = 0:
 // nothing. Build options:
-//   -DGEMV_PF_AT=0  issue at kernel start, right after the first weight stage (before the wait:
+//   -DGEMV_PF_AT=0  issue at kernel start, right after the first weight stages (before the wait:
 //                   weights only, the PDL contract holds)
 //   -DGEMV_PF_AT=1  (default) when the issuing lane's last pipelined weight stage is in flight
 //                   (before that stage's FMAs), i.e. overlapping the block's own tail
@@ -93,7 +93,7 @@ namespace {
 #include "gemv_common.cuh"
 
 // What a GEMV does besides its own arithmetic, at the points named by `at<POINT>()`
-// (0: after the first weight stage is issued, before griddep_wait; 1: when the calling lane's
+// (0: after the first weight stages are issued, before griddep_wait; 1: when the calling lane's
 // last pipelined weight stage is in flight; 2: after the lane's last weight load was consumed),
 // and how it loads weights (`evict_first`, `policy()`). The default forms: nothing, plain
 // loads (every member compiles to nothing: their code is that of the kernels without it).
@@ -143,53 +143,21 @@ __device__ __forceinline__ L2Prefetch l2_prefetch(const void *ptr, unsigned long
 }
 #endif
 
-// The weight loads below take <EF, policy>: EF = false is the default forms' load (policy unused);
-// EF = true (the _pf forms with GEMV_PF_EVICT_FIRST) adds `.L2::cache_hint` with `policy`, an
-// L2::evict_first policy from createpolicy (sm_90 has no `.L2::evict_first` qualifier on 16-byte
-// loads), so that the streamed weight is evicted before the lines prefetched for the next GEMV.
-template <bool EF>
-__device__ __forceinline__ uint4 ldg_stream(const uint4 *p, unsigned long long policy) {
-    // Weights are read once: bypass L1.
-    uint4 r;
-    if constexpr (EF)
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-            : "l"(p), "l"(policy));
-    else
-        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                     : "l"(p));
-    return r;
-}
-
-// 16-byte weight loads per row per lane issued before first use, so that each lane
-// keeps ~16 loads (256 B) in flight whatever the number of rows R per block.
-// 16-byte weight loads per row per lane in one pipeline stage (two stages in flight).
+// 16-byte weight loads per row per lane in one pipeline stage (two stages in flight: with R = 2
+// rows and M = 1, 16 loads = 256 B per lane, 64 KB per block).
 template <int M>
 struct Unroll {
     static constexpr int v = M == 1 ? 4 : 2;
 };
 
-// One weight load that the compiler may not reorder against the other loads of
-// its stage (volatile asm keeps program order among volatile asm statements).
-template <bool EF>
-__device__ __forceinline__ uint4 ldg_stage(const uint4 *p, unsigned long long policy) {
-    uint4 r;
-    if constexpr (EF)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                     : "l"(p), "l"(policy));
-    else
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                     : "l"(p));
-    return r;
-}
-
-// ldg_stage when `pred`, else nothing (the result is then undefined and must not be used).
-// A predicated load instead of a branch around the next stage's loads: with a branch,
-// ptxas rotated the loop and issued them after the current stage's FMAs (one stage in
-// flight instead of two, seen in the SASS of the first PDL build).
+// One 16-byte weight load when `pred`, else nothing (the result is then undefined and must not
+// be used); weights are read once: L1 bypassed. Volatile asm keeps program order among the
+// loads. A predicated load instead of a branch around a stage's loads: with a branch, ptxas
+// rotated the loop and issued them after the current stage's FMAs (one stage in flight
+// instead of two, seen in the SASS of the first PDL build). EF = true (the _pf forms with
+// GEMV_PF_EVICT_FIRST) adds `.L2::cache_hint` with `policy`, an L2::evict_first policy from
+// createpolicy (sm_90 has no `.L2::evict_first` qualifier on 16-byte loads), so that the
+// streamed weight is evicted before the lines prefetched for the next GEMV.
 template <bool EF>
 __device__ __forceinline__ uint4 ldg_stage_if(const uint4 *p, bool pred, unsigned long long policy) {
     uint4 r;
@@ -206,86 +174,108 @@ __device__ __forceinline__ uint4 ldg_stage_if(const uint4 *p, bool pred, unsigne
     return r;
 }
 
-// Number of full pipeline stages of a lane over the vector range [v0, v1) of k.
-template <int M>
-__device__ __forceinline__ int warp_stages(int v0, int v1, int lane) {
-    constexpr int U = Unroll<M>::v;
+// Pipeline stages issued before griddepcontrol.wait (-DGEMV_PRE_STAGES=1 or 2). 2 (default):
+// H200, one decode token's GEMVs as a PDL chain in a CUDA graph, 4B 2.319 ms vs 2.348 for the
+// earlier pipeline (1 stage, then an unpipelined tail loop); 0.6B 0.506 vs 0.692; 1: 4B 2.411,
+// 0.6B 0.519 (.gpu probe, NOTES.md entry 22).
+#ifndef GEMV_PRE_STAGES
+#define GEMV_PRE_STAGES 2
+#endif
+static_assert(GEMV_PRE_STAGES == 1 || GEMV_PRE_STAGES == 2, "GEMV_PRE_STAGES: 1 or 2");
+
+// A lane's weight loads over the vector range [v0, v1) of k: one 16-byte load per row at
+// v0 + lane + 32·j for j < lane_loads(v0, v1, lane) (v counts 16-byte vectors). Stage s of the
+// pipeline is loads j = s·U … s·U + U − 1 of each of the R rows (the last stage predicated:
+// no separate tail loop, whose loads would each cost a full memory latency).
+__device__ __forceinline__ int lane_loads(int v0, int v1, int lane) {
     const int v = v0 + lane;
-    return v1 - v >= 32 * U ? (v1 - v - 32 * (U - 1) + 32 * U - 1) / (32 * U) : 0;
+    return v < v1 ? (v1 - v + 31) >> 5 : 0;
 }
 
-// Issues the first pipeline stage of a warp's weight loads (R·U 16-byte loads per lane)
-// into cur. Weights depend on no earlier kernel, so this runs before griddep_wait().
+// Issues stage s of a lane's weight loads into buf (loads j ≥ nl are not issued; buf's
+// registers are then undefined and stage_fma does not read them).
 template <int M, int R, typename Pf>
-__device__ __forceinline__ void warp_prefetch(const uint4 *__restrict__ w, const long rows[R], int kv, int v0,
-                                              int full, int lane, uint4 (&cur)[R][Unroll<M>::v], const Pf &pf) {
-    constexpr int U = Unroll<M>::v;
-    if (full > 0) {
-        const int v = v0 + lane;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int u = 0; u < U; ++u) cur[r][u] = ldg_stage<Pf::evict_first>(w + rows[r] * kv + v + 32 * u, pf.policy());
-    }
-}
-
-// Warp-level dot products over the vector range [v0, v1) of k:
-//   acc[r][m] = Σ_{v0 ≤ v < v1} x[m, v] · w[rows[r], v]   (v counts 16-byte vectors)
-// Software-pipelined: the loads of stage i+1 (R·U 16-byte loads per lane) are issued
-// before the FMAs of stage i, and an empty asm that launders the x pointer keeps the
-// compiler from hoisting those FMAs above the loads, so ~2·R·U·512 B per warp are in
-// flight. Stage 0 is already in cur (warp_prefetch, `full` = warp_stages). Rows must be
-// valid (callers clamp out-of-range rows and drop their results). `pf.at<1>()` runs once per
-// lane when its last pipelined stage is in flight (before that stage's FMAs; a lane with no
-// full stage: before the tail loop), `pf.at<2>()` after the lane's last weight load was used.
-template <int M, int R, typename Pf>
-__device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
-                                         const long rows[R], int kv, int v0, int v1, int full, int lane,
-                                         uint4 (&cur)[R][Unroll<M>::v], float acc[R][M], const Pf &pf) {
+__device__ __forceinline__ void stage_load(uint4 (&buf)[R][Unroll<M>::v], const uint4 *__restrict__ w,
+                                           const long rows[R], int kv, int v, int s, int nl, const Pf &pf) {
     constexpr int U = Unroll<M>::v;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-    int v = v0 + lane;
-    if (full > 0) {
-        uint4 nxt[R][U];
-        for (int c = 0; c < full; ++c) {
-            const uint4 *xp = xs;
-            const bool more = c + 1 < full;
+        for (int u = 0; u < U; ++u) {
+            const int j = s * U + u;
+            buf[r][u] = ldg_stage_if<Pf::evict_first>(w + rows[r] * kv + v + 32 * j, j < nl, pf.policy());
+        }
+}
+
+// acc[r][m] += x[m, v + 32j] · buf[r][u] over the loads j = s·U + u < nl of stage s, in
+// (u, m, r) order — the order of the sequential loop over j, so results do not depend on U.
+template <int M, int R>
+__device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R][Unroll<M>::v],
+                                          const uint4 *__restrict__ xs, int kv, int v, int s, int nl) {
+    constexpr int U = Unroll<M>::v;
+    const uint4 *xp = xs;
+    asm volatile("" : "+l"(xp));  // keeps the FMAs below the loads issued before them
+    if ((s + 1) * U <= nl) {
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int u = 0; u < U; ++u) nxt[r][u] = ldg_stage_if<Pf::evict_first>(w + rows[r] * kv + v + 32 * (U + u), more,
-                                                                     pf.policy());
-            if (!more) pf.template at<1>();
-            asm volatile("" : "+l"(xp));
+            for (int m = 0; m < M; ++m) {
+                const uint4 xv = xp[m * kv + v + 32 * (s * U + u)];
 #pragma unroll
-            for (int u = 0; u < U; ++u)
+                for (int r = 0; r < R; ++r) acc8(acc[r][m], buf[r][u], xv);
+            }
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (s * U + u < nl)
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    const uint4 xv = xp[m * kv + v + 32 * u];
+                    const uint4 xv = xp[m * kv + v + 32 * (s * U + u)];
 #pragma unroll
-                    for (int r = 0; r < R; ++r) acc8(acc[r][m], cur[r][u], xv);
+                    for (int r = 0; r < R; ++r) acc8(acc[r][m], buf[r][u], xv);
                 }
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int u = 0; u < U; ++u) cur[r][u] = nxt[r][u];
-            v += 32 * U;
-        }
-    } else {
-        pf.template at<1>();
     }
-    for (; v < v1; v += 32) {
-        uint4 wv[R];
+}
+
+// The PDL-ordered body shared by every variant: acc[r][m] = Σ_{v0 ≤ v < v1} x[m, v] · w[rows[r], v]
+// summed over the warp. A lane's loads run through two register buffers (a, b) of one stage each
+// (R·U 16-byte loads): the first GEMV_PRE_STAGES stages are issued before griddep_wait() (weights
+// are written by no kernel), then trigger (option 1), wait, `prologue()` (the norm variants fill
+// shared memory from x), and the loop: FMAs of a stage, then that buffer's next load (stage + 2),
+// so two stages are in flight throughout. Every thread of every block executes the wait. Rows must
+// be valid (callers clamp out-of-range rows and drop their results). `pf`: NoL2Prefetch for the
+// default forms, L2Prefetch for the _pf forms: at<0> right after the first stages, at<1> when the
+// lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
+// the wait), at<2> after its last weight load was used.
+template <int M, int R, typename Prologue, typename Pf>
+__device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
+                                        const long rows[R], int kv, int v0, int v1, int lane,
+                                        Prologue prologue, float acc[R][M], const Pf &pf) {
+    constexpr int U = Unroll<M>::v;
+    const int v = v0 + lane, nl = lane_loads(v0, v1, lane), stages = (nl + U - 1) / U;
+    uint4 a[R][U], b[R][U];
+    stage_load<M, R>(a, w, rows, kv, v, 0, nl, pf);
+    if (GEMV_PRE_STAGES == 2) stage_load<M, R>(b, w, rows, kv, v, 1, nl, pf);
+    pf.template at<0>();
+#if GEMV_PDL_TRIGGER == 1
+    griddep_launch_dependents();
+#endif
+    griddep_wait();
+    prologue();
+    if (GEMV_PRE_STAGES == 1) stage_load<M, R>(b, w, rows, kv, v, 1, nl, pf);
+    if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
-        for (int r = 0; r < R; ++r) wv[r] = ldg_stream<Pf::evict_first>(w + rows[r] * kv + v, pf.policy());
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const uint4 xv = xs[m * kv + v];
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc8(acc[r][m], wv[r], xv);
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    for (int s = 0; s < stages; s += 2) {
+        stage_fma<M, R>(acc, a, xs, kv, v, s, nl);
+        stage_load<M, R>(a, w, rows, kv, v, s + 2, nl, pf);
+        if (s + 2 == stages - 1) pf.template at<1>();
+        if (s + 1 < stages) {
+            stage_fma<M, R>(acc, b, xs, kv, v, s + 1, nl);
+            stage_load<M, R>(b, w, rows, kv, v, s + 3, nl, pf);
+            if (s + 3 == stages - 1) pf.template at<1>();
         }
     }
     pf.template at<2>();
@@ -293,26 +283,6 @@ __device__ __forceinline__ void warp_dot(const uint4 *__restrict__ xs, const uin
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
-}
-
-// The PDL-ordered body shared by every variant: first weight stage, trigger (option 1),
-// wait, `prologue()` (the norm variants fill shared memory from x), the dot products,
-// trigger (option 2). Every thread of every block executes the wait. `pf`: NoL2Prefetch for
-// the default forms, L2Prefetch for the _pf forms (its point 0 is right after the first stage).
-template <int M, int R, typename Prologue, typename Pf>
-__device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
-                                        const long rows[R], int kv, int v0, int v1, int lane,
-                                        Prologue prologue, float acc[R][M], const Pf &pf) {
-    uint4 cur[R][Unroll<M>::v];
-    const int full = warp_stages<M>(v0, v1, lane);
-    warp_prefetch<M, R>(w, rows, kv, v0, full, lane, cur, pf);
-    pf.template at<0>();
-#if GEMV_PDL_TRIGGER == 1
-    griddep_launch_dependents();
-#endif
-    griddep_wait();
-    prologue();
-    warp_dot<M, R>(xs, w, rows, kv, v0, v1, full, lane, cur, acc, pf);
 #if GEMV_PDL_TRIGGER == 2
     griddep_launch_dependents();
 #endif
