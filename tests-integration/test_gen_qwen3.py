@@ -787,13 +787,47 @@ def test_decode_attention_impls_every_geometry(preset: str, impl: str, pdl: bool
         check_pdl_manifest(m)
 
 
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_rope_attention_every_geometry(preset: str, pdl: bool, fake_kernels: Path) -> None:
+    """--decode-attention rope-cluster: verifies with no diagnostic; prefill, buffers and states are the cluster
+    manifest's; decode has 5 calls per layer (no `qk_norm_rope`), each layer's `attn` calls attention_decode_rope
+    with exactly the args of the cluster manifest's qk_norm_rope call, then its attention call's block_table,
+    seq_lens and out; one launch of decode_attention_rope_cluster (its `_pdl` form with --pdl), grid [NKV, 8, 1],
+    the cluster launch's literals and eps; no attention_decode or qk_norm_rope_kv_pdl op is left."""
+    cfg = Qwen3Config.preset(preset)
+    m = _build(preset, fake_kernels, decode_attention="rope-cluster", pdl=pdl)
+    c = _build(preset, fake_kernels, decode_attention="cluster", pdl=pdl)
+    diags = kern_verify.verify(m)
+    assert diags == [], "\n".join(map(str, diags))
+    assert m.programs["prefill"] == c.programs["prefill"] and m.buffers == c.buffers and m.states == c.states
+    assert "attention_decode" not in m.ops and "qk_norm_rope_kv_pdl" not in m.ops
+    (la,) = m.ops[gen.ROPE_ATTENTION_OP].impl.launches
+    (cla,) = c.ops["attention_decode"].impl.launches
+    assert la.entry == "decode_attention_rope_cluster" and la.grid == [cfg.num_key_value_heads, gen.CLUSTER_SPLITS, 1]
+    assert m.modules[la.module].source == f"decode_attention{'_pdl' if pdl else ''}.cubin" and bool(la.pdl) == pdl
+    assert [a.param for a in la.args[:10]] == list(range(10))
+    assert la.args[10:16] == cla.args[5:] and la.args[16].literal == cfg.rms_norm_eps
+    calls = {call.label: call for call in c.programs["decode"].calls}
+    got = m.programs["decode"].calls
+    assert len(got) == len(calls) - cfg.num_hidden_layers
+    for l in range(cfg.num_hidden_layers):
+        layer = [call for call in got if call.label.startswith(f"l{l}.")]
+        assert [call.label for call in layer] == [f"l{l}.{n}" for n in gen.DECODE_LAYER_CALLS if n != "qk_norm_rope"]
+        attn = layer[1]
+        assert attn.op == gen.ROPE_ATTENTION_OP
+        assert attn.args == calls[f"l{l}.qk_norm_rope"].args + calls[f"l{l}.attn"].args[2:]
+    if pdl:
+        check_pdl_manifest(m)
+
+
 def test_decode_attention_impl_errors(fake_kernels: Path) -> None:
     with pytest.raises(gen.GenError, match="--fused-attention is the Triton one-launch form"):
         _build("0.6b", fake_kernels, decode_attention="cuda", fused_attention=True)
     with pytest.raises(gen.GenError, match="decode attention `flash`"):
         _build("0.6b", fake_kernels, decode_attention="flash")
     cfg = replace(Qwen3Config.preset("4b"), num_attention_heads=8 * 9)  # G = 9 > MAX_G
-    for impl in ("cuda", "cluster"):
+    for impl in ("cuda", "cluster", "rope-cluster"):
         with pytest.raises(gen.GenError, match=r"handles at most 8 q heads per kv head \(MAX_G\)"):
             gen.build_manifest(cfg, gen.load_index(fake_kernels), decode_attention=impl)
     gen.build_manifest(cfg, gen.load_index(fake_kernels), decode_attention="triton")  # BLOCK_H = 16

@@ -159,7 +159,7 @@ def test_index_matches_cubins(built):
 
 # ------------------------------------------------------------------ the CUDA C decode attention
 
-DA = ("decode_attention_split", "decode_attention_merge", "decode_attention_cluster")
+DA = ("decode_attention_split", "decode_attention_merge", "decode_attention_cluster", "decode_attention_rope_cluster")
 EIATTR_CTA_PER_CLUSTER = 0x3D  # (x, y, z) u32: the compiled cluster (__cluster_dims__), as nvcc 13.0 writes it
 
 
@@ -175,22 +175,28 @@ def _cluster_dims(data: bytes, entry: str):
 
 
 def test_decode_attention_cuda_entries(built):
-    """decode_attention.cu: one module with exactly its three entries; the split kernel has the Triton stage 1's
-    params (names and types, without the hidden two), the merge adds seq_lens, the cluster form has no scratch;
-    block, dynamic shared memory (its page ring) and constexprs from the catalog; the cluster entry is compiled
-    for clusters of (1, CLUSTER, 1) and the others for none; registers leave room for 3 split CTAs per SM."""
+    """decode_attention.cu: one module with exactly its four entries; the split kernel has the Triton stage 1's
+    params (names and types, without the hidden two), the merge adds seq_lens, the cluster form has no scratch,
+    the rope cluster form has qk_norm_rope_kv's params (qkv read only), the cluster's block_table, seq_lens, out
+    and tail, then eps; block, dynamic shared memory (its page ring) and constexprs from the catalog; the cluster
+    entries are compiled for clusters of (1, CLUSTER, 1) and the others for none; registers leave room for 3
+    split CTAs per SM."""
     a, idx = built
     k = idx["kernels"]
     data = (a / "decode_attention.cubin").read_bytes()
     cub = read_cubin(data, "decode_attention.cubin")
     assert set(cub.entries) == set(DA) == {n for n, e in k.items() if e["module"] == "decode_attention.cubin"}
-    split, merge, clu, tri = (k[n] for n in DA + ("paged_decode_attention",))
+    split, merge, clu, rope, tri, pro = (k[n] for n in DA + ("paged_decode_attention", "qk_norm_rope_kv"))
     assert split["params"] == tri["params"][:-2] and split["param_names"] == tri["param_names"][:-2]
     assert merge["param_names"] == ["part_acc", "part_ml", "seq_lens", "out", "num_q_heads", "num_splits"]
     assert merge["params"] == ["in buffer<f32>", "in buffer<f32>", "in buffer<i32>", "out buffer<bf16>", "i32", "i32"]
     assert clu["param_names"] == split["param_names"][:4] + ["out"] + split["param_names"][6:]
     assert clu["params"] == split["params"][:4] + ["out buffer<bf16>"] + split["params"][6:]
-    for e in (split, merge, clu):
+    assert rope["param_names"] == pro["param_names"][:7] + clu["param_names"][2:] + ["eps"]
+    assert rope["params"] == ["in buffer<bf16>"] + pro["params"][1:7] + clu["params"][2:] + ["f32"]
+    assert rope["shared_mem"] == clu["shared_mem"] and rope["constexprs"] == clu["constexprs"]
+    assert _cluster_dims(data, "decode_attention_rope_cluster") == (1, clu["constexprs"]["CLUSTER"], 1)
+    for e in (split, merge, clu, rope):
         assert e["entry"] in DA and e["block"] == [128, 1, 1] and e["constexprs"]["D"] == 128
     cx = split["constexprs"]
     slot = cx["PAGE"] * 528  # one page of one kv head: 16 token rows of k|v (512 bytes) 528 bytes apart
@@ -245,7 +251,7 @@ def test_default_build_matches_the_examples(built, pinned_modules):
 
 PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
             "argmax_partial", "argmax_reduce", "decode_attention_split", "decode_attention_merge",
-            "decode_attention_cluster")
+            "decode_attention_cluster", "decode_attention_rope_cluster")
 
 
 @pytest.fixture(scope="session")

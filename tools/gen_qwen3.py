@@ -88,7 +88,12 @@ DECODE_SPLITS = 32
 #: `cuda` decode_attention_split + decode_attention_merge (decode_attention.cu, 2 launches), `cluster`
 #: decode_attention_cluster (decode_attention.cu, one launch, no scratch), `triton` paged_decode_attention +
 #: paged_decode_reduce (attention.py, 2 launches; with --fused-attention one launch and a counters state).
-DECODE_ATTENTION_IMPLS = ("cuda", "cluster", "triton")
+#: `rope-cluster` is not an impl of that interface but its own op, `attention_decode_rope`: one launch of
+#: decode_attention_rope_cluster per layer does the attention prologue's decode work (q/k norm, rotary, the
+#: token's k/v into the cache: qk_norm_rope_kv) and the cluster attention (5 launches per layer instead of 6).
+DECODE_ATTENTION_IMPLS = ("cuda", "cluster", "rope-cluster", "triton")
+#: The op of `rope-cluster` and its interface: qk_norm_rope_kv's params (qkv read only), then attention's.
+ROPE_ATTENTION_OP = "attention_decode_rope"
 DEFAULT_DECODE_ATTENTION = "cluster"
 #: Split stride of decode_attention_split (grid.y and the scratch; the kernel uses fewer splits on short contexts).
 CUDA_DECODE_SPLITS = 32
@@ -540,7 +545,8 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
     fused = fused_attention_kernel(b, pdl) if fused_attention else None
     decode_kernels = {"triton": ("paged_decode_attention", "paged_decode_reduce"),
                       "cuda": ("decode_attention_split", "decode_attention_merge"),
-                      "cluster": ("decode_attention_cluster",)}[decode_attention]
+                      "cluster": ("decode_attention_cluster",),
+                      "rope-cluster": ("decode_attention_rope_cluster",)}[decode_attention]
     for kname in ("qk_norm_rope_kv", "paged_prefill_attention") + decode_kernels + ((fused,) if fused else ()):
         if (d := b.constexpr(kname, "D")) != D:
             raise GenError(f"kernel `{kname}` is compiled for head_dim {d}; the config has head_dim {D}")
@@ -576,8 +582,10 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
     # q/k RMS norm + rotary on q (in place) and k, k/v into the paged KV: one program per (token, kv head).
     iface = [("qkv", BF16_INOUT), ("positions", "in buffer<i64>"), ("slot_mapping", "in buffer<i64>"),
              ("q_norm_w", BF16_IN), ("k_norm_w", BF16_IN), ("cos_sin", "in buffer<f32>"), ("kv", "inout ptr")]
+    # (with rope-cluster decode attention does decode's part: only prefill's op)
     for op_name, kname in [("qk_norm_rope_kv", "qk_norm_rope_kv")] + \
-            ([("qk_norm_rope_kv_pdl", pdl_kernel(b, "qk_norm_rope_kv", pdl))] if pdl else []):
+            ([("qk_norm_rope_kv_pdl", pdl_kernel(b, "qk_norm_rope_kv", pdl))]
+             if pdl and decode_attention != "rope-cluster" else []):
         b.op(op_name, iface, [_pdl(
             b.launch(op_name, iface, kname, [T, NKV, 1],
                      qkv=P("qkv"), positions=P("positions"), slot_mapping=P("slot_mapping"),
@@ -651,9 +659,23 @@ def declare_cuda_decode_attention(b: ManifestBuilder, impl: str, pdl: bool, comm
     """`attention_decode` through decode_attention.cu, the same interface as the Triton pair: `cuda` =
     decode_attention_split (grid [NKV, CUDA_DECODE_SPLITS, 1], partials into private scratch; it uses fewer
     splits on short contexts) + decode_attention_merge ([NQ, 1, 1]); `cluster` = decode_attention_cluster
-    (grid [NKV, 8, 1], its compiled cluster; no scratch). `pdl`: their `_pdl` forms, launched with the flag."""
+    (grid [NKV, 8, 1], its compiled cluster; no scratch); `rope-cluster` = the op ROPE_ATTENTION_OP, one launch
+    of decode_attention_rope_cluster (the same grid; qk_norm_rope_kv's interface and work, then attention's).
+    `pdl`: their `_pdl` forms, launched with the flag."""
     c = b.cfg
     NQ, NKV, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    if impl == "rope-cluster":
+        kname = pdl_kernel(b, "decode_attention_rope_cluster", pdl)
+        if (n := b.constexpr(kname, "CLUSTER")) != CLUSTER_SPLITS:
+            raise GenError(f"kernel `{kname}` is compiled for clusters of {n}; the generator launches {CLUSTER_SPLITS}")
+        iface = [("qkv", BF16_IN), ("positions", "in buffer<i64>"), ("slot_mapping", "in buffer<i64>"),
+                 ("q_norm_w", BF16_IN), ("k_norm_w", BF16_IN), ("cos_sin", "in buffer<f32>"), ("kv", "inout ptr"),
+                 ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"), ("out", BF16_OUT)]
+        b.op(ROPE_ATTENTION_OP, iface, [
+            _pdl(b.launch(ROPE_ATTENTION_OP, iface, kname, [NKV, CLUSTER_SPLITS, 1],
+                          **{name: P(name) for name, _ in iface}, **common, eps=c.rms_norm_eps), pdl),
+        ])
+        return
     iface = [("q", BF16_IN), ("kv", "in ptr"), ("block_table", "in buffer<i32>"), ("seq_lens", "in buffer<i32>"),
              ("out", BF16_OUT)]
     io = dict(q=P("q"), kv=P("kv"), block_table=P("block_table"), seq_lens=P("seq_lens"))
@@ -751,8 +773,9 @@ def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAU
 
 
 def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False,
-            fused_attention: bool = False) -> None:
-    """One program: `prefill` (KV only) or `decode` (KV, then next_token)."""
+            fused_attention: bool = False, rope_attention: bool = False) -> None:
+    """One program: `prefill` (KV only) or `decode` (KV, then next_token). `rope_attention`: decode's
+    attention is ROPE_ATTENTION_OP (with the prologue) instead of qk_norm_rope_kv + attention_decode."""
     c = b.cfg
     H, N, I, L = c.hidden_size, c.qkv_size, c.intermediate_size, c.num_hidden_layers
     decode = program == "decode"
@@ -762,7 +785,8 @@ def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = Fal
 
     call("embed", "embedding", ids=buf("token_ids"), table=buf("model.embed_tokens.weight"), out=buf("residual"))
     if decode:
-        return decode_layers(b, layout, call, pdl=pdl, fused_attention=fused_attention)
+        return decode_layers(b, layout, call, pdl=pdl, fused_attention=fused_attention,
+                             rope_attention=rope_attention)
     for l in range(L):
         w = f"model.layers.{l}."
         # residual = embedding (layer 0) or residual + previous MLP output; x = rmsnorm(residual) * w
@@ -795,14 +819,16 @@ def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = Fal
 
 
 #: Per-layer call labels of the decode program (6 kernel launches with the default decode attention, 7 with
-#: a two-launch one).
+#: a two-launch one; with rope-cluster 5: no `qk_norm_rope`).
 DECODE_LAYER_CALLS = ("norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add")
 
 
 def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, pdl: bool = False,
-                  fused_attention: bool = False) -> None:
+                  fused_attention: bool = False, rope_attention: bool = False) -> None:
     """Decode after the embedding: every layer through the fused GEMV ops, then logits and argmax.
     `fused_attention`: each layer's attention also gets its own counters, `attn_counters` + l·NKV·4.
+    `rope_attention`: each layer's `attn` call is ROPE_ATTENTION_OP on the whole qkv row (it also does
+    `qk_norm_rope`'s work, which then has no call).
 
     `residual` holds the hidden state throughout (the embedding wrote it): each layer reads it
     normed inside `gemv_norm_qkv`, and the two `gemv_residual` ops add the attention and MLP
@@ -815,13 +841,18 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
         kv = state("kv", layout.kv_layer_offsets[l])
         call(f"l{l}.norm_qkv", "gemv_norm_qkv", x=buf("residual"), norm_w=buf(w + "input_layernorm.weight"),
              w=buf(w + "self_attn.qkv_proj.weight"), out=buf("qkv"))
-        call(f"l{l}.qk_norm_rope", "qk_norm_rope_kv_pdl" if pdl else "qk_norm_rope_kv", qkv=buf("qkv"),
-             positions=buf("positions"), slot_mapping=buf("slot_mapping"),
-             q_norm_w=buf(w + "self_attn.q_norm.weight"), k_norm_w=buf(w + "self_attn.k_norm.weight"),
-             cos_sin=buf("rope.cos_sin"), kv=kv)
+        prologue = dict(qkv=buf("qkv"), positions=buf("positions"), slot_mapping=buf("slot_mapping"),
+                        q_norm_w=buf(w + "self_attn.q_norm.weight"), k_norm_w=buf(w + "self_attn.k_norm.weight"),
+                        cos_sin=buf("rope.cos_sin"), kv=kv)
+        if rope_attention:
+            call(f"l{l}.attn", ROPE_ATTENTION_OP, **prologue, block_table=buf("block_table"),
+                 seq_lens=buf("seq_lens"), out=buf("attn"))
+        else:
+            call(f"l{l}.qk_norm_rope", "qk_norm_rope_kv_pdl" if pdl else "qk_norm_rope_kv", **prologue)
         counters = {"counters": state(ATTN_COUNTERS, l * counter_layer_bytes(c))} if fused_attention else {}
-        call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv, block_table=buf("block_table"),
-             seq_lens=buf("seq_lens"), out=buf("attn"), **counters)
+        if not rope_attention:
+            call(f"l{l}.attn", "attention_decode", q=buf(q.buffer, q.offset), kv=kv,
+                 block_table=buf("block_table"), seq_lens=buf("seq_lens"), out=buf("attn"), **counters)
         call(f"l{l}.o_proj_add", "gemv_residual_o_proj", x=buf("attn"), w=buf(w + "self_attn.o_proj.weight"),
              residual=buf("residual"))
         call(f"l{l}.norm_gate_up_silu", "gemv_norm_silu_gate_up", x=buf("residual"),
@@ -859,7 +890,8 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
     declare_gemv_ops(b, pdl=pdl, gemv=gemv)
     forward(b, layout, "prefill")
-    forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention)
+    forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention,
+            rope_attention=decode_attention == "rope-cluster")
     m = b.manifest(model or cfg.name, chunk, fused_attention=fused_attention)
     check_wiring(m, cfg, layout, index)
     return m
@@ -1214,7 +1246,8 @@ def main(argv: list[str] | None = None) -> int:
                          "with --decode-attention triton")
     ap.add_argument("--decode-attention", choices=DECODE_ATTENTION_IMPLS, default=None,
                     help="the impl of `attention_decode`: cuda (decode_attention.cu split + merge), cluster "
-                         "(decode_attention.cu, one launch), triton (attention.py); default "
+                         "(decode_attention.cu, one launch), triton (attention.py); or rope-cluster (one launch "
+                         "that also does qk_norm_rope_kv's decode work: op attention_decode_rope); default "
                          f"{DEFAULT_DECODE_ATTENTION} (triton with --fused-attention)")
     ap.add_argument("--cuda-attention", dest="decode_attention", action="store_const", const="cuda",
                     help="= --decode-attention cuda")

@@ -18,7 +18,9 @@ Two impls of the `attention_decode` op, both through the cubin (cuLaunchKernel w
 3. Determinism and races: 36 layers launched back to back with shared scratch, eagerly and replayed from
    a CUDA graph several times: every output equals the first eager run bit for bit.
 4. The `_pdl` forms (launched without the attribute) equal the plain forms bit for bit.
-5. The 0.6B decode program generated with `--decode-attention cuda` / `cluster` (and with --pdl) against
+5. The 0.6B decode program generated with `--decode-attention cuda` / `cluster` / `rope-cluster` (the
+   attention prologue fused in: tests-integration/gpu/test_rope_attention_gpu.py tests that kernel alone)
+   (and with --pdl) against
    `--decode-attention triton`: greedy tokens and every step's logits close (a token may differ only
    where the reference's top two logits are within the observed logit difference); the --pdl programs
    equal their plain twins bit for bit, eager and in a CUDA graph.
@@ -218,7 +220,9 @@ GEOMETRY, CAPACITY, PROMPT, STEPS = "0.6b", 4096, 300, 24
 CHAINS = {"triton": ["--decode-attention", "triton", "--no-pdl"], "cuda": ["--decode-attention", "cuda", "--no-pdl"],
           "cluster": ["--decode-attention", "cluster", "--no-pdl"],
           "cuda_pdl": ["--decode-attention", "cuda", "--pdl"],
-          "cluster_pdl": ["--decode-attention", "cluster", "--pdl"]}
+          "cluster_pdl": ["--decode-attention", "cluster", "--pdl"],
+          "rope-cluster": ["--decode-attention", "rope-cluster", "--no-pdl"],
+          "rope-cluster_pdl": ["--decode-attention", "rope-cluster", "--pdl"]}
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +279,7 @@ def _f32(bf16_words: np.ndarray) -> np.ndarray:
     return (bf16_words.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-@pytest.mark.parametrize("which", ["cuda", "cluster"])
+@pytest.mark.parametrize("which", ["cuda", "cluster", "rope-cluster"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_decode_chain_close_to_triton(chain, which, graph):
     t0, l0 = run_chain(chain, "triton", graph)
@@ -296,7 +300,7 @@ def test_decode_chain_close_to_triton(chain, which, graph):
     assert len({t for g in t0 for t in g}) > 1, "degenerate random model: one token only"
 
 
-@pytest.mark.parametrize("which", ["cuda", "cluster"])
+@pytest.mark.parametrize("which", ["cuda", "cluster", "rope-cluster"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_decode_chain_pdl_equals_plain(chain, which, graph):
     t0, l0 = run_chain(chain, which, graph)

@@ -236,6 +236,8 @@ DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
 DECODE_ATTENTION_CLUSTER = "decode_attention_cluster"
+#: The cluster form with qk_norm_rope_kv's decode work fused in (gen_qwen3.py --decode-attention rope-cluster).
+DECODE_ATTENTION_ROPE_CLUSTER = "decode_attention_rope_cluster"
 DA_DOC_COMMON = ("q: bf16, head j of sequence b at q + b*q_stride + j*128 (q_stride = (NQ+2*NKV)*128 when q is the qkv "
                  "buffer; a multiple of 16); kv = state + layer*65536 (16-byte aligned; page_bytes = L*65536, a multiple "
                  "of 512); block_table: i32 [seqs, bt_stride] page ids; seq_lens: i32 [seqs] (>= 1, keys 0..L-1 incl. "
@@ -288,6 +290,28 @@ def _decode_attention_cuda_kernels() -> list[Kernel]:
                 "shared memory to the CTAs that merge it (CTA r: outputs [r*G*16, (r+1)*G*16) of the kv head's G*128), "
                 "one cluster barrier, then each merges its slice into out: bf16 [seqs, NQ*128]. No scratch, no "
                 "state. " + DA_DOC_COMMON,
+            constexprs={**cx, "SLOTS": DA_CLUSTER_SLOTS, "CLUSTER": DA_CLUSTER},
+        ),
+        Kernel(
+            name=DECODE_ATTENTION_ROPE_CLUSTER, lang="cuda", source="decode_attention.cu",
+            entry="decode_attention_rope_cluster",
+            block_x=32 * DA_WARPS, shared_mem=DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES,
+            params=(P("qkv", BF16_IN, True), P("positions", "in buffer<i64>", True),
+                    P("slot_mapping", "in buffer<i64>", True), P("q_norm_w", BF16_IN, True),
+                    P("k_norm_w", BF16_IN, True), P("cos_sin", "in buffer<f32>", True),
+                    P("kv", "inout ptr", True, "bf16"), P("block_table", "in buffer<i32>", True),
+                    P("seq_lens", "in buffer<i32>", True), P("out", BF16_OUT, True)) + ATTN_TAIL + (P("eps", "f32"),),
+            grid=f"(NKV, {DA_CLUSTER}, seqs): grid.y must be {DA_CLUSTER}, the compiled cluster is (1, {DA_CLUSTER}, 1)",
+            doc=f"{DECODE_ATTENTION_CLUSTER} with qk_norm_rope_kv's decode work fused in (one launch per layer instead "
+                "of two): qkv: bf16 [seqs, (NQ+2*NKV)*128] (q_stride = its row; read only: q is rotated in "
+                "registers, not in place); each CTA computes its group's q = rope(rmsnorm(q)*q_norm_w); the warp "
+                "whose pages hold the current token (position L-1) computes k = rope(rmsnorm(k)*k_norm_w) and v, "
+                "stores them into the KV cache at slot_mapping[b] (slot < 0: not stored) and into its shared-memory "
+                "copy of that page (so the launch never reads its own global store). positions, slot_mapping: i64 "
+                "[seqs] (slot_mapping[b] must be position L-1's slot in block_table, positions[b] its rotary "
+                "position); q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 [max_pos, 128] (cos then sin); eps = "
+                "rms_norm_eps; fp32 norm and rotary, one rounding to bf16 (qk_norm_rope_kv's math, not its bits: "
+                "~1 bf16 ulp apart). " + DA_DOC_COMMON,
             constexprs={**cx, "SLOTS": DA_CLUSTER_SLOTS, "CLUSTER": DA_CLUSTER},
         ),
     ]
@@ -433,7 +457,8 @@ def _gemv_pf_kernels() -> list[Kernel]:
 
 #: The kernels of the decode program between the GEMVs that have a PDL form (`NAME_pdl`).
 PDL_KERNELS = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
-               "argmax_partial", "argmax_reduce") + DECODE_ATTENTION_CUDA + (DECODE_ATTENTION_CLUSTER,)
+               "argmax_partial", "argmax_reduce") + DECODE_ATTENTION_CUDA + (DECODE_ATTENTION_CLUSTER,
+                                                                           DECODE_ATTENTION_ROPE_CLUSTER)
 PDL_DOC = (" PDL form (programmatic dependent launch, manifest `\"pdl\": true`): every block loads only "
            "inputs and weights, then executes griddepcontrol.wait before reading any earlier launch's output "
            "and before any store (also in blocks with no work), and griddepcontrol.launch_dependents; launched "

@@ -181,10 +181,19 @@ struct Geo {
 // One warp's share: logical pages j = first + k*step (k < count); bt_reg: lane i holds the block-table
 // entry of page first + i*step (where i < count).  Its ring: SLOTS page slots at `ring`.  Leaves (m, l, acc) of the q heads rows g = lane/4 (0..7; rows >= G are
 // padding) for columns d = 8*nt + 2*(lane%4) + {0,1} (acc[nt][0..1]; acc[nt][2..3] are rows 8..15: zero).
-template <int SLOTS>
+// The current token's k|v row (decode_attention_rope_cluster): lane i's 16 bytes of the 512-byte row
+// (k bytes 16i.., then v), written over row `row` of page k = `page` of the warp's list once that page is in
+// shared memory (the copy from the cache may predate this launch's write of the row). page < 0: none.
+struct Inject {
+    int page;
+    int row;
+    uint4 val;
+};
+
+template <int SLOTS, bool INJECT = false>
 __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step, int count, int bt_reg,
                                             const uint32_t (&qa)[4][4], uint32_t ring, float& m, float& l,
-                                            float (&acc)[16][4]) {
+                                            float (&acc)[16][4], const Inject& inj = Inject{-1, 0, {}}) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
     m = -INFINITY;
@@ -230,6 +239,11 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
         __syncwarp();                 // ... for every lane's copies
         const uint32_t base = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
+        if (INJECT && k == inj.page) {  // warp-uniform
+            asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(base + uint32_t(inj.row * DA_ROW + lane * 16)),
+                         "r"(inj.val.x), "r"(inj.val.y), "r"(inj.val.z), "r"(inj.val.w) : "memory");
+            __syncwarp();
+        }
 
         // scores S[g][n] of n-tile jt, n = 2*tig + {0,1}: tokens 8*jt + pi(n) = 8*jt + tig + {0, 4}
         float s[2][2];
@@ -283,15 +297,16 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 // The CTA's share: warp w takes logical pages gw + k*step (gw: its global warp index), merged over the 4
 // warps.  On return thread d (0..127) holds, for each q head g < G of the group, M[g] (log2 units; -inf when the CTA had no key), Lsum[g] and
 // A[g] for column d.  Every thread of the CTA must call it (it has block barriers).
-template <int SLOTS>
+template <int SLOTS, bool INJECT = false>
 __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int bt_reg, int G,
                                            const uint32_t (&qa)[4][4], float* smem, float (&M)[DA_MAX_G],
-                                           float (&Ls)[DA_MAX_G], float (&A)[DA_MAX_G]) {
+                                           float (&Ls)[DA_MAX_G], float (&A)[DA_MAX_G],
+                                           const Inject& inj = Inject{-1, 0, {}}) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int count = geo.npages > gw ? (geo.npages - gw - 1) / step + 1 : 0;
     const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
     float m, l, acc[16][4];
-    warp_attend<SLOTS>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc);
+    warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc, inj);
 
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
     float* red = smem + warp * DA_RED_FLOATS;
@@ -434,31 +449,15 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
     out[(b * num_q_heads + j) * DA_D + d] = __float2bfloat16_rn(acc / ls);
 }
 
-extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
-decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
-                         const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
-                         int q_stride, int bt_stride, int page_bytes, float sm_scale) {
-    extern __shared__ __align__(128) float smem[];
-    cg::cluster_group cluster = cg::this_cluster();
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
-    const int h = blockIdx.x, s = int(cluster.block_rank());
-    const int64_t b = blockIdx.z;
-    const int G = num_q_heads / num_kv_heads;
-    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
-    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
-    const int L = __ldg(seq_lens + b);
-    DA_PDL_WAIT();
-    DA_PDL_TRIGGER();
-    uint32_t qa[4][4];
-    load_q(q, b, q_stride, h, G, qa);
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
-    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
-    cta_attend<DA_CLUSTER_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
-
-    // Push this CTA's partial to the CTAs that merge it (CTA r merges elements [r*G*16, (r+1)*G*16) of the
-    // kv head's G*128 outputs): (m, l) of every q head to every CTA, each acc element to its owner, into
-    // their `recv` areas (outside the ring: a CTA still streaming pages is not disturbed).  Distributed shared
-    // memory is written only after every CTA of the cluster has started (the wait of the arrive at entry).
+// The cluster's merge, after cta_attend in every CTA: this CTA (rank s) pushes its partial to the CTAs that
+// merge it (CTA r merges elements [r*G*16, (r+1)*G*16) of the kv head's G*128 outputs): (m, l) of every q
+// head to every CTA, each acc element to its owner, into their `recv` areas (outside the ring: a CTA still
+// streaming pages is not disturbed).  Distributed shared memory is written only after every CTA of the
+// cluster has started (the wait of the arrive each kernel makes at entry).  Then one cluster barrier and
+// each CTA writes its slice of out_h (the G*128 outputs of this kv head).
+__device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float* smem, int s, int G,
+                                              const float (&M)[DA_MAX_G], const float (&Ls)[DA_MAX_G],
+                                              const float (&A)[DA_MAX_G], bf16* out_h) {
     float* recv = smem + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES / 4;
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
@@ -502,6 +501,183 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
             ls += w * lr[r];
             acc += w * ar[r];
         }
-        out[(b * num_q_heads + h * G + gg) * DA_D + dd] = __float2bfloat16_rn(acc / ls);
+        out_h[gg * DA_D + dd] = __float2bfloat16_rn(acc / ls);
     }
+}
+
+extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
+decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
+                         const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
+                         int q_stride, int bt_stride, int page_bytes, float sm_scale) {
+    extern __shared__ __align__(128) float smem[];
+    cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
+    const int h = blockIdx.x, s = int(cluster.block_rank());
+    const int64_t b = blockIdx.z;
+    const int G = num_q_heads / num_kv_heads;
+    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
+    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
+    const int L = __ldg(seq_lens + b);
+    DA_PDL_WAIT();
+    DA_PDL_TRIGGER();
+    uint32_t qa[4][4];
+    load_q(q, b, q_stride, h, G, qa);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+    cta_attend<DA_CLUSTER_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
+
+    cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
+}
+
+// ---- decode_attention_rope_cluster: qk_norm_rope_kv's decode work fused into the cluster attention ----
+// fp32 x[0..7] of 8 bf16.
+__device__ __forceinline__ void unpack8(const uint4 v, float (&x)[8]) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(p[i]);
+        x[2 * i] = f.x;
+        x[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
+    return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+}
+
+__device__ __forceinline__ void load8f(const float* p, float (&x)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+// load_q's fragments of the group's heads, after q := rope(rmsnorm(q) * q_norm_w) as qk_norm_rope_kv computes
+// it (fp32: r = rsqrt(mean(q^2) + eps), a = q*r*w, neox rotary over the full head: out[e] = a[e]*cos - a[e+64]*sin,
+// out[e+64] = a[e+64]*cos + a[e]*sin for e < 64; one rounding to bf16). Lane (g, t) holds elements 32kp + 8t + j
+// (kp = 0..3, j = 0..7) of head g, so each rotary pair (kp, kp+2) is in one lane and a head's sum of squares is a
+// quad's. qw[kp]: q_norm_w's 8 elements at 32kp + 8t; cs: this position's cos row (sin at cs + 64).
+__device__ __forceinline__ void load_q_rope(const bf16* q, int64_t b, int q_stride, int h, int G, const uint4 (&qw)[4],
+                                            const float* cs, float eps, uint32_t (&qa)[4][4]) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const uint4* qp = reinterpret_cast<const uint4*>(q + b * q_stride + int64_t(h * G + g) * DA_D + 8 * tig);
+    float x[4][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+        unpack8(g < G ? __ldcg(qp + 4 * kp) : make_uint4(0, 0, 0, 0), x[kp]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += x[kp][j] * x[kp][j];
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    const float r = rsqrtf(ss / DA_D + eps);
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+        float w[8];
+        unpack8(qw[kp], w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[kp][j] = x[kp][j] * r * w[j];
+    }
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {
+        float c[8], sn[8], lo[8], hi[8];
+        load8f(cs + 32 * kp + 8 * tig, c);
+        load8f(cs + DA_D / 2 + 32 * kp + 8 * tig, sn);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            lo[j] = x[kp][j] * c[j] - x[kp + 2][j] * sn[j];
+            hi[j] = x[kp + 2][j] * c[j] + x[kp][j] * sn[j];
+        }
+        const uint4 vl = pack8(lo), vh = pack8(hi);
+        qa[kp][0] = vl.x, qa[kp][1] = vl.y, qa[kp][2] = vl.z, qa[kp][3] = vl.w;
+        qa[kp + 2][0] = vh.x, qa[kp + 2][1] = vh.y, qa[kp + 2][2] = vh.z, qa[kp + 2][3] = vh.w;
+    }
+}
+
+// The current token's k|v row of kv head h as qk_norm_rope_kv writes it: lane i < 16 returns k elements 8i..8i+7
+// after k := rope(rmsnorm(k) * k_norm_w) (as load_q_rope), lane i >= 16 v elements 8(i-16).. unchanged; i.e.
+// lane i's 16 bytes of the 512-byte row. kw: k_norm_w's 8 elements at 8(i%16); c, sn: cos and sin of rotary
+// index 8(i%8) + j. Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
+                                             int num_kv_heads, int h, const uint4 kw, const float (&c)[8],
+                                             const float (&sn)[8], float eps) {
+    const int lane = threadIdx.x & 31, half = lane >> 4;
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(
+        qkv + b * q_stride + int64_t(num_q_heads + half * num_kv_heads + h) * DA_D + 8 * (lane & 15)));
+    float x[8], w[8];
+    unpack8(raw, x);
+    unpack8(kw, w);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // within each half
+    const float r = rsqrtf(ss / DA_D + eps);
+    const bool first = (lane & 8) == 0;  // k elements < 64: out = a*cos - a'*sin; else a*cos + a'*sin
+    float o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float a = x[j] * r * w[j];
+        const float p = __shfl_xor_sync(0xffffffffu, a, 8);
+        o[j] = first ? a * c[j] - p * sn[j] : a * c[j] + p * sn[j];
+    }
+    return half ? raw : pack8(o);
+}
+
+// decode_attention_cluster with qk_norm_rope_kv's decode work fused in (one launch per layer instead of two):
+// qkv: bf16 [seqs, (NQ+2*NKV)*128] (q_stride = its row), read only; each CTA rotates its group's q heads in
+// registers (load_q_rope); the warp whose page list holds the current token (position L-1, logical page
+// (L-1)/16) computes its k|v row (kv_row_rope), stores it into the KV cache at slot_mapping[b] (slot < 0: not
+// stored) and writes the same row into its shared-memory copy of that page before attending to it, so no read
+// of this launch depends on its own global store. slot_mapping[b] must be the cache slot of position L-1
+// (block_table[b][(L-1)/16]*16 + (L-1)%16), and positions[b] its rotary position, as the runtime writes them.
+extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
+decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __restrict__ positions,
+                              const int64_t* __restrict__ slot_mapping, const bf16* __restrict__ q_norm_w,
+                              const bf16* __restrict__ k_norm_w, const float* __restrict__ cos_sin, char* kv,
+                              const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                              bf16* __restrict__ out, int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
+                              int page_bytes, float sm_scale, float eps) {
+    extern __shared__ __align__(128) float smem[];
+    cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
+    const int h = blockIdx.x, s = int(cluster.block_rank());
+    const int64_t b = blockIdx.z;
+    const int G = num_q_heads / num_kv_heads;
+    const int lane = threadIdx.x & 31, tig = lane & 3;
+    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
+    // inputs and weights (no earlier launch writes them): before the PDL wait
+    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
+    const int L = __ldg(seq_lens + b);
+    const float* cs = cos_sin + __ldg(positions + b) * DA_D;
+    uint4 qw[4];
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) qw[kp] = __ldg(reinterpret_cast<const uint4*>(q_norm_w + 32 * kp + 8 * tig));
+    const int jn = (L - 1) / DA_PAGE;  // the current token's logical page; its warp injects the row
+    const bool mine = jn % step == gw;  // warp-uniform
+    int64_t slot = -1;
+    uint4 kw = make_uint4(0, 0, 0, 0);
+    float c[8], sn[8];
+    if (mine) {
+        slot = __ldg(slot_mapping + b);
+        kw = __ldg(reinterpret_cast<const uint4*>(k_norm_w + 8 * (lane & 15)));
+        load8f(cs + 8 * (lane & 7), c);
+        load8f(cs + DA_D / 2 + 8 * (lane & 7), sn);
+    }
+    DA_PDL_WAIT();
+    DA_PDL_TRIGGER();
+    uint32_t qa[4][4];
+    load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
+    Inject inj{-1, 0, {}};
+    if (mine) {
+        inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
+                     kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
+        if (slot >= 0)
+            *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) +
+                                      (slot % DA_PAGE) * int64_t(num_kv_heads * 512) + h * 512 + lane * 16) = inj.val;
+    }
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+    cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
+    cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
