@@ -211,6 +211,28 @@ def test_decode_attention_cuda_entries(built):
     assert 3 * split["shared_mem"] <= 228 * 1024 - 3 * 1024
 
 
+def test_decode_attention_timeline_build_is_separate(built):
+    """-DDA_TIMELINE (tools/gpu/da_timeline.py) exports the unmangled `da_timeline` global the script reads with
+    cuModuleGetGlobal, and keeps every entry's params; the default module holds no trace of it."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_kernels
+    finally:
+        sys.path.pop(0)
+    a, _ = built
+    data = (a / "decode_attention.cubin").read_bytes()
+    assert b"da_timeline" not in data
+    with tempfile.TemporaryDirectory() as t:
+        tl = build_kernels.finish_cuda(build_kernels.start_cuda("decode_attention.cu", t, ("DA_TIMELINE",), "tl.cubin"))
+    assert b"da_timeline\x00" in tl
+    plain, timed = read_cubin(data, "decode_attention.cubin"), read_cubin(tl, "tl.cubin")
+    assert set(timed.entries) == set(DA)
+    for e in DA:
+        assert [(p.offset, p.size) for p in timed.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
+
+
 def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
     """The geometry-dependent set is only the norms; all presets build (norms only: fast)."""
     sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))

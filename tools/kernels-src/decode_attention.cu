@@ -118,6 +118,29 @@ static_assert(DA_WARPS * DA_RED_FLOATS * 4 <= DA_WARPS * DA_SPLIT_SLOTS * DA_SLO
 
 typedef __nv_bfloat16 bf16;
 
+#ifdef DA_TIMELINE
+// Diagnostic build (-DDA_TIMELINE; tools/gpu/da_timeline.py): %globaltimer (ns) stamped by lane 0 of each warp of
+// the cluster forms (kv heads < 8, sequence 0) at 8 points — entry, seq_lens and block table loaded, the first
+// pages' copies issued, first page in shared memory (q is loaded by then too), page loop done, CTA merge done,
+// cluster barrier passed, exit — at
+// da_timeline[((h * 8 + rank) * 4 + warp) * 8 + point]. `dep`: a register the stamp must wait for.
+extern "C" {
+__device__ unsigned long long da_timeline[8 * 8 * 4 * 8];  // unmangled: cuModuleGetGlobal
+}
+#define DA_STAMP(point, dep)                                                                                   \
+    do {                                                                                                       \
+        if ((threadIdx.x & 31) == 0 && gridDim.y == 8 && blockIdx.x < 8 && blockIdx.z == 0) {                 \
+            unsigned long long t_;                                                                             \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_) : "r"(int(dep)));                             \
+            da_timeline[((blockIdx.x * 8 + blockIdx.y) * 4 + (threadIdx.x >> 5)) * 8 + (point)] = t_;          \
+        }                                                                                                      \
+    } while (0)
+#else
+#define DA_STAMP(point, dep) \
+    do {                     \
+    } while (0)
+#endif
+
 __device__ __forceinline__ int splits_for(int L, int S) {
     const int n = (L + DA_PAGE - 1) / DA_PAGE;
     const int want = (n + DA_MIN_PAGES_PER_SPLIT - 1) / DA_MIN_PAGES_PER_SPLIT;
@@ -233,10 +256,12 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 
 #pragma unroll
     for (int k = 0; k < SLOTS; ++k) issue(k);
+    DA_STAMP(2, 0);
 
     for (int k = 0; k < count; ++k) {
         cp_async_wait<SLOTS - 1>();  // SLOTS + k groups committed: page k's is complete
         __syncwarp();                 // ... for every lane's copies
+        if (k == 0) DA_STAMP(3, k);
         const uint32_t base = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
         if (INJECT && k == inj.page) {  // warp-uniform
@@ -307,6 +332,7 @@ __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int
     const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
     float m, l, acc[16][4];
     warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc, inj);
+    DA_STAMP(4, __float_as_int(l));
 
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
     float* red = smem + warp * DA_RED_FLOATS;
@@ -341,6 +367,7 @@ __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int
         Ls[gg] = ls;
         A[gg] = a;
     }
+    DA_STAMP(5, __float_as_int(A[0]));
 }
 
 // q fragments of the group's heads (rows g = lane/4 < G; zero rows above): for k-step pair kp, the 16
@@ -481,6 +508,7 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     // release/acquire at cluster scope: every push is visible to its owner; after this no CTA touches
     // another's shared memory, so each may leave when done
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    DA_STAMP(6, 0);
     if (d < per) {
         const int e = s * per + d;
         const int gg = e / DA_D, dd = e % DA_D;
@@ -503,6 +531,7 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
         }
         out_h[gg * DA_D + dd] = __float2bfloat16_rn(acc / ls);
     }
+    DA_STAMP(7, 0);
 }
 
 extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
@@ -512,12 +541,14 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     extern __shared__ __align__(128) float smem[];
     cg::cluster_group cluster = cg::this_cluster();
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
+    DA_STAMP(0, 0);
     const int h = blockIdx.x, s = int(cluster.block_rank());
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
     const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
     const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
     const int L = __ldg(seq_lens + b);
+    DA_STAMP(1, L + bt_reg);
     DA_PDL_WAIT();
     DA_PDL_TRIGGER();
     uint32_t qa[4][4];
