@@ -1,7 +1,10 @@
 """Helpers shared by the GPU tests of this folder (the fixtures `ks` and `_seed` are in conftest.py).
 
-Imported by a test module after its torch / CUDA skip checks and its sys.path set-up (tools/ and
-tools/kernels-src/ first, then this folder: pytest runs with --import-mode=importlib):
+Imported by every kernel test module of this folder (after putting this folder on sys.path: pytest runs
+with --import-mode=importlib), first thing: importing it skips the importing module where torch, a CUDA
+GPU or cuda-bindings is missing (pytest.importorskip / pytest.skip at module level), and puts tools/ and
+tools/kernels-src/ first on sys.path (cubin_launch, build_kernels, the catalog). Also exports ROOT (the
+repository) and torch.
 
 - kernels_dir: the kernels a test module launches ($KERN_KERNELS_DIR or a fresh build);
 - nan_like, bits, rope_table: small tensor helpers;
@@ -18,9 +21,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
-import torch
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+pytest.importorskip("cuda.bindings.driver")
+
+ROOT = Path(__file__).resolve().parents[2]
+for _p in (ROOT / "tools" / "kernels-src", ROOT / "tools"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 D = 128  # head dimension
 NKV = 8  # KV heads in the attention tests

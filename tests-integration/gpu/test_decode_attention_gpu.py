@@ -41,17 +41,11 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-pytest.importorskip("cuda.bindings.driver")
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
-sys.path.insert(0, str(ROOT / "tools"))
+# gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
+# tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import (BF, D, DEV, NKV, DecodeContext, bits, kernels_dir, nan_like, pool,  # noqa: E402
-                         ref_attention)
+from gpu_helpers import (ROOT, torch, BF, D, DEV, NKV, DecodeContext, bits, kernels_dir, nan_like,  # noqa: E402
+                         pool, ref_attention)
 
 TOL = 1e-2
 CLUSTER = 8

@@ -26,17 +26,12 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-cu = pytest.importorskip("cuda.bindings.driver")
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
-sys.path.insert(0, str(ROOT / "tools"))
+# gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
+# tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import torch, BF, DEV, kernels_dir  # noqa: E402
 from cubin_launch import KernelSet, check  # noqa: E402
-from gpu_helpers import BF, DEV, kernels_dir  # noqa: E402
+from cuda.bindings import driver as cu  # noqa: E402
 
 EPS = 1e-6
 TOL = 1e-2

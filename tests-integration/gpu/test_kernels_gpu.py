@@ -20,16 +20,10 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-pytest.importorskip("cuda.bindings.driver")
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
-sys.path.insert(0, str(ROOT / "tools"))
+# gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
+# tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import BF, D, DEV, gather_kv, kernels_dir, kv_geom, nan_like, rope_table  # noqa: E402
+from gpu_helpers import torch, BF, D, DEV, gather_kv, kernels_dir, kv_geom, nan_like, rope_table  # noqa: E402
 
 TOKENS = [1, 7, 512, 2048]
 TOL = 1e-2

@@ -30,16 +30,10 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-pytest.importorskip("cuda.bindings.driver")
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
-sys.path.insert(0, str(ROOT / "tools"))
+# gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
+# tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import BF, D, DEV, bits, kernels_dir, rope_table  # noqa: E402
+from gpu_helpers import ROOT, torch, BF, D, DEV, bits, kernels_dir, rope_table  # noqa: E402
 
 PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
             "argmax_partial", "argmax_reduce")
