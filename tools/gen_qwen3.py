@@ -41,7 +41,10 @@ a cluster of 8 CTAs per kv head splits the keys and merges through distributed s
 scratch); `cuda` (`--cuda-attention`) is `decode_attention_split` + `decode_attention_merge` (two
 launches, split-KV partials in impl scratch); `triton` is attention.py's `paged_decode_attention` +
 `paged_decode_reduce` (two launches, the impl before 2026-11-29). Only the op's impl differs: the same
-calls, buffers and interface (tools/bench_kernels.py times all three, BENCHMARKS.md).
+calls, buffers and interface (tools/bench_kernels.py times all three, BENCHMARKS.md). `rope-cluster`
+(opt-in) is instead its own op `attention_decode_rope` (qk_norm_rope_kv's params, then attention's): one
+launch of `decode_attention_rope_cluster` per layer does the prologue's decode work and the cluster
+attention, so the decode layer has no `qk_norm_rope` call (5 launches instead of 6).
 
 `--fused-attention` (opt-in, implies `--decode-attention triton`): decode attention is one launch of
 `paged_decode_attention_fused` (tools/kernels-src/attention.py: split-KV stage 1, and the last

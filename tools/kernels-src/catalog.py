@@ -248,7 +248,8 @@ DA_DOC_COMMON = ("q: bf16, head j of sequence b at q + b*q_stride + j*128 (q_str
 
 def _decode_attention_cuda_kernels() -> list[Kernel]:
     """Decode attention in CUDA C (decode_attention.cu, one module): the split + merge pair (one op, two
-    launches, paged_decode_attention's scratch layout) and the one-launch cluster form."""
+    launches, paged_decode_attention's scratch layout), the one-launch cluster form, and the cluster form
+    with qk_norm_rope_kv's decode work fused in."""
     head = (P("q", BF16_IN, True), KV, P("block_table", "in buffer<i32>", True), P("seq_lens", "in buffer<i32>", True))
     cx = {"D": D_HEAD, "MAX_G": 8, "WARPS": DA_WARPS, "PAGE": 16, "MIN_PAGES_PER_SPLIT": DA_WARPS,
           "MAX_SPLITS": DECODE_MAX_SPLITS}

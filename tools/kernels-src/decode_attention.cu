@@ -1,12 +1,14 @@
 // Decode attention (one query token per sequence) over the paged bf16 KV cache, flash-decoding
 // style, for every Qwen3 dense geometry: head_dim D = 128, G = NQ/NKV q heads per kv head
-// (1 <= G <= DA_MAX_G = 8), shapes are runtime params.  Three entries, one module:
+// (1 <= G <= DA_MAX_G = 8), shapes are runtime params.  Four entries, one module:
 //
 //   decode_attention_split + decode_attention_merge   one op, two launches (split-KV partial
 //       results into impl scratch, then a merge); the partial layout is paged_decode_attention's.
 //   decode_attention_cluster                           one launch: a thread-block cluster of 8
 //       CTAs per (kv head, sequence) splits the keys and merges through distributed shared memory
 //       (no scratch, no counters, no state).
+//   decode_attention_rope_cluster                      the cluster form with qk_norm_rope_kv's decode
+//       work fused in (q/k RMS norm, neox rotary, the token's k/v into the cache; see the entry).
 //
 // KV layout (tools/README.md; kernels-src/attention.py): pages of 16 tokens interleaved by layer,
 // [page][layer][16 tokens][NKV][k|v][D] bf16.  `kv` = state + layer*65536 (bytes), `page_bytes` =
