@@ -10,7 +10,9 @@ repository) and torch.
 - nan_like, bits, rope_table: small tensor helpers;
 - the float64 reference of paged decode attention (kv_geom, pool, gather_kv, ref_attention) and
   DecodeContext, one sequence's KV pool and launch arguments (test_decode_attention_gpu.py,
-  test_fused_attention_gpu.py; test_kernels_gpu.py uses kv_geom and gather_kv).
+  test_fused_attention_gpu.py; test_kernels_gpu.py uses kv_geom and gather_kv);
+- decode_chains, run_generations: a generated decode program run end to end through kern-run (the 0.6B
+  chains of test_decode_attention_gpu.py and test_fused_attention_gpu.py).
 
 Paged KV layout (the kernels' contract): 16-token pages, each holding `layers` layers one after the
 other; a layer's token is `nkv` heads of K (D elements) then V (D elements), bf16.
@@ -142,3 +144,57 @@ class DecodeContext:
     def tail(self):
         """The trailing scalar args: num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale."""
         return [self.nq, NKV, self.q_stride, self.bt.numel(), self.page_elems * 2, 1 / math.sqrt(D)]
+
+
+# ---------------------------------------------------------------- a decode program end to end (kern-run)
+
+
+def decode_chains(kdir: Path, out_dir: Path, chains: dict[str, list[str]], weights_from: str, geometry: str,
+                  capacity: int) -> dict[str, Path]:
+    """Manifests of `geometry` from tools/gen_qwen3.py on `kdir`, one per entry of `chains` (name -> extra
+    generator flags; every one with --max-positions `capacity` and --gemv gemv, so that the chains differ only
+    in their flags), and one seeded random weights file for them all (test_pdl_chain_gpu.random_weights over the
+    manifest `weights_from`). Returns {name: manifest, "kernels": kdir, "weights": the weights file}."""
+    import subprocess
+
+    from qwen3_config import Qwen3Config
+    from test_pdl_chain_gpu import random_weights
+
+    gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", geometry, "--kernels", str(kdir),
+           "--max-positions", str(capacity), "--gemv", "gemv"]
+    out: dict[str, Path] = {"kernels": kdir}
+    for which, flags in chains.items():
+        out[which] = out_dir / f"{which}.json"
+        subprocess.run(gen + ["--out", str(out[which]), *flags], check=True, capture_output=True)
+    out["weights"] = out_dir / "weights.safetensors"
+    random_weights(out[weights_from], out["weights"], Qwen3Config.preset(geometry).rope_theta)
+    return out
+
+
+def run_generations(chain: dict[str, Path], which: str, graph: bool, *, capacity: int, prompt: int, steps: int,
+                    generations: int = 2, after=None):
+    """kern-run greedy decoding of manifest `chain[which]`: `generations` seeded random prompts of `prompt` tokens
+    in a row on one runtime, `steps` tokens each (CUDA graph or eager). Returns (tokens, logits) per generation:
+    lists of [steps] token ids and [steps, vocab] bf16 words of every step's logits. `after(rt)`: called with the
+    runtime once the generations are done, before it closes."""
+    import numpy as np
+    from kern_driver import Runtime
+    from kern_run.generator import ManifestInfo, Qwen3Session
+
+    rt = Runtime.load(chain[which], chain["kernels"], chain["weights"], capacity_tokens=capacity)
+    try:
+        tokens, logits = [], []
+        for gi in range(generations):
+            s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=capacity, graph=graph)
+            ids = np.random.default_rng(1 + gi).integers(0, 151936, prompt).tolist()
+            tk, lg = [], []
+            for t in s.generate(ids, steps, 128):
+                tk.append(t)
+                lg.append(rt.read_buffer("logits").reshape(-1).copy())
+            tokens.append(tk)
+            logits.append(np.stack(lg))
+        if after is not None:
+            after(rt)
+        return tokens, logits
+    finally:
+        rt.close()

@@ -32,7 +32,6 @@ Kernels: $KERN_KERNELS_DIR if its index has the CUDA decode attention and its `_
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,8 +43,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import (ROOT, torch, BF, D, DEV, NKV, DecodeContext, bits, kernels_dir, nan_like,  # noqa: E402
-                         pool, ref_attention)
+from gpu_helpers import (torch, BF, D, DEV, NKV, DecodeContext, bits, decode_chains, kernels_dir,  # noqa: E402
+                         nan_like, pool, ref_attention, run_generations)
 
 TOL = 1e-2
 CLUSTER = 8
@@ -221,52 +220,18 @@ CHAINS = {"triton": ["--decode-attention", "triton", "--no-pdl"], "cuda": ["--de
 
 @pytest.fixture(scope="module")
 def chain(kdir, tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        from test_pdl_chain_gpu import random_weights
-    finally:
-        sys.path.pop(0)
-    from qwen3_config import Qwen3Config
-
-    d = tmp_path_factory.mktemp("da-chain")
-    # --gemv gemv (the default, spelled out): the same GEMV kernels with and without --pdl
-    gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
-           "--max-positions", str(CAPACITY), "--gemv", "gemv"]
-    out = {"kernels": kdir}
-    for which, flags in CHAINS.items():
-        out[which] = d / f"{which}.json"
-        subprocess.run(gen + ["--out", str(out[which]), *flags], check=True, capture_output=True)
-    out["weights"] = d / "weights.safetensors"
-    random_weights(out["triton"], out["weights"], Qwen3Config.preset(GEOMETRY).rope_theta)
-    return out
+    return decode_chains(kdir, tmp_path_factory.mktemp("da-chain"), CHAINS, "triton", GEOMETRY, CAPACITY)
 
 
 _RUNS: dict = {}
 
 
-def run_chain(chain, which: str, graph: bool, generations: int = 2):
-    """Greedy tokens and every decode step's logits (float32), `generations` prompts on one runtime."""
-    if (which, graph) in _RUNS:
-        return _RUNS[which, graph]
-    from kern_driver import Runtime
-    from kern_run.generator import ManifestInfo, Qwen3Session
-
-    rt = Runtime.load(chain[which], chain["kernels"], chain["weights"], capacity_tokens=CAPACITY)
-    try:
-        tokens, logits = [], []
-        for gi in range(generations):
-            s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=CAPACITY, graph=graph)
-            prompt = np.random.default_rng(1 + gi).integers(0, 151936, PROMPT).tolist()
-            tk, lg = [], []
-            for t in s.generate(prompt, STEPS, 128):
-                tk.append(t)
-                lg.append(rt.read_buffer("logits").reshape(-1).copy())
-            tokens.append(tk)
-            logits.append(np.stack(lg))
-        _RUNS[which, graph] = tokens, logits
-        return tokens, logits
-    finally:
-        rt.close()
+def run_chain(chain, which: str, graph: bool):
+    """Greedy tokens and every decode step's logits per generation (gpu_helpers.run_generations), once per
+    (chain, graph): several tests compare the same runs."""
+    if (which, graph) not in _RUNS:
+        _RUNS[which, graph] = run_generations(chain, which, graph, capacity=CAPACITY, prompt=PROMPT, steps=STEPS)
+    return _RUNS[which, graph]
 
 
 def _f32(bf16_words: np.ndarray) -> np.ndarray:

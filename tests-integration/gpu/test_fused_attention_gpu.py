@@ -27,7 +27,6 @@ built here (0.6b, 4b, --fused-attention --pdl).
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,8 +38,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import (ROOT, torch, BF, D, DEV, NKV, DecodeContext, bits, kernels_dir, nan_like,  # noqa: E402
-                         pool, ref_attention)
+from gpu_helpers import (torch, BF, D, DEV, NKV, DecodeContext, bits, decode_chains, kernels_dir,  # noqa: E402
+                         nan_like, pool, ref_attention, run_generations)
 
 FUSED = "paged_decode_attention_fused"
 NEEDED = (FUSED, FUSED + "_pdl", "paged_decode_attention_pdl")
@@ -182,49 +181,24 @@ GEOMETRY, CAPACITY, PROMPT, STEPS = "0.6b", 4096, 300, 24
 
 @pytest.fixture(scope="module")
 def chain(kdir, tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        from test_pdl_chain_gpu import random_weights
-    finally:
-        sys.path.pop(0)
-    from qwen3_config import Qwen3Config
-
-    d = tmp_path_factory.mktemp("fused-chain")
-    # --gemv gemv (the default, spelled out): the same GEMV kernels with and without --pdl
-    gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
-           "--max-positions", str(CAPACITY), "--gemv", "gemv"]
-    out = {"kernels": kdir}
     # plain: the Triton two-launch impl, which the fused kernel equals bit for bit (not the default impl);
     # --no-pdl on the plain ones: --pdl is the generator's default
-    for which, flags in (("plain", ["--decode-attention", "triton", "--no-pdl"]),
-                         ("fused", ["--fused-attention", "--no-pdl"]), ("fused_pdl", ["--fused-attention", "--pdl"])):
-        out[which] = d / f"{which}.json"
-        subprocess.run(gen + ["--out", str(out[which]), *flags], check=True, capture_output=True)
-    out["weights"] = d / "weights.safetensors"
-    random_weights(out["plain"], out["weights"], Qwen3Config.preset(GEOMETRY).rope_theta)
-    return out
+    chains = {"plain": ["--decode-attention", "triton", "--no-pdl"], "fused": ["--fused-attention", "--no-pdl"],
+              "fused_pdl": ["--fused-attention", "--pdl"]}
+    return decode_chains(kdir, tmp_path_factory.mktemp("fused-chain"), chains, "plain", GEOMETRY, CAPACITY)
 
 
-def run_chain(chain, which: str, graph: bool, generations: int = 2):
-    """Greedy tokens and every decode step's logits, `generations` prompts in a row on one runtime (the
-    counters carry over from one run to the next, and from one generation to the next)."""
-    from kern_driver import Runtime
-    from kern_run.generator import ManifestInfo, Qwen3Session
+def _counters_zero(rt):
+    if "attn_counters" in rt.layout.states:
+        assert not rt.read_state("attn_counters").any(), "counters left nonzero after the runs"
 
-    rt = Runtime.load(chain[which], chain["kernels"], chain["weights"], capacity_tokens=CAPACITY)
-    try:
-        tokens, logits = [], []
-        for gi in range(generations):
-            s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=CAPACITY, graph=graph)
-            prompt = np.random.default_rng(1 + gi).integers(0, 151936, PROMPT).tolist()
-            for t in s.generate(prompt, STEPS, 128):
-                tokens.append(t)
-                logits.append(rt.read_buffer("logits").reshape(-1).copy())
-        if "attn_counters" in rt.layout.states:
-            assert not rt.read_state("attn_counters").any(), "counters left nonzero after the runs"
-        return tokens, np.stack(logits)
-    finally:
-        rt.close()
+
+def run_chain(chain, which: str, graph: bool):
+    """Greedy tokens and every decode step's logits of 2 prompts in a row on one runtime (the counters carry
+    over from one run to the next, and from one generation to the next), concatenated."""
+    tokens, logits = run_generations(chain, which, graph, capacity=CAPACITY, prompt=PROMPT, steps=STEPS,
+                                     after=_counters_zero)
+    return [t for g in tokens for t in g], np.concatenate(logits)
 
 
 @pytest.mark.parametrize("which", ["fused", "fused_pdl"])
