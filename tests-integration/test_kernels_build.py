@@ -233,6 +233,29 @@ def test_decode_attention_timeline_build_is_separate(built):
         assert [(p.offset, p.size) for p in timed.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
 
 
+def test_gemv_timeline_build_is_separate(built):
+    """-DGEMV_TIMELINE (tools/gpu/gemv_timeline.py) exports the unmangled `gemv_tl` and `gemv_tl_next` globals the
+    script reads and zeroes with cuModuleGetGlobal, and keeps every entry's params; the default module holds no
+    trace of it."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_kernels
+    finally:
+        sys.path.pop(0)
+    a, _ = built
+    data = (a / "gemv.cubin").read_bytes()
+    assert b"gemv_tl" not in data
+    with tempfile.TemporaryDirectory() as t:
+        tl = build_kernels.finish_cuda(build_kernels.start_cuda("gemv.cu", t, ("GEMV_TIMELINE",), "tl.cubin"))
+    assert b"gemv_tl\x00" in tl and b"gemv_tl_next\x00" in tl
+    plain, timed = read_cubin(data, "gemv.cubin"), read_cubin(tl, "tl.cubin")
+    assert set(timed.entries) == set(plain.entries)
+    for e in plain.entries:
+        assert [(p.offset, p.size) for p in timed.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
+
+
 def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
     """The geometry-dependent set is only the norms; all presets build (norms only: fast)."""
     sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))

@@ -57,6 +57,12 @@
 //   -DGEMV_PF_CHUNK=65536ull  bytes per prefetch instruction: a multiple of 16 below 1 MB (sm_90
 //                   encodes the size as a 16-bit count of 16-byte units; ptxas turns 1 MB into 0)
 //
+// Timeline build (-DGEMV_TIMELINE, tools/gpu/gemv_timeline.py; the default module has none of it):
+// thread 0 of every block takes a ticket (atomicAdd on gemv_tl_next) and writes, at gemv_tl[ticket * 10],
+// [w, n << 32 | blockIdx.x, %smid, then %globaltimer (ns) at entry, after the pre-wait stages were issued,
+// when griddepcontrol.wait returned, after the prologue, after its last FMA, and after the ksplit reduce
+// (just before the stores)]; tickets past GEMV_TL_MAX (131072: one 4B token has 78,616 blocks) write nothing.
+//
 // Launch: block = [256, 1, 1]: 8 warps in 8/ksplit groups of ksplit warps; a group owns 2 rows
 // (norm_silu: one output column, i.e. its gate row and its up row) and its ksplit warps
 // split k. grid.x = ceil_div(n, 2·8/ksplit) for plain, norm and residual, and
@@ -88,9 +94,48 @@ static_assert(GEMV_PF_CHUNK >= 16 && GEMV_PF_CHUNK % 16 == 0 && GEMV_PF_CHUNK < 
               "GEMV_PF_CHUNK: a multiple of 16 below 1 MB");
 #endif
 
+#ifdef GEMV_TIMELINE
+#ifndef GEMV_TL_MAX
+#define GEMV_TL_MAX 131072
+#endif
+extern "C" {  // unmangled: cuModuleGetGlobal
+__device__ unsigned long long gemv_tl[GEMV_TL_MAX * 10];
+__device__ unsigned int gemv_tl_next;
+}
+#endif
+
 namespace {
 
 #include "gemv_common.cuh"
+
+// The timeline build's stamps (GEMV_TIMELINE; see the header); nothing in the default build.
+#ifdef GEMV_TIMELINE
+__shared__ unsigned gemv_tl_slot;
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void tl_begin(const void *w, int n) {
+    if (threadIdx.x != 0) return;
+    const unsigned s = atomicAdd(&gemv_tl_next, 1u);
+    gemv_tl_slot = s;
+    if (s >= GEMV_TL_MAX) return;
+    unsigned long long *r = gemv_tl + s * 10ull;
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    r[0] = reinterpret_cast<unsigned long long>(w);
+    r[1] = (static_cast<unsigned long long>(n) << 32) | blockIdx.x;
+    r[2] = smid;
+    r[3] = globaltimer();
+}
+__device__ __forceinline__ void tl_stamp(int i) {
+    if (threadIdx.x == 0 && gemv_tl_slot < GEMV_TL_MAX) gemv_tl[gemv_tl_slot * 10ull + 3 + i] = globaltimer();
+}
+#else
+__device__ __forceinline__ void tl_begin(const void *, int) {}
+__device__ __forceinline__ void tl_stamp(int) {}
+#endif
 
 // What a GEMV does besides its own arithmetic, at the points named by `at<POINT>()`
 // (0: after the first weight stages are issued, before griddep_wait; 1: when the calling lane's
@@ -257,11 +302,14 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     stage_load<M, R>(a, w, rows, kv, v, 0, nl, pf);
     if (GEMV_PRE_STAGES == 2) stage_load<M, R>(b, w, rows, kv, v, 1, nl, pf);
     pf.template at<0>();
+    tl_stamp(1);
 #if GEMV_PDL_TRIGGER == 1
     griddep_launch_dependents();
 #endif
     griddep_wait();
+    tl_stamp(2);
     prologue();
+    tl_stamp(3);
     if (GEMV_PRE_STAGES == 1) stage_load<M, R>(b, w, rows, kv, v, 1, nl, pf);
     if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
@@ -279,6 +327,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
         }
     }
     pf.template at<2>();
+    tl_stamp(4);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -400,8 +449,10 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     int v0, v1;
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
+    tl_begin(w, n);
     pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
+    tl_stamp(5);
     if (warp % ksplit != 0) return;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -433,8 +484,10 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     per = (per + 31) & ~31;
     const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
     float acc[R][M];
+    tl_begin(w, n);
     pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
+    tl_stamp(5);
     if (part != 0 || !ok) return;
 #pragma unroll
     for (int m = 0; m < M; ++m)
