@@ -8,6 +8,9 @@
 //   2  FMAs: each loaded vector (8 bf16) times an x vector from shared memory into an fp32 accumulator (acc8)
 //   4  residual epilogue: warp sum, then lane 0 adds into an element of `resid` (read, add, write)
 //   8  store epilogue: warp sum, then lane 0 writes an element of `resid`
+//  16  the dot products on the tensor cores instead of FMAs: two mma.m16n8k16 (bf16 -> fp32) per 16-byte load, the
+//      load's four registers as the B fragments, x (from shared memory, once per stage) as the A fragment, four
+//      independent accumulator tiles (the instruction and latency cost only: the fragments' layout is not a GEMV's)
 // Without 4 or 8 nothing is stored (a never-true test keeps the loads). stream_phases streams several segments in
 // one persistent launch with a software grid barrier (one counter per barrier) between them, the next segment's
 // first two stages issued before each barrier.
@@ -27,6 +30,11 @@ __device__ __forceinline__ uint4 ldw(const uint4* p, bool pred) {
 __device__ __forceinline__ float fold(float a, const uint4 v) {  // uses every loaded word, cheaply
     return a + __uint_as_float(v.x & 0x3fffffffu) + __uint_as_float(v.y & 0x3fffffffu) +
            __uint_as_float(v.z & 0x3fffffffu) + __uint_as_float(v.w & 0x3fffffffu);
+}
+__device__ __forceinline__ void mma16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void acc8(float& s, const uint4 w, const uint4 x) {
     const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -91,16 +99,28 @@ __device__ __forceinline__ void stream_mode(const uint4* w, long lines, int lpb,
     }
     const int stages = (int)((s.count + LPS - 1) / LPS);
     float acc = 0.f;
+    float ct[4][4] = {};
     int xi = lane;  // the x vector a load meets: lane + 32*load, modulo kx
     auto use = [&](const uint4 (&buf)[LPS], int st) {
+        if constexpr ((MODE & 16) != 0) {
+            const uint4 xa = xs[xi];
+            xi += 32;
+            xi = xi >= kx ? xi - kx : xi;
 #pragma unroll
-        for (int u = 0; u < LPS; ++u) {
-            if (MODE & 2) {
-                if ((long)st * LPS + u < s.count) acc8(acc, buf[u], xs[xi]);
-                xi += 32;
-                xi = xi >= kx ? xi - kx : xi;
-            } else {
-                acc = fold(acc, buf[u]);
+            for (int u = 0; u < LPS; ++u) {
+                mma16(ct[u & 3], xa.x, xa.y, buf[u].x, buf[u].y);
+                mma16(ct[u & 3], xa.z, xa.w, buf[u].z, buf[u].w);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < LPS; ++u) {
+                if (MODE & 2) {
+                    if ((long)st * LPS + u < s.count) acc8(acc, buf[u], xs[xi]);
+                    xi += 32;
+                    xi = xi >= kx ? xi - kx : xi;
+                } else {
+                    acc = fold(acc, buf[u]);
+                }
             }
         }
     };
@@ -112,6 +132,9 @@ __device__ __forceinline__ void stream_mode(const uint4* w, long lines, int lpb,
             stage(b, s, st + 3, lane);
         }
     }
+    if (MODE & 16)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc += ct[i][0] + ct[i][1] + ct[i][2] + ct[i][3];
     if (MODE & 12) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -136,6 +159,9 @@ MODE_ENTRY(4)
 MODE_ENTRY(8)
 MODE_ENTRY(6)
 MODE_ENTRY(11)
+MODE_ENTRY(16)
+MODE_ENTRY(20)
+MODE_ENTRY(25)
 
 // Every block arrives on ctr (zeroed before the launch) and waits for gridDim.x arrivals.
 __device__ __forceinline__ void grid_barrier(unsigned* ctr) {

@@ -48,7 +48,8 @@ LAYER = [("qkv", 6144 * 2560 * 2, 160, 11), ("o", 2560 * 4096 * 2, 256, 6), ("ga
 LM_HEAD = ("lm_head", 151936 * 2560 * 2, 160, 11)
 LAYERS = 36
 MODES = {0: "loads only", 1: "+ x prologue", 2: "+ FMAs", 4: "+ residual read-add-write", 8: "+ store",
-         11: "prologue + FMAs + store (a norm GEMV)", 6: "FMAs + residual (o, down)"}
+         11: "prologue + FMAs + store (a norm GEMV)", 6: "FMAs + residual (o, down)",
+         16: "+ tensor-core dots (mma) instead of FMAs", 25: "prologue + mma + store", 20: "mma + residual"}
 
 
 class Probe:
@@ -96,11 +97,13 @@ class Probe:
                                                  (self.sink.data_ptr(), P)], pdl)
 
     def chain(self, mode=None):
-        """145 PDL launches with gemv.cu's grids; mode None: each GEMV's own mix (LAYER's MODE column)."""
+        """145 PDL launches with gemv.cu's grids; mode None: each GEMV's own mix (LAYER's MODE column); "mma": that
+        mix with the tensor-core dots instead of the FMAs."""
         def fn():
             for i, (_, _, lpb, own) in enumerate(self.segs):
                 lines = self.offs[i + 1] - self.offs[i]
-                self.stream(own if mode is None else mode, self.offs[i], lines, lpb, -(-lines // lpb), i > 0)
+                m = own if mode is None else (own ^ 2 | 16) if mode == "mma" else mode
+                self.stream(m, self.offs[i], lines, lpb, -(-lines // lpb), i > 0)
         return fn
 
     def persistent(self, per_layer):
@@ -134,6 +137,7 @@ def main(argv=None) -> int:
     floor = pr.bytes / bw * 1e3
     cases = {f"PDL chain, 145 launches: {label}": pr.chain(m) for m, label in MODES.items()}
     cases["PDL chain, 145 launches: gemv.cu's mix (norm GEMVs 11, o / down 6)"] = pr.chain(None)
+    cases["PDL chain, 145 launches: the mix with mma (norm GEMVs 25, o / down 20)"] = pr.chain("mma")
     cases[f"persistent, one launch per layer ({GRID} blocks, grid barriers), loads only"] = pr.persistent(True)
     cases[f"persistent, one launch per token ({GRID} blocks, 144 grid barriers), loads only"] = pr.persistent(False)
     cases["one launch, loads only (the bound)"] = pr.one_launch()
