@@ -211,9 +211,9 @@ def test_decode_attention_cuda_entries(built):
     assert 3 * split["shared_mem"] <= 228 * 1024 - 3 * 1024
 
 
-def test_decode_attention_timeline_build_is_separate(built):
-    """-DDA_TIMELINE (tools/gpu/da_timeline.py) exports the unmangled `da_timeline` global the script reads with
-    cuModuleGetGlobal, and keeps every entry's params; the default module holds no trace of it."""
+def _check_timeline_build(built, source: str, module: str, define: str, symbols: tuple[str, ...]):
+    """The `define` build of `source` exports the unmangled `symbols` its tools/gpu script reads with
+    cuModuleGetGlobal and keeps every entry and its params; the default `module` holds no trace of them."""
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tools"))
@@ -222,38 +222,29 @@ def test_decode_attention_timeline_build_is_separate(built):
     finally:
         sys.path.pop(0)
     a, _ = built
-    data = (a / "decode_attention.cubin").read_bytes()
-    assert b"da_timeline" not in data
+    data = (a / module).read_bytes()
+    for sym in symbols:
+        assert sym.encode() not in data, sym
     with tempfile.TemporaryDirectory() as t:
-        tl = build_kernels.finish_cuda(build_kernels.start_cuda("decode_attention.cu", t, ("DA_TIMELINE",), "tl.cubin"))
-    assert b"da_timeline\x00" in tl
-    plain, timed = read_cubin(data, "decode_attention.cubin"), read_cubin(tl, "tl.cubin")
-    assert set(timed.entries) == set(DA)
-    for e in DA:
-        assert [(p.offset, p.size) for p in timed.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
-
-
-def test_gemv_timeline_build_is_separate(built):
-    """-DGEMV_TIMELINE (tools/gpu/gemv_timeline.py) exports the unmangled `gemv_tl` and `gemv_tl_next` globals the
-    script reads and zeroes with cuModuleGetGlobal, and keeps every entry's params; the default module holds no
-    trace of it."""
-    import tempfile
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_kernels
-    finally:
-        sys.path.pop(0)
-    a, _ = built
-    data = (a / "gemv.cubin").read_bytes()
-    assert b"gemv_tl" not in data
-    with tempfile.TemporaryDirectory() as t:
-        tl = build_kernels.finish_cuda(build_kernels.start_cuda("gemv.cu", t, ("GEMV_TIMELINE",), "tl.cubin"))
-    assert b"gemv_tl\x00" in tl and b"gemv_tl_next\x00" in tl
-    plain, timed = read_cubin(data, "gemv.cubin"), read_cubin(tl, "tl.cubin")
+        tl = build_kernels.finish_cuda(build_kernels.start_cuda(source, t, (define,), "tl.cubin"))
+    for sym in symbols:
+        assert sym.encode() + b"\x00" in tl, sym
+    plain, timed = read_cubin(data, module), read_cubin(tl, "tl.cubin")
     assert set(timed.entries) == set(plain.entries)
     for e in plain.entries:
         assert [(p.offset, p.size) for p in timed.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
+
+
+def test_decode_attention_timeline_build_is_separate(built):
+    """-DDA_TIMELINE (tools/gpu/da_timeline.py): the `da_timeline` global, the same four entries and params."""
+    _check_timeline_build(built, "decode_attention.cu", "decode_attention.cubin", "DA_TIMELINE", ("da_timeline",))
+    assert set(read_cubin((built[0] / "decode_attention.cubin").read_bytes(), "decode_attention.cubin").entries) == set(DA)
+
+
+def test_gemv_timeline_build_is_separate(built):
+    """-DGEMV_TIMELINE (tools/gpu/gemv_timeline.py): the `gemv_tl` records and the `gemv_tl_next` ticket the script
+    zeroes before each replay, the same entries and params."""
+    _check_timeline_build(built, "gemv.cu", "gemv.cubin", "GEMV_TIMELINE", ("gemv_tl", "gemv_tl_next"))
 
 
 def test_every_geometry_builds_the_same_shared_kernels(tmp_path):
