@@ -67,6 +67,21 @@ __device__ __forceinline__ void stage(uint4 (&buf)[LPS], const Stream& s, int st
     }
 }
 
+// Consumes a warp's stream with stages 0 and 1 already issued into a and b: `use(buf, stage)` on each stage as it
+// lands, then that buffer refilled two stages ahead (gemv.cu's pdl_dot loop).
+template <typename Use>
+__device__ __forceinline__ void drain(const Stream& s, uint4 (&a)[LPS], uint4 (&b)[LPS], int lane, Use use) {
+    const int stages = (int)((s.count + LPS - 1) / LPS);
+    for (int st = 0; st < stages; st += 2) {
+        use(a, st);
+        stage(a, s, st + 2, lane);
+        if (st + 1 < stages) {
+            use(b, st + 1);
+            stage(b, s, st + 3, lane);
+        }
+    }
+}
+
 template <int MODE>
 __device__ __forceinline__ void stream_mode(const uint4* w, long lines, int lpb, const uint4* x, int kx,
                                             __nv_bfloat16* resid, float* sink) {
@@ -97,7 +112,6 @@ __device__ __forceinline__ void stream_mode(const uint4* w, long lines, int lpb,
         if (threadIdx.x == 0 && t == 1.2345f) sink[0] = t;
         __syncthreads();
     }
-    const int stages = (int)((s.count + LPS - 1) / LPS);
     float acc = 0.f;
     float ct[4][4] = {};
     int xi = lane;  // the x vector a load meets: lane + 32*load, modulo kx
@@ -124,14 +138,7 @@ __device__ __forceinline__ void stream_mode(const uint4* w, long lines, int lpb,
             }
         }
     };
-    for (int st = 0; st < stages; st += 2) {
-        use(a, st);
-        stage(a, s, st + 2, lane);
-        if (st + 1 < stages) {
-            use(b, st + 1);
-            stage(b, s, st + 3, lane);
-        }
-    }
+    drain(s, a, b, lane, use);
     if (MODE & 16)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc += ct[i][0] + ct[i][1] + ct[i][2] + ct[i][3];
@@ -195,17 +202,10 @@ extern "C" __global__ void __launch_bounds__(256) stream_phases(const uint4* w, 
     asm volatile("griddepcontrol.wait;" ::: "memory");
     float acc = 0.f;
     for (int p = 0; p < phases; ++p) {
-        const int stages = (int)((s.count + LPS - 1) / LPS);
-        for (int st = 0; st < stages; st += 2) {
+        drain(s, a, b, lane, [&](const uint4 (&buf)[LPS], int) {
 #pragma unroll
-            for (int u = 0; u < LPS; ++u) acc = fold(acc, a[u]);
-            stage(a, s, st + 2, lane);
-            if (st + 1 < stages) {
-#pragma unroll
-                for (int u = 0; u < LPS; ++u) acc = fold(acc, b[u]);
-                stage(b, s, st + 3, lane);
-            }
-        }
+            for (int u = 0; u < LPS; ++u) acc = fold(acc, buf[u]);
+        });
         if (p + 1 < phases) {
             s = range(p + 1);
             stage(a, s, 0, lane);

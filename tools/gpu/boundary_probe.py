@@ -31,12 +31,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_gemv import I32, P, capture, check, copy_bandwidth, event_times  # noqa: E402
+from bench_gemv import I32, Gemv, P, capture, copy_bandwidth, event_times  # noqa: E402
 
 I64 = ctypes.c_int64
 LINE = 512  # bytes per warp-load
@@ -59,12 +58,7 @@ class Probe:
         out = Path(tempfile.mkdtemp()) / "boundary_probe.cubin"
         subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-o", str(out),
                         str(ROOT / "tools" / "gpu" / "boundary_probe.cu")], check=True)
-        torch.zeros(1, device="cuda")
-        mod = check(cu.cuModuleLoadData(out.read_bytes()))
-        names = ["stream_phases", "zero_counters", *(f"stream_mode{m}" for m in MODES)]
-        self.f = {n: check(cu.cuModuleGetFunction(mod, n.encode())) for n in names}
-        for n in names[:1] + names[2:]:
-            check(cu.cuFuncSetAttribute(self.f[n], cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM))
+        self.g = Gemv(out.read_bytes())  # module load and launches (PDL: programmatic stream serialization)
         self.segs = [s for _ in range(LAYERS) for s in LAYER] + [LM_HEAD]
         self.offs = [0]
         for _, nbytes, _, _ in self.segs:
@@ -75,21 +69,11 @@ class Probe:
         self.resid = torch.randn(1 << 17, device="cuda").to(torch.bfloat16)
         self.sink = torch.zeros(1 << 16, device="cuda")
         self.ctr = torch.zeros(4096, dtype=torch.int32, device="cuda")
-        self.layer_seg = torch.tensor([o - self.offs[0] for o in self.offs[:5]], dtype=torch.int64, device="cuda")
+        self.layer_seg = torch.tensor(self.offs[:5], dtype=torch.int64, device="cuda")  # every layer's, from its start
         self.all_seg = torch.tensor(self.offs, dtype=torch.int64, device="cuda")
 
     def launch(self, name, grid, args, pdl, smem=SMEM):
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 256, 1, 1
-        cfg.sharedMemBytes = smem
-        cfg.hStream = torch.cuda.current_stream().cuda_stream
-        cfg.attrs = [attr] if pdl else []
-        cfg.numAttrs = 1 if pdl else 0
-        check(cu.cuLaunchKernelEx(cfg, self.f[name], (tuple(a for a, _ in args), tuple(t for _, t in args)), 0))
+        self.g.launch(name, grid, smem, args, pdl)
 
     def stream(self, mode, first_line, lines, lpb, grid, pdl):
         self.launch(f"stream_mode{mode}", grid, [(self.w.data_ptr() + first_line * LINE, P), (lines, I64), (lpb, I32),

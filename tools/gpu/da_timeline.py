@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests-integration" / "gpu"))
 
+import build_kernels  # noqa: E402
 from bench_gemv import F32, I32, P, capture, check  # noqa: E402
 from gpu_helpers import BF, D, DEV, NKV, pool  # noqa: E402
 
@@ -43,11 +43,10 @@ SMEM = WARPS * 4 * 16 * 528 + CLUSTER * (16 + 128) * 4  # catalog: decode_attent
 
 def timeline_function(defines=()):
     """(function, device pointer of da_timeline, its bytes) of the -DDA_TIMELINE build (and -D`defines`)."""
-    out = Path(tempfile.mkdtemp()) / "decode_attention_timeline.cubin"
-    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-DDA_TIMELINE",
-                    *(f"-D{d}" for d in defines), "-o", str(out),
-                    str(ROOT / "tools" / "kernels-src" / "decode_attention.cu")], check=True)
-    mod = check(cu.cuModuleLoadData(out.read_bytes()))
+    with tempfile.TemporaryDirectory() as tmp:  # as build_kernels.py builds the shipped module, plus the macros
+        data = build_kernels.finish_cuda(build_kernels.start_cuda("decode_attention.cu", tmp, ("DA_TIMELINE", *defines),
+                                                                  "decode_attention_timeline.cubin"))
+    mod = check(cu.cuModuleLoadData(data))
     f = check(cu.cuModuleGetFunction(mod, b"decode_attention_cluster"))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM))
     ptr, size = check(cu.cuModuleGetGlobal(mod, b"da_timeline"))
