@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
 import gen_qwen3 as gen  # noqa: E402
+import gemv_plan  # noqa: E402
 from gemv_plan import plan_gemvp  # noqa: E402
 from qwen3_config import PRESETS, Qwen3Config  # noqa: E402
 
@@ -153,20 +154,21 @@ def _gemv(m: ks.Manifest, op: str, index) -> tuple[str, list, int | None, dict]:
 
 
 def test_decode_gemv_ops(fake_kernels: Path) -> None:
-    """Shapes, ksplit (gen.gemv_ksplit), grid and shared memory of every decode GEMV op, 4B and 0.6B."""
+    """Shapes, ksplit (gen.gemv_ksplit), entry (gemv_plan.gemv_unroll: `_u5` where a lane's 9–10 loads per row fit
+    two stages of 5), grid and shared memory of every decode GEMV op, 4B and 0.6B."""
     index = gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels)
     eps = pytest.approx(1e-6)
     assert _gemv(m, "gemv_norm_qkv", index) == (
-        "kern_gemv_norm_m1", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1_u5", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
     assert _gemv(m, "gemv_residual_o_proj", index) == (
         "kern_gemv_residual_m1", [2560 // 16, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 1})
     assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
-        "kern_gemv_norm_silu_m1", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_silu_m1_u5", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
     assert _gemv(m, "gemv_residual_down_proj", index) == (
         "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
     assert _gemv(m, "gemv_norm_lm_head", index) == (
-        "kern_gemv_norm_m1", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1_u5", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
     # --gemv persistent: tools/gemv_plan.py's plan
     assert _gemv(_build("4b", fake_kernels, gemv="persistent"), "gemv_norm_lm_head", index) == (
         "kern_gemvp_norm_m1", [132, 1, 1], 2 * 2560 + 40 * 5 * 512,
@@ -175,6 +177,9 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     assert m.ops["gemv_norm_qkv"].params == ["in buffer<bf16>"] * 3 + ["out buffer<bf16>"]
 
     m = _build("0.6b", fake_kernels)
+    # the small model (k = 1024 and 2048: at most 8 loads per lane and row) keeps the 4-load entries
+    assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
+                                                               "kern_gemv_norm_silu_m1"}
     # the small model: only down (512 row pairs over k = 3072) splits k
     assert _gemv(m, "gemv_residual_down_proj", index)[1:] == ([1024 * 4 // 16, 1, 1], None,
                                                               {"n": 1024, "k": 3072, "ksplit": 4})
@@ -240,6 +245,44 @@ def test_gemv_persistent_wiring_checked(fake_kernels: Path) -> None:
 ])
 def test_gemv_ksplit_rule(warps: int, k: int, ksplit: int) -> None:
     assert gen.gemv_ksplit(warps, k) == ksplit
+
+
+@pytest.mark.parametrize(("k", "ksplit", "loads", "unroll"), [
+    (2560, 1, 10, 5),   # 4B qkv, gate_up, lm_head: two stages of 5 hold a lane's whole row
+    (2304, 1, 9, 5),
+    (2296, 1, 9, 5),    # 287 vectors: lane 0 has 9 loads, lane 31 8
+    (2048, 1, 8, 4),    # two stages of 4 already do
+    (2816, 1, 11, 4),   # a third stage either way
+    (4096, 1, 16, 4),   # 4B o
+    (9728, 1, 38, 4),   # 4B down: 8 stages instead of 10 measured slower
+    (5120, 2, 10, 5),   # 14B qkv-like at ksplit 2
+    (3072, 4, 3, 4),    # 0.6B down
+    (8, 1, 1, 4),
+])
+def test_gemv_unroll_rule(k: int, ksplit: int, loads: int, unroll: int) -> None:
+    assert gemv_plan.gemv_lane_loads(k, ksplit) == loads
+    assert gemv_plan.gemv_unroll(k, ksplit) == unroll
+
+
+def test_gemv_unroll_rejects_bad_k() -> None:
+    with pytest.raises(ValueError, match="k = 12 at ksplit 1: k must be a positive multiple of 8"):
+        gemv_plan.gemv_unroll(12, 1)
+
+
+def test_gemv_u5_entry_missing_from_index(fake_kernels: Path, tmp_path: Path) -> None:
+    """An index without the `_u5` entries (built before them) is refused with the entry named, not
+    silently replaced by the 4-load entry."""
+    d = tmp_path / "k"
+    d.mkdir()
+    for f in fake_kernels.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    idx = json.loads((d / "index.json").read_text())
+    idx["kernels"] = {n: e for n, e in idx["kernels"].items() if not n.endswith("_u5")}
+    (d / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(gen.GenError, match=r"op `gemv_norm_qkv` \(k = 2560, ksplit 1\) wants `kern_gemv_norm_m1_u5` "
+                                           r"\(5 loads per row per stage\), which the kernel index lacks: rebuild"):
+        _build("4b", d)
+    _build("0.6b", d)  # 0.6B needs none of them
 
 
 def test_gemv_k_must_be_a_multiple_of_8(fake_kernels: Path) -> None:

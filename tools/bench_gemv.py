@@ -44,7 +44,7 @@ from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
-from gemv_plan import PIECE_CHUNKS, THREADS as GEMVP_THREADS, plan_gemvp  # noqa: E402
+from gemv_plan import GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_unroll, plan_gemvp  # noqa: E402
 
 GEOMETRIES = {
     # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
@@ -124,26 +124,35 @@ def rows_per_block(ksplit):
     return 2 * 8 // ksplit
 
 
-# gemv.cu's m = 1 entries (pdl: launched with programmatic stream serialization; tools/bench_pdl.py too)
-def run_plain(g, x, w, y, n, k, ks=1, pdl=False):
-    g.launch("kern_gemv_m1", cdiv(n, rows_per_block(ks)), 0,
+# gemv.cu's m = 1 entries (pdl: launched with programmatic stream serialization; tools/bench_pdl.py too);
+# each launches the entry the manifests use at its (k, ksplit) (`gemv_entry`), or the one with `unroll` loads
+# per row per stage (4 or 5) where given
+def gemv_entry(base, k, ks, unroll=None):
+    """gemv.cu's m = 1 entry for variant `base` (e.g. "kern_gemv_norm_m1") over k at ksplit ks: its `_u5`
+    twin where tools/gemv_plan.py's gemv_unroll picks 5 loads per row per stage (as tools/gen_qwen3.py
+    does), unless `unroll` forces 4 or 5."""
+    return base + GEMV_UNROLL_SUFFIX[gemv_unroll(k, ks) if unroll is None else unroll]
+
+
+def run_plain(g, x, w, y, n, k, ks=1, pdl=False, unroll=None):
+    g.launch(gemv_entry("kern_gemv_m1", k, ks, unroll), cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
-def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False):
-    g.launch("kern_gemv_norm_m1", cdiv(n, rows_per_block(ks)), k * 2,
+def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None):
+    g.launch(gemv_entry("kern_gemv_norm_m1", k, ks, unroll), cdiv(n, rows_per_block(ks)), k * 2,
              [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
              pdl)
 
 
-def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False):
-    g.launch("kern_gemv_norm_silu_m1", cdiv(n, rows_per_block(ks) // 2), k * 2,
+def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None):
+    g.launch(gemv_entry("kern_gemv_norm_silu_m1", k, ks, unroll), cdiv(n, rows_per_block(ks) // 2), k * 2,
              [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
              pdl)
 
 
-def run_residual(g, x, w, r, n, k, ks=1, pdl=False):
-    g.launch("kern_gemv_residual_m1", cdiv(n, rows_per_block(ks)), 0,
+def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None):
+    g.launch(gemv_entry("kern_gemv_residual_m1", k, ks, unroll), cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
@@ -176,18 +185,19 @@ def runp_residual(g, x, w, r, n, k, pdl=False):
                                                       (n, I32), (k, I32)], pdl)
 
 
-def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, pdl=False):
+def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, pdl=False, unroll=None):
     """A function that enqueues one decode token's GEMVs in program order: per layer norm + qkv into `qkv`,
     o + residual add (x = `attn`), norm + gate_up + SiLU-and-mul into `act`, down + residual add; then
     norm + lm_head into `logits`. `ks` (ksplit per shape name): gemv.cu's forms; None: the persistent forms
     (gemv_persist.cu). `pdl`: every launch but the first (no kernel before it in a graph) with programmatic
-    stream serialization. `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
+    stream serialization. `unroll`: gemv.cu's entries with that many loads per row per stage everywhere
+    (None: each shape's `gemv_entry`, as the manifests launch them). `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
     h = sh["o"][0]
     if ks is None:
         norm, norm_silu, residual = runp_norm, runp_norm_silu, runp_residual
         split = dict.fromkeys(sh, ())
     else:
-        norm, norm_silu, residual = run_norm, run_norm_silu, run_residual
+        norm, norm_silu, residual = (lambda *a, f=f: f(*a, unroll=unroll) for f in (run_norm, run_norm_silu, run_residual))
         split = {nm: (ks[nm],) for nm in sh}
 
     def fn():
@@ -389,8 +399,8 @@ def token_graph(g, geom, bw):
 
     ks = {nm: KSPLIT_BEST.get((geom, nm), 1) for nm in sh}
 
-    def ours(pdl=False):
-        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks, pdl)
+    def ours(pdl=False, unroll=None):
+        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks, pdl, unroll)
 
     def cublas():
         for lw in weights:
@@ -412,7 +422,9 @@ def token_graph(g, geom, bw):
             GEMVP_PIECE[0] = PIECE_CHUNKS
         return run
 
-    variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)), ("kern gemv persistent", persistent(False)),
+    variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)),
+                ("kern gemv, PDL, 4 loads per stage everywhere (no _u5)", ours(True, 4)),
+                ("kern gemv persistent", persistent(False)),
                 ("kern gemv persistent, PDL", persistent(True)),
                 ("kern gemv persistent, PDL, ≤ 8 KB slots", staged(16, True)),
                 ("kern gemv persistent, PDL, ≤ 20 KB slots", staged(40, True)), ("cuBLAS", cublas)]
@@ -439,6 +451,11 @@ def token_graph(g, geom, bw):
     # order) 1-ulp bf16 differences grow through the layers of random weights (4B: ~3e-2 after 36), so that
     # distance is reported, not judged: each op's error against float64 is the correctness check above
     NUMERICS_OK.append(same)
+    # gemv.cu's chains: with and without PDL, with and without the _u5 entries, bit for bit the same
+    plain = [outs[lb] for lb in ("kern gemv, PDL", "kern gemv, PDL, 4 loads per stage everywhere (no _u5)")]
+    same_gemv = all(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]) for o in plain)
+    print(f"  {geom}: gemv.cu chains (plain, PDL, PDL without _u5) bitwise equal: {same_gemv}")
+    NUMERICS_OK.append(same_gemv)
     out = []
     times: list[list[float]] = [[] for _ in variants]
     for _ in range(5):  # variants interleaved in rounds

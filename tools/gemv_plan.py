@@ -1,4 +1,5 @@
-"""Launch plans of the persistent decode GEMVs (tools/kernels-src/gemv_persist.cu).
+"""Launch plans of the decode GEMVs: gemv.cu's entry choice by k (`gemv_unroll`) and the persistent
+GEMVs' plans (tools/kernels-src/gemv_persist.cu).
 
 A persistent GEMV launch has one block per SM; block b computes outputs [n·b/G, n·(b+1)/G),
 each of its 8 warps every 8th column, streaming the weight rows through its own FIFO of
@@ -31,6 +32,35 @@ BLOCK_SMEM = 112 * 1024
 #: Target chunks (of 512 bytes) per slot: a weight row is cut into ceil(cpr / this)
 #: equal pieces.
 PIECE_CHUNKS = 8
+
+
+#: gemv.cu's M = 1 entry suffix by 16-byte loads per row per pipeline stage (catalog.py GEMV_M1_UNROLLS).
+GEMV_UNROLL_SUFFIX = {4: "", 5: "_u5"}
+
+
+def gemv_lane_loads(k: int, ksplit: int) -> int:
+    """16-byte weight loads per row of gemv.cu's busiest lane (lane 0 of the first k part) in a GEMV
+    over `k` (a multiple of 8) split `ksplit` ways: a part is ceil(k/8 / ksplit) 16-byte vectors
+    rounded up to whole warp-wide loads (gemv.cu `warp_rows`), spread over 32 lanes."""
+    kv = k // 8
+    per = -(-kv // ksplit)
+    per = -(-per // 32) * 32
+    return -(-min(kv, per) // 32)
+
+
+def gemv_unroll(k: int, ksplit: int) -> int:
+    """Loads per row per pipeline stage (gemv.cu's U) of the m = 1 entry to launch over `k` at `ksplit`:
+    5 (the `_u5` entries) where that puts all of a lane's loads into the two stages gemv.cu issues before
+    griddepcontrol.wait and 4 does not (9 or 10 loads per row: k = 2,304…2,560 at ksplit 1, e.g.
+    Qwen3-4B's qkv, gate_up and lm_head), else 4 (GEMV_UNROLL_SUFFIX gives the entry's suffix).
+
+    Measured (H200, one 4B decode token's GEMVs as a PDL chain in a CUDA graph, session 7, NOTES.md 28):
+    2.218–2.240 ms with U = 5 on the three k = 2,560 shapes vs 2.324–2.336 with U = 4 everywhere; U = 5
+    also on o (16 loads: four stages either way) or down (38 loads: 8 stages instead of 10) was slower.
+    Raises ValueError unless k is a positive multiple of 8 and ksplit ≥ 1."""
+    if k < 8 or k % 8 or ksplit < 1:
+        raise ValueError(f"gemv.cu over k = {k} at ksplit {ksplit}: k must be a positive multiple of 8, ksplit ≥ 1")
+    return 5 if 2 * 4 < gemv_lane_loads(k, ksplit) <= 2 * 5 else 4
 
 
 class GemvPlan(NamedTuple):

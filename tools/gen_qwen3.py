@@ -19,8 +19,9 @@ op entries (tools/README.md is the contract):
   `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv, o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
   6 launches per layer with the attention prologue and the one-launch decode attention), then the
   final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
-  `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`)
-  or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
+  `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
+  gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
+  row before the PDL wait: `gemv_unroll`) or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
 
@@ -74,7 +75,7 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_plan import plan_gemvp  # noqa: E402
+from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_unroll, plan_gemvp  # noqa: E402
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -749,11 +750,19 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
                           piece_chunks=plan.piece_chunks, **wiring)
         launch.shared_mem = plan.smem
     else:
-        kname = f"kern_{variant}_m1"
-        if (m := b.constexpr(kname, "M")) != 1:
-            raise GenError(f"kernel `{kname}` is compiled for M = {m}; decode runs one token")
-        cols, warps_per_block = b.constexpr(kname, "COLS_PER_WARP"), b.constexpr(kname, "WARPS")
+        base = f"kern_{variant}_m1"
+        if (m := b.constexpr(base, "M")) != 1:
+            raise GenError(f"kernel `{base}` is compiled for M = {m}; decode runs one token")
+        cols, warps_per_block = b.constexpr(base, "COLS_PER_WARP"), b.constexpr(base, "WARPS")
         ksplit = gemv_ksplit(math.ceil(n / cols), k)
+        unroll = gemv_unroll(k, ksplit)
+        kname = base + GEMV_UNROLL_SUFFIX[unroll]
+        if kname not in b.index:
+            raise GenError(f"op `{op}` (k = {k}, ksplit {ksplit}) wants `{kname}` ({unroll} loads per row per stage), "
+                           f"which the kernel index lacks: rebuild the kernels with tools/build_kernels.py")
+        if (got := b.constexpr(kname, "UNROLL")) != unroll:
+            raise GenError(f"kernel `{kname}` in the index has UNROLL {got}, not {unroll}: a stale index; rebuild the "
+                           f"kernels with tools/build_kernels.py")
         assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
         grid = [math.ceil(n / (cols * warps_per_block // ksplit)), 1, 1]
         launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)

@@ -13,6 +13,8 @@ a warp's 256 elements, k = 8), each ksplit in 1, 2, 4, 8.  Each check: fresh ran
 the output poisoned with NaN (the residual variant: random values it must add to), guard
 elements on both sides of the output that must come back bit-identical (nothing outside the
 M×n output is touched), ‖out − ref‖ / ‖ref‖ < 1e-2 against a float64 reference, no NaN.
+The M = 1 `_u5` entries (five loads per row per pipeline stage instead of four) must give the
+same bits as their U = 4 twins on every shape and ksplit (the summation order does not depend on U).
 """
 
 from __future__ import annotations
@@ -104,13 +106,38 @@ def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-@pytest.mark.parametrize(("variant", "m", "n", "k"), CASES, ids=[f"{v}-m{m}-{n}x{k}" for v, m, n, k in CASES])
-def test_gemv(ks, variant: str, m: int, n: int, k: int) -> None:
-    name = f"kern_{variant}_m{m}"
+def operands(variant: str, m: int, n: int, k: int):
+    """Fresh random (x, w, norm_w) for one case: x bf16 [m, k], w bf16 [n or 2n, k] ~ N(0, 0.05²),
+    norm_w bf16 [k] ~ 1 + N(0, 0.1²)."""
     rows = 2 * n if variant == "gemv_norm_silu" else n
     x = torch.randn(m, k, device=DEV, dtype=BF)
     w = (torch.randn(rows, k, device=DEV) * 0.05).to(BF)
     nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF)
+    return x, w, nw
+
+
+def run(ks: KernelSet, name: str, variant: str, x, w, nw, n: int, k: int, ksplit: int, r0=None) -> torch.Tensor:
+    """One launch of `name` on a guarded, poisoned output (the residual form: a copy of r0); returns
+    the [m, n] output after checking that nothing outside it was written."""
+    m = x.shape[0]
+    if variant == "gemv_residual":
+        store, y = guarded(m, n, r0)
+        args = [x, w, y, n, k, ksplit]
+    else:
+        store, y = guarded(m, n, float("nan"))
+        args = [x, w, y, n, k, ksplit] if variant == "gemv" else [x, nw, w, y, n, k, EPS, ksplit]
+    launch(ks, name, args, n, k, ksplit)
+    torch.cuda.synchronize()
+    head, tail = store[:GUARD], store[GUARD + m * n:]
+    assert bool((head == SENTINEL).all() and (tail == SENTINEL).all()), \
+        f"ksplit {ksplit}: {name} wrote outside its [{m}, {n}] output"
+    return y
+
+
+@pytest.mark.parametrize(("variant", "m", "n", "k"), CASES, ids=[f"{v}-m{m}-{n}x{k}" for v, m, n, k in CASES])
+def test_gemv(ks, variant: str, m: int, n: int, k: int) -> None:
+    name = f"kern_{variant}_m{m}"
+    x, w, nw = operands(variant, m, n, k)
 
     if variant == "gemv":
         ref = x.double() @ w.double().T
@@ -121,21 +148,27 @@ def test_gemv(ks, variant: str, m: int, n: int, k: int) -> None:
         gu = rmsnorm_ref(x, nw).double() @ w.double().T
         ref = torch.nn.functional.silu(gu[:, :n]) * gu[:, n:] if variant == "gemv_norm_silu" else gu
 
-    errs = {}
-    for ksplit in KSPLITS:
-        if variant == "gemv_residual":
-            store, y = guarded(m, n, r0)
-            args = [x, w, y, n, k, ksplit]
-        else:
-            store, y = guarded(m, n, float("nan"))
-            args = [x, w, y, n, k, ksplit] if variant == "gemv" else [x, nw, w, y, n, k, EPS, ksplit]
-        launch(ks, name, args, n, k, ksplit)
-        torch.cuda.synchronize()
-        head, tail = store[:GUARD], store[GUARD + m * n:]
-        assert bool((head == SENTINEL).all() and (tail == SENTINEL).all()), \
-            f"ksplit {ksplit}: {name} wrote outside its [{m}, {n}] output"
-        errs[ksplit] = relerr(y, ref)
+    errs = {ksplit: relerr(run(ks, name, variant, x, w, nw, n, k, ksplit, r0 if variant == "gemv_residual" else None),
+                           ref) for ksplit in KSPLITS}
     assert max(errs.values()) < TOL, f"{name} n={n} k={k}: rel. error by ksplit {errs}"
+
+
+#: M = 1 shapes of every variant for the `_u5` entries: the variants' own, plus k where a lane has
+#: 9 or 10 loads per row (2304, 2560: the two stages of 5 hold them all) and 11 (2816: a third stage).
+U5_CASES = [(v, n, k) for v, shapes in SHAPES.items() for n, k in shapes + [(1000, 2304), (264, 2816)]]
+
+
+@pytest.mark.parametrize(("variant", "n", "k"), U5_CASES, ids=[f"{v}-{n}x{k}" for v, n, k in U5_CASES])
+def test_gemv_u5_bitwise(ks, variant: str, n: int, k: int) -> None:
+    """kern_*_m1_u5 == kern_*_m1 bit for bit, at every ksplit, on the same fresh inputs."""
+    x, w, nw = operands(variant, 1, n, k)
+    r0 = torch.randn(1, n, device=DEV, dtype=BF) if variant == "gemv_residual" else None
+    for ksplit in KSPLITS:
+        y4 = run(ks, f"kern_{variant}_m1", variant, x, w, nw, n, k, ksplit, r0)
+        y5 = run(ks, f"kern_{variant}_m1_u5", variant, x, w, nw, n, k, ksplit, r0)
+        assert not torch.isnan(y5).any(), f"kern_{variant}_m1_u5 ksplit {ksplit}: NaN (an output not written)"
+        assert torch.equal(y4, y5), (f"kern_{variant}_m1_u5 n={n} k={k} ksplit {ksplit}: differs from kern_{variant}_m1 "
+                                     f"(max |diff| {(y4.double() - y5.double()).abs().max().item():.3g})")
 
 
 def test_ksplit_results_agree(ks) -> None:

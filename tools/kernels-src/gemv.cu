@@ -21,6 +21,17 @@
 //   kern_gemv_residual_m{M}(x, w, residual, n, k)
 //       residual[m, j] = bf16(residual[m, j] + bf16(Σ_k x[m,k] w[j,k]))   (in place)
 //
+// M = 1 also has `_u5` entries (kern_gemv_m1_u5, kern_gemv_norm_m1_u5, kern_gemv_norm_silu_m1_u5,
+// kern_gemv_residual_m1_u5): the same params, arithmetic and bits, with five 16-byte loads per row
+// per pipeline stage instead of four (128 registers, still two blocks per SM). For a lane with 9 or
+// 10 loads per row (k/8/ksplit rounded up to 32 vectors, over 32 lanes: k = 2,304…2,560 at ksplit 1)
+// that puts every weight load in the two stages issued before griddepcontrol.wait, where U = 4 leaves
+// a third stage to issue after the wait and wait a memory latency for. H200, one 4B decode token's
+// GEMVs as a PDL chain in a CUDA graph (session 7, three calls): 2.218–2.240 ms with `_u5` for qkv,
+// gate_up and lm_head (k = 2,560) vs 2.324–2.336 for U = 4 everywhere; `_u5` for o (16 loads: 4
+// stages either way) or down (38: 8 stages instead of 10) was slower (tools/gen_qwen3.py
+// `gemv_unroll` is the rule).
+//
 // Roundings follow HF transformers' bf16 Qwen3 exactly where it rounds (GEMM
 // output, SiLU, product, residual add), so decode tokens track the reference.
 //
@@ -189,7 +200,8 @@ __device__ __forceinline__ L2Prefetch l2_prefetch(const void *ptr, unsigned long
 #endif
 
 // 16-byte weight loads per row per lane in one pipeline stage (two stages in flight: with R = 2
-// rows and M = 1, 16 loads = 256 B per lane, 64 KB per block).
+// rows and M = 1, 16 loads = 256 B per lane, 64 KB per block): the default U of an M; the M = 1
+// `_u5` entries use U = 5 (see the header).
 template <int M>
 struct Unroll {
     static constexpr int v = M == 1 ? 4 : 2;
@@ -239,10 +251,9 @@ __device__ __forceinline__ int lane_loads(int v0, int v1, int lane) {
 
 // Issues stage s of a lane's weight loads into buf (loads j ≥ nl are not issued; buf's
 // registers are then undefined and stage_fma does not read them).
-template <int M, int R, typename Pf>
-__device__ __forceinline__ void stage_load(uint4 (&buf)[R][Unroll<M>::v], const uint4 *__restrict__ w,
+template <int M, int R, int U, typename Pf>
+__device__ __forceinline__ void stage_load(uint4 (&buf)[R][U], const uint4 *__restrict__ w,
                                            const long rows[R], int kv, int v, int s, int nl, const Pf &pf) {
-    constexpr int U = Unroll<M>::v;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -254,10 +265,9 @@ __device__ __forceinline__ void stage_load(uint4 (&buf)[R][Unroll<M>::v], const 
 
 // acc[r][m] += x[m, v + 32j] · buf[r][u] over the loads j = s·U + u < nl of stage s, in
 // (u, m, r) order — the order of the sequential loop over j, so results do not depend on U.
-template <int M, int R>
-__device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R][Unroll<M>::v],
+template <int M, int R, int U>
+__device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R][U],
                                           const uint4 *__restrict__ xs, int kv, int v, int s, int nl) {
-    constexpr int U = Unroll<M>::v;
     const uint4 *xp = xs;
     asm volatile("" : "+l"(xp));  // keeps the FMAs below the loads issued before them
     if ((s + 1) * U <= nl) {
@@ -292,15 +302,14 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // default forms, L2Prefetch for the _pf forms: at<0> right after the first stages, at<1> when the
 // lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
 // the wait), at<2> after its last weight load was used.
-template <int M, int R, typename Prologue, typename Pf>
+template <int M, int R, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                         const long rows[R], int kv, int v0, int v1, int lane,
                                         Prologue prologue, float acc[R][M], const Pf &pf) {
-    constexpr int U = Unroll<M>::v;
     const int v = v0 + lane, nl = lane_loads(v0, v1, lane), stages = (nl + U - 1) / U;
     uint4 a[R][U], b[R][U];
-    stage_load<M, R>(a, w, rows, kv, v, 0, nl, pf);
-    if (GEMV_PRE_STAGES == 2) stage_load<M, R>(b, w, rows, kv, v, 1, nl, pf);
+    stage_load<M, R, U>(a, w, rows, kv, v, 0, nl, pf);
+    if (GEMV_PRE_STAGES == 2) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     pf.template at<0>();
     tl_stamp(1);
 #if GEMV_PDL_TRIGGER == 1
@@ -310,19 +319,19 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     tl_stamp(2);
     prologue();
     tl_stamp(3);
-    if (GEMV_PRE_STAGES == 1) stage_load<M, R>(b, w, rows, kv, v, 1, nl, pf);
+    if (GEMV_PRE_STAGES == 1) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     for (int s = 0; s < stages; s += 2) {
-        stage_fma<M, R>(acc, a, xs, kv, v, s, nl);
-        stage_load<M, R>(a, w, rows, kv, v, s + 2, nl, pf);
+        stage_fma<M, R, U>(acc, a, xs, kv, v, s, nl);
+        stage_load<M, R, U>(a, w, rows, kv, v, s + 2, nl, pf);
         if (s + 2 == stages - 1) pf.template at<1>();
         if (s + 1 < stages) {
-            stage_fma<M, R>(acc, b, xs, kv, v, s + 1, nl);
-            stage_load<M, R>(b, w, rows, kv, v, s + 3, nl, pf);
+            stage_fma<M, R, U>(acc, b, xs, kv, v, s + 1, nl);
+            stage_load<M, R, U>(b, w, rows, kv, v, s + 3, nl, pf);
             if (s + 3 == stages - 1) pf.template at<1>();
         }
     }
@@ -438,7 +447,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
 // ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
-template <int M, bool RESIDUAL, typename Prologue, typename Pf>
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
                                           const Pf &pf) {
@@ -450,7 +459,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (warp % ksplit != 0) return;
@@ -469,7 +478,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
 // A warp owns one output column j: gate row j and up row n + j, loaded together.
-template <int M, typename Prologue, typename Pf>
+template <int M, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                                __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
                                                Prologue prologue, const Pf &pf) {
@@ -485,7 +494,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (part != 0 || !ok) return;
@@ -498,43 +507,44 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         }
 }
 
-#define INSTANTIATE(M)                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M(                      \
+#define INSTANTIATE(M, U, SUFFIX)                                                                  \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##SUFFIX(               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},        \
+        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},      \
                             NoL2Prefetch{});                                                      \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M(             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##SUFFIX(      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
+        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
                            NoL2Prefetch{});                                                       \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M(                 \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##SUFFIX(          \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
         float eps, int ksplit) {                                                                  \
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
+        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,            \
                             [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});     \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M(            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M##SUFFIX(     \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
         float eps, int ksplit) {                                                                  \
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                \
+        gemv_silu_rows<M, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
                           [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});       \
     }
 
 #ifndef GEMV_L2_PREFETCH
-INSTANTIATE(1)
-INSTANTIATE(2)
-INSTANTIATE(4)
-INSTANTIATE(8)
+INSTANTIATE(1, 4, )
+INSTANTIATE(1, 5, _u5)
+INSTANTIATE(2, 2, )
+INSTANTIATE(4, 2, )
+INSTANTIATE(8, 2, )
 #else
 // The L2-prefetch forms (module gemv_pf.cubin, built with -DGEMV_L2_PREFETCH by
 // build_kernels.py --l2-prefetch; that module holds only these): the default form's params,
@@ -544,14 +554,14 @@ INSTANTIATE(8)
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, const void *__restrict__ pf_ptr, \
         unsigned long long pf_bytes) {                                                            \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},        \
+        gemv_rows<M, false, Unroll<M>::v>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},        \
                             l2_prefetch(pf_ptr, pf_bytes));                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##_pf(        \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit,                           \
         const void *__restrict__ pf_ptr, unsigned long long pf_bytes) {                           \
-        gemv_rows<M, true>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
+        gemv_rows<M, true, Unroll<M>::v>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
                            l2_prefetch(pf_ptr, pf_bytes));                                        \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##_pf(            \
@@ -560,7 +570,7 @@ INSTANTIATE(8)
         float eps, int ksplit, const void *__restrict__ pf_ptr, unsigned long long pf_bytes) {    \
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        gemv_rows<M, false>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
+        gemv_rows<M, false, Unroll<M>::v>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit, \
                             [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); },                      \
                             l2_prefetch(pf_ptr, pf_bytes));                                       \
     }                                                                                             \
@@ -570,7 +580,7 @@ INSTANTIATE(8)
         float eps, int ksplit, const void *__restrict__ pf_ptr, unsigned long long pf_bytes) {    \
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        gemv_silu_rows<M>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                \
+        gemv_silu_rows<M, Unroll<M>::v>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,   \
                           [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); },                        \
                           l2_prefetch(pf_ptr, pf_bytes));                                         \
     }
