@@ -154,13 +154,13 @@ def _gemv(m: ks.Manifest, op: str, index) -> tuple[str, list, int | None, dict]:
 
 
 def test_decode_gemv_ops(fake_kernels: Path) -> None:
-    """Shapes, ksplit (gen.gemv_ksplit), entry (gemv_plan.gemv_unroll: `_u5` where a lane's 9–10 loads per row fit
-    two stages of 5), grid and shared memory of every decode GEMV op, 4B and 0.6B."""
+    """Shapes, ksplit (gen.gemv_ksplit), entry (gemv_plan.gemv_entry_unroll: `_u5` where a lane's 9–10 loads per row
+    fit two stages of 5 and the next launch is a GEMV), grid and shared memory of every decode GEMV op, 4B and 0.6B."""
     index = gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels)
     eps = pytest.approx(1e-6)
     assert _gemv(m, "gemv_norm_qkv", index) == (
-        "kern_gemv_norm_m1_u5", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
     assert _gemv(m, "gemv_residual_o_proj", index) == (
         "kern_gemv_residual_m1", [2560 // 16, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 1})
     assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
@@ -168,7 +168,7 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     assert _gemv(m, "gemv_residual_down_proj", index) == (
         "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
     assert _gemv(m, "gemv_norm_lm_head", index) == (
-        "kern_gemv_norm_m1_u5", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
     # --gemv persistent: tools/gemv_plan.py's plan
     assert _gemv(_build("4b", fake_kernels, gemv="persistent"), "gemv_norm_lm_head", index) == (
         "kern_gemvp_norm_m1", [132, 1, 1], 2 * 2560 + 40 * 5 * 512,
@@ -264,6 +264,16 @@ def test_gemv_unroll_rule(k: int, ksplit: int, loads: int, unroll: int) -> None:
     assert gemv_plan.gemv_unroll(k, ksplit) == unroll
 
 
+def test_gemv_entry_unroll_needs_a_gemv_next() -> None:
+    """`_u5` only for a launch followed by another GEMV (measured in the 4B program: qkv and lm_head, followed by
+    the qk-norm/rotary kernel and the argmax, lost with it)."""
+    assert gemv_plan.gemv_entry_unroll(2560, 1, True) == 5
+    assert gemv_plan.gemv_entry_unroll(2560, 1, False) == 4
+    assert gemv_plan.gemv_entry_unroll(4096, 1, True) == 4
+    assert gen.GEMV_OPS_BEFORE_GEMV == {"gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj"}
+    assert gen.GEMV_OPS_BEFORE_GEMV < set(gen.GEMV_OPS)
+
+
 def test_gemv_unroll_rejects_bad_k() -> None:
     with pytest.raises(ValueError, match="k = 12 at ksplit 1: k must be a positive multiple of 8"):
         gemv_plan.gemv_unroll(12, 1)
@@ -279,7 +289,7 @@ def test_gemv_u5_entry_missing_from_index(fake_kernels: Path, tmp_path: Path) ->
     idx = json.loads((d / "index.json").read_text())
     idx["kernels"] = {n: e for n, e in idx["kernels"].items() if not n.endswith("_u5")}
     (d / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(gen.GenError, match=r"op `gemv_norm_qkv` \(k = 2560, ksplit 1\) wants `kern_gemv_norm_m1_u5` "
+    with pytest.raises(gen.GenError, match=r"op `gemv_norm_silu_gate_up` \(k = 2560, ksplit 1\) wants `kern_gemv_norm_silu_m1_u5` "
                                            r"\(5 loads per row per stage\), which the kernel index lacks: rebuild"):
         _build("4b", d)
     _build("0.6b", d)  # 0.6B needs none of them

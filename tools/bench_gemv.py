@@ -44,7 +44,7 @@ from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
-from gemv_plan import GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_unroll, plan_gemvp  # noqa: E402
+from gemv_plan import GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_entry_unroll, plan_gemvp  # noqa: E402
 
 GEOMETRIES = {
     # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
@@ -125,34 +125,38 @@ def rows_per_block(ksplit):
 
 
 # gemv.cu's m = 1 entries (pdl: launched with programmatic stream serialization; tools/bench_pdl.py too);
-# each launches the entry the manifests use at its (k, ksplit) (`gemv_entry`), or the one with `unroll` loads
-# per row per stage (4 or 5) where given
-def gemv_entry(base, k, ks, unroll=None):
+# each launches the entry a decode manifest uses at its (k, ksplit) (`gemv_entry`), or the one with `unroll`
+# loads per row per stage (4 or 5) where given
+#: Shapes whose next launch in the decode program is another GEMV (tools/gen_qwen3.py GEMV_OPS_BEFORE_GEMV).
+BEFORE_GEMV = {"qkv": False, "o": True, "gate_up": True, "down": True, "lm_head": False}
+
+
+def gemv_entry(base, k, ks, unroll=None, next_is_gemv=True):
     """gemv.cu's m = 1 entry for variant `base` (e.g. "kern_gemv_norm_m1") over k at ksplit ks: its `_u5`
-    twin where tools/gemv_plan.py's gemv_unroll picks 5 loads per row per stage (as tools/gen_qwen3.py
-    does), unless `unroll` forces 4 or 5."""
-    return base + GEMV_UNROLL_SUFFIX[gemv_unroll(k, ks) if unroll is None else unroll]
+    twin where tools/gemv_plan.py's gemv_entry_unroll picks 5 loads per row per stage for a launch followed
+    by a GEMV or not (`next_is_gemv`), as tools/gen_qwen3.py does, unless `unroll` forces 4 or 5."""
+    return base + GEMV_UNROLL_SUFFIX[gemv_entry_unroll(k, ks, next_is_gemv) if unroll is None else unroll]
 
 
-def run_plain(g, x, w, y, n, k, ks=1, pdl=False, unroll=None):
-    g.launch(gemv_entry("kern_gemv_m1", k, ks, unroll), cdiv(n, rows_per_block(ks)), 0,
+def run_plain(g, x, w, y, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
+    g.launch(gemv_entry("kern_gemv_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
-def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None):
-    g.launch(gemv_entry("kern_gemv_norm_m1", k, ks, unroll), cdiv(n, rows_per_block(ks)), k * 2,
+def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
+    g.launch(gemv_entry("kern_gemv_norm_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks)), k * 2,
              [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
              pdl)
 
 
-def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None):
-    g.launch(gemv_entry("kern_gemv_norm_silu_m1", k, ks, unroll), cdiv(n, rows_per_block(ks) // 2), k * 2,
+def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
+    g.launch(gemv_entry("kern_gemv_norm_silu_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks) // 2), k * 2,
              [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
              pdl)
 
 
-def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None):
-    g.launch(gemv_entry("kern_gemv_residual_m1", k, ks, unroll), cdiv(n, rows_per_block(ks)), 0,
+def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
+    g.launch(gemv_entry("kern_gemv_residual_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
@@ -190,23 +194,29 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     o + residual add (x = `attn`), norm + gate_up + SiLU-and-mul into `act`, down + residual add; then
     norm + lm_head into `logits`. `ks` (ksplit per shape name): gemv.cu's forms; None: the persistent forms
     (gemv_persist.cu). `pdl`: every launch but the first (no kernel before it in a graph) with programmatic
-    stream serialization. `unroll`: gemv.cu's entries with that many loads per row per stage everywhere
-    (None: each shape's `gemv_entry`, as the manifests launch them). `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
+    stream serialization. gemv.cu's entries: `unroll` None: each shape's `gemv_entry` as the manifests launch
+    them (the `_u5` entries only where the program's next launch is a GEMV, BEFORE_GEMV); "fit": `_u5` wherever
+    gemv_plan.gemv_unroll allows (in this chain every launch is followed by a GEMV); 4 or 5: those entries
+    everywhere. `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
     h = sh["o"][0]
     if ks is None:
         norm, norm_silu, residual = runp_norm, runp_norm_silu, runp_residual
-        split = dict.fromkeys(sh, ())
+        split = dict.fromkeys(sh, {})
     else:
-        norm, norm_silu, residual = (lambda *a, f=f: f(*a, unroll=unroll) for f in (run_norm, run_norm_silu, run_residual))
-        split = {nm: (ks[nm],) for nm in sh}
+        u = None if unroll == "fit" else unroll
+        norm, norm_silu, residual = run_norm, run_norm_silu, run_residual
+        split = {nm: dict(ks=ks[nm], unroll=u, next_is_gemv=unroll == "fit" or BEFORE_GEMV[nm]) for nm in sh}
+
+    def kw(nm, p):
+        return dict(split[nm], pdl=p) if split[nm] else {"pdl": p}
 
     def fn():
         for i, lw in enumerate(weights):
-            norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, *split["qkv"], pdl and i > 0)
-            residual(g, attn, lw["o"], resid, h, sh["o"][1], *split["o"], pdl)
-            norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, *split["gate_up"], pdl)
-            residual(g, act, lw["down"], resid, h, sh["down"][1], *split["down"], pdl)
-        norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, *split["lm_head"], pdl)
+            norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, **kw("qkv", pdl and i > 0))
+            residual(g, attn, lw["o"], resid, h, sh["o"][1], **kw("o", pdl))
+            norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, **kw("gate_up", pdl))
+            residual(g, act, lw["down"], resid, h, sh["down"][1], **kw("down", pdl))
+        norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, **kw("lm_head", pdl))
     return fn
 
 
@@ -341,12 +351,13 @@ def standalone(g, geom, bw):
             w = ws[it[0] % copies]
             it[0] += 1
             ks = cur_ks[0]
+            after = BEFORE_GEMV[name]  # the entry the decode manifests launch for this shape
             if name in ("qkv", "lm_head"):
-                run_norm(g, x, nw, w, y, n, k, ks)
+                run_norm(g, x, nw, w, y, n, k, ks, next_is_gemv=after)
             elif name == "gate_up":
-                run_norm_silu(g, x, nw, w, y, n // 2, k, ks)
+                run_norm_silu(g, x, nw, w, y, n // 2, k, ks, next_is_gemv=after)
             elif name in ("o", "down"):
-                run_residual(g, x, w, y, n, k, ks)
+                run_residual(g, x, w, y, n, k, ks, next_is_gemv=after)
 
         def cublas():
             w = ws[it[0] % copies]
@@ -424,6 +435,7 @@ def token_graph(g, geom, bw):
 
     variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)),
                 ("kern gemv, PDL, 4 loads per stage everywhere (no _u5)", ours(True, 4)),
+                ("kern gemv, PDL, _u5 wherever 5 loads fit (qkv, lm_head too)", ours(True, "fit")),
                 ("kern gemv persistent", persistent(False)),
                 ("kern gemv persistent, PDL", persistent(True)),
                 ("kern gemv persistent, PDL, ≤ 8 KB slots", staged(16, True)),
@@ -452,9 +464,10 @@ def token_graph(g, geom, bw):
     # distance is reported, not judged: each op's error against float64 is the correctness check above
     NUMERICS_OK.append(same)
     # gemv.cu's chains: with and without PDL, with and without the _u5 entries, bit for bit the same
-    plain = [outs[lb] for lb in ("kern gemv, PDL", "kern gemv, PDL, 4 loads per stage everywhere (no _u5)")]
+    plain = [outs[lb] for lb in ("kern gemv, PDL", "kern gemv, PDL, 4 loads per stage everywhere (no _u5)",
+                                 "kern gemv, PDL, _u5 wherever 5 loads fit (qkv, lm_head too)")]
     same_gemv = all(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]) for o in plain)
-    print(f"  {geom}: gemv.cu chains (plain, PDL, PDL without _u5) bitwise equal: {same_gemv}")
+    print(f"  {geom}: gemv.cu chains (plain, PDL, PDL without / with every _u5) bitwise equal: {same_gemv}")
     NUMERICS_OK.append(same_gemv)
     out = []
     times: list[list[float]] = [[] for _ in variants]

@@ -57,10 +57,24 @@ def gemv_unroll(k: int, ksplit: int) -> int:
     Measured (H200, one 4B decode token's GEMVs as a PDL chain in a CUDA graph, session 7, NOTES.md 28):
     2.218–2.240 ms with U = 5 on the three k = 2,560 shapes vs 2.324–2.336 with U = 4 everywhere; U = 5
     also on o (16 loads: four stages either way) or down (38 loads: 8 stages instead of 10) was slower.
+    Whether a launch should use it also depends on what follows it: `gemv_entry_unroll`.
     Raises ValueError unless k is a positive multiple of 8 and ksplit ≥ 1."""
     if k < 8 or k % 8 or ksplit < 1:
         raise ValueError(f"gemv.cu over k = {k} at ksplit {ksplit}: k must be a positive multiple of 8, ksplit ≥ 1")
     return 5 if 2 * 4 < gemv_lane_loads(k, ksplit) <= 2 * 5 else 4
+
+
+def gemv_entry_unroll(k: int, ksplit: int, next_is_gemv: bool) -> int:
+    """Loads per row per stage of the gemv.cu entry a decode program should launch: `gemv_unroll(k, ksplit)`
+    when the program's next launch is another decode GEMV (`next_is_gemv`), else 4.
+
+    Measured (H200, kern-run Qwen3-4B decode, tools/bench_decode.py, three alternating rounds per manifest,
+    session 7, NOTES.md 28): the `_u5` entry on gate_up (followed by the down GEMV) 2.632–2.685 ms/token
+    against 2.627–2.701 with none; on qkv and lm_head (followed by the qk-norm/rotary/KV kernel and the
+    argmax) 2.710–2.720, slower, although in a chain of GEMVs alone (where every launch is followed by a
+    GEMV) qkv gained as gate_up did. Raises ValueError as gemv_unroll does."""
+    unroll = gemv_unroll(k, ksplit)
+    return unroll if next_is_gemv else 4
 
 
 class GemvPlan(NamedTuple):

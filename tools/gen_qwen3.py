@@ -21,7 +21,8 @@ op entries (tools/README.md is the contract):
   final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
   `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
-  row before the PDL wait: `gemv_unroll`) or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
+  row before the PDL wait and the next launch is a GEMV: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up)
+  or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
 
@@ -75,7 +76,7 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_unroll, plan_gemvp  # noqa: E402
+from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_entry_unroll, plan_gemvp  # noqa: E402
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -713,6 +714,10 @@ GEMV_OPS = {
     "gemv_residual_down_proj": "gemv_residual",
     "gemv_norm_lm_head": "gemv_norm",
 }
+#: The decode GEMV ops whose next launch in the decode program is another decode GEMV (o → gate_up → down →
+#: the next layer's qkv or lm_head); qkv is followed by the qk-norm/rotary/KV kernel (or the rope-cluster
+#: attention), lm_head by the argmax. gemv_plan.gemv_entry_unroll takes the `_u5` entries only for these.
+GEMV_OPS_BEFORE_GEMV = frozenset({"gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj"})
 
 
 def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False,
@@ -755,7 +760,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
             raise GenError(f"kernel `{base}` is compiled for M = {m}; decode runs one token")
         cols, warps_per_block = b.constexpr(base, "COLS_PER_WARP"), b.constexpr(base, "WARPS")
         ksplit = gemv_ksplit(math.ceil(n / cols), k)
-        unroll = gemv_unroll(k, ksplit)
+        unroll = gemv_entry_unroll(k, ksplit, op in GEMV_OPS_BEFORE_GEMV)
         kname = base + GEMV_UNROLL_SUFFIX[unroll]
         if kname not in b.index:
             raise GenError(f"op `{op}` (k = {k}, ksplit {ksplit}) wants `{kname}` ({unroll} loads per row per stage), "
