@@ -201,14 +201,14 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     h = sh["o"][0]
     if ks is None:
         norm, norm_silu, residual = runp_norm, runp_norm_silu, runp_residual
-        split = dict.fromkeys(sh, {})
+        launch_kw = dict.fromkeys(sh, {})
     else:
         u = None if unroll == "fit" else unroll
         norm, norm_silu, residual = run_norm, run_norm_silu, run_residual
-        split = {nm: dict(ks=ks[nm], unroll=u, next_is_gemv=unroll == "fit" or BEFORE_GEMV[nm]) for nm in sh}
+        launch_kw = {nm: dict(ks=ks[nm], unroll=u, next_is_gemv=unroll == "fit" or BEFORE_GEMV[nm]) for nm in sh}
 
     def kw(nm, p):
-        return dict(split[nm], pdl=p) if split[nm] else {"pdl": p}
+        return dict(launch_kw[nm], pdl=p)
 
     def fn():
         for i, lw in enumerate(weights):

@@ -338,7 +338,8 @@ GEMV_KSPLITS = (1, 2, 4, 8)
 
 
 #: 16-byte weight loads per row per pipeline stage (gemv.cu's U) of the entries with no suffix: 4 for
-#: M = 1, else 2; M = 1 also has `_u5` entries with 5 (tools/gen_qwen3.py `gemv_unroll` picks one).
+#: M = 1, else 2; M = 1 also has `_u5` entries with 5 (tools/gemv_plan.py `gemv_entry_unroll` picks one; its
+#: GEMV_UNROLL_SUFFIX is the inverse of GEMV_M1_UNROLLS).
 GEMV_UNROLL = {1: 4, 2: 2, 4: 2, 8: 2}
 #: Suffixed M = 1 entries: suffix -> loads per row per stage.
 GEMV_M1_UNROLLS = {"_u5": 5}
@@ -367,46 +368,31 @@ def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:
               f"split k in groups of ksplit). bf16 storage, fp32 accumulation. {unroll} 16-byte weight loads per row "
               f"per lane per pipeline stage, the first two stages issued before griddepcontrol.wait.")
     rows_grid = "(ceil_div(n, 16 / ksplit), 1, 1): 8 warps × 2 rows per block, ksplit warps per row pair"
+
+    def kern(variant: str, params: tuple, grid: str, doc: str, cols: int, smem: bool) -> Kernel:
+        name = f"kern_gemv{variant}_m{M}{sfx}"
+        return Kernel(name=name, lang="cuda", source="gemv.cu", entry=name, block_x=256, params=params, grid=grid,
+                      doc=doc + common, constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": cols, "UNROLL": unroll},
+                      shared_mem_per={"k": 2 * M} if smem else {})
+
+    norm_smem = f"Dynamic shared memory {M}*k*2 bytes (shared_mem_per). "
     return [
-        Kernel(
-            name=f"kern_gemv_m{M}{sfx}", lang="cuda", source="gemv.cu", entry=f"kern_gemv_m{M}{sfx}",
-            block_x=256, params=(x, w, P("y", BF16_OUT, True), n, k, ksplit), grid=rows_grid,
-            doc=f"y[m,j] = bf16(sum_k x[m,k] w[j,k]) for m < {M}, j < n. x: bf16 [{M}, k]; w: bf16 [n, k]; "
-                f"y: bf16 [{M}, n]. " + common,
-            constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 2, "UNROLL": unroll},
-        ),
-        Kernel(
-            name=f"kern_gemv_norm_m{M}{sfx}", lang="cuda", source="gemv.cu",
-            entry=f"kern_gemv_norm_m{M}{sfx}",
-            block_x=256, params=(x, nw, w, P("y", BF16_OUT, True), n, k, eps, ksplit), grid=rows_grid,
-            doc=f"RMS norm prologue + GEMV: xn[m,:] = bf16(norm_w * bf16(x[m,:] * rsqrt(mean(x[m,:]^2) + eps))) "
-                f"(HF Qwen3RMSNorm rounding), y[m,j] = bf16(sum_k xn[m,k] w[j,k]). x: bf16 [{M}, k]; norm_w: "
-                f"bf16 [k]; w: bf16 [n, k]; y: bf16 [{M}, n]. Dynamic shared memory {M}*k*2 bytes "
-                f"(shared_mem_per). " + common,
-            constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 2, "UNROLL": unroll},
-            shared_mem_per={"k": 2 * M},
-        ),
-        Kernel(
-            name=f"kern_gemv_norm_silu_m{M}{sfx}", lang="cuda", source="gemv.cu",
-            entry=f"kern_gemv_norm_silu_m{M}{sfx}",
-            block_x=256, params=(x, nw, w, P("y", BF16_OUT, True), n, k, eps, ksplit),
-            grid="(ceil_div(n, 8 / ksplit), 1, 1): one output column (its gate and up row) per warp group",
-            doc=f"RMS norm prologue (as kern_gemv_norm) + gate/up GEMV + SiLU-and-mul: g = bf16(xn·w[j]), "
-                f"u = bf16(xn·w[n+j]), y[m,j] = bf16(bf16(silu(g)) * u). x: bf16 [{M}, k]; norm_w: bf16 [k]; "
-                f"w: bf16 [2n, k] (gate rows, then up rows); y: bf16 [{M}, n]. Dynamic shared memory "
-                f"{M}*k*2 bytes (shared_mem_per). " + common,
-            constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 1, "UNROLL": unroll},
-            shared_mem_per={"k": 2 * M},
-        ),
-        Kernel(
-            name=f"kern_gemv_residual_m{M}{sfx}", lang="cuda", source="gemv.cu",
-            entry=f"kern_gemv_residual_m{M}{sfx}",
-            block_x=256, params=(x, w, P("residual", BF16_INOUT, True), n, k, ksplit), grid=rows_grid,
-            doc=f"GEMV + residual add, in place: residual[m,j] = bf16(residual[m,j] + bf16(sum_k x[m,k] w[j,k])) "
-                f"for m < {M}, j < n (nothing else is touched). x: bf16 [{M}, k]; w: bf16 [n, k]; residual: "
-                f"bf16 [{M}, n]. " + common,
-            constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": 2, "UNROLL": unroll},
-        ),
+        kern("", (x, w, P("y", BF16_OUT, True), n, k, ksplit), rows_grid,
+             f"y[m,j] = bf16(sum_k x[m,k] w[j,k]) for m < {M}, j < n. x: bf16 [{M}, k]; w: bf16 [n, k]; "
+             f"y: bf16 [{M}, n]. ", 2, False),
+        kern("_norm", (x, nw, w, P("y", BF16_OUT, True), n, k, eps, ksplit), rows_grid,
+             f"RMS norm prologue + GEMV: xn[m,:] = bf16(norm_w * bf16(x[m,:] * rsqrt(mean(x[m,:]^2) + eps))) "
+             f"(HF Qwen3RMSNorm rounding), y[m,j] = bf16(sum_k xn[m,k] w[j,k]). x: bf16 [{M}, k]; norm_w: "
+             f"bf16 [k]; w: bf16 [n, k]; y: bf16 [{M}, n]. " + norm_smem, 2, True),
+        kern("_norm_silu", (x, nw, w, P("y", BF16_OUT, True), n, k, eps, ksplit),
+             "(ceil_div(n, 8 / ksplit), 1, 1): one output column (its gate and up row) per warp group",
+             f"RMS norm prologue (as kern_gemv_norm) + gate/up GEMV + SiLU-and-mul: g = bf16(xn·w[j]), "
+             f"u = bf16(xn·w[n+j]), y[m,j] = bf16(bf16(silu(g)) * u). x: bf16 [{M}, k]; norm_w: bf16 [k]; "
+             f"w: bf16 [2n, k] (gate rows, then up rows); y: bf16 [{M}, n]. " + norm_smem, 1, True),
+        kern("_residual", (x, w, P("residual", BF16_INOUT, True), n, k, ksplit), rows_grid,
+             f"GEMV + residual add, in place: residual[m,j] = bf16(residual[m,j] + bf16(sum_k x[m,k] w[j,k])) "
+             f"for m < {M}, j < n (nothing else is touched). x: bf16 [{M}, k]; w: bf16 [n, k]; residual: "
+             f"bf16 [{M}, n]. ", 2, False),
     ]
 
 

@@ -30,8 +30,8 @@
 // GEMVs as a PDL chain in a CUDA graph (session 7, three calls): 2.218–2.240 ms with `_u5` for qkv,
 // gate_up and lm_head (k = 2,560) vs 2.324–2.336 for U = 4 everywhere; `_u5` for o (16 loads: 4
 // stages either way) or down (38: 8 stages instead of 10) was slower. In the whole decode program
-// only gate_up gains (kern-run 4B, NOTES.md 28): qkv and lm_head, followed by other kernels, lost;
-// tools/gemv_plan.py `gemv_entry_unroll` is the rule the generator applies.
+// (kern-run 4B, NOTES.md 28) gate_up's `_u5` is neutral and qkv's and lm_head's, followed by other
+// kernels, lose; tools/gemv_plan.py `gemv_entry_unroll` is the rule the generator applies.
 //
 // Roundings follow HF transformers' bf16 Qwen3 exactly where it rounds (GEMM
 // output, SiLU, product, residual add), so decode tokens track the reference.
