@@ -23,7 +23,7 @@ UNUSED_BY_EXAMPLES = {
     "paged_decode_attention_pdl.cubin": "c51cac0b2b7850cf3280399e1edbb578fd8c3733cdad97886ff5d466b75fba20",
     "paged_decode_reduce_pdl.cubin": "4a513798e18e2184b16acb05c5d481e06757824509c5950221fea0d7b6ed182d",
     "argmax.cubin": "d128f74af9ac7f8a433fb47a12c5478d51af13da487b07fae2ff4b445f60ee89",
-    "decode_attention.cubin": "f31f498bfe73e5340dbeac55e9b5ad849f6cf4f88f744d3d6ef8e45e01ca251b",
+    "decode_attention.cubin": "98cd1491c8eee8aa9fb1dfe4f100b8af395f355d4db52cde244705d52a10113f",
     "embedding_pdl.cubin": "382e706a4e75cbeea6768c01aabd7271c415274bd5e9aeb867e46f01bcfb7704",
     "gemv_persist.cubin": "399ff4e1f58a483e5639ce11f8a24faabfdd5bc9e0a35a5ef607a4c816501255",
 }

@@ -609,6 +609,11 @@ def check_pdl_manifest(m: ks.Manifest) -> None:
         assert mod in ("gemv.cubin", "gemv_persist.cubin") or mod.endswith("_pdl.cubin"), (label, i, mod)
     assert not any(m.ops[c.op].impl.launches[i].pdl for c in m.programs["prefill"].calls
                    for i in range(len(m.ops[c.op].impl.launches)))
+    # decode_attention_cluster_pdl reads its first K|V pages before its wait (decode_attention.cu's header): the
+    # launch right before it must be qk_norm_rope_kv_pdl (writes only the current token's row, triggers after its wait)
+    for (_, _, prev), (label, _, la) in zip(launches, launches[1:]):
+        if m.modules[la.module].source == "decode_attention_pdl.cubin" and la.entry == "decode_attention_cluster":
+            assert (m.modules[prev.module].source, prev.entry) == ("qk_norm_rope_kv_pdl.cubin", "qk_norm_rope_kv"), label
 
 
 @pytest.mark.parametrize("preset", GEOMETRIES)

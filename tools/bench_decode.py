@@ -149,13 +149,15 @@ def bench_kern(res: Results, p, args, state):
     from kern_run.generator import ManifestInfo, Qwen3Session
 
     info = ManifestInfo.read(p["manifest"])
+    # KV capacity: the prompt and every decode step (4,096 tokens at least, the 2,048-token prefill bench too)
+    capacity = max(4096, -(-(args.context + args.steps) // 16) * 16)
     t0 = time.perf_counter()
-    rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=4096)
+    rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=capacity)
     log(f"kern: loaded in {time.perf_counter() - t0:.1f} s")
     try:
         prompt = random_prompt(args.context)
         for graph, steps in ((True, args.steps), (False, min(args.steps, 64))):
-            s = Qwen3Session(rt, info, capacity=4096, graph=graph)
+            s = Qwen3Session(rt, info, capacity=capacity, graph=graph)
             s.warmup()
             warm = []  # warm run (untimed): the prompt's remainder chunk, caches; and the first steps' logits
             for t in s.generate(prompt, FIRST_TOKENS, 512):
@@ -175,7 +177,7 @@ def bench_kern(res: Results, p, args, state):
                 log("   kern top-2 logit gaps " + " ".join(f"{g:.4f}" for g in state.get("kern_top2", [])))
             else:
                 show_first(state, "kern (eager)", tokens)
-        s = Qwen3Session(rt, info, capacity=4096, graph=True)
+        s = Qwen3Session(rt, info, capacity=capacity, graph=True)
         for n in (512, 2048):
             if n > info.tokens_max:
                 res.prefill.append((f"kern prefill {n}", None, f"manifest tokens max is {info.tokens_max}"))

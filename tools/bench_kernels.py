@@ -26,7 +26,11 @@ Decode attention runs every impl of the op at 512 .. 32,768 cached tokens: the T
 (``paged_decode_attention+reduce``, S = 16, 32, 64), the CUDA C split + merge
 (``decode_attention_split+merge``, S = 32, 64; ns = the splits it uses) and the CUDA C one-launch
 ``decode_attention_cluster``; each case's floor counts its own scratch traffic (none for the cluster
-form, whose floor is K + V + q + out + block table).
+form, whose floor is K + V + q + out + block table). The cluster form also runs as the --pdl decode program
+launches it (``decode_attention_cluster_pdl``, programmatic dependent launch): back to back (``PDL chain``),
+and right after its layer's ``qk_norm_rope_kv_pdl`` (``pair``) beside the prologue alone, whose difference
+(``added to a layer``) is what the attention costs a decode layer; it issues its first pages before its
+griddepcontrol.wait, so under PDL they stream while the launch before it finishes.
 
 `--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
 built by ``build_kernels.py --fused-attention``; refused when the index lacks it) at the same
@@ -67,6 +71,10 @@ DEV = "cuda"
 GRAPH_MAX_BYTES = 40 * 2**30  # per case, all L sets together
 #: Cached tokens of the decode attention cases.
 DECODE_CONTEXTS = (512, 1024, 4096, 16384, 32768)
+#: The PDL cases of the default decode attention (notes of their rows; see build_cases).
+CLUSTER_PDL = "decode_attention_cluster_pdl"
+PDL_CHAIN, PDL_PAIR, PDL_PROLOGUE = "PDL chain", "PDL, after qk_norm_rope_kv_pdl (pair)", "PDL chain (prologue alone)"
+PDL_ADDED = "PDL, added to a layer after its prologue (pair - prologue)"
 
 
 def cuda_splits(ctx: int, S: int) -> int:
@@ -286,6 +294,29 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             return out
         return setup
 
+    def pdl_setup(ctx, what):
+        """n per-layer launchers, each launch with programmatic dependent launch except the first of set 0 (a
+        graph's first node): what = "attention" (decode_attention_cluster_pdl), "prologue" (qk_norm_rope_kv_pdl at
+        position ctx-1, writing that token's row of the layer's KV) or "pair" (the prologue, then the attention)."""
+        def setup(n):
+            kv, bt, seq, npages = pool(ctx)
+            pos = torch.tensor([ctx - 1], dtype=torch.int64, device=DEV)
+            slot = (bt[(ctx - 1) // 16].long() * 16 + (ctx - 1) % 16).reshape(1)
+            cs, out = cos_sin(), []
+            for l in range(n):
+                qkv, o, qn, kn = bf(1, QS), bf(1, NQ * D), bf(D), bf(D)
+
+                def f(qkv=qkv, o=o, qn=qn, kn=kn, kvp=kv.data_ptr() + l * layer_bytes, first=l == 0, kv=kv):
+                    if what != "attention":
+                        ks.launch("qk_norm_rope_kv_pdl", (1, NKV), [qkv, pos, slot, qn, kn, cs, kvp, NQ, NKV, eps,
+                                                                    page_bytes], pdl=not first)
+                    if what != "prologue":
+                        ks.launch(CLUSTER_PDL, (NKV, 8, 1), [qkv, kvp, bt, seq, o, NQ, NKV, QS, npages, page_bytes,
+                                                             scale], pdl=what == "pair" or not first)
+                out.append(f)
+            return out
+        return setup
+
     def add_attn(name, ctx, note, setup, scratch_splits):
         nbytes = ctx * kv_bytes + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * scratch_splits * (D + 2) * 4
         add(name, 1, f"ctx={ctx} {note}".rstrip(), setup, nbytes, 4 * NQ * D * ctx,
@@ -316,6 +347,13 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             ks.launch("decode_attention_cluster", (NKV, 8, 1),
                       [qkv, kvp, bt, seq, o, NQ, NKV, QS, npages, page_bytes, scale])
         add_attn("decode_attention_cluster", ctx, "", attn_setup(ctx, clu), 0)
+        # As the --pdl decode program launches it: the PDL form with programmatic dependent launch, back to back
+        # (PDL_CHAIN), and right after its layer's qk_norm_rope_kv_pdl (PDL_PAIR, beside the prologue alone,
+        # PDL_PROLOGUE: main() adds the difference, what the attention adds to a layer).
+        add_attn(CLUSTER_PDL, ctx, PDL_CHAIN, pdl_setup(ctx, "attention"), 0)
+        add_attn(CLUSTER_PDL, ctx, PDL_PAIR, pdl_setup(ctx, "pair"), 0)
+        add("qk_norm_rope_kv_pdl", 1, f"ctx={ctx} {PDL_PROLOGUE}", pdl_setup(ctx, "prologue"),
+            QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16, set_bytes=QS * 2 + 4 * D)
 
     # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
     T = 2048
@@ -359,7 +397,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     def selected(cases):
-        return [c for c in cases if a.only is None or a.only in c.name]
+        # the prologue-alone rows go with the PDL attention's (main subtracts them)
+        pair = a.only is None or a.only in CLUSTER_PDL
+        return [c for c in cases if a.only is None or a.only in c.name or (pair and c.note.endswith(PDL_PROLOGUE))]
     g = PRESETS["4b"]
     L = g.num_hidden_layers  # 36 back-to-back calls per graph, as in the 4B decode program
 
@@ -408,6 +448,15 @@ def main(argv=None) -> int:
         print(f"  {c.name:28s} T={c.T:<5d} {c.note:18s} {t:9.2f} us  floor {floor:8.2f} us  "
               f"{100 * floor / t:5.1f}%{gtxt}", flush=True)
 
+    # what the PDL attention adds to a layer after its prologue: the pair's in-graph time minus the prologue's
+    for name, T, note, us, fl, tg, n in list(rows):
+        if name == CLUSTER_PDL and note.endswith(PDL_PAIR):
+            ctx = note.split()[0]
+            pro = next(r for r in rows if r[0] == "qk_norm_rope_kv_pdl" and r[2] == f"{ctx} {PDL_PROLOGUE}")
+            added = (CLUSTER_PDL, T, f"{ctx} {PDL_ADDED}", float("nan"), fl, tg - pro[5], n)
+            rows.insert(rows.index(pro) + 1, added)
+            print(f"  {CLUSTER_PDL:28s} T={T:<5d} {added[2]}  in-graph {added[5]:8.2f} us/call "
+                  f"{100 * floor / added[5]:5.1f}%", flush=True)
     dev = torch.cuda.get_device_name()
     head = (f"\n## Provider kernels (tools/bench_kernels.py), Qwen3-4B geometry\n\n"
             f"{datetime.date.today().isoformat()}, commit {commit()}, {dev}, torch {torch.__version__}; "
@@ -416,7 +465,8 @@ def main(argv=None) -> int:
             "| kernel | tokens | case | floor µs | standalone µs | standalone % of floor "
             "| in-graph µs/call | in-graph % of floor |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
     body = "".join(
-        f"| {n} | {t} | {note} | {fl:.3f} | {us:.2f} | {100 * fl / us:.1f}% | "
+        f"| {n} | {t} | {note} | {fl:.3f} | "
+        + (f"{us:.2f} | {100 * fl / us:.1f}% | " if us == us else "— | — | ")
         + (f"{tg:.2f} | {100 * fl / tg:.1f}% |" if tg is not None else "— | — |") + "\n"
         for n, t, note, us, fl, tg, _ in rows)
     sets = sorted({k for *_, tg, k in rows if tg is not None})

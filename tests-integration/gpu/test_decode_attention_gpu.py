@@ -17,7 +17,9 @@ Two impls of the `attention_decode` op, both through the cubin (cuLaunchKernel w
 2. Two sequences (grid z): block-table rows, seq_lens and outputs per sequence.
 3. Determinism and races: 36 layers launched back to back with shared scratch, eagerly and replayed from
    a CUDA graph several times: every output equals the first eager run bit for bit.
-4. The `_pdl` forms (launched without the attribute) equal the plain forms bit for bit.
+4. The `_pdl` forms (launched without the attribute) equal the plain forms bit for bit; and the cluster form as
+   the decode program launches it, after qk_norm_rope_kv_pdl with programmatic dependent launch (it reads its
+   first pages before its wait), equals the plain pair bit for bit, the current token's row poisoned beforehand.
 5. The 0.6B decode program generated with `--decode-attention cuda` / `cluster` / `rope-cluster` (the
    attention prologue fused in: tests-integration/gpu/test_rope_attention_gpu.py tests that kernel alone)
    (and with --pdl) against
@@ -44,12 +46,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import (torch, BF, D, DEV, NKV, DecodeContext, bits, decode_chains, kernels_dir,  # noqa: E402
-                         nan_like, pool, ref_attention, run_generations)
+                         nan_like, pool, ref_attention, rope_table, run_generations)
 
 TOL = 1e-2
 CLUSTER = 8
 SPLIT, MERGE, CLU = "decode_attention_split", "decode_attention_merge", "decode_attention_cluster"
-NEEDED = (SPLIT, MERGE, CLU, SPLIT + "_pdl", MERGE + "_pdl", CLU + "_pdl", "paged_decode_attention_pdl")
+NEEDED = (SPLIT, MERGE, CLU, SPLIT + "_pdl", MERGE + "_pdl", CLU + "_pdl", "paged_decode_attention_pdl",
+          "qk_norm_rope_kv", "qk_norm_rope_kv_pdl")
 
 
 @pytest.fixture(scope="session")
@@ -204,6 +207,60 @@ def test_decode_attention_pdl_twins(ks, impl, nq, L, S):
     getattr(a, impl)(qkv, 1, o2, pdl="_pdl")
     torch.cuda.synchronize()
     assert torch.equal(bits(o1), bits(o2))
+
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("nq,L", [(32, 1), (32, 16), (32, 17), (32, 130), (16, 1000), (32, 2048), (32, 2049),
+                                  (64, 2064), (32, 4096), (40, 33000)])
+def test_cluster_pdl_after_prologue(ks, nq, L, graph):
+    """decode_attention_cluster_pdl as the decode program launches it: right after qk_norm_rope_kv_pdl, both with
+    programmatic dependent launch, over 4 layers. The cluster form issues each warp's first 4 pages before its
+    griddepcontrol.wait, while the prologue may still be writing the current token's row (position L-1) into one
+    of them; the row is read again after the wait (L <= 2048 + its warp's 4 pages: 2,048 tokens for warp 0, up to
+    2,064 for warp 31) or, further out, its page is only issued after the wait. The row in the cache is poisoned
+    (NaN) before the chain, so a stale copy shows. Outputs equal the same chain launched without the attribute,
+    from the plain twins (qk_norm_rope_kv, decode_attention_cluster), bit for bit, and the float64 reference."""
+    layers, eps = 4, 1e-6
+    a = Attn(ks, nq, L, 8, layers=layers)
+    cos_sin = rope_table()
+    pos = torch.tensor([(L + 20000) % cos_sin.shape[0]], dtype=torch.int64, device=DEV)  # rotary: far from 0
+    slot = torch.tensor([int(a.bt[(L - 1) // 16]) * 16 + (L - 1) % 16], dtype=torch.int64, device=DEV)
+    # the current token's slot (NKV * 2 * D elements) in every layer: poisoned, the prologue writes it
+    base = int(a.bt[(L - 1) // 16]) * a.page_elems + ((L - 1) % 16) * a.tok
+    for l in range(layers):
+        a.layer_kv(l)[base: base + a.tok] = float("nan")
+    kv0 = a.kv.clone()
+    qkv0 = torch.randn(layers, a.q_stride, device=DEV).to(BF)
+    qw = (torch.rand(layers, D, device=DEV) + 0.5).to(BF)
+    kw = (torch.rand(layers, D, device=DEV) + 0.5).to(BF)
+    outs = {}
+    for form, sfx, pdl in (("plain", "", False), ("pdl", "_pdl", True)):
+        a.kv.copy_(kv0)
+        qkv = qkv0.clone()
+        out = nan_like((layers, nq * D))
+
+        def chain(qkv=qkv, out=out, sfx=sfx, pdl=pdl):
+            for l in range(layers):
+                ks.launch("qk_norm_rope_kv" + sfx, (1, NKV), [qkv[l], pos, slot, qw[l], kw[l], cos_sin, a.layer_kv(l),
+                                                              nq, NKV, eps, a.page_elems * 2], pdl=pdl and l > 0)
+                ks.launch(CLU + sfx, (NKV, CLUSTER, 1), [qkv[l], a.layer_kv(l), a.bt, a.seq, out[l]] + a.tail(),
+                          pdl=pdl)
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            with torch.cuda.graph(g, stream=s):  # captured, not run
+                chain()
+            g.replay()
+        else:
+            chain()
+        torch.cuda.synchronize()
+        outs[form] = out
+        if form == "pdl":
+            for l in (0, layers - 1):
+                ref = ref_attention(qkv[l], a.layer_kv(l), a.page_elems, a.bt, L, nq)
+                assert relerr(out[l:l + 1], ref) <= TOL, (l, relerr(out[l:l + 1], ref))
+    assert torch.equal(bits(outs["plain"]), bits(outs["pdl"]))
 
 
 # ---------------------------------------------------------------- the decode program, 0.6B

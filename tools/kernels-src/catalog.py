@@ -471,6 +471,16 @@ PDL_DOC = (" PDL form (programmatic dependent launch, manifest `\"pdl\": true`):
            "and before any store (also in blocks with no work), and griddepcontrol.launch_dependents; launched "
            "without the attribute it computes exactly what {base} computes.")
 
+#: What a PDL form reads before its wait beyond inputs and weights (decode_attention.cu's header says why it is safe).
+PDL_EXTRA_DOC = {
+    DECODE_ATTENTION_CLUSTER: (
+        f" Exception: it also issues each warp's first {DA_CLUSTER_SLOTS} pages of K|V (the KV state) before the wait, "
+        "and after the wait reads the current token's row (position L-1) again and uses that: correct when no "
+        "launch that can still be running when it starts writes any other row of those pages — as in kern's decode "
+        "program, where the launch before it is qk_norm_rope_kv_pdl (writes only row L-1 and triggers only after "
+        "its own wait, so every earlier launch has completed)."),
+}
+
 
 def _pdl_kernels() -> list[Kernel]:
     """Built by default (`build_kernels.py`; `--no-pdl` leaves them out): the PDL forms of the decode-path kernels.
@@ -486,7 +496,8 @@ def _pdl_kernels() -> list[Kernel]:
         k = base[name]
         extra = dict(defines=("KERN_PDL",), module_suffix="_pdl") if k.lang == "cuda" else \
             dict(constexprs={**k.constexprs, "PDL": True})
-        out.append(replace(k, name=name + "_pdl", pdl=True, doc=k.doc + PDL_DOC.format(base=f"`{name}`"), **extra))
+        doc = k.doc + PDL_DOC.format(base=f"`{name}`") + PDL_EXTRA_DOC.get(name, "")
+        out.append(replace(k, name=name + "_pdl", pdl=True, doc=doc, **extra))
     return out
 
 

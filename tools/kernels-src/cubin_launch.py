@@ -66,7 +66,11 @@ class KernelSet:
             self._funcs[name] = f
         return self._funcs[name]
 
-    def launch(self, name: str, grid, args, stream: int | None = None):
+    def launch(self, name: str, grid, args, stream: int | None = None, pdl: bool = False):
+        """Enqueue kernel `name` with `grid` (1-3 ints) and `args` (see the module docstring) on `stream`
+        (default: torch's current stream). pdl=True: through cuLaunchKernelEx with the attribute
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 (programmatic dependent launch, sm_90: the
+        kernel may begin before the previous kernel on the stream completes; a graph captures the edge)."""
         k = self.kernels[name]
         f = self.function(name)
         types = k["params"]
@@ -87,5 +91,18 @@ class KernelSet:
             stream = torch.cuda.current_stream().cuda_stream
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         bx, by, bz = k["block"]
-        check(cu.cuLaunchKernel(self.function(name), gx, gy, gz, bx, by, bz, k["shared_mem"],
-                                cu.CUstream(stream), ctypes.addressof(ptrs), 0))
+        if not pdl:
+            check(cu.cuLaunchKernel(self.function(name), gx, gy, gz, bx, by, bz, k["shared_mem"],
+                                    cu.CUstream(stream), ctypes.addressof(ptrs), 0))
+            return
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+        cfg.sharedMemBytes = k["shared_mem"]
+        cfg.hStream = cu.CUstream(stream)
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        check(cu.cuLaunchKernelEx(cfg, self.function(name), ctypes.addressof(ptrs), 0))

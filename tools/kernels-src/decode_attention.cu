@@ -70,9 +70,21 @@
 // normalisation, one rounding per stored bf16.  exp2 is ex2.approx.ftz.f32 (weights below 2^-126
 // of the running max are 0).
 //
-// PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split and cluster kernels load the
+// PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split and rope-cluster kernels load the
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
+// decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each
+// warp's first DA_CLUSTER_SLOTS pages of K|V before the wait, so that they stream while the launch before it
+// finishes; after the wait it loads q, and the warp whose early pages hold the current token (position L-1)
+// reads that token's 512-byte row again and writes it over the row of its shared-memory copy of the page
+// (Inject) before attending to it. Correct when no launch that can still be running when this one starts
+// writes any other row of those pages: in kern's decode program the launch before it, qk_norm_rope_kv_pdl,
+// writes only row L-1 and executes launch_dependents only after its own wait, so every launch before that
+// one (earlier layers, earlier steps, prefill) has completed when this one starts. Same bits as the plain
+// form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (session 8,
+// NOTES.md 29): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
+// without the early pages), 4.3 at 1,024 (5.1), 8.2 at 4,096 (8.2); kern-run 4B 2.83-2.85 ms/token at 4,096
+// (2.86-2.91 without).
 #include <cstdint>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -107,6 +119,14 @@ namespace cg = cooperative_groups;
 #ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
 #endif
+#ifndef DA_PREWAIT  // decode_attention_cluster's first pages before the PDL wait: PDL form only (see the header)
+#ifdef KERN_PDL
+#define DA_PREWAIT 1
+#else
+#define DA_PREWAIT 0
+#endif
+#endif
+
 // Dynamic shared memory: the warps' rings of page slots and (cluster) the partials the other CTAs of the
 // cluster push (m, l of each q head from each CTA, and their acc of this CTA's slice of the outputs).
 #define DA_RECV_FLOATS (DA_CLUSTER * (2 * DA_MAX_G + DA_MAX_G * DA_D / DA_CLUSTER))
@@ -215,10 +235,47 @@ struct Inject {
     uint4 val;
 };
 
-template <int SLOTS, bool INJECT = false>
+// Page k of a warp's list -> slot k % SLOTS of its ring: the 16 tokens' k|v rows (512 bytes each; lane i copies
+// bytes 16i..16i+15 of every row) with 16-byte cp.async (L2 only); the rows of tokens past L are zero-filled (never
+// read).  One commit group per call, also past the last page (empty), so that the page loop's waits are uniform.
+// bt_reg: lane i holds the block-table entry of page k0 + i of the list, k0 = 32*floor(k/32) (refilled at k = 32,
+// 64, ...; calls come in increasing k).
+template <int SLOTS>
+__device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, int count, int& bt_reg, uint32_t ring,
+                                           int k) {
+    const int lane = threadIdx.x & 31;
+    if (k < count) {  // warp-uniform
+        if ((k & 31) == 0 && k > 0) {
+            const int kk = k + lane;
+            bt_reg = kk < count ? __ldg(geo.bt + first + kk * step) : 0;
+        }
+        const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
+        const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
+        const char* src = geo.kvh + int64_t(phys) * geo.page_bytes + lane * 16;  // token 0 of the page
+        const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES + lane * 16;
+        if (valid == DA_PAGE) {  // a full page (all but maybe the last): no predicates
+#pragma unroll
+            for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes) cp_async16(dst + t * DA_ROW, src, 16u);
+        } else {
+#pragma unroll
+            for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes)
+                cp_async16(dst + t * DA_ROW, src, t < valid ? 16u : 0u);
+        }
+    }
+    cp_async_commit();
+}
+
+// After its first SLOTS pages are issued the warp calls after_issue() (the PDL form's wait and q load), then runs
+// the page loop.
+struct NoHook {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <int SLOTS, bool INJECT = false, class AfterIssue = NoHook>
 __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step, int count, int bt_reg,
                                             const uint32_t (&qa)[4][4], uint32_t ring, float& m, float& l,
-                                            float (&acc)[16][4], const Inject& inj = Inject{-1, 0, {}}) {
+                                            float (&acc)[16][4], const Inject& inj = Inject{-1, 0, {}},
+                                            const AfterIssue& after_issue = AfterIssue{}) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
     m = -INFINITY;
@@ -231,33 +288,9 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     const int mi = lane >> 3;
     const uint32_t v_off = uint32_t((((mi & 1) << 3) + tok_perm(lane & 7)) * DA_ROW + 256 + (mi >> 1) * 16);
 
-    // Page k -> slot k % SLOTS: the 16 tokens' k|v rows (512 bytes each; lane i copies bytes 16i..16i+15 of
-    // every row) with 16-byte cp.async (L2 only); the rows of tokens past L are zero-filled (never read).
-    // One commit group per call, also past the last page (empty), so that the waits below are uniform.
-    auto issue = [&](int k) {
-        if (k < count) {  // warp-uniform
-            if ((k & 31) == 0 && k > 0) {
-                const int kk = k + lane;
-                bt_reg = kk < count ? __ldg(geo.bt + first + kk * step) : 0;
-            }
-            const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
-            const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
-            const char* src = geo.kvh + int64_t(phys) * geo.page_bytes + lane * 16;  // token 0 of the page
-            const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES + lane * 16;
-            if (valid == DA_PAGE) {  // a full page (all but maybe the last): no predicates
 #pragma unroll
-                for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes) cp_async16(dst + t * DA_ROW, src, 16u);
-            } else {
-#pragma unroll
-                for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes)
-                    cp_async16(dst + t * DA_ROW, src, t < valid ? 16u : 0u);
-            }
-        }
-        cp_async_commit();
-    };
-
-#pragma unroll
-    for (int k = 0; k < SLOTS; ++k) issue(k);
+    for (int k = 0; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
+    after_issue();
     DA_STAMP(2, 0);
 
     for (int k = 0; k < count; ++k) {
@@ -314,7 +347,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
             mma16(acc[2 * n2 + 1], pa0, pa2, b[2], b[3]);
         }
         __syncwarp();  // every lane is done with the slot before it is refilled
-        issue(k + SLOTS);
+        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k + SLOTS);
     }
     cp_async_wait<0>();  // (only empty groups are left)
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -324,16 +357,17 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 // The CTA's share: warp w takes logical pages gw + k*step (gw: its global warp index), merged over the 4
 // warps.  On return thread d (0..127) holds, for each q head g < G of the group, M[g] (log2 units; -inf when the CTA had no key), Lsum[g] and
 // A[g] for column d.  Every thread of the CTA must call it (it has block barriers).
-template <int SLOTS, bool INJECT = false>
+template <int SLOTS, bool INJECT = false, class AfterIssue = NoHook>
 __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int bt_reg, int G,
                                            const uint32_t (&qa)[4][4], float* smem, float (&M)[DA_MAX_G],
                                            float (&Ls)[DA_MAX_G], float (&A)[DA_MAX_G],
-                                           const Inject& inj = Inject{-1, 0, {}}) {
+                                           const Inject& inj = Inject{-1, 0, {}},
+                                           const AfterIssue& after_issue = AfterIssue{}) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int count = geo.npages > gw ? (geo.npages - gw - 1) / step + 1 : 0;
     const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
     float m, l, acc[16][4];
-    warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc, inj);
+    warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc, inj, after_issue);
     DA_STAMP(4, __float_as_int(l));
 
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
@@ -551,14 +585,35 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
     const int L = __ldg(seq_lens + b);
     DA_STAMP(1, L + bt_reg);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    uint32_t qa[4][4];
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+#if DA_PREWAIT
+    // Each warp issues its first DA_CLUSTER_SLOTS pages before the PDL wait (see the header: every row of the cache
+    // but the current token's was final before this launch started), then waits and loads q. If the current
+    // token's page (logical jn, index kn in its warp's list) went out before the wait, its warp reads that token's
+    // row again after the wait and the page loop puts it over the row of the page's shared-memory copy (Inject).
+    const int jn = geo.npages - 1, kn = (jn - gw) / step;
+    const bool refresh = jn % step == gw && kn < DA_CLUSTER_SLOTS;  // warp-uniform
+    Inject inj{-1, 0, {}};
+    const auto after_issue = [&]() {
+        DA_PDL_WAIT();
+        DA_PDL_TRIGGER();
+        load_q(q, b, q_stride, h, G, qa);
+        if (refresh) {
+            const int lane = threadIdx.x & 31, row = (L - 1) % DA_PAGE;
+            const int phys = __shfl_sync(0xffffffffu, bt_reg, kn);
+            inj = Inject{kn, row, __ldcg(reinterpret_cast<const uint4*>(geo.kvh + int64_t(phys) * geo.page_bytes +
+                                                                        row * geo.tok_bytes + lane * 16))};
+        }
+    };
+    cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
+#else
     DA_PDL_WAIT();
     DA_PDL_TRIGGER();
-    uint32_t qa[4][4];
     load_q(q, b, q_stride, h, G, qa);
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
-    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
     cta_attend<DA_CLUSTER_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
-
+#endif
     cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
 
