@@ -63,9 +63,13 @@ def fake_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _build(preset: str, kernels: Path, **kw) -> ks.Manifest:
-    """build_manifest of a preset; without PDL unless `pdl=True` is given (the API's and CLI's default is
-    --pdl: the tests name the variant they check; test_pdl_every_geometry and the examples cover the default)."""
+    """build_manifest of a preset; without PDL unless `pdl=True` is given, and with the `cluster` decode attention
+    (its own prologue call) unless `decode_attention` is given (the API's and CLI's defaults are --pdl and
+    rope-cluster: the tests name the variant they check; test_pdl_every_geometry, test_default_is_rope_cluster_pdl
+    and the examples cover the defaults)."""
     kw.setdefault("pdl", False)
+    if not kw.get("fused_attention"):  # (the fused form is a Triton impl: the API picks it)
+        kw.setdefault("decode_attention", "cluster")
     return gen.build_manifest(Qwen3Config.preset(preset), gen.load_index(kernels), **kw)
 
 
@@ -310,10 +314,11 @@ def test_deterministic_and_chunk(fake_kernels: Path, tmp_path: Path) -> None:
     assert m.vars["tokens"].max == 512
     assert m.buffers["rope.cos_sin"].shape == [4096, 128] and m.buffers["block_table"].shape == [256]
     out = tmp_path / "m.json"
-    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--no-pdl"]) == 0
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--no-pdl",
+                     "--decode-attention", "cluster"]) == 0
     assert out.read_bytes() == a
-    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out)]) == 0  # CLI: --pdl
-    assert out.read_bytes() == ks.dump(_build("0.6b", fake_kernels, pdl=True))
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out)]) == 0  # CLI defaults
+    assert out.read_bytes() == ks.dump(_build("0.6b", fake_kernels, pdl=True, decode_attention="rope-cluster"))
 
 
 def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> None:
@@ -324,7 +329,8 @@ def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> 
     out = tmp_path / "m.json"
     assert gen.main(["--config", str(tmp_path / "config.json"), "--kernels", str(fake_kernels), "--out", str(out),
                      "--model", "qwen3-1.7b"]) == 0
-    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels, pdl=True))  # the CLI's default --pdl
+    # the CLI's defaults: --pdl, rope-cluster
+    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels, pdl=True, decode_attention="rope-cluster"))
 
 
 # ------------------------------------------------------------------ the exporter writes what the manifest binds
@@ -902,9 +908,35 @@ def test_decode_attention_cli(fake_kernels: Path, tmp_path: Path) -> None:
     fused = ks.load(outs["fused"].read_bytes())
     assert fused.ops["attention_decode"].impl.launches[0].entry == "paged_decode_attention_fused"
     default = ks.load(outs["default"].read_bytes())
-    want = {"cuda": "decode_attention_split", "cluster": "decode_attention_cluster",
-            "triton": "paged_decode_attention"}[gen.DEFAULT_DECODE_ATTENTION]
-    assert default.ops["attention_decode"].impl.launches[0].entry == want
+    op, want = {"cuda": ("attention_decode", "decode_attention_split"),
+                "cluster": ("attention_decode", "decode_attention_cluster"),
+                "triton": ("attention_decode", "paged_decode_attention"),
+                "rope-cluster": (gen.ROPE_ATTENTION_OP, "decode_attention_rope_cluster")}[gen.DEFAULT_DECODE_ATTENTION]
+    assert default.ops[op].impl.launches[0].entry == want
+
+
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_default_is_rope_cluster_pdl(preset: str, fake_kernels: Path) -> None:
+    """The generator's defaults (--pdl, --decode-attention rope-cluster, as the examples): 5 decode calls per
+    layer, the attention prologue's decode work inside the attention's one launch (no qk_norm_rope call in
+    decode, qk_norm_rope_kv only in prefill), the same prefill and the same other decode calls as `cluster`."""
+    assert gen.DEFAULT_DECODE_ATTENTION == "rope-cluster"
+    cfg = Qwen3Config.preset(preset)
+    m = gen.build_manifest(cfg, gen.load_index(fake_kernels))
+    diags = kern_verify.verify(m)
+    assert diags == [], "\n".join(map(str, diags))
+    check_pdl_manifest(m)
+    L = cfg.num_hidden_layers
+    per_layer = ["norm_qkv", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add"]
+    decode = [c.label for c in m.programs["decode"].calls]
+    assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["norm_lm_head", "sample"]
+    assert {c.op for c in m.programs["decode"].calls if c.label.endswith(".attn")} == {gen.ROPE_ATTENTION_OP}
+    assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].entry == "decode_attention_rope_cluster"
+    assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].pdl
+    cl = _build(preset, fake_kernels, pdl=True)
+    assert m.programs["prefill"] == cl.programs["prefill"]
+    assert [c for c in m.programs["decode"].calls if not c.label.endswith(".attn")] == \
+        [c for c in cl.programs["decode"].calls if not c.label.endswith((".attn", ".qk_norm_rope"))]
 
 
 @pytest.mark.parametrize("preset", list(EXAMPLES))

@@ -38,15 +38,17 @@ gemv_residual ops (o, down of each layer, in order); every declaration is used. 
 bytes.
 
 Decode attention (`attention_decode`, one interface, three impls; `--decode-attention`):
-`cluster` (the default) is one launch of `decode_attention_cluster` (tools/kernels-src/decode_attention.cu:
+`cluster` is one launch of `decode_attention_cluster` (tools/kernels-src/decode_attention.cu:
 a cluster of 8 CTAs per kv head splits the keys and merges through distributed shared memory; no
 scratch); `cuda` (`--cuda-attention`) is `decode_attention_split` + `decode_attention_merge` (two
 launches, split-KV partials in impl scratch); `triton` is attention.py's `paged_decode_attention` +
 `paged_decode_reduce` (two launches, the impl before 2026-11-29). Only the op's impl differs: the same
 calls, buffers and interface (tools/bench_kernels.py times all three, BENCHMARKS.md). `rope-cluster`
-(opt-in) is instead its own op `attention_decode_rope` (qk_norm_rope_kv's params, then attention's): one
-launch of `decode_attention_rope_cluster` per layer does the prologue's decode work and the cluster
-attention, so the decode layer has no `qk_norm_rope` call (5 launches instead of 6).
+(the default since session 8) is instead its own op `attention_decode_rope` (qk_norm_rope_kv's params, then
+attention's): one launch of `decode_attention_rope_cluster` per layer does the prologue's decode work and
+the cluster attention, so the decode layer has no `qk_norm_rope` call (5 launches instead of 6). Its PDL
+form issues its first K|V pages before its griddepcontrol.wait, i.e. while the qkv GEMV finishes: kern-run
+4B on the H200 2.57 ms/token against 2.62 for `cluster` after `qk_norm_rope_kv_pdl` (NOTES.md 29).
 
 `--fused-attention` (opt-in, implies `--decode-attention triton`): decode attention is one launch of
 `paged_decode_attention_fused` (tools/kernels-src/attention.py: split-KV stage 1, and the last
@@ -99,7 +101,7 @@ DECODE_SPLITS = 32
 DECODE_ATTENTION_IMPLS = ("cuda", "cluster", "rope-cluster", "triton")
 #: The op of `rope-cluster` and its interface: qk_norm_rope_kv's params (qkv read only), then attention's.
 ROPE_ATTENTION_OP = "attention_decode_rope"
-DEFAULT_DECODE_ATTENTION = "cluster"
+DEFAULT_DECODE_ATTENTION = "rope-cluster"
 #: Split stride of decode_attention_split (grid.y and the scratch; the kernel uses fewer splits on short contexts).
 CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.

@@ -70,7 +70,7 @@
 // normalisation, one rounding per stored bf16.  exp2 is ex2.approx.ftz.f32 (weights below 2^-126
 // of the running max are 0).
 //
-// PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split and rope-cluster kernels load the
+// PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split kernel loads the
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
 // decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each
@@ -84,7 +84,11 @@
 // form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (session 8,
 // NOTES.md 29): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
 // without the early pages), 4.3 at 1,024 (5.1), 8.2 at 4,096 (8.2); kern-run 4B 2.83-2.85 ms/token at 4,096
-// (2.86-2.91 without).
+// (2.86-2.91 without). decode_attention_rope_cluster (the generator's default since session 8) does the same
+// with every early page: the current token's row is the one it computes (Inject), whatever the copy read; nothing
+// else writes the cache during a decode step (its launch follows the qkv GEMV, which triggers early, so earlier
+// layers' kernels may still run: they write other layers' rows). kern-run 4B 2.57 ms/token at 128 cached tokens
+// (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without early pages).
 #include <cstdint>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -752,20 +756,36 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         load8f(cs + 8 * (lane & 7), c);
         load8f(cs + DA_D / 2 + 8 * (lane & 7), sn);
     }
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    uint32_t qa[4][4];
+    Inject inj{-1, 0, {}};
+    // After the PDL wait: q, and the current token's row (its page's shared-memory copy gets the computed row,
+    // so the copy may predate the store). DA_PREWAIT: each warp's first DA_CLUSTER_SLOTS pages go out before the
+    // wait (every other row of the cache was final before this launch started: see the header).
+    const auto after_wait = [&]() {
+        load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
+        if (mine) {
+            inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
+                         kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
+            if (slot >= 0)
+                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) +
+                                          (slot % DA_PAGE) * int64_t(num_kv_heads * 512) + h * 512 + lane * 16) =
+                    inj.val;
+        }
+    };
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+#if DA_PREWAIT
+    const auto after_issue = [&]() {
+        DA_PDL_WAIT();
+        DA_PDL_TRIGGER();
+        after_wait();
+    };
+    cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
+#else
     DA_PDL_WAIT();
     DA_PDL_TRIGGER();
-    uint32_t qa[4][4];
-    load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
-    Inject inj{-1, 0, {}};
-    if (mine) {
-        inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
-                     kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
-        if (slot >= 0)
-            *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) +
-                                      (slot % DA_PAGE) * int64_t(num_kv_heads * 512) + h * 512 + lane * 16) = inj.val;
-    }
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
-    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+    after_wait();
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
+#endif
     cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
