@@ -17,7 +17,8 @@ op entries (tools/README.md is the contract):
   state.)
 - `decode`: one token (`tokens` = 1): every layer through the fused decode GEMV ops of
   `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv, o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
-  6 launches per layer with the attention prologue and the one-launch decode attention), then the
+  5 launches per layer with the default decode attention, which does the attention prologue's decode work
+  too; 6 with `--decode-attention cluster` and its own prologue launch), then the
   final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
   `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole

@@ -83,12 +83,14 @@
 // one (earlier layers, earlier steps, prefill) has completed when this one starts. Same bits as the plain
 // form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (session 8,
 // NOTES.md 29): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
-// without the early pages), 4.3 at 1,024 (5.1), 8.2 at 4,096 (8.2); kern-run 4B 2.83-2.85 ms/token at 4,096
-// (2.86-2.91 without). decode_attention_rope_cluster (the generator's default since session 8) does the same
-// with every early page: the current token's row is the one it computes (Inject), whatever the copy read; nothing
-// else writes the cache during a decode step (its launch follows the qkv GEMV, which triggers early, so earlier
-// layers' kernels may still run: they write other layers' rows). kern-run 4B 2.57 ms/token at 128 cached tokens
-// (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without early pages).
+// without the early pages), 4.3 at 1,024 (5.1), 8.2 at 4,096 (8.2); kern-run 4B 2.83-2.86 ms/token at 4,096
+// (2.86-2.95 without). decode_attention_rope_cluster (the generator's default since session 8) does the same
+// with every early page: the current token's row is the one it computes (Inject), whatever the copy read. Its
+// launch follows the qkv GEMV, which triggers early, so earlier layers' kernels may still run (they write other
+// layers' rows, other bytes of the same pages); no launch of a decode step but this one writes this layer's
+// rows, and every launch of earlier runs has completed once the step's embedding_pdl has passed its wait (it
+// triggers after it, and a PDL kernel completes only after the one before it). kern-run 4B 2.57 ms/token at 128
+// cached tokens (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without them).
 #include <cstdint>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -123,7 +125,7 @@ namespace cg = cooperative_groups;
 #ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
 #endif
-#ifndef DA_PREWAIT  // decode_attention_cluster's first pages before the PDL wait: PDL form only (see the header)
+#ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
 #ifdef KERN_PDL
 #define DA_PREWAIT 1
 #else
@@ -294,8 +296,8 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 
 #pragma unroll
     for (int k = 0; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
-    after_issue();
     DA_STAMP(2, 0);
+    after_issue();
 
     for (int k = 0; k < count; ++k) {
         cp_async_wait<SLOTS - 1>();  // SLOTS + k groups committed: page k's is complete
