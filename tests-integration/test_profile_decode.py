@@ -52,3 +52,10 @@ def test_overlapping_kernels_count_once_in_the_gaps():
     assert r["busy"] == pytest.approx(26) and r["covered"] == pytest.approx(22)
     assert r["overlap"] == pytest.approx(4) and r["gap"] == pytest.approx(24 - 22)
     assert "overlap" in pd.table(r, "pdl", "no GPU")
+
+
+def test_rope_cluster_attention_has_its_own_group():
+    """gen_qwen3's default decode attention does the prologue's work too: its own group, not "decode attention"."""
+    assert pd.group_of("decode_attention_rope_cluster") == "decode attention + qk-norm, rotary, KV write (one launch)"
+    assert pd.group_of("decode_attention_cluster") == "decode attention"
+    assert pd.group_of("qk_norm_rope_kv") == "qk-norm + rotary + KV write"

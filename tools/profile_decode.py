@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 GROUPS = (  # (group, substrings of the kernel name), first match wins
     ("GEMV (decode GEMMs)", ("gemv",)),
+    # rope-cluster (gen_qwen3's default decode attention) also does qk_norm_rope_kv's decode work
+    ("decode attention + qk-norm, rotary, KV write (one launch)", ("decode_attention_rope",)),
     ("decode attention", ("paged_decode_attention", "paged_decode_reduce", "decode_attention_")),
     ("qk-norm + rotary + KV write", ("qk_norm_rope_kv",)),
     ("RMS norm / residual", ("rms_norm",)),
@@ -68,13 +70,14 @@ def profile(manifest: Path, kernels: Path, weights: Path, context: int, steps: i
     from kern_driver import Runtime
     from kern_run.generator import ManifestInfo, Qwen3Session
 
-    rt = Runtime.load(manifest, kernels, weights, capacity_tokens=4096)
+    capacity = max(4096, -(-(context + max(steps, 8)) // 16) * 16)  # KV tokens: the prompt and every step
+    rt = Runtime.load(manifest, kernels, weights, capacity_tokens=capacity)
     try:
         info = ManifestInfo.read(manifest)
         prompt = np.random.default_rng(0).integers(0, 151936, context).tolist()
-        s = Qwen3Session(rt, info, capacity=4096, graph=True)
+        s = Qwen3Session(rt, info, capacity=capacity, graph=True)
         list(s.generate(prompt, 8, 512))  # warm: graphs captured, caches hot
-        s = Qwen3Session(rt, info, capacity=4096, graph=True)
+        s = Qwen3Session(rt, info, capacity=capacity, graph=True)
         acts = [torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
             tokens = list(s.generate(prompt, steps, 512))
