@@ -30,7 +30,9 @@ form, whose floor is K + V + q + out + block table). The cluster form also runs 
 launches it (``decode_attention_cluster_pdl``, programmatic dependent launch): back to back (``PDL chain``),
 and right after its layer's ``qk_norm_rope_kv_pdl`` (``pair``) beside the prologue alone, whose difference
 (``added to a layer``) is what the attention costs a decode layer; it issues its first pages before its
-griddepcontrol.wait, so under PDL they stream while the launch before it finishes.
+griddepcontrol.wait, so under PDL they stream while the launch before it finishes. The default decode
+attention of the generator, ``decode_attention_rope_cluster_pdl`` (the prologue's decode work and the
+attention in one launch), runs back to back with PDL (its time per call is a whole layer's attention).
 
 `--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
 built by ``build_kernels.py --fused-attention``; refused when the index lacks it) at the same
@@ -72,7 +74,7 @@ GRAPH_MAX_BYTES = 40 * 2**30  # per case, all L sets together
 #: Cached tokens of the decode attention cases.
 DECODE_CONTEXTS = (512, 1024, 4096, 16384, 32768)
 #: The PDL cases of the default decode attention (notes of their rows; see build_cases).
-CLUSTER_PDL = "decode_attention_cluster_pdl"
+CLUSTER_PDL, ROPE_PDL = "decode_attention_cluster_pdl", "decode_attention_rope_cluster_pdl"
 PDL_CHAIN, PDL_PAIR, PDL_PROLOGUE = "PDL chain", "PDL, after qk_norm_rope_kv_pdl (pair)", "PDL chain (prologue alone)"
 PDL_ADDED = "PDL, added to a layer after its prologue (pair - prologue)"
 
@@ -297,7 +299,8 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
     def pdl_setup(ctx, what):
         """n per-layer launchers, each launch with programmatic dependent launch except the first of set 0 (a
         graph's first node): what = "attention" (decode_attention_cluster_pdl), "prologue" (qk_norm_rope_kv_pdl at
-        position ctx-1, writing that token's row of the layer's KV) or "pair" (the prologue, then the attention)."""
+        position ctx-1, writing that token's row of the layer's KV), "pair" (the prologue, then the attention) or
+        "rope" (decode_attention_rope_cluster_pdl: both in one launch)."""
         def setup(n):
             kv, bt, seq, npages = pool(ctx)
             pos = torch.tensor([ctx - 1], dtype=torch.int64, device=DEV)
@@ -307,6 +310,10 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
                 qkv, o, qn, kn = bf(1, QS), bf(1, NQ * D), bf(D), bf(D)
 
                 def f(qkv=qkv, o=o, qn=qn, kn=kn, kvp=kv.data_ptr() + l * layer_bytes, first=l == 0, kv=kv):
+                    if what == "rope":
+                        ks.launch(ROPE_PDL, (NKV, 8, 1), [qkv, pos, slot, qn, kn, cs, kvp, bt, seq, o, NQ, NKV, QS,
+                                                          npages, page_bytes, scale, eps], pdl=not first)
+                        return
                     if what != "attention":
                         ks.launch("qk_norm_rope_kv_pdl", (1, NKV), [qkv, pos, slot, qn, kn, cs, kvp, NQ, NKV, eps,
                                                                     page_bytes], pdl=not first)
@@ -354,6 +361,8 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
         add_attn(CLUSTER_PDL, ctx, PDL_PAIR, pdl_setup(ctx, "pair"), 0)
         add("qk_norm_rope_kv_pdl", 1, f"ctx={ctx} {PDL_PROLOGUE}", pdl_setup(ctx, "prologue"),
             QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16, set_bytes=QS * 2 + 4 * D)
+        # gen_qwen3's default decode attention: the prologue's decode work and the attention in one launch
+        add_attn(ROPE_PDL, ctx, PDL_CHAIN, pdl_setup(ctx, "rope"), 0)
 
     # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
     T = 2048
