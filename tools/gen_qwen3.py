@@ -6,6 +6,7 @@ Usage::
     python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
                               [--chunk 2048] [--max-positions 40960] [--model NAME] [--no-pdl]
                               [--fused-attention] [--gemv gemv|persistent]
+                              [--decode-attention rope-cluster|cluster|cuda|triton] [--cuda-attention]
 
 DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
 every kernel is wired by the NAME, parameter names and types the index gives, and every
@@ -38,7 +39,8 @@ its n and k; in decode, `residual` is written only by the embedding and then in 
 gemv_residual ops (o, down of each layer, in order); every declaration is used. The output is deterministic: the same config and index give the same
 bytes.
 
-Decode attention (`attention_decode`, one interface, three impls; `--decode-attention`):
+Decode attention (`--decode-attention`; default `rope-cluster`, below): the op `attention_decode` has one
+interface and three impls:
 `cluster` is one launch of `decode_attention_cluster` (tools/kernels-src/decode_attention.cu:
 a cluster of 8 CTAs per kv head splits the keys and merges through distributed shared memory; no
 scratch); `cuda` (`--cuda-attention`) is `decode_attention_split` + `decode_attention_merge` (two
@@ -534,8 +536,9 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
     (DECODE_ATTENTION_IMPLS). `fused_attention` (with `triton`): `attention_decode` is one launch of the
     fused kernel, with an extra interface param `counters` (module docstring). `pdl`: the decode-only
     ops (attention_decode, argmax)
-    launch the PDL kernel forms with `"pdl": true`, and decode's attention prologue is its own op
-    `qk_norm_rope_kv_pdl` (prefill keeps `qk_norm_rope_kv`: there it follows a cuBLASLt built-in,
+    launch the PDL kernel forms with `"pdl": true`, and (unless the impl is rope-cluster, whose one launch
+    does that work) decode's attention prologue is its own op `qk_norm_rope_kv_pdl` (prefill keeps
+    `qk_norm_rope_kv`: there it follows a cuBLASLt built-in,
     after which the flag buys nothing, kern-verify E0091). The embedding, decode's first launch,
     stays an ordinary launch (a root of the graph: E0091 too)."""
     c = b.cfg

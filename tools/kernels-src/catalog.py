@@ -477,14 +477,15 @@ PDL_EXTRA_DOC = {
         f" Exception: it also issues each warp's first {DA_CLUSTER_SLOTS} pages of K|V (the KV state) before the wait, "
         "and after the wait reads the current token's row (position L-1) again and uses that: correct when no "
         "launch that can still be running when it starts writes any other row of those pages — as in kern's decode "
-        "program, where the launch before it is qk_norm_rope_kv_pdl (writes only row L-1 and triggers only after "
-        "its own wait, so every earlier launch has completed)."),
+        "program with --decode-attention cluster, where the launch before it is qk_norm_rope_kv_pdl (writes only row "
+        "L-1 and triggers only after its own wait, so every earlier launch has completed)."),
     DECODE_ATTENTION_ROPE_CLUSTER: (
         f" Exception: it also issues each warp's first {DA_CLUSTER_SLOTS} pages of K|V (the KV state) before the wait; "
         "the current token's row (position L-1) in them may be stale, and the kernel attends to the row it computes "
         "itself (written over that row of the page's shared-memory copy): correct when no launch that can still be "
-        "running when it starts writes any other row of those pages — as in kern's decode program, where nothing "
-        "but this launch writes the cache during a decode step and the runs before it have completed."),
+        "running when it starts writes any other row of those pages — as in kern's decode program, where during a "
+        "decode step only this kernel writes the cache, each layer's launch its own layer's row L-1, and every "
+        "launch of earlier runs has completed (the step's first launch, the embedding, is an ordinary launch)."),
 }
 
 

@@ -78,9 +78,10 @@
 // finishes; after the wait it loads q, and the warp whose early pages hold the current token (position L-1)
 // reads that token's 512-byte row again and writes it over the row of its shared-memory copy of the page
 // (Inject) before attending to it. Correct when no launch that can still be running when this one starts
-// writes any other row of those pages: in kern's decode program the launch before it, qk_norm_rope_kv_pdl,
-// writes only row L-1 and executes launch_dependents only after its own wait, so every launch before that
-// one (earlier layers, earlier steps, prefill) has completed when this one starts. Same bits as the plain
+// writes any other row of those pages: in kern's decode program with `gen_qwen3.py --decode-attention cluster`
+// the launch before it, qk_norm_rope_kv_pdl, writes only row L-1 and executes launch_dependents only after its
+// own wait, so every launch before that one (earlier layers, earlier steps, prefill) has completed when this
+// one starts. Same bits as the plain
 // form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (session 8,
 // NOTES.md 29): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
 // without the early pages), 4.3 at 1,024 (5.1), 8.2 at 4,096 (8.2); kern-run 4B 2.83-2.86 ms/token at 4,096
@@ -88,8 +89,9 @@
 // with every early page: the current token's row is the one it computes (Inject), whatever the copy read. Its
 // launch follows the qkv GEMV, which triggers early, so earlier layers' kernels may still run (they write other
 // layers' rows, other bytes of the same pages); no launch of a decode step but this one writes this layer's
-// rows, and every launch of earlier runs has completed once the step's embedding_pdl has passed its wait (it
-// triggers after it, and a PDL kernel completes only after the one before it). kern-run 4B 2.57 ms/token at 128
+// rows, and every launch of earlier runs (earlier steps, prefill) has completed before the step began: its
+// first launch, the embedding, is an ordinary launch (no PDL attribute), which starts only once everything
+// before it on the stream has completed. kern-run 4B 2.57 ms/token at 128
 // cached tokens (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without them).
 #include <cstdint>
 #include <cooperative_groups.h>
