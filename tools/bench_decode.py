@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
+from benchinfo import commit, kv_capacity  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 for pkg in ("kern-schema", "kern-verify", "kern-driver", "kern-run"):
     sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
@@ -149,8 +149,7 @@ def bench_kern(res: Results, p, args, state):
     from kern_run.generator import ManifestInfo, Qwen3Session
 
     info = ManifestInfo.read(p["manifest"])
-    # KV capacity: the prompt and every decode step (4,096 tokens at least, the 2,048-token prefill bench too)
-    capacity = max(4096, -(-(args.context + args.steps) // 16) * 16)
+    capacity = kv_capacity(args.context, args.steps)
     t0 = time.perf_counter()
     rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=capacity)
     log(f"kern: loaded in {time.perf_counter() - t0:.1f} s")

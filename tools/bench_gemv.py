@@ -44,6 +44,8 @@ from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+from cubin_launch import launch_function  # noqa: E402
 from gemv_plan import GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_entry_unroll, plan_gemvp  # noqa: E402
 
 GEOMETRIES = {
@@ -94,20 +96,7 @@ class Gemv:
         f = self.fn(name, smem)
         stream = torch.cuda.current_stream().cuda_stream
         kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
-        if not pdl:
-            check(cu.cuLaunchKernel(f, grid, 1, 1, threads_of(name), 1, 1, smem, stream, kp, 0))
-            return
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads_of(name), 1, 1
-        cfg.sharedMemBytes = smem
-        cfg.hStream = cu.CUstream(stream)
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
-        check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
+        launch_function(f, (grid, 1, 1), (threads_of(name), 1, 1), smem, cu.CUstream(stream), kp, pdl)
 
 
 P = ctypes.c_void_p

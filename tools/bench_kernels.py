@@ -465,7 +465,7 @@ def main(argv=None) -> int:
             added = (CLUSTER_PDL, T, f"{ctx} {PDL_ADDED}", float("nan"), fl, tg - pro[5], n)
             rows.insert(rows.index(pro) + 1, added)
             print(f"  {CLUSTER_PDL:28s} T={T:<5d} {added[2]}  in-graph {added[5]:8.2f} us/call "
-                  f"{100 * floor / added[5]:5.1f}%", flush=True)
+                  f"{100 * fl / added[5]:5.1f}%", flush=True)
     dev = torch.cuda.get_device_name()
     head = (f"\n## Provider kernels (tools/bench_kernels.py), Qwen3-4B geometry\n\n"
             f"{datetime.date.today().isoformat()}, commit {commit()}, {dev}, torch {torch.__version__}; "

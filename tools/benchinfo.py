@@ -1,4 +1,5 @@
-"""What every benchmark table records about where it ran: the commit (stdlib only)."""
+"""What every benchmark table records about where it ran (the commit), and the KV capacity the decode
+benchmarks size their runtime with (stdlib only)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,9 @@ def commit() -> str:
                               check=True, timeout=10).stdout.strip() or "unknown"
     except Exception:
         return "unknown"
+
+
+def kv_capacity(context: int, steps: int) -> int:
+    """KV-cache tokens for a benchmark run: the prompt and every decode step, rounded up to a 16-token page,
+    and at least 4,096 (the 2,048-token prefill benchmarks and short runs keep the size they always had)."""
+    return max(4096, -(-(context + steps) // 16) * 16)

@@ -35,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
+from benchinfo import commit, kv_capacity  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools"))
 
 GROUPS = (  # (group, substrings of the kernel name), first match wins
@@ -70,7 +70,7 @@ def profile(manifest: Path, kernels: Path, weights: Path, context: int, steps: i
     from kern_driver import Runtime
     from kern_run.generator import ManifestInfo, Qwen3Session
 
-    capacity = max(4096, -(-(context + max(steps, 8)) // 16) * 16)  # KV tokens: the prompt and every step
+    capacity = kv_capacity(context, max(steps, 8))  # the warm run takes 8 steps
     rt = Runtime.load(manifest, kernels, weights, capacity_tokens=capacity)
     try:
         info = ManifestInfo.read(manifest)

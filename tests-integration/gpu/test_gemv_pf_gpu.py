@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, bits, kernels_dir  # noqa: E402
-from cubin_launch import check  # noqa: E402
+from cubin_launch import check, launch_function  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
 
 EPS = 1e-6
@@ -92,21 +92,8 @@ def launch(ks, name: str, args: list, n: int, ksplit: int, pdl: bool = False) ->
             types.append(_CT[t])
     kp = (tuple(vals), tuple(types))
     grid = grid_of(ks, name, n, ksplit)
-    stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
-    if not pdl:
-        check(cu.cuLaunchKernel(f, grid, 1, 1, *e["block"], smem, stream, kp, 0))
-        return
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = e["block"]
-    cfg.sharedMemBytes = smem
-    cfg.hStream = stream
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    check(cu.cuLaunchKernelEx(cfg, f, kp, 0))
+    launch_function(f, (grid, 1, 1), tuple(e["block"]), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
+                    kp, pdl)
 
 
 def test_pf_entries_are_twins(ks):

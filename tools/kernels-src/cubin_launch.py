@@ -89,20 +89,34 @@ class KernelSet:
             import torch
 
             stream = torch.cuda.current_stream().cuda_stream
-        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        bx, by, bz = k["block"]
-        if not pdl:
-            check(cu.cuLaunchKernel(self.function(name), gx, gy, gz, bx, by, bz, k["shared_mem"],
-                                    cu.CUstream(stream), ctypes.addressof(ptrs), 0))
-            return
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
-        cfg.sharedMemBytes = k["shared_mem"]
-        cfg.hStream = cu.CUstream(stream)
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
-        check(cu.cuLaunchKernelEx(cfg, self.function(name), ctypes.addressof(ptrs), 0))
+        launch_function(self.function(name), (tuple(grid) + (1, 1))[:3], k["block"], k["shared_mem"],
+                        cu.CUstream(stream), ctypes.addressof(ptrs), pdl)
+
+
+def pdl_config(grid, block, smem: int, stream) -> "cu.CUlaunchConfig":
+    """The CUlaunchConfig of a programmatic dependent launch (CUDA driver API, sm_90): grid and block are
+    3-tuples, smem the dynamic shared memory in bytes, stream a CUstream; one attribute,
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 (the kernel may begin before the previous kernel
+    on the stream completes; stream capture keeps it as a programmatic edge of the graph)."""
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = smem
+    cfg.hStream = stream
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
+
+
+def launch_function(f, grid, block, smem: int, stream, kernel_params, pdl: bool = False) -> None:
+    """Launch CUfunction `f` (grid, block: 3-tuples; smem: bytes; stream: a CUstream; kernel_params: what
+    cuLaunchKernel takes, an address of the argument pointers or cuda.bindings' (values, types) tuple) with
+    cuLaunchKernel, or with pdl=True through cuLaunchKernelEx and `pdl_config`. Raises RuntimeError on a
+    driver error."""
+    if not pdl:
+        check(cu.cuLaunchKernel(f, *grid, *block, smem, stream, kernel_params, 0))
+        return
+    check(cu.cuLaunchKernelEx(pdl_config(grid, block, smem, stream), f, kernel_params, 0))
