@@ -211,14 +211,15 @@ def test_decode_attention_pdl_twins(ks, impl, nq, L, S):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("nq,L", [(32, 1), (32, 16), (32, 17), (32, 130), (16, 1000), (32, 2048), (32, 2049),
-                                  (64, 2064), (32, 4096), (40, 33000)])
+@pytest.mark.parametrize("nq,L", [(32, 1), (32, 16), (32, 17), (32, 130), (16, 1000), (32, 1009), (32, 1024),
+                                  (32, 1025), (32, 2048), (32, 2049), (64, 2064), (32, 4096), (40, 33000)])
 def test_cluster_pdl_after_prologue(ks, nq, L, graph):
     """decode_attention_cluster_pdl as the decode program launches it: right after qk_norm_rope_kv_pdl, both with
-    programmatic dependent launch, over 4 layers. The cluster form issues each warp's first 4 pages before its
-    griddepcontrol.wait, while the prologue may still be writing the current token's row (position L-1) into one
-    of them; the row is read again after the wait (L <= 2048 + its warp's 4 pages: 2,048 tokens for warp 0, up to
-    2,064 for warp 31) or, further out, its page is only issued after the wait. The row in the cache is poisoned
+    programmatic dependent launch, over 4 layers. The cluster form issues each warp's first 2 pages before its
+    griddepcontrol.wait (catalog.DA_PRE_PAGES), while the prologue may still be writing the current token's row
+    (position L-1) into one of them; the row is read again after the wait (L <= 1,024: the warps' second pages end
+    at 528 tokens for warp 0, 1,024 for warp 31), or, further out, its page is only issued after the wait (the
+    ring's other 2 pages right after q's load: up to 2,064 tokens; then the page loop). The row in the cache is poisoned
     (NaN) before the chain, so a stale copy shows. Outputs equal the same chain launched without the attribute,
     from the plain twins (qk_norm_rope_kv, decode_attention_cluster), bit for bit, and the float64 reference."""
     layers, eps = 4, 1e-6

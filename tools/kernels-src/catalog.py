@@ -232,6 +232,9 @@ DA_SLOT_BYTES = 16 * DA_ROW
 DA_SPLIT_SLOTS = 2
 DA_CLUSTER = 8
 DA_CLUSTER_SLOTS = 4
+#: Of a cluster-form warp's first DA_CLUSTER_SLOTS pages, those its PDL form issues before griddepcontrol.wait
+#: (decode_attention.cu DA_PRE_PAGES).
+DA_PRE_PAGES = 2
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
@@ -474,13 +477,13 @@ PDL_DOC = (" PDL form (programmatic dependent launch, manifest `\"pdl\": true`):
 #: What a PDL form reads before its wait beyond inputs and weights (decode_attention.cu's header says why it is safe).
 PDL_EXTRA_DOC = {
     DECODE_ATTENTION_CLUSTER: (
-        f" Exception: it also issues each warp's first {DA_CLUSTER_SLOTS} pages of K|V (the KV state) before the wait, "
+        f" Exception: it also issues each warp's first {DA_PRE_PAGES} pages of K|V (the KV state) before the wait, "
         "and after the wait reads the current token's row (position L-1) again and uses that: correct when no "
         "launch that can still be running when it starts writes any other row of those pages — as in kern's decode "
         "program with --decode-attention cluster, where the launch before it is qk_norm_rope_kv_pdl (writes only row "
         "L-1 and triggers only after its own wait, so every earlier launch has completed)."),
     DECODE_ATTENTION_ROPE_CLUSTER: (
-        f" Exception: it also issues each warp's first {DA_CLUSTER_SLOTS} pages of K|V (the KV state) before the wait; "
+        f" Exception: it also issues each warp's first {DA_PRE_PAGES} pages of K|V (the KV state) before the wait; "
         "the current token's row (position L-1) in them may be stale, and the kernel attends to the row it computes "
         "itself (written over that row of the page's shared-memory copy): correct when no launch that can still be "
         "running when it starts writes any other row of those pages — as in kern's decode program, where during a "

@@ -74,18 +74,19 @@
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
 // decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each
-// warp's first DA_CLUSTER_SLOTS pages of K|V before the wait, so that they stream while the launch before it
-// finishes; after the wait it loads q, and the warp whose early pages hold the current token (position L-1)
+// warp's first DA_PRE_PAGES = 2 pages of K|V before the wait, so that they stream while the launch before it
+// finishes; after the wait it loads q, then issues the other DA_CLUSTER_SLOTS - 2 pages of its ring (the q load
+// would queue behind them), and the warp whose early pages hold the current token (position L-1)
 // reads that token's 512-byte row again and writes it over the row of its shared-memory copy of the page
 // (Inject) before attending to it. Correct when no launch that can still be running when this one starts
 // writes any other row of those pages: in kern's decode program with `gen_qwen3.py --decode-attention cluster`
 // the launch before it, qk_norm_rope_kv_pdl, writes only row L-1 and executes launch_dependents only after its
 // own wait, so every launch before that one (earlier layers, earlier steps, prefill) has completed when this
 // one starts. Same bits as the plain
-// form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (session 8,
-// NOTES.md 29): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
-// without the early pages), 4.3 at 1,024 (5.1), 8.2 at 4,096 (8.2); kern-run 4B 2.83-2.86 ms/token at 4,096
-// (2.86-2.95 without). decode_attention_rope_cluster (the generator's default since session 8) does the same
+// form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (sessions 8-9,
+// NOTES.md 29-30): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
+// without the early pages), 4.4 at 1,024 (5.1), 7.75 at 4,096 (8.2; 8.15 with all four ring pages early);
+// kern-run 4B 2.81-2.82 ms/token at 4,096 (2.86-2.95 without). decode_attention_rope_cluster (the generator's default since session 8) does the same
 // with every early page: the current token's row is the one it computes (Inject), whatever the copy read. Its
 // launch follows the qkv GEMV, which triggers early, so earlier layers' kernels may still run (they write other
 // layers' rows, other bytes of the same pages); no launch of a decode step but this one writes this layer's
@@ -126,6 +127,9 @@ namespace cg = cooperative_groups;
 #endif
 #ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
+#endif
+#ifndef DA_PRE_PAGES  // of a warp's first SLOTS pages, those issued before after_issue() (the PDL wait, q); the rest after
+#define DA_PRE_PAGES 2
 #endif
 #ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
 #ifdef KERN_PDL
@@ -273,8 +277,10 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
     cp_async_commit();
 }
 
-// After its first SLOTS pages are issued the warp calls after_issue() (the PDL form's wait and q load), then runs
-// the page loop.
+// The warp issues its first min(DA_PRE_PAGES, SLOTS) pages, calls after_issue() (the PDL form's wait and q load),
+// issues the rest of its first SLOTS pages, then runs the page loop. Two pages before the hook, not all four: the q
+// load after the wait queues behind every copy issued before it (H200, session 9, NOTES.md 30: at 4,096 tokens the
+// cluster form after its prologue 7.75 us per layer with two, 8.15 with four).
 struct NoHook {
     __device__ __forceinline__ void operator()() const {}
 };
@@ -297,9 +303,12 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     const uint32_t v_off = uint32_t((((mi & 1) << 3) + tok_perm(lane & 7)) * DA_ROW + 256 + (mi >> 1) * 16);
 
 #pragma unroll
-    for (int k = 0; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
+    for (int k = 0; k < (DA_PRE_PAGES < SLOTS ? DA_PRE_PAGES : SLOTS); ++k)
+        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
     DA_STAMP(2, 0);
     after_issue();
+#pragma unroll
+    for (int k = DA_PRE_PAGES; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
 
     for (int k = 0; k < count; ++k) {
         cp_async_wait<SLOTS - 1>();  // SLOTS + k groups committed: page k's is complete
@@ -597,12 +606,12 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     uint32_t qa[4][4];
     float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
 #if DA_PREWAIT
-    // Each warp issues its first DA_CLUSTER_SLOTS pages before the PDL wait (see the header: every row of the cache
+    // Each warp issues its first DA_PRE_PAGES pages before the PDL wait (see the header: every row of the cache
     // but the current token's was final before this launch started), then waits and loads q. If the current
     // token's page (logical jn, index kn in its warp's list) went out before the wait, its warp reads that token's
     // row again after the wait and the page loop puts it over the row of the page's shared-memory copy (Inject).
     const int jn = geo.npages - 1, kn = (jn - gw) / step;
-    const bool refresh = jn % step == gw && kn < DA_CLUSTER_SLOTS;  // warp-uniform
+    const bool refresh = jn % step == gw && kn < DA_PRE_PAGES;  // warp-uniform
     Inject inj{-1, 0, {}};
     const auto after_issue = [&]() {
         DA_PDL_WAIT();
@@ -764,7 +773,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     uint32_t qa[4][4];
     Inject inj{-1, 0, {}};
     // After the PDL wait: q, and the current token's row (its page's shared-memory copy gets the computed row,
-    // so the copy may predate the store). DA_PREWAIT: each warp's first DA_CLUSTER_SLOTS pages go out before the
+    // so the copy may predate the store). DA_PREWAIT: each warp's first DA_PRE_PAGES pages go out before the
     // wait (every other row of the cache was final before this launch started: see the header).
     const auto after_wait = [&]() {
         load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
