@@ -32,7 +32,9 @@ and right after its layer's ``qk_norm_rope_kv_pdl`` (``pair``) beside the prolog
 (``added to a layer``) is what the attention costs a decode layer; it issues its first pages before its
 griddepcontrol.wait, so under PDL they stream while the launch before it finishes. The default decode
 attention of the generator, ``decode_attention_rope_cluster_pdl`` (the prologue's decode work and the
-attention in one launch), runs back to back with PDL (its time per call is a whole layer's attention).
+attention in one launch), runs back to back with PDL (its time per call is a whole layer's attention), and right
+after its layer's qkv GEMV (``kern_gemv_norm_m1``, PDL, its own 31.5 MB weight per layer; it writes the qkv the
+attention reads) beside the GEMV chain alone: the difference is what the default attention costs a decode layer.
 
 `--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
 built by ``build_kernels.py --fused-attention``; refused when the index lacks it) at the same
@@ -77,6 +79,13 @@ DECODE_CONTEXTS = (512, 1024, 4096, 16384, 32768)
 CLUSTER_PDL, ROPE_PDL = "decode_attention_cluster_pdl", "decode_attention_rope_cluster_pdl"
 PDL_CHAIN, PDL_PAIR, PDL_PROLOGUE = "PDL chain", "PDL, after qk_norm_rope_kv_pdl (pair)", "PDL chain (prologue alone)"
 PDL_ADDED = "PDL, added to a layer after its prologue (pair - prologue)"
+#: The default decode attention as the program launches it: right after the layer's qkv GEMV (which writes its qkv).
+QKV_GEMV = "kern_gemv_norm_m1"
+ROPE_PAIR, QKV_ALONE = "PDL, after the qkv GEMV (pair)", "PDL chain (qkv GEMV alone)"
+ROPE_ADDED = "PDL, added to a layer after the qkv GEMV (pair - GEMV)"
+#: (pair kernel, pair note, base kernel, base note, note of the difference row): main() adds pair - base per context.
+ADDED_ROWS = ((CLUSTER_PDL, PDL_PAIR, "qk_norm_rope_kv_pdl", PDL_PROLOGUE, PDL_ADDED),
+              (ROPE_PDL, ROPE_PAIR, QKV_GEMV, QKV_ALONE, ROPE_ADDED))
 
 
 def cuda_splits(ctx: int, S: int) -> int:
@@ -296,23 +305,39 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             return out
         return setup
 
+    def qkv_gemv():
+        """kern_gemv_norm_m1's grid and ksplit for the qkv shape (n = QS, k = H), as gen_qwen3 plans them."""
+        from gen_qwen3 import gemv_ksplit  # the generator's rule (imports kern-schema: only when this case runs)
+
+        cx = ks.kernels[QKV_GEMV]["constexprs"]
+        ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
+        return (-(-QS // (cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit)),), ksplit
+
     def pdl_setup(ctx, what):
         """n per-layer launchers, each launch with programmatic dependent launch except the first of set 0 (a
         graph's first node): what = "attention" (decode_attention_cluster_pdl), "prologue" (qk_norm_rope_kv_pdl at
-        position ctx-1, writing that token's row of the layer's KV), "pair" (the prologue, then the attention) or
-        "rope" (decode_attention_rope_cluster_pdl: both in one launch)."""
+        position ctx-1, writing that token's row of the layer's KV), "pair" (the prologue, then the attention),
+        "rope" (decode_attention_rope_cluster_pdl: both in one launch), "qkv" (the qkv GEMV, writing the layer's
+        qkv from its own weight) or "qkv+rope" (the qkv GEMV, then the rope form)."""
         def setup(n):
             kv, bt, seq, npages = pool(ctx)
             pos = torch.tensor([ctx - 1], dtype=torch.int64, device=DEV)
             slot = (bt[(ctx - 1) // 16].long() * 16 + (ctx - 1) % 16).reshape(1)
             cs, out = cos_sin(), []
+            x, nw = once("x", lambda: bf(H)), once("norm_w", lambda: bf(H))
+            grid, ksplit = qkv_gemv() if what.startswith("qkv") else (None, None)
             for l in range(n):
                 qkv, o, qn, kn = bf(1, QS), bf(1, NQ * D), bf(D), bf(D)
+                w = once(f"w_qkv{l}", lambda: bf(QS, H)) if what.startswith("qkv") else None
 
-                def f(qkv=qkv, o=o, qn=qn, kn=kn, kvp=kv.data_ptr() + l * layer_bytes, first=l == 0, kv=kv):
-                    if what == "rope":
+                def f(qkv=qkv, o=o, qn=qn, kn=kn, kvp=kv.data_ptr() + l * layer_bytes, first=l == 0, kv=kv, w=w):
+                    if what.startswith("qkv"):
+                        ks.launch(QKV_GEMV, grid, [x, nw, w, qkv, QS, H, eps, ksplit], pdl=not first)
+                        if what == "qkv":
+                            return
+                    if what in ("rope", "qkv+rope"):
                         ks.launch(ROPE_PDL, (NKV, 8, 1), [qkv, pos, slot, qn, kn, cs, kvp, bt, seq, o, NQ, NKV, QS,
-                                                          npages, page_bytes, scale, eps], pdl=not first)
+                                                          npages, page_bytes, scale, eps], pdl=what != "rope" or not first)
                         return
                     if what != "attention":
                         ks.launch("qk_norm_rope_kv_pdl", (1, NKV), [qkv, pos, slot, qn, kn, cs, kvp, NQ, NKV, eps,
@@ -324,10 +349,10 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             return out
         return setup
 
-    def add_attn(name, ctx, note, setup, scratch_splits):
+    def add_attn(name, ctx, note, setup, scratch_splits, weight_bytes=0):
         nbytes = ctx * kv_bytes + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * scratch_splits * (D + 2) * 4
         add(name, 1, f"ctx={ctx} {note}".rstrip(), setup, nbytes, 4 * NQ * D * ctx,
-            set_bytes=QS * 2 + NQ * D * 2, fixed_bytes=-(-ctx // 16) * page_bytes)
+            set_bytes=QS * 2 + NQ * D * 2 + weight_bytes, fixed_bytes=-(-ctx // 16) * page_bytes)
 
     for ctx in DECODE_CONTEXTS:
         for S in (16, 32, 64):
@@ -363,6 +388,11 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16, set_bytes=QS * 2 + 4 * D)
         # gen_qwen3's default decode attention: the prologue's decode work and the attention in one launch
         add_attn(ROPE_PDL, ctx, PDL_CHAIN, pdl_setup(ctx, "rope"), 0)
+        # ... as the program launches it, right after its layer's qkv GEMV, beside the GEMV chain alone (main adds
+        # the difference: what the default attention costs a decode layer)
+        add_attn(ROPE_PDL, ctx, ROPE_PAIR, pdl_setup(ctx, "qkv+rope"), 0, weight_bytes=QS * H * 2)
+        add(QKV_GEMV, 1, f"ctx={ctx} {QKV_ALONE}", pdl_setup(ctx, "qkv"), QS * H * 2 + H * 4 + QS * 2,
+            2 * QS * H, set_bytes=QS * H * 2 + QS * 2)
 
     # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
     T = 2048
@@ -406,9 +436,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     def selected(cases):
-        # the prologue-alone rows go with the PDL attention's (main subtracts them)
-        pair = a.only is None or a.only in CLUSTER_PDL
-        return [c for c in cases if a.only is None or a.only in c.name or (pair and c.note.endswith(PDL_PROLOGUE))]
+        # the rows main() subtracts (the prologue alone, the qkv GEMV alone) go with their pair's kernel
+        def base_of_selected_pair(c):
+            return any(c.name == base and c.note.endswith(base_note) and a.only in pair
+                       for pair, _, base, base_note, _ in ADDED_ROWS)
+        return [c for c in cases if a.only is None or a.only in c.name or base_of_selected_pair(c)]
     g = PRESETS["4b"]
     L = g.num_hidden_layers  # 36 back-to-back calls per graph, as in the 4B decode program
 
@@ -457,15 +489,17 @@ def main(argv=None) -> int:
         print(f"  {c.name:28s} T={c.T:<5d} {c.note:18s} {t:9.2f} us  floor {floor:8.2f} us  "
               f"{100 * floor / t:5.1f}%{gtxt}", flush=True)
 
-    # what the PDL attention adds to a layer after its prologue: the pair's in-graph time minus the prologue's
-    for name, T, note, us, fl, tg, n in list(rows):
-        if name == CLUSTER_PDL and note.endswith(PDL_PAIR):
-            ctx = note.split()[0]
-            pro = next(r for r in rows if r[0] == "qk_norm_rope_kv_pdl" and r[2] == f"{ctx} {PDL_PROLOGUE}")
-            added = (CLUSTER_PDL, T, f"{ctx} {PDL_ADDED}", float("nan"), fl, tg - pro[5], n)
-            rows.insert(rows.index(pro) + 1, added)
-            print(f"  {CLUSTER_PDL:28s} T={T:<5d} {added[2]}  in-graph {added[5]:8.2f} us/call "
-                  f"{100 * fl / added[5]:5.1f}%", flush=True)
+    # what a PDL attention adds to a layer after the launch before it: the pair's in-graph time minus that launch's
+    # alone (ADDED_ROWS: the cluster form after its prologue, the rope form after the qkv GEMV)
+    for pair, pair_note, base, base_note, added_note in ADDED_ROWS:
+        for name, T, note, us, fl, tg, n in list(rows):
+            if name == pair and note.endswith(pair_note):
+                ctx = note.split()[0]
+                pro = next(r for r in rows if r[0] == base and r[2] == f"{ctx} {base_note}")
+                added = (pair, T, f"{ctx} {added_note}", float("nan"), fl, tg - pro[5], n)
+                rows.insert(rows.index(pro) + 1, added)
+                print(f"  {pair:28s} T={T:<5d} {added[2]}  in-graph {added[5]:8.2f} us/call "
+                      f"{100 * fl / added[5]:5.1f}%", flush=True)
     dev = torch.cuda.get_device_name()
     head = (f"\n## Provider kernels (tools/bench_kernels.py), Qwen3-4B geometry\n\n"
             f"{datetime.date.today().isoformat()}, commit {commit()}, {dev}, torch {torch.__version__}; "
