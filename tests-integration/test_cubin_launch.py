@@ -1,4 +1,5 @@
-"""tools/kernels-src/cubin_launch.py's launch config for programmatic dependent launch (no GPU: the struct only)."""
+"""tools/kernels-src/cubin_launch.py without a GPU: the launch config for programmatic dependent launch (the struct
+only) and the dynamic shared memory of a launch (index entries with `shared_mem_per`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 cu = pytest.importorskip("cuda.bindings.driver")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "kernels-src"))
-from cubin_launch import pdl_config  # noqa: E402
+from cubin_launch import pdl_config, shared_mem_of  # noqa: E402
 
 
 def test_pdl_config_carries_the_geometry_and_the_one_attribute():
@@ -20,3 +21,20 @@ def test_pdl_config_carries_the_geometry_and_the_one_attribute():
     attr = cfg.attrs[0]
     assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert attr.value.programmaticStreamSerializationAllowed == 1
+
+
+GEMV_ENTRY = {"entry": "kern_gemv_norm_m1", "param_names": ["x", "norm_w", "w", "y", "n", "k", "eps", "ksplit"],
+              "shared_mem": 0, "shared_mem_per": {"k": 2}}
+
+
+def test_shared_mem_of_adds_the_per_param_bytes():
+    # gemv.cu keeps x in shared memory: 2 bytes per element of k (the 4B qkv GEMV: k = 2560 -> 5120 bytes, as the
+    # example manifest's launch says)
+    assert shared_mem_of(GEMV_ENTRY, [0, 0, 0, 0, 6144, 2560, 1e-6, 1]) == 5120
+    assert shared_mem_of({"entry": "e", "param_names": ["a"], "shared_mem": 139776}, [0]) == 139776
+
+
+@pytest.mark.parametrize("k", [2560.0, None, True])
+def test_shared_mem_of_wants_an_int_for_a_sizing_param(k):
+    with pytest.raises(ValueError, match="param `k` sizes the dynamic shared memory"):
+        shared_mem_of(GEMV_ENTRY, [0, 0, 0, 0, 6144, k, 1e-6, 1])

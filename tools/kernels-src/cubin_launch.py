@@ -36,6 +36,21 @@ def check(res):
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
+def shared_mem_of(k: dict, args) -> int:
+    """Dynamic shared memory (bytes) of one launch of index entry `k` with `args` (its params without Triton's
+    hidden two): the index's `shared_mem` plus, for each param that `shared_mem_per` names (index format 1),
+    its coefficient × the value passed (gemv.cu's x in shared memory: 2 bytes per element of `k`). Raises
+    ValueError when such a param's value is not an int."""
+    smem = int(k["shared_mem"])
+    for p, coeff in k.get("shared_mem_per", {}).items():
+        v = args[k["param_names"].index(p)]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{k['entry']}: param `{p}` sizes the dynamic shared memory ({coeff} bytes each), so it "
+                             f"must be a Python int, not {v!r}")
+        smem += coeff * v
+    return smem
+
+
 class KernelSet:
     def __init__(self, kernels_dir):
         self.dir = Path(kernels_dir)
@@ -43,6 +58,7 @@ class KernelSet:
         self.kernels = self.index["kernels"]
         self._modules: dict[str, object] = {}
         self._funcs: dict[str, object] = {}
+        self._smem_limit: dict[str, int] = {}  # the MAX_DYNAMIC_SHARED_SIZE_BYTES set per kernel (48 KB unset)
         self._images: list[bytes] = []
         check(cu.cuInit(0))
         ctx = check(cu.cuCtxGetCurrent())
@@ -59,16 +75,21 @@ class KernelSet:
                 self._images.append(image)
                 mod = check(cu.cuModuleLoadData(image))
                 self._modules[k["module"]] = mod
-            f = check(cu.cuModuleGetFunction(mod, k["entry"].encode()))
-            if k["shared_mem"] > 48 * 1024:
-                check(cu.cuFuncSetAttribute(
-                    f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k["shared_mem"]))
-            self._funcs[name] = f
+            self._funcs[name] = check(cu.cuModuleGetFunction(mod, k["entry"].encode()))
+            self._smem_limit[name] = 48 * 1024
+            self._allow_smem(name, k["shared_mem"])
         return self._funcs[name]
+
+    def _allow_smem(self, name: str, smem: int) -> None:
+        """Raise kernel `name`'s dynamic shared memory limit to `smem` bytes where it is above the 48 KB default."""
+        if smem > self._smem_limit[name]:
+            check(cu.cuFuncSetAttribute(self._funcs[name],
+                                        cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+            self._smem_limit[name] = smem
 
     def launch(self, name: str, grid, args, stream: int | None = None, pdl: bool = False):
         """Enqueue kernel `name` with `grid` (1-3 ints) and `args` (see the module docstring) on `stream`
-        (default: torch's current stream). pdl=True: through cuLaunchKernelEx with the attribute
+        (default: torch's current stream), with the dynamic shared memory `shared_mem_of` computes. pdl=True: through cuLaunchKernelEx with the attribute
         CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 (programmatic dependent launch, sm_90: the
         kernel may begin before the previous kernel on the stream completes; a graph captures the edge)."""
         k = self.kernels[name]
@@ -78,6 +99,8 @@ class KernelSet:
         args = list(args) + [0] * n_hidden
         if len(args) != len(types):
             raise TypeError(f"{name}: {len(args)} args for {len(types)} params {k['param_names']}")
+        smem = shared_mem_of(k, args)
+        self._allow_smem(name, smem)
         holders = []
         for a, t in zip(args, types):
             if _PTR.match(t):
@@ -89,8 +112,8 @@ class KernelSet:
             import torch
 
             stream = torch.cuda.current_stream().cuda_stream
-        launch_function(self.function(name), (tuple(grid) + (1, 1))[:3], k["block"], k["shared_mem"],
-                        cu.CUstream(stream), ctypes.addressof(ptrs), pdl)
+        launch_function(f, (tuple(grid) + (1, 1))[:3], k["block"], smem, cu.CUstream(stream),
+                        ctypes.addressof(ptrs), pdl)
 
 
 def pdl_config(grid, block, smem: int, stream) -> "cu.CUlaunchConfig":
