@@ -34,6 +34,11 @@ def test_shared_mem_of_adds_the_per_param_bytes():
     assert shared_mem_of({"entry": "e", "param_names": ["a"], "shared_mem": 139776}, [0]) == 139776
 
 
+def test_shared_mem_of_takes_numpy_ints():
+    np = pytest.importorskip("numpy")
+    assert shared_mem_of(GEMV_ENTRY, [0, 0, 0, 0, 6144, np.int64(2560), 1e-6, 1]) == 5120
+
+
 @pytest.mark.parametrize("k", [2560.0, None, True])
 def test_shared_mem_of_wants_an_int_for_a_sizing_param(k):
     with pytest.raises(ValueError, match="param `k` sizes the dynamic shared memory"):

@@ -337,7 +337,8 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
                             return
                     if what in ("rope", "qkv+rope"):
                         ks.launch(ROPE_PDL, (NKV, 8, 1), [qkv, pos, slot, qn, kn, cs, kvp, bt, seq, o, NQ, NKV, QS,
-                                                          npages, page_bytes, scale, eps], pdl=what != "rope" or not first)
+                                                          npages, page_bytes, scale, eps],
+                                  pdl=what != "rope" or not first)
                         return
                     if what != "attention":
                         ks.launch("qk_norm_rope_kv_pdl", (1, NKV), [qkv, pos, slot, qn, kn, cs, kvp, NQ, NKV, eps,
@@ -349,8 +350,9 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             return out
         return setup
 
-    def add_attn(name, ctx, note, setup, scratch_splits, weight_bytes=0):
-        nbytes = ctx * kv_bytes + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * scratch_splits * (D + 2) * 4
+    def add_attn(name, ctx, note, setup, scratch_splits, weight_bytes=0, before_bytes=0):
+        """before_bytes: what the launch before it in a pair reads and writes (its floor counts both launches')."""
+        nbytes = ctx * kv_bytes + NQ * D * 4 + ctx // 16 * 4 + 2 * NQ * scratch_splits * (D + 2) * 4 + before_bytes
         add(name, 1, f"ctx={ctx} {note}".rstrip(), setup, nbytes, 4 * NQ * D * ctx,
             set_bytes=QS * 2 + NQ * D * 2 + weight_bytes, fixed_bytes=-(-ctx // 16) * page_bytes)
 
@@ -383,16 +385,19 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
         # (PDL_CHAIN), and right after its layer's qk_norm_rope_kv_pdl (PDL_PAIR, beside the prologue alone,
         # PDL_PROLOGUE: main() adds the difference, what the attention adds to a layer).
         add_attn(CLUSTER_PDL, ctx, PDL_CHAIN, pdl_setup(ctx, "attention"), 0)
-        add_attn(CLUSTER_PDL, ctx, PDL_PAIR, pdl_setup(ctx, "pair"), 0)
+        prologue_bytes = QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16
+        add_attn(CLUSTER_PDL, ctx, PDL_PAIR, pdl_setup(ctx, "pair"), 0, before_bytes=prologue_bytes)
         add("qk_norm_rope_kv_pdl", 1, f"ctx={ctx} {PDL_PROLOGUE}", pdl_setup(ctx, "prologue"),
-            QS * 2 + NQ * D * 2 + 2 * NKV * D * 2 + D * 4 + 16, set_bytes=QS * 2 + 4 * D)
+            prologue_bytes, set_bytes=QS * 2 + 4 * D)
         # gen_qwen3's default decode attention: the prologue's decode work and the attention in one launch
         add_attn(ROPE_PDL, ctx, PDL_CHAIN, pdl_setup(ctx, "rope"), 0)
         # ... as the program launches it, right after its layer's qkv GEMV, beside the GEMV chain alone (main adds
         # the difference: what the default attention costs a decode layer)
-        add_attn(ROPE_PDL, ctx, ROPE_PAIR, pdl_setup(ctx, "qkv+rope"), 0, weight_bytes=QS * H * 2)
-        add(QKV_GEMV, 1, f"ctx={ctx} {QKV_ALONE}", pdl_setup(ctx, "qkv"), QS * H * 2 + H * 4 + QS * 2,
-            2 * QS * H, set_bytes=QS * H * 2 + QS * 2)
+        gemv_bytes = QS * H * 2 + H * 4 + QS * 2
+        add_attn(ROPE_PDL, ctx, ROPE_PAIR, pdl_setup(ctx, "qkv+rope"), 0, weight_bytes=QS * H * 2,
+                 before_bytes=gemv_bytes)
+        add(QKV_GEMV, 1, f"ctx={ctx} {QKV_ALONE}", pdl_setup(ctx, "qkv"), gemv_bytes, 2 * QS * H,
+            set_bytes=QS * H * 2 + QS * 2, fixed_bytes=-(-ctx // 16) * page_bytes)
 
     # prefill attention: a 2048-token chunk, with and without earlier context (standalone only)
     T = 2048
@@ -496,10 +501,11 @@ def main(argv=None) -> int:
             if name == pair and note.endswith(pair_note):
                 ctx = note.split()[0]
                 pro = next(r for r in rows if r[0] == base and r[2] == f"{ctx} {base_note}")
-                added = (pair, T, f"{ctx} {added_note}", float("nan"), fl, tg - pro[5], n)
+                # the difference's floor: the pair's (both launches' bytes) minus the launch before's
+                added = (pair, T, f"{ctx} {added_note}", float("nan"), fl - pro[4], tg - pro[5], n)
                 rows.insert(rows.index(pro) + 1, added)
                 print(f"  {pair:28s} T={T:<5d} {added[2]}  in-graph {added[5]:8.2f} us/call "
-                      f"{100 * fl / added[5]:5.1f}%", flush=True)
+                      f"{100 * added[4] / added[5]:5.1f}%", flush=True)
     dev = torch.cuda.get_device_name()
     head = (f"\n## Provider kernels (tools/bench_kernels.py), Qwen3-4B geometry\n\n"
             f"{datetime.date.today().isoformat()}, commit {commit()}, {dev}, torch {torch.__version__}; "

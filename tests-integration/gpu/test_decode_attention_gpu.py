@@ -210,16 +210,27 @@ def test_decode_attention_pdl_twins(ks, impl, nq, L, S):
 
 
 
+from catalog import DA_CLUSTER, DA_CLUSTER_SLOTS, DA_PRE_PAGES, DA_WARPS  # noqa: E402
+
+#: Cached tokens up to which the current token's page is one a warp issues before its PDL wait (the warps of a kv
+#: head take logical pages round-robin: DA_CLUSTER * DA_WARPS = 32 of 16 tokens per turn), and up to which it is one
+#: of the ring's first pages (the rest issued right after the wait).
+EARLY_EDGE = 16 * DA_CLUSTER * DA_WARPS * DA_PRE_PAGES
+RING_EDGE = 16 * DA_CLUSTER * DA_WARPS * DA_CLUSTER_SLOTS
+
+
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("nq,L", [(32, 1), (32, 16), (32, 17), (32, 130), (16, 1000), (32, 1009), (32, 1024),
-                                  (32, 1025), (32, 2048), (32, 2049), (64, 2064), (32, 4096), (40, 33000)])
+@pytest.mark.parametrize("nq,L", [(32, 1), (32, 16), (32, 17), (32, 130), (16, 1000), (32, EARLY_EDGE - 15),
+                                  (32, EARLY_EDGE), (32, EARLY_EDGE + 1), (32, RING_EDGE), (32, RING_EDGE + 1),
+                                  (64, RING_EDGE + 16), (32, 4096), (40, 33000)])
 def test_cluster_pdl_after_prologue(ks, nq, L, graph):
     """decode_attention_cluster_pdl as the decode program launches it: right after qk_norm_rope_kv_pdl, both with
     programmatic dependent launch, over 4 layers. The cluster form issues each warp's first 2 pages before its
     griddepcontrol.wait (catalog.DA_PRE_PAGES), while the prologue may still be writing the current token's row
-    (position L-1) into one of them; the row is read again after the wait (L <= 1,024: the warps' second pages end
-    at 528 tokens for warp 0, 1,024 for warp 31), or, further out, its page is only issued after the wait (the
-    ring's other 2 pages right after q's load: up to 2,064 tokens; then the page loop). The row in the cache is poisoned
+    (position L-1) into one of them; the row is read again after the wait (L <= EARLY_EDGE = 1,024: the warps'
+    second pages end at 528 tokens for warp 0, 1,024 for warp 31), or, further out, its page is only issued after
+    the wait (the ring's other 2 pages right after q's load, up to RING_EDGE = 2,048 tokens; warp 0's ring ends at
+    1,552; then the page loop, from 2,049). The row in the cache is poisoned
     (NaN) before the chain, so a stale copy shows. Outputs equal the same chain launched without the attribute,
     from the plain twins (qk_norm_rope_kv, decode_attention_cluster), bit for bit, and the float64 reference."""
     layers, eps = 4, 1e-6

@@ -5,7 +5,8 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc):
     python3 tools/gpu/da_timeline.py [--lengths 512 4096] [--reps 5]
 
 Builds tools/kernels-src/decode_attention.cu with -DDA_TIMELINE (lane 0 of every warp of the cluster form
-stamps %globaltimer, ns, at 8 points: entry, seq_lens and block table loaded, its first pages' copies issued,
+stamps %globaltimer, ns, at 8 points: entry, seq_lens and block table loaded, its first pages' copies issued (the
+PDL build: the DA_PRE_PAGES issued before its wait),
 first page in shared memory, page loop done, CTA merge done, cluster barrier passed, exit; the default build has none of it) and,
 per context length, replays a CUDA graph of 36 back-to-back calls (one per layer of a 36-layer pool, 32 q
 heads over 8 kv heads: the 4B shape) and reads the last call's stamps. Prints, median over `--reps` replays,

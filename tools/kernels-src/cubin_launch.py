@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import operator
 import re
 from pathlib import Path
 
@@ -37,17 +38,21 @@ def check(res):
 
 
 def shared_mem_of(k: dict, args) -> int:
-    """Dynamic shared memory (bytes) of one launch of index entry `k` with `args` (its params without Triton's
-    hidden two): the index's `shared_mem` plus, for each param that `shared_mem_per` names (index format 1),
-    its coefficient × the value passed (gemv.cu's x in shared memory: 2 bytes per element of `k`). Raises
-    ValueError when such a param's value is not an int."""
+    """Dynamic shared memory (bytes) of one launch of index entry `k` with `args` (its params in order; Triton's
+    two hidden ones may be there or not): the index's `shared_mem` plus, for each param that `shared_mem_per`
+    names (index format 1), its coefficient × the value passed (gemv.cu's x in shared memory: 2 bytes per element
+    of `k`). Raises ValueError when such a param's value is not an integer (a Python or numpy int)."""
     smem = int(k["shared_mem"])
     for p, coeff in k.get("shared_mem_per", {}).items():
         v = args[k["param_names"].index(p)]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{k['entry']}: param `{p}` sizes the dynamic shared memory ({coeff} bytes each), so it "
-                             f"must be a Python int, not {v!r}")
-        smem += coeff * v
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            n = operator.index(v)
+        except TypeError:
+            raise ValueError(f"{k['entry']}: param `{p}` sizes the dynamic shared memory ({coeff} bytes each), so "
+                             f"it must be an integer, not {v!r}") from None
+        smem += coeff * n
     return smem
 
 
@@ -89,9 +94,10 @@ class KernelSet:
 
     def launch(self, name: str, grid, args, stream: int | None = None, pdl: bool = False):
         """Enqueue kernel `name` with `grid` (1-3 ints) and `args` (see the module docstring) on `stream`
-        (default: torch's current stream), with the dynamic shared memory `shared_mem_of` computes. pdl=True: through cuLaunchKernelEx with the attribute
-        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 (programmatic dependent launch, sm_90: the
-        kernel may begin before the previous kernel on the stream completes; a graph captures the edge)."""
+        (default: torch's current stream), with the dynamic shared memory `shared_mem_of` computes. pdl=True:
+        through cuLaunchKernelEx with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1
+        (programmatic dependent launch, sm_90: the kernel may begin before the previous kernel on the stream
+        completes; a graph captures the edge)."""
         k = self.kernels[name]
         f = self.function(name)
         types = k["params"]
@@ -112,8 +118,8 @@ class KernelSet:
             import torch
 
             stream = torch.cuda.current_stream().cuda_stream
-        launch_function(f, (tuple(grid) + (1, 1))[:3], k["block"], smem, cu.CUstream(stream),
-                        ctypes.addressof(ptrs), pdl)
+        grid = (tuple(grid) + (1, 1))[:3]
+        launch_function(f, grid, k["block"], smem, cu.CUstream(stream), ctypes.addressof(ptrs), pdl)
 
 
 def pdl_config(grid, block, smem: int, stream) -> "cu.CUlaunchConfig":

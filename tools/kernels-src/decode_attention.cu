@@ -73,27 +73,27 @@
 // PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split kernel loads the
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
-// decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each
-// warp's first DA_PRE_PAGES = 2 pages of K|V before the wait, so that they stream while the launch before it
-// finishes; after the wait it loads q, then issues the other DA_CLUSTER_SLOTS - 2 pages of its ring (the q load
-// would queue behind them), and the warp whose early pages hold the current token (position L-1)
-// reads that token's 512-byte row again and writes it over the row of its shared-memory copy of the page
-// (Inject) before attending to it. Correct when no launch that can still be running when this one starts
-// writes any other row of those pages: in kern's decode program with `gen_qwen3.py --decode-attention cluster`
-// the launch before it, qk_norm_rope_kv_pdl, writes only row L-1 and executes launch_dependents only after its
-// own wait, so every launch before that one (earlier layers, earlier steps, prefill) has completed when this
-// one starts. Same bits as the plain
-// form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry (sessions 8-9,
-// NOTES.md 29-30): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens (4.1
-// without the early pages), 4.4 at 1,024 (5.1), 7.75 at 4,096 (8.2; 8.15 with all four ring pages early);
-// kern-run 4B 2.81-2.82 ms/token at 4,096 (2.86-2.95 without). decode_attention_rope_cluster (the generator's default since session 8) does the same
-// with every early page: the current token's row is the one it computes (Inject), whatever the copy read. Its
-// launch follows the qkv GEMV, which triggers early, so earlier layers' kernels may still run (they write other
-// layers' rows, other bytes of the same pages); no launch of a decode step but this one writes this layer's
-// rows, and every launch of earlier runs (earlier steps, prefill) has completed before the step began: its
-// first launch, the embedding, is an ordinary launch (no PDL attribute), which starts only once everything
-// before it on the stream has completed. kern-run 4B 2.57 ms/token at 128
-// cached tokens (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without them).
+// decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each warp's first
+// DA_PRE_PAGES (2) pages of K|V before the wait, so that they stream while the launch before it finishes; after the
+// wait it loads q (and the warp whose early pages hold the current token, position L-1, reads that token's 512-byte
+// row again, to write it over the row of its shared-memory copy of the page before attending to it: Inject), then
+// issues the other DA_CLUSTER_SLOTS - DA_PRE_PAGES pages of its ring (issued before the wait, they would delay q's
+// load, which queues behind them). Correct when no launch that can still be running when this one starts writes any
+// other row of those pages: in kern's decode program with `gen_qwen3.py --decode-attention cluster` the launch
+// before it, qk_norm_rope_kv_pdl, writes only row L-1 and executes launch_dependents only after its own wait, so
+// every launch before that one (earlier layers, earlier steps, prefill) has completed when this one starts. Same
+// bits as the plain form (the copy is the same bytes; only when they are read changes). H200, Qwen3-4B geometry
+// (sessions 8-9, NOTES.md 29-30): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens
+// (4.1 without the early pages), 4.4 at 1,024 (5.1), 7.75-7.77 at 4,096 (8.2; 8.15 with all four ring pages early);
+// kern-run 4B 2.81-2.82 ms/token at 4,096 (2.86-2.95 without). decode_attention_rope_cluster (the generator's
+// default since session 8) does the same with its early pages: the current token's row is the one it computes
+// (Inject), whatever the copy read. Its launch follows the qkv GEMV, which triggers early, so earlier layers'
+// kernels may still run (they write other layers' rows, other bytes of the same pages); no launch of a decode step
+// but this one writes this layer's rows, and every launch of earlier runs (earlier steps, prefill) has completed
+// before the step began: its first launch, the embedding, is an ordinary launch (no PDL attribute), which starts
+// only once everything before it on the stream has completed. kern-run 4B 2.57 ms/token at 128 cached tokens in
+// session 8 (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without early pages);
+// right after its qkv GEMV it adds 3.5 us to a layer at 512 tokens and 10.1-10.2 at 4,096 (session 9, bench_kernels).
 #include <cstdint>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -128,7 +128,7 @@ namespace cg = cooperative_groups;
 #ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
 #endif
-#ifndef DA_PRE_PAGES  // of a warp's first SLOTS pages, those issued before after_issue() (the PDL wait, q); the rest after
+#ifndef DA_PRE_PAGES  // of a warp's first SLOTS pages, those issued before after_issue() (PDL wait, q); then the rest
 #define DA_PRE_PAGES 2
 #endif
 #ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
@@ -611,7 +611,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     // token's page (logical jn, index kn in its warp's list) went out before the wait, its warp reads that token's
     // row again after the wait and the page loop puts it over the row of the page's shared-memory copy (Inject).
     const int jn = geo.npages - 1, kn = (jn - gw) / step;
-    const bool refresh = jn % step == gw && kn < DA_PRE_PAGES;  // warp-uniform
+    const bool refresh = jn % step == gw && kn < min(DA_PRE_PAGES, DA_CLUSTER_SLOTS);  // warp-uniform
     Inject inj{-1, 0, {}};
     const auto after_issue = [&]() {
         DA_PDL_WAIT();
