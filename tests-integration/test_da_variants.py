@@ -1,0 +1,44 @@
+"""tools/gpu/da_variants.py without a GPU: variant specs, the cluster form's shared memory, and --dry-run builds."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+import da_variants  # noqa: E402
+from catalog import DA_CLUSTER, DA_CLUSTER_SLOTS, DA_SLOT_BYTES, DA_WARPS  # noqa: E402
+
+
+def test_parse_variant():
+    assert da_variants.parse_variant("base") == ("base", [])
+    assert da_variants.parse_variant("two=DA_PRE_PAGES=2") == ("two", ["DA_PRE_PAGES=2"])
+    assert da_variants.parse_variant("p=NOPDL,GIT=HEAD") == ("p", ["NOPDL", "GIT=HEAD"])
+    for bad in ("=DA_PRE_PAGES=2", "x=FOO"):
+        with pytest.raises(ValueError, match="--variant"):
+            da_variants.parse_variant(bad)
+
+
+def test_cluster_smem_is_the_catalogs():
+    recv = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
+    assert da_variants.cluster_smem([]) == DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + recv
+    assert da_variants.cluster_smem(["DA_CLUSTER_SLOTS=6"]) == DA_WARPS * 6 * DA_SLOT_BYTES + recv
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_dry_run_builds_every_variant(capsys):
+    assert da_variants.main(["--dry-run", "--variant", "base", "--variant", "one=DA_PRE_PAGES=1",
+                             "--variant", "plain=NOPDL"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"built {n}:" in out for n in ("base", "one", "plain"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_failing_build_names_the_variant(tmp_path):
+    with pytest.raises(RuntimeError, match="variant bad: nvcc failed"):
+        da_variants.build_variant("bad", [f"SRC={tmp_path / 'missing.cu'}"], tmp_path)
