@@ -257,12 +257,15 @@ def correctness(g, k, n, ks=1):
     return errs
 
 
-def event_times(fn, iters=50, warmup=5):
-    """Per-run CUDA-event timings (ms) of `fn` over `iters` runs, after `warmup` runs."""
+def event_times(fn, iters=50, warmup=5, before=None):
+    """Per-run CUDA-event timings (ms) of `fn` over `iters` runs, after `warmup` runs; `before` (e.g. an L2 flush)
+    is enqueued ahead of each timed run, outside its events."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
+        if before is not None:
+            before()
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
         s.record()

@@ -65,6 +65,7 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from gemv_plan import gemv_blocks  # noqa: E402
 from geometries import PRESETS  # noqa: E402
 
 # torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
@@ -311,7 +312,7 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
 
         cx = ks.kernels[QKV_GEMV]["constexprs"]
         ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
-        return (-(-QS // (cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit)),), ksplit
+        return (gemv_blocks(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit),), ksplit
 
     def pdl_setup(ctx, what):
         """n per-layer launchers, each launch with programmatic dependent launch except the first of set 0 (a

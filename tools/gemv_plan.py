@@ -38,6 +38,12 @@ PIECE_CHUNKS = 8
 GEMV_UNROLL_SUFFIX = {4: "", 5: "_u5"}
 
 
+def gemv_blocks(n: int, cols_per_warp: int, warps: int, ksplit: int) -> int:
+    """gemv.cu's grid.x for n output columns: each block's `warps` warps form warps/ksplit groups (ksplit warps
+    split k), each producing `cols_per_warp` columns (the index's COLS_PER_WARP and WARPS constexprs)."""
+    return -(-n // (cols_per_warp * warps // ksplit))
+
+
 def gemv_lane_loads(k: int, ksplit: int) -> int:
     """16-byte weight loads per row of gemv.cu's busiest lane (lane 0 of the first k part) in a GEMV
     over `k` (a multiple of 8) split `ksplit` ways: a part is ceil(k/8 / ksplit) 16-byte vectors

@@ -81,7 +81,7 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_entry_unroll, plan_gemvp  # noqa: E402
+from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_unroll, plan_gemvp  # noqa: E402
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -775,7 +775,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
             raise GenError(f"kernel `{kname}` in the index has UNROLL {got}, not {unroll}: a stale index; rebuild the "
                            f"kernels with tools/build_kernels.py")
         assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
-        grid = [math.ceil(n / (cols * warps_per_block // ksplit)), 1, 1]
+        grid = [gemv_blocks(n, cols, warps_per_block, ksplit), 1, 1]
         launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)
     if pdl:
         launch.pdl = True
@@ -997,7 +997,7 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             if split not in GEMV_KSPLITS or not cols or warps % split:
                 err(f"{where}: ksplit {split} must divide the block's {warps} warps (one of {GEMV_KSPLITS})")
                 continue
-            grid = [math.ceil(n / (cols * warps // split)), 1, 1]
+            grid = [gemv_blocks(n, cols, warps, split), 1, 1]
             if la.grid != grid:
                 err(f"{where}: grid {la.grid} != {grid} (n = {n}, {cols} columns per warp group, ksplit {split})")
             gemv_ops[op_name] = (k, lit)

@@ -20,7 +20,6 @@ same bits as their U = 4 twins on every shape and ksplit (the summation order do
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
 from pathlib import Path
 
@@ -32,7 +31,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, kernels_dir  # noqa: E402
-from cubin_launch import KernelSet, check  # noqa: E402
+from cubin_launch import KernelSet, check, shared_mem_of  # noqa: E402
+from gemv_plan import gemv_blocks  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
 
 EPS = 1e-6
@@ -65,9 +65,7 @@ def launch(ks: KernelSet, name: str, args: list, n: int, k: int, ksplit: int) ->
     """One launch of index kernel `name`, grid and dynamic shared memory from the index's rules."""
     e = ks.kernels[name]
     cx = e["constexprs"]
-    per_block = cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit
-    values = dict(zip(e["param_names"], args))
-    smem = e["shared_mem"] + sum(c * values[p] for p, c in e["shared_mem_per"].items())
+    smem = shared_mem_of(e, args)
     f = ks.function(name)
     if smem > 48 * 1024:
         check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
@@ -79,7 +77,8 @@ def launch(ks: KernelSet, name: str, args: list, n: int, k: int, ksplit: int) ->
             assert a.data_ptr() % 16 == 0, "gemv.cu needs 16-byte aligned pointers"
     ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
     stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
-    check(cu.cuLaunchKernel(f, math.ceil(n / per_block), 1, 1, *e["block"], smem, stream, ctypes.addressof(ptrs), 0))
+    grid_x = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ksplit)
+    check(cu.cuLaunchKernel(f, grid_x, 1, 1, *e["block"], smem, stream, ctypes.addressof(ptrs), 0))
 
 
 def guarded(m: int, n: int, fill: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:

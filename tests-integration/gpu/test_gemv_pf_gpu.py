@@ -18,7 +18,6 @@ Kernels: $KERN_KERNELS_DIR if its index has the `_pf` entries, else built here (
 from __future__ import annotations
 
 import ctypes
-import math
 import re
 import sys
 from pathlib import Path
@@ -31,7 +30,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, bits, kernels_dir  # noqa: E402
-from cubin_launch import check, launch_function  # noqa: E402
+from cubin_launch import check, launch_function, shared_mem_of  # noqa: E402
+from gemv_plan import gemv_blocks  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
 
 EPS = 1e-6
@@ -67,7 +67,7 @@ def pf_buf():
 
 def grid_of(ks, name: str, n: int, ksplit: int) -> int:
     cx = ks.kernels[name]["constexprs"]
-    return math.ceil(n / (cx["COLS_PER_WARP"] * cx["WARPS"] // ksplit))
+    return gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ksplit)
 
 
 def launch(ks, name: str, args: list, n: int, ksplit: int, pdl: bool = False) -> None:
@@ -75,8 +75,7 @@ def launch(ks, name: str, args: list, n: int, ksplit: int, pdl: bool = False) ->
     torch's current stream; `pdl`: with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION."""
     e = ks.kernels[name]
     assert len(args) == len(e["params"]), (name, e["param_names"])
-    values = dict(zip(e["param_names"], args))
-    smem = e["shared_mem"] + sum(c * values[p] for p, c in e["shared_mem_per"].items())
+    smem = shared_mem_of(e, args)
     f = ks.function(name)
     if smem > 48 * 1024:
         check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))

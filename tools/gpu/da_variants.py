@@ -135,17 +135,8 @@ def run(a, variants, cubins) -> int:
         kp = (tuple(x.data_ptr() if torch.is_tensor(x) else x for x, _ in args), tuple(t for _, t in args))
         launch_function(f, grid, block, smem, cu.CUstream(torch.cuda.current_stream().cuda_stream), kp, pdl)
 
-    def per_call(g, n):
-        ev = []
-        for _ in range(n):
-            flush.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            ev.append((s, e))
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 / LAYERS for s, e in ev]
+    def per_call(g, n):  # µs per layer call of n replays, L2 flushed before each
+        return [t * 1e3 / LAYERS for t in bg.event_times(g.replay, n, warmup=0, before=flush.zero_)]
 
     for L in a.lengths:
         kv, bt, tok, page_elems = pool(L, LAYERS)
