@@ -724,17 +724,10 @@ GEMV_OPS = {
 #: the next layer's qkv or lm_head); qkv is followed by the qk-norm/rotary/KV kernel (or the rope-cluster
 #: attention), lm_head by the argmax. gemv_plan.gemv_entry_unroll takes the `_u5` entries only for these.
 GEMV_OPS_BEFORE_GEMV = frozenset({"gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj"})
-#: The decode GEMV ops by their short names (--gemv-smem-stages).
-GEMV_SHORT = {"gemv_norm_qkv": "qkv", "gemv_residual_o_proj": "o", "gemv_norm_silu_gate_up": "gate_up",
-              "gemv_residual_down_proj": "down", "gemv_norm_lm_head": "lm_head"}
-#: gemv.cu's entry suffix with two shared-memory stages (catalog.GEMV_M1_SMEM_STAGES).
-GEMV_SMEM_SUFFIX = "_s2"
-#: The decode GEMVs launching the `_s2` entry by default.
-DEFAULT_GEMV_SMEM_STAGES: frozenset[str] = frozenset()
 
 
 def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False,
-                 persistent: bool = False, smem_stages: bool = False) -> None:
+                 persistent: bool = False) -> None:
     """One decode GEMV op (m = 1) over a weight of n output columns by k.
 
     Interfaces: `gemv_norm` and `gemv_norm_silu` take (x, norm_w, w, out): out = rmsnorm(x)·norm_w
@@ -745,8 +738,6 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
     where the plan does not apply (k not a multiple of 256, or fewer than 2 slots per warp fit beside x:
     32B's down) gemv.cu's entry instead.
-    `smem_stages`: gemv.cu's `_s2` entry (GEMV_SMEM_SUFFIX): two more stages of weight loads requested before
-    the PDL wait, into 64 KB of shared memory (same bits as the plain entry).
     With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
     both GEMV sources issue their first weight loads, then `griddepcontrol.wait`, so they stream weights
     while the kernel before drains. Every decode GEMV follows a kernel launch, never a
@@ -775,8 +766,8 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
             raise GenError(f"kernel `{base}` is compiled for M = {m}; decode runs one token")
         cols, warps_per_block = b.constexpr(base, "COLS_PER_WARP"), b.constexpr(base, "WARPS")
         ksplit = gemv_ksplit(math.ceil(n / cols), k)
-        unroll = 4 if smem_stages else gemv_entry_unroll(k, ksplit, op in GEMV_OPS_BEFORE_GEMV)
-        kname = base + (GEMV_SMEM_SUFFIX if smem_stages else GEMV_UNROLL_SUFFIX[unroll])
+        unroll = gemv_entry_unroll(k, ksplit, op in GEMV_OPS_BEFORE_GEMV)
+        kname = base + GEMV_UNROLL_SUFFIX[unroll]
         if kname not in b.index:
             raise GenError(f"op `{op}` (k = {k}, ksplit {ksplit}) wants `{kname}` ({unroll} loads per row per stage), "
                            f"which the kernel index lacks: rebuild the kernels with tools/build_kernels.py")
@@ -791,21 +782,17 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     b.op(op, iface, [launch])
 
 
-def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAULT_GEMV,
-                     smem_stages: frozenset[str] = DEFAULT_GEMV_SMEM_STAGES) -> None:
+def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAULT_GEMV) -> None:
     """The decode program's fused GEMV ops (prefill keeps cuBLASLt and the norm kernels); `gemv` picks
-    their impls (GEMV_IMPLS); `smem_stages`: the ops (short names, GEMV_SHORT) whose gemv.cu entry is `_s2`."""
+    their impls (GEMV_IMPLS)."""
     if gemv not in GEMV_IMPLS:
         raise GenError(f"--gemv {gemv!r}: one of {', '.join(GEMV_IMPLS)}")
-    if bad := sorted(set(smem_stages) - set(GEMV_SHORT.values())):
-        raise GenError(f"--gemv-smem-stages {','.join(bad)}: not a decode GEMV; one of {', '.join(GEMV_SHORT.values())}")
     c = b.cfg
     H, I, eps = c.hidden_size, c.intermediate_size, c.rms_norm_eps
     for op, (n, k) in {"gemv_norm_qkv": (c.qkv_size, H), "gemv_residual_o_proj": (H, c.q_size),
                        "gemv_norm_silu_gate_up": (I, H), "gemv_residual_down_proj": (H, I),
                        "gemv_norm_lm_head": (c.vocab_size, H)}.items():
-        declare_gemv(b, op, n, k, eps, pdl=pdl, persistent=gemv == "persistent",
-                     smem_stages=GEMV_SHORT[op] in smem_stages)
+        declare_gemv(b, op, n, k, eps, pdl=pdl, persistent=gemv == "persistent")
 
 
 def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False,
@@ -905,8 +892,7 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
                    model: str | None = None, pdl: bool = True, fused_attention: bool = False,
-                   decode_attention: str | None = None, gemv: str = DEFAULT_GEMV,
-                   gemv_smem_stages: frozenset[str] = DEFAULT_GEMV_SMEM_STAGES) -> Manifest:
+                   decode_attention: str | None = None, gemv: str = DEFAULT_GEMV) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
     `pdl` (default True, as the CLI's --pdl; False = --no-pdl): every decode launch but the first (the
     embedding) is a programmatic dependent launch:
@@ -916,8 +902,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention).
     `decode_attention`: the impl of the `attention_decode` op (DECODE_ATTENTION_IMPLS; default
     DEFAULT_DECODE_ATTENTION, `triton` with `fused_attention`). `gemv`: the impls of the decode GEMV
-    ops (GEMV_IMPLS; see `declare_gemv`); `gemv_smem_stages` the GEMV ops (GEMV_SHORT names) launching gemv.cu's
-    `_s2` entries."""
+    ops (GEMV_IMPLS; see `declare_gemv`)."""
     decode_attention = decode_attention or ("triton" if fused_attention else DEFAULT_DECODE_ATTENTION)
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
@@ -926,7 +911,7 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
     declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
-    declare_gemv_ops(b, pdl=pdl, gemv=gemv, smem_stages=gemv_smem_stages)
+    declare_gemv_ops(b, pdl=pdl, gemv=gemv)
     forward(b, layout, "prefill")
     forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention,
             rope_attention=decode_attention == "rope-cluster")
@@ -1251,10 +1236,9 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
              max_positions: int | None = None, model: str | None = None, pdl: bool = True,
              fused_attention: bool = False, decode_attention: str | None = None,
-             gemv: str = DEFAULT_GEMV, gemv_smem_stages: frozenset[str] = DEFAULT_GEMV_SMEM_STAGES) -> Manifest:
+             gemv: str = DEFAULT_GEMV) -> Manifest:
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
-                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention, gemv=gemv,
-                       gemv_smem_stages=gemv_smem_stages)
+                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention, gemv=gemv)
     data = ks.dump(m)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(out) + ".tmp")
@@ -1293,16 +1277,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemv", choices=GEMV_IMPLS, default=DEFAULT_GEMV,
                     help="the decode GEMV impls: gemv (gemv.cu, the faster on the H200), persistent "
                          f"(gemv_persist.cu, one block per SM); default {DEFAULT_GEMV}")
-    ap.add_argument("--gemv-smem-stages", default=",".join(sorted(DEFAULT_GEMV_SMEM_STAGES)),
-                    help="comma-separated decode GEMVs (" + ", ".join(GEMV_SHORT.values()) + ") launching gemv.cu's "
-                         "`_s2` entry (two more weight stages requested before the PDL wait, into shared memory); "
-                         "'' for none; default " + (",".join(sorted(DEFAULT_GEMV_SMEM_STAGES)) or "none"))
     a = ap.parse_args(argv)
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
                      pdl=a.pdl, fused_attention=a.fused_attention, decode_attention=a.decode_attention,
-                     gemv=a.gemv, gemv_smem_stages=frozenset(x for x in a.gemv_smem_stages.split(",") if x))
+                     gemv=a.gemv)
     except (GenError, ConfigError) as e:
         print(f"gen_qwen3: error: {e}", file=sys.stderr)
         return 1

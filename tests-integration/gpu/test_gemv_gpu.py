@@ -13,9 +13,8 @@ a warp's 256 elements, k = 8), each ksplit in 1, 2, 4, 8.  Each check: fresh ran
 the output poisoned with NaN (the residual variant: random values it must add to), guard
 elements on both sides of the output that must come back bit-identical (nothing outside the
 M×n output is touched), ‖out − ref‖ / ‖ref‖ < 1e-2 against a float64 reference, no NaN.
-The M = 1 `_u5` entries (five loads per row per pipeline stage instead of four) and `_s2` entries (two more
-stages requested before the PDL wait, into shared memory) must give the same bits as their plain twins on
-every shape and ksplit (the summation order depends on neither).
+The M = 1 `_u5` entries (five loads per row per pipeline stage instead of four) must give the
+same bits as their U = 4 twins on every shape and ksplit (the summation order does not depend on U).
 """
 
 from __future__ import annotations
@@ -153,29 +152,22 @@ def test_gemv(ks, variant: str, m: int, n: int, k: int) -> None:
     assert max(errs.values()) < TOL, f"{name} n={n} k={k}: rel. error by ksplit {errs}"
 
 
-#: M = 1 shapes of every variant for the suffixed entries: the variants' own, plus k where a lane has 9 or 10
-#: loads per row (2304, 2560: two stages of 5 hold them all; two register + one shared-memory stage of 4), 11
-#: (2816: a third stage of 5), 16 (4096: the `_s2` entries' four stages all before the wait) and 17 (4352: a
-#: fifth stage after it).
-SUFFIX_SHAPES = [(1000, 2304), (264, 2816), (300, 4096), (264, 4352)]
-SUFFIX_CASES = [(sfx, v, n, k) for sfx in ("_u5", "_s2") for v, shapes in SHAPES.items()
-                for n, k in shapes + SUFFIX_SHAPES]
+#: M = 1 shapes of every variant for the `_u5` entries: the variants' own, plus k where a lane has
+#: 9 or 10 loads per row (2304, 2560: the two stages of 5 hold them all) and 11 (2816: a third stage).
+U5_CASES = [(v, n, k) for v, shapes in SHAPES.items() for n, k in shapes + [(1000, 2304), (264, 2816)]]
 
 
-@pytest.mark.parametrize(("suffix", "variant", "n", "k"), SUFFIX_CASES,
-                         ids=[f"{s}-{v}-{n}x{k}" for s, v, n, k in SUFFIX_CASES])
-def test_gemv_suffixed_bitwise(ks, suffix: str, variant: str, n: int, k: int) -> None:
-    """kern_*_m1_u5 and kern_*_m1_s2 == kern_*_m1 bit for bit, at every ksplit, on the same fresh inputs (the
-    summation order depends neither on the loads per stage nor on where a stage waits)."""
+@pytest.mark.parametrize(("variant", "n", "k"), U5_CASES, ids=[f"{v}-{n}x{k}" for v, n, k in U5_CASES])
+def test_gemv_u5_bitwise(ks, variant: str, n: int, k: int) -> None:
+    """kern_*_m1_u5 == kern_*_m1 bit for bit, at every ksplit, on the same fresh inputs."""
     x, w, nw = operands(variant, 1, n, k)
     r0 = torch.randn(1, n, device=DEV, dtype=BF) if variant == "gemv_residual" else None
-    name = f"kern_{variant}_m1{suffix}"
     for ksplit in KSPLITS:
         y4 = run(ks, f"kern_{variant}_m1", variant, x, w, nw, n, k, ksplit, r0)
-        ys = run(ks, name, variant, x, w, nw, n, k, ksplit, r0)
-        assert not torch.isnan(ys).any(), f"{name} ksplit {ksplit}: NaN (an output not written)"
-        assert torch.equal(y4, ys), (f"{name} n={n} k={k} ksplit {ksplit}: differs from kern_{variant}_m1 "
-                                     f"(max |diff| {(y4.double() - ys.double()).abs().max().item():.3g})")
+        y5 = run(ks, f"kern_{variant}_m1_u5", variant, x, w, nw, n, k, ksplit, r0)
+        assert not torch.isnan(y5).any(), f"kern_{variant}_m1_u5 ksplit {ksplit}: NaN (an output not written)"
+        assert torch.equal(y4, y5), (f"kern_{variant}_m1_u5 n={n} k={k} ksplit {ksplit}: differs from kern_{variant}_m1 "
+                                     f"(max |diff| {(y4.double() - y5.double()).abs().max().item():.3g})")
 
 
 def test_ksplit_results_agree(ks) -> None:

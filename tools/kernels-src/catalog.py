@@ -346,9 +346,6 @@ GEMV_KSPLITS = (1, 2, 4, 8)
 GEMV_UNROLL = {1: 4, 2: 2, 4: 2, 8: 2}
 #: Suffixed M = 1 entries: suffix -> loads per row per stage.
 GEMV_M1_UNROLLS = {"_u5": 5}
-#: M = 1 entries with shared-memory stages (gemv.cu INSTANTIATE_SS): suffix -> (loads per row per stage, stages
-#: copied into shared memory before griddepcontrol.wait, after the two register stages).
-GEMV_M1_SMEM_STAGES = {"_s2": (4, 2)}
 
 
 def _gemv_kernels() -> list[Kernel]:
@@ -362,38 +359,26 @@ def _gemv_kernels() -> list[Kernel]:
     """
     out = [k for M in GEMV_MS for k in _gemv_family(M, "", GEMV_UNROLL[M])]
     out += [k for sfx, u in GEMV_M1_UNROLLS.items() for k in _gemv_family(1, sfx, u)]
-    out += [k for sfx, (u, ss) in GEMV_M1_SMEM_STAGES.items() for k in _gemv_family(1, sfx, u, ss)]
     return out
 
 
-def _gemv_family(M: int, sfx: str, unroll: int, smem_stages: int = 0) -> list[Kernel]:
-    """gemv.cu's four variants for one M and U (entry suffix `sfx`: "", "_u5" or "_s2"), with `smem_stages`
-    stages of weight loads staged in shared memory before griddepcontrol.wait (the `_s2` entries)."""
+def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:
+    """gemv.cu's four variants for one M and U (entry suffix `sfx`: "" or "_u5")."""
     x, w = P("x", BF16_IN, True), P("w", BF16_IN, True)
     nw = P("norm_w", BF16_IN, True)
     n, k, eps, ksplit = P("n", "i32"), P("k", "i32"), P("eps", "f32"), P("ksplit", "i32")
     common = ("k: multiple of 8; every pointer 16-byte aligned; ksplit in 1, 2, 4, 8 (the block's 8 warps "
               f"split k in groups of ksplit). bf16 storage, fp32 accumulation. {unroll} 16-byte weight loads per row "
               f"per lane per pipeline stage, the first two stages issued before griddepcontrol.wait.")
-    stage_bytes = smem_stages * 2 * unroll * 16 * 32 * GEMV_WARPS
-    if smem_stages:
-        common += (f" Stages 2..{1 + smem_stages} are also requested before the wait, copied into {stage_bytes} bytes "
-                   f"of dynamic shared memory (cp.async), so a lane with up to {(2 + smem_stages) * unroll} loads per "
-                   f"row has its whole row in flight before the wait; same arithmetic and bits as the entry without "
-                   f"the suffix.")
     rows_grid = "(ceil_div(n, 16 / ksplit), 1, 1): 8 warps × 2 rows per block, ksplit warps per row pair"
 
     def kern(variant: str, params: tuple, grid: str, doc: str, cols: int, smem: bool) -> Kernel:
         name = f"kern_gemv{variant}_m{M}{sfx}"
-        consts = {"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": cols, "UNROLL": unroll}
-        if smem_stages:
-            consts["SMEM_STAGES"] = smem_stages
         return Kernel(name=name, lang="cuda", source="gemv.cu", entry=name, block_x=256, params=params, grid=grid,
-                      doc=doc + common, constexprs=consts, shared_mem_per={"k": 2 * M} if smem else {},
-                      shared_mem=stage_bytes)
+                      doc=doc + common, constexprs={"M": M, "WARPS": GEMV_WARPS, "COLS_PER_WARP": cols, "UNROLL": unroll},
+                      shared_mem_per={"k": 2 * M} if smem else {})
 
-    norm_smem = (f"Dynamic shared memory {M}*k*2 bytes (shared_mem_per)" + (f" + {stage_bytes}" if stage_bytes else "")
-                 + ". ")
+    norm_smem = f"Dynamic shared memory {M}*k*2 bytes (shared_mem_per). "
     return [
         kern("", (x, w, P("y", BF16_OUT, True), n, k, ksplit), rows_grid,
              f"y[m,j] = bf16(sum_k x[m,k] w[j,k]) for m < {M}, j < n. x: bf16 [{M}, k]; w: bf16 [n, k]; "

@@ -232,36 +232,6 @@ __device__ __forceinline__ uint4 ldg_stage_if(const uint4 *p, bool pred, unsigne
     return r;
 }
 
-// Shared-memory stages (the `_s2` entries, SS = 2): stages 2 .. 2 + SS - 1 of a lane's weight loads are
-// copied into shared memory with 16-byte cp.async (L2 only) before griddepcontrol.wait, besides the two
-// register stages, so that a lane with up to (2 + SS)·U loads per row has every weight byte requested
-// before the wait. The staging area is SS·R·U·blockDim 16-byte slots, slot ((t·R + r)·U + u)·blockDim +
-// threadIdx.x for stage 2 + t (consecutive lanes, consecutive 16 bytes: no bank conflicts); each lane
-// reads back only what it copied, after cp.async.wait_all, so no block barrier is needed.
-template <int R, int U>
-__device__ __forceinline__ void stage_copy(uint4 *stg, const uint4 *__restrict__ w, const long rows[R], int kv,
-                                           int v, int s, int t, int nl) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int j = s * U + u;
-            const unsigned dst = static_cast<unsigned>(
-                __cvta_generic_to_shared(stg + ((t * R + r) * U + u) * blockDim.x + threadIdx.x));
-            asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t"
-                         "@q cp.async.cg.shared.global [%0], [%1], 16;\n\t}"
-                         :: "r"(dst), "l"(w + rows[r] * kv + v + 32 * j), "r"((int)(j < nl)) : "memory");
-        }
-}
-
-template <int R, int U>
-__device__ __forceinline__ void stage_read(uint4 (&buf)[R][U], const uint4 *stg, int t) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int u = 0; u < U; ++u) buf[r][u] = stg[((t * R + r) * U + u) * blockDim.x + threadIdx.x];
-}
-
 // Pipeline stages issued before griddepcontrol.wait (-DGEMV_PRE_STAGES=1 or 2). 2 (default):
 // H200, one decode token's GEMVs as a PDL chain in a CUDA graph, 4B 2.319 ms vs 2.348 for the
 // earlier pipeline (1 stage, then an unpipelined tail loop); 0.6B 0.506 vs 0.692; 1: 4B 2.411,
@@ -333,20 +303,14 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // default forms, L2Prefetch for the _pf forms: at<0> right after the first stages, at<1> when the
 // lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
 // the wait), at<2> after its last weight load was used.
-template <int M, int R, int U, int SS = 0, typename Prologue, typename Pf>
+template <int M, int R, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                         const long rows[R], int kv, int v0, int v1, int lane,
-                                        Prologue prologue, float acc[R][M], const Pf &pf, uint4 *stg = nullptr) {
-    static_assert(SS == 0 || (SS % 2 == 0 && GEMV_PRE_STAGES == 2), "shared-memory stages: an even number, "
-                  "after two register stages");
+                                        Prologue prologue, float acc[R][M], const Pf &pf) {
     const int v = v0 + lane, nl = lane_loads(v0, v1, lane), stages = (nl + U - 1) / U;
     uint4 a[R][U], b[R][U];
     stage_load<M, R, U>(a, w, rows, kv, v, 0, nl, pf);
     if (GEMV_PRE_STAGES == 2) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
-    if constexpr (SS > 0) {
-#pragma unroll
-        for (int t = 0; t < SS; ++t) stage_copy<R, U>(stg, w, rows, kv, v, 2 + t, t, nl);
-    }
     pf.template at<0>();
     tl_stamp(1);
 #if GEMV_PDL_TRIGGER == 1
@@ -362,20 +326,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-    int s0 = 0;
-    if constexpr (SS > 0) {  // the stages staged in shared memory replace the first SS register refills
-#pragma unroll
-        for (int t = 0; t < SS; t += 2) {
-            stage_fma<M, R, U>(acc, a, xs, kv, v, t, nl);
-            if (t == 0) asm volatile("cp.async.wait_all;" ::: "memory");  // this lane's copies have landed
-            stage_read<R, U>(a, stg, t);
-            stage_fma<M, R, U>(acc, b, xs, kv, v, t + 1, nl);
-            stage_read<R, U>(b, stg, t + 1);
-        }
-        s0 = SS;
-        if (stages <= SS + 2) pf.template at<1>();
-    }
-    for (int s = s0; s < stages; s += 2) {
+    for (int s = 0; s < stages; s += 2) {
         stage_fma<M, R, U>(acc, a, xs, kv, v, s, nl);
         stage_load<M, R, U>(a, w, rows, kv, v, s + 2, nl, pf);
         if (s + 2 == stages - 1) pf.template at<1>();
@@ -497,10 +448,10 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
 // ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
-template <int M, bool RESIDUAL, int U, int SS = 0, typename Prologue, typename Pf>
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
-                                          const Pf &pf, uint4 *stg = nullptr) {
+                                          const Pf &pf) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     long rows[R];
@@ -509,7 +460,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R, U, SS>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, stg);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (warp % ksplit != 0) return;
@@ -528,10 +479,10 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
 // A warp owns one output column j: gate row j and up row n + j, loaded together.
-template <int M, int U, int SS = 0, typename Prologue, typename Pf>
+template <int M, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                                __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
-                                               Prologue prologue, const Pf &pf, uint4 *stg = nullptr) {
+                                               Prologue prologue, const Pf &pf) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     const int group = warp / ksplit, part = warp % ksplit;
@@ -544,7 +495,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R, U, SS>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, stg);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (part != 0 || !ok) return;
@@ -589,50 +540,9 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
                           [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});       \
     }
 
-// The `_s2` entries (M = 1, U = 4, SS = 2): the default forms' params, arithmetic and bits, plus two stages
-// of weight loads staged in shared memory before griddepcontrol.wait (see stage_copy): dynamic shared memory
-// GEMV_S2_BYTES (64 KB: 2 stages x 2 rows x 4 loads x 16 bytes x 256 threads) after the norm variants' x.
-#define GEMV_S2_BYTES (2 * R * 4 * 16 * WARPS * 32)
-#define INSTANTIATE_SS(M, U, SS, SUFFIX)                                                           \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##SUFFIX(               \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
-        __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        extern __shared__ __align__(16) unsigned char smem[];                                     \
-        gemv_rows<M, false, U, SS>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},  \
-                                   NoL2Prefetch{}, reinterpret_cast<uint4 *>(smem));              \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##SUFFIX(      \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
-        __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        extern __shared__ __align__(16) unsigned char smem[];                                     \
-        gemv_rows<M, true, U, SS>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit,  \
-                                  [] {}, NoL2Prefetch{}, reinterpret_cast<uint4 *>(smem));        \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##SUFFIX(          \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
-        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
-        float eps, int ksplit) {                                                                  \
-        extern __shared__ __align__(16) unsigned char smem[];                                     \
-        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        gemv_rows<M, false, U, SS>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,        \
-                                   [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, \
-                                   reinterpret_cast<uint4 *>(smem + (long)M * k * 2));            \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M##SUFFIX(     \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
-        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k,        \
-        float eps, int ksplit) {                                                                  \
-        extern __shared__ __align__(16) unsigned char smem[];                                     \
-        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
-        gemv_silu_rows<M, U, SS>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,          \
-                                 [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{},  \
-                                 reinterpret_cast<uint4 *>(smem + (long)M * k * 2));              \
-    }
-
 #ifndef GEMV_L2_PREFETCH
 INSTANTIATE(1, 4, )
 INSTANTIATE(1, 5, _u5)
-INSTANTIATE_SS(1, 4, 2, _s2)
 INSTANTIATE(2, 2, )
 INSTANTIATE(4, 2, )
 INSTANTIATE(8, 2, )
