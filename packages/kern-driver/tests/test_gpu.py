@@ -129,6 +129,51 @@ def test_missing_weight(vdir):
     assert "missing: weight buffer `w`" in str(e.value) and "extra: tensor `v`" in str(e.value)
 
 
+@pytest.mark.parametrize("graph", [False, True])
+def test_async_reads_and_device_fed_inputs_pipeline_runs(vdir, graph):
+    """A run's output fed back as the next run's input on the device, each output collected later: the same
+    values as the synchronous loop; more pending reads than slots; close() resolves what is left."""
+    _, w = vdir
+    n = 1000
+    x = np.random.default_rng(7).standard_normal(n).astype(np.float32)
+    rt = load_vadd(vdir)
+    try:
+        rt.write_input("x", x, prefix=True)
+        pending = []
+        for _ in range(7):  # out_i = x + 2(i+1) w; 7 > reads.SLOTS reads in flight
+            rt.run("main", graph=graph, n=n)
+            pending.append(rt.read_output_async("out"))
+            rt.write_input_from("x", "out")
+        expect, acc = [], x.copy()
+        for _ in range(7):
+            acc = acc + np.float32(2.0) * w[:n]
+            expect.append(acc.copy())
+        for i, (p, e) in enumerate(zip(pending, expect)):
+            got = p.result()
+            assert got.shape == (n,) and p.done()
+            np.testing.assert_array_equal(got, e, err_msg=f"read {i}")
+            assert p.result() is got  # resolved once
+        rt.run("main", graph=graph, n=n)
+        last = rt.read_output_async("out")
+    finally:
+        rt.close()
+    np.testing.assert_array_equal(last.result(), expect[-1] + np.float32(2.0) * w[:n])  # resolved by close()
+
+
+def test_async_read_and_feed_errors_name_the_buffer(vdir):
+    with load_vadd(vdir) as rt:
+        with pytest.raises(KernDriverError, match="buffer `x` is a `input` buffer, not an output"):
+            rt.read_output_async("x")
+        with pytest.raises(KernDriverError, match="unknown buffer `nope`"):
+            rt.read_output_async("nope")
+        with pytest.raises(KernDriverError, match=r"`w` is a `weight` buffer; only `input` buffers are written"):
+            rt.write_input_from("w", "out")
+        with pytest.raises(KernDriverError, match=r"`w` is a `weight` buffer; the source must be an `output`"):
+            rt.write_input_from("x", "w")
+        with pytest.raises(KernDriverError, match="unknown buffer `nope`"):
+            rt.write_input_from("x", "nope")
+
+
 def test_debug_mode_and_close(vdir):
     rt = load_vadd(vdir, debug=True)
     rt.write_input("x", np.ones(10, np.float32), prefix=True)

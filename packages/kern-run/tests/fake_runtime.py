@@ -39,6 +39,21 @@ class ContractError(AssertionError):
     pass
 
 
+class FakePending:
+    """`kern_driver.PendingRead` of the fake: the value at enqueue time; `result()` is logged with the index
+    of its read in `calls`."""
+
+    def __init__(self, rt, value, index):
+        self.rt, self.value, self.index = rt, value, index
+
+    def result(self):
+        self.rt.calls.append(("result", self.index))
+        return self.value
+
+    def done(self):
+        return True
+
+
 class FakeRuntime:
     def __init__(self, info: ManifestInfo, capacity: int):
         self.info = info
@@ -111,6 +126,18 @@ class FakeRuntime:
             raise ContractError(f"read of unknown output {name}")
         self.calls.append(("read", name))
         return self.next_token.copy()
+
+    def write_input_from(self, name, src):
+        if (name, src) != ("token_ids", "next_token"):
+            raise ContractError(f"write_input_from({name!r}, {src!r}): the caller feeds next_token to token_ids only")
+        self.bufs["token_ids"][:1] = self.next_token
+        self.calls.append(("feed", name, src))
+
+    def read_output_async(self, name):
+        if name != "next_token":
+            raise ContractError(f"read of unknown output {name}")
+        self.calls.append(("read_async", name))
+        return FakePending(self, self.next_token.copy(), len(self.calls) - 1)
 
     def synchronize(self):
         self.calls.append(("sync",))

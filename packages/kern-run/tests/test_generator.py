@@ -50,8 +50,10 @@ def test_709_tokens_at_512_is_two_chunks_with_prefix_writes():
     list(s.generate(p, 2, 512))
     writes = [c for c in rt.calls if c[0] == "write"]
     tok_writes = [c for c in writes if c[1] == "token_ids"]
-    # two prefill chunks + two decodes; every token_ids write is a prefix write of its chunk
-    assert [len(c[2]) for c in tok_writes] == [512, 196, 1, 1]
+    # two prefill chunks + the first decode (the second takes its token from the device); every token_ids
+    # write is a prefix write of its chunk
+    assert [len(c[2]) for c in tok_writes] == [512, 196, 1]
+    assert [c for c in rt.calls if c[0] == "feed"] == [("feed", "token_ids", "next_token")]
     assert all(c[3] for c in tok_writes)
     assert tok_writes[0][2].tolist() == p[:512] and tok_writes[1][2].tolist() == p[512:708]
     assert tok_writes[2][2].tolist() == [p[708]]
@@ -67,16 +69,55 @@ def test_709_tokens_at_512_is_two_chunks_with_prefix_writes():
     assert len(bt) == 1 and bt[0][2].tolist() == list(range(256)) and not bt[0][3]
 
 
-def test_between_decode_steps_the_host_writes_only_the_token():
+def test_between_decode_steps_the_host_waits_for_nothing():
     rt, s = session()
     list(s.generate(prompt(34), 5, 512))
     runs = [i for i, c in enumerate(rt.calls) if c[:2] == ("run", "decode")]
-    for a, b in zip(runs, runs[1:]):
-        step = [c[:2] for c in rt.calls[a : b + 1]]
-        # the next position's inputs are queued right behind the run, before the 8-byte read
-        assert step == [("run", "decode"), ("write", "positions"), ("write", "slot_mapping"), ("write", "seq_lens"),
-                        ("read", "next_token"), ("write", "token_ids"), ("run", "decode")]
-    assert not any(c[0] == "sync" for c in rt.calls)  # reading the 8-byte token is the only synchronisation
+    assert len(runs) == 5  # exactly the steps asked for: the pipeline enqueues none beyond
+    for k, (a, b) in enumerate(zip(runs, runs[1:])):
+        step = [c[0] if c[0] == "result" else c[:2] for c in rt.calls[a : b + 1]]
+        # the 8-byte read and the next position's inputs are queued right behind the run; from the second step
+        # on, the token of the step before is collected (result) while this one runs; the next step's token is
+        # fed on the device
+        assert step == [("run", "decode"), ("read_async", "next_token"), ("write", "positions"),
+                        ("write", "slot_mapping"), ("write", "seq_lens"), *(["result"] if k else []),
+                        ("feed", "token_ids"), ("run", "decode")]
+    results = [c[1] for c in rt.calls if c[0] == "result"]
+    reads = [i for i, c in enumerate(rt.calls) if c[0] == "read_async"]
+    assert results == reads  # every step's token collected once, in order
+    for r in reads[:-1]:  # ... and only after the next step was enqueued
+        nxt = min(i for i in runs if i > r)
+        assert rt.calls.index(("result", r)) > nxt
+    assert not any(c[0] in ("sync", "read") for c in rt.calls)  # no synchronisation at all
+    assert [c[:2] for c in rt.calls if c[:2] == ("write", "token_ids")] == [("write", "token_ids")] * 2  # chunk, 1st
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_unpipelined_steps_wait_for_the_caller(graph):
+    i = info()
+    rt = FakeRuntime(i, 4096)
+    s = Qwen3Session(rt, i, capacity=4096, graph=graph, pipeline=False)
+    p = prompt(34)
+    seen = []
+    for t in s.generate(p, 5, 512):
+        seen.append((t, sum(c[:2] == ("run", "decode") for c in rt.calls)))
+    assert [t for t, _ in seen] == reference_generate(p, 5)
+    assert [n for _, n in seen] == [1, 2, 3, 4, 5]  # when the caller has token i, only step i has run
+
+
+def test_feeding_the_device_token_needs_the_previous_step():
+    rt, s = session()
+    s.prefill(prompt(34)[:-1], 512)
+    s.begin_decode()
+    with pytest.raises(KernRunError, match="the last decode step enqueued was none, not 32; pass the token"):
+        s.enqueue_decode(33)
+    s.enqueue_decode(33, 5)
+    with pytest.raises(KernRunError, match="was at position 33, not 34"):
+        s.enqueue_decode(35)
+    assert int(s.enqueue_decode(34).result()[0]) == reference_generate(prompt(34)[:-1] + [5], 2)[1]
+    s.prefill([1, 2], 512, start=35)  # another sequence position: the device token no longer follows
+    with pytest.raises(KernRunError, match="was none"):
+        s.enqueue_decode(37)
 
 
 def test_decode_positions_and_seq_lens_follow_the_sequence():
@@ -89,7 +130,8 @@ def test_decode_positions_and_seq_lens_follow_the_sequence():
     seq = [c[2][0] for c in rt.calls if c[:2] == ("write", "seq_lens")]
     assert seq[1:5] == [34, 35, 36, 37]  # after the prefill chunk's 33
     toks = [c[2][0] for c in rt.calls if c[:2] == ("write", "token_ids") and len(c[2]) == 1]
-    assert toks == [p[-1], *out[:3]]
+    assert toks == [p[-1]]  # the later steps' tokens are fed on the device
+    assert sum(c[0] == "feed" for c in rt.calls) == 3 and out == reference_generate(p, 4)
 
 
 @pytest.mark.parametrize("n", [1, 85, 709])

@@ -6,7 +6,13 @@
         print(rt.describe())
         rt.write_input("token_ids", np.array([42], dtype=np.int64), prefix=True)
         rt.run("decode", graph=True, tokens=1)
-        next_token = rt.read_output("next_token")
+        next_token = rt.read_output("next_token")          # synchronizes the stream
+
+        # or keep the GPU fed: enqueue the next step before collecting this one's output
+        pending = rt.read_output_async("next_token")        # a PendingRead; nothing waits yet
+        rt.write_input_from("token_ids", "next_token")     # device to device, on the stream
+        rt.run("decode", graph=True, tokens=1)
+        next_token = pending.result()                      # waits for the first step's copy only
 
 `prepare(...)` runs every load check that needs no GPU (verification, memory plan,
 module hashes, weight binding) and is usable on any machine.
@@ -15,12 +21,13 @@ module hashes, weight binding) and is usable on any machine.
 from .errors import KernDriverError
 from .graphs import Graph
 from .plan import Layout, Region
+from .reads import PendingRead
 from .resolve import EXTERNS, FakeModuleTable
 from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "Prepared", "Region",
-    "Runtime", "prepare",
+    "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "PendingRead", "Prepared",
+    "Region", "Runtime", "prepare",
 ]

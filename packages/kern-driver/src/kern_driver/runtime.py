@@ -49,6 +49,7 @@ from .modules import ModuleImage, read_modules
 from kern_verify import Plan
 
 from .plan import Layout, Region, layout as make_layout
+from .reads import AsyncReads, PendingRead
 from .resolve import EXTERNS, ResolvedEntry, Step, check_vars, resolve_entries, resolve_program
 from .staging import StagedProgram, extern_values
 from .weights import Binding, TensorRef, bind, read_headers, weight_paths
@@ -251,6 +252,7 @@ class Runtime:
         self._cublas: CublasLt | None = None
         self._stage_in: dict[str, tuple[PinnedBuffer, Any]] = {}
         self._stage_out: dict[str, PinnedBuffer] = {}
+        self._reads = AsyncReads()
         self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self._programs: dict[str, _Program] = {}
         self._last_env: dict[str, int] = {}
@@ -598,6 +600,69 @@ class Runtime:
               f"cuMemcpyHtoDAsync({n} bytes)", f"write_input(`{name}`)")
         check(drv.cuEventRecord(ev, self._stream), "cuEventRecord", f"write_input(`{name}`)")
 
+    def write_input_from(self, name: str, src: str) -> None:
+        """Copy device buffer `src` into input buffer `name` on the runtime's stream (device to device,
+        asynchronous, ordered after every run enqueued before it): a run's output becomes the next run's
+        input with no host round trip — greedy decode's `next_token` fed back as `token_ids`. A prefix
+        write: `src`'s whole allocation (its shape at the var maxima) goes to the start of `name`, whose
+        other bytes keep their values, as `write_input(..., prefix=True)` does.
+
+        Raises:
+            KernDriverError: unknown buffer; `name` not an `input`; `src` not an `output` or `carry` (inputs
+                and weights come from the host; a workspace is not kept between runs); dtypes differ; `src`
+                has more rows than `name` or other trailing dims.
+        """
+        self._alive()
+        d, r = self.layout.buffers.get(name), self.layout.buffers.get(src)
+        where = f"write_input_from(`{name}`, `{src}`)"
+        for b, n in ((d, name), (r, src)):
+            if b is None:
+                raise KernDriverError(f"{where}: unknown buffer `{n}`", hint=f"buffers: {', '.join(self.layout.buffers)}")
+        if d.cls != "input":
+            raise KernDriverError(f"{where}: `{name}` is a `{d.cls}` buffer; only `input` buffers are written",
+                                  hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
+        if r.cls not in ("output", "carry"):
+            raise KernDriverError(f"{where}: `{src}` is a `{r.cls}` buffer; the source must be an `output` or a "
+                                  "`carry` (what a run leaves behind)",
+                                  hint="write inputs from the host with write_input")
+        if d.dtype != r.dtype:
+            raise KernDriverError(f"{where}: dtypes differ ({src} is {r.dtype}, {name} is {d.dtype})",
+                                  hint="kern never casts; the two buffers must have one dtype")
+        if len(r.shape) != len(d.shape) or r.shape[1:] != d.shape[1:] or (r.shape and r.shape[0] > d.shape[0]):
+            raise KernDriverError(f"{where}: `{src}` {list(r.shape)} does not fit `{name}` {list(d.shape)} as a "
+                                  "prefix (same trailing dims, at most as many rows, at the var maxima)")
+        if r.nbytes:
+            check(drv.cuMemcpyDtoDAsync(self._arena + d.offset, self._arena + r.offset, r.nbytes, self._stream),
+                  f"cuMemcpyDtoDAsync({r.nbytes} bytes)", where)
+
+    def read_output_async(self, name: str) -> PendingRead:
+        """Enqueue a copy of output `name` to the host and return at once, without synchronizing.
+
+        The returned `PendingRead`'s `result()` waits for that copy only (an event recorded behind it),
+        so the host can enqueue the next run first and collect this one's output while the GPU runs it.
+        The shape is the buffer's with the vars of the last `run`, as `read_output`'s. Up to
+        `reads.SLOTS` reads of one output may be pending; one more first resolves the oldest (its value is
+        kept). `close()` resolves every pending read.
+
+        Raises:
+            KernDriverError: unknown buffer, or not an `output`.
+        """
+        self._alive()
+        r = self.layout.buffers.get(name)
+        if r is None or r.cls != "output":
+            outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
+            what = f"unknown buffer `{name}`" if r is None else f"buffer `{name}` is a `{r.cls}` buffer, not an output"
+            raise KernDriverError(f"read_output_async: {what}", hint=f"outputs: {', '.join(outs) or '(none)'}")
+        shape = self._shape_now(r, name)
+        dt = np.dtype(NUMPY_DTYPES[r.dtype])
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+
+        def copy(host_ptr: int) -> None:
+            check(drv.cuMemcpyDtoHAsync(host_ptr, self._arena + r.offset, n, self._stream),
+                  f"cuMemcpyDtoHAsync({n} bytes)", f"read_output_async(`{name}`)")
+
+        return self._reads.enqueue(name, r.nbytes, n, shape, dt, copy, self._stream)
+
     def _shape_now(self, r: Region, name: str) -> tuple[int, ...]:
         decl = self.manifest.buffers[name].shape
         return tuple(self._last_env.get(d, self.manifest.vars[d].max) if isinstance(d, str) else int(d) for d in decl)
@@ -758,6 +823,7 @@ class Runtime:
         for stage in self._stage_out.values():
             stage.free()
         self._stage_out.clear()
+        self._reads.close()
         for ptr in (self._arena, self._ws):
             if ptr:
                 cuda.mem_free(ptr)

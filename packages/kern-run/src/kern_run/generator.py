@@ -18,8 +18,10 @@ A generation of N new tokens from a prompt p[0..n-1]:
     t = decode(p[n-1], position n-1)        -> first new token
     repeat N-1 times: t = decode(t, next position)
 
-Only the 8-byte ``next_token`` comes back per step. ``Runtime.run`` is
-asynchronous; reading the output is the one synchronisation per step.
+Only the 8-byte ``next_token`` comes back per step, and nothing waits for it before
+the next step is enqueued: step n + 1 takes its token from step n's ``next_token``
+on the device (``Runtime.write_input_from``) and the host reads step n's token
+(``Runtime.read_output_async``) while the GPU runs step n + 1.
 """
 
 from __future__ import annotations
@@ -155,13 +157,16 @@ class Qwen3Session:
 
     ``capacity`` is the token capacity the runtime was loaded with (its KV state
     holds that many tokens); ``graph`` replays `decode` (and full-length prefill
-    chunks) as CUDA graphs.
+    chunks) as CUDA graphs; ``pipeline`` (default) lets `generate` enqueue each decode
+    step before the caller has the previous token, so a caller that reads other GPU
+    state per step (the logits buffer) must pass ``pipeline=False``.
     """
 
-    def __init__(self, rt, info: ManifestInfo, *, capacity: int, graph: bool = True):
+    def __init__(self, rt, info: ManifestInfo, *, capacity: int, graph: bool = True, pipeline: bool = True):
         self.rt = rt
         self.info = info
         self.graph = graph
+        self.pipeline = pipeline
         self.capacity = min(capacity, info.max_positions)
         self.stats = GenerationStats()
         # The one sequence owns every page, in order: slot s lives in page s // 16.
@@ -172,6 +177,7 @@ class Qwen3Session:
         self._seq_len = np.zeros(1, np.int32)
         self._cu_decode = np.array([0, 1], np.int32)
         self._staged: int | None = None  # position whose decode inputs are already written
+        self._fed: int | None = None  # position whose token the device's next_token holds (the last step's + 1)
 
     # -- checks ------------------------------------------------------------
 
@@ -194,6 +200,7 @@ class Qwen3Session:
         chunk = self.clamp_chunk(chunk)
         rt = self.rt
         self._staged = None  # prefill rewrites the position inputs
+        self._fed = None  # and the sequence: no decode step's next_token follows it
         for lo in range(0, len(ids), chunk):
             n = min(chunk, len(ids) - lo)
             positions = np.arange(start + lo, start + lo + n, dtype=np.int64)
@@ -219,21 +226,40 @@ class Qwen3Session:
         self.rt.write_input("seq_lens", self._seq_len)
         self._staged = position
 
-    def decode(self, token: int, position: int) -> int:
-        """Feed `token` at `position`; return the greedy next token (8 bytes read back).
+    def enqueue_decode(self, position: int, token: int | None = None):
+        """Enqueue one decode step at `position` and return its greedy token as a pending read
+        (`kern_driver.PendingRead`; `.result()[0]` is the token) without waiting for the GPU.
 
-        The next step's position inputs are known in advance: they are written right
-        after this step is enqueued (the copies queue behind it on the runtime's
-        stream), so the host work between two steps is one write (the token), the
-        launch and the 8-byte read.
+        `token`: the step's input token from the host; None feeds the previous step's `next_token` on
+        the device (`Runtime.write_input_from`), which must then have been enqueued at `position - 1`.
+        The next step's position inputs are known in advance and written right after this step is
+        enqueued (the copies queue behind it on the runtime's stream). So the host can enqueue step
+        n + 1 before it collects step n's token, and the GPU never waits for the host between steps
+        (H200, Qwen3-4B: the synchronous loop left it idle 67–84 µs per token; NOTES.md 31).
+
+        Raises:
+            KernRunError: `token` is None but the last step enqueued was not at `position - 1`.
         """
+        if token is None and self._fed != position:
+            raise KernRunError(f"decode at position {position} from the device's next_token: the last decode step "
+                               f"enqueued was " + ("none" if self._fed is None else f"at position {self._fed - 1}")
+                               + f", not {position - 1}; pass the token")
         if self._staged != position:
             self.stage_position(position)
-        self._token[0] = token
-        self.rt.write_input("token_ids", self._token, prefix=True)
+        if token is None:
+            self.rt.write_input_from("token_ids", "next_token")
+        else:
+            self._token[0] = token
+            self.rt.write_input("token_ids", self._token, prefix=True)
         self.rt.run("decode", graph=self.graph, tokens=1)
+        pending = self.rt.read_output_async("next_token")
+        self._fed = position + 1
         self.stage_position(position + 1)  # overlaps with the GPU running this step
-        return int(self.rt.read_output("next_token")[0])
+        return pending
+
+    def decode(self, token: int, position: int) -> int:
+        """Feed `token` at `position`; return the greedy next token (8 bytes read back, waiting for it)."""
+        return int(self.enqueue_decode(position, token).result()[0])
 
     # -- generation --------------------------------------------------------
 
@@ -271,21 +297,28 @@ class Qwen3Session:
         return self._generate(prompt_ids, steps, chunk)
 
     def _generate(self, prompt_ids: list[int], steps: int, chunk: int) -> Iterator[int]:
+        # Pipelined: step i + 1 is enqueued (its token fed on the device) before step i's token is read,
+        # so the GPU runs it while the host reads, yields and the caller consumes. Without `pipeline`, each
+        # step is enqueued only after the caller took the previous token (the GPU state, e.g. the logits
+        # buffer, is then that token's step's when the caller reads it).
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         t0 = time.perf_counter()
         self.prefill(prompt_ids[:-1], chunk)
         self.begin_decode()
         pos = len(prompt_ids) - 1
-        token = self.decode(prompt_ids[-1], pos)
-        t1 = time.perf_counter()
-        stats.prefill_s = t1 - t0
-        yield token
-        for _ in range(steps - 1):
-            pos += 1
-            token = self.decode(token, pos)
-            stats.decode_steps += 1
-            stats.decode_s = time.perf_counter() - t1
+        pending = self.enqueue_decode(pos, prompt_ids[-1])
+        t1 = 0.0
+        for i in range(steps):
+            following = self.enqueue_decode(pos + 1 + i) if self.pipeline and i + 1 < steps else None
+            token = int(pending.result()[0])
+            if i == 0:
+                t1 = time.perf_counter()
+                stats.prefill_s = t1 - t0
+            else:
+                stats.decode_steps += 1
+                stats.decode_s = time.perf_counter() - t1
             yield token
+            pending = following if self.pipeline or i + 1 == steps else self.enqueue_decode(pos + 1 + i)
 
 
 def generate(rt, prompt_ids: Sequence[int], steps: int, chunk: int = 512, *, info: ManifestInfo,
