@@ -165,8 +165,8 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     eps = pytest.approx(1e-6)
     assert _gemv(m, "gemv_norm_qkv", index) == (
         "kern_gemv_norm_m1", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
-    assert _gemv(m, "gemv_residual_o_proj", index) == (
-        "kern_gemv_residual_m1", [2560 // 16, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 1})
+    assert _gemv(m, "gemv_residual_o_proj", index) == (  # after the attention: ksplit 2 (gen.gemv_ksplit)
+        "kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2})
     assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
         "kern_gemv_norm_silu_m1_u5", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
     assert _gemv(m, "gemv_residual_down_proj", index) == (
@@ -184,11 +184,13 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     # the small model (k = 1024 and 2048: at most 8 loads per lane and row) keeps the 4-load entries
     assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
                                                                "kern_gemv_norm_silu_m1"}
-    # the small model: only down (512 row pairs over k = 3072) splits k
+    # the small model: down (512 row pairs over k = 3072) splits k to fill the GPU, o because it follows the attention
     assert _gemv(m, "gemv_residual_down_proj", index)[1:] == ([1024 * 4 // 16, 1, 1], None,
                                                               {"n": 1024, "k": 3072, "ksplit": 4})
+    assert _gemv(m, "gemv_residual_o_proj", index)[1:] == ([1024 * 2 // 16, 1, 1], None,
+                                                           {"n": 1024, "k": 2048, "ksplit": 2})
     assert {op: _gemv(m, op, index)[3]["ksplit"] for op in gen.GEMV_OPS} == {
-        "gemv_norm_qkv": 1, "gemv_residual_o_proj": 1, "gemv_norm_silu_gate_up": 1, "gemv_residual_down_proj": 4,
+        "gemv_norm_qkv": 1, "gemv_residual_o_proj": 2, "gemv_norm_silu_gate_up": 1, "gemv_residual_down_proj": 4,
         "gemv_norm_lm_head": 1}
 
 
@@ -249,6 +251,18 @@ def test_gemv_persistent_wiring_checked(fake_kernels: Path) -> None:
 ])
 def test_gemv_ksplit_rule(warps: int, k: int, ksplit: int) -> None:
     assert gen.gemv_ksplit(warps, k) == ksplit
+
+
+@pytest.mark.parametrize(("warps", "k", "ksplit"), [
+    (1280, 4096, 2),    # 4B o: 1 by the base rule, 2 after the attention
+    (512, 2048, 2),     # 0.6B o
+    (1024, 1024, 1),    # 512 of k per warp at 2: below GEMV_MIN_K_PER_WARP, no split
+    (512, 3072, 4),     # the base rule's split is kept
+    (200, 8192, 8),
+])
+def test_gemv_ksplit_after_attention(warps: int, k: int, ksplit: int) -> None:
+    assert gen.gemv_ksplit(warps, k, after_attention=True) == ksplit
+    assert gen.GEMV_OPS_AFTER_ATTENTION == {"gemv_residual_o_proj"}
 
 
 @pytest.mark.parametrize(("k", "ksplit", "loads", "unroll"), [
@@ -476,8 +490,8 @@ def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
             la = t.ops["gemv_residual_o_proj"].impl.launches[0]
             la.args[kof["gemv_residual_o_proj"][0].param_names.index("ksplit")] = ks.Arg(i32=value)
         return edit
-    assert ("ops.gemv_residual_o_proj kernel `kern_gemv_residual_m1`: grid [64, 1, 1] != [128, 1, 1] (n = 1024, "
-            "2 columns per warp group, ksplit 2)") in tampered(ksplit(2))
+    assert ("ops.gemv_residual_o_proj kernel `kern_gemv_residual_m1`: grid [128, 1, 1] != [64, 1, 1] (n = 1024, "
+            "2 columns per warp group, ksplit 1)") in tampered(ksplit(1))
     assert "ksplit 3 must divide the block's 8 warps" in tampered(ksplit(3))
 
     # an unaligned view into a GEMV's 16-byte vector loads

@@ -501,7 +501,7 @@ def rule_ksplit(shape: str, n: int, k: int) -> str:
     except ImportError:
         return "-"
     warps = n // 2 if shape == "gate_up" else -(-n // 2)  # gate_up: n/2 output columns, one per warp group
-    return str(gemv_ksplit(warps, k))
+    return str(gemv_ksplit(warps, k, after_attention=shape == "o"))  # o follows the attention in the program
 
 
 def machine() -> str:

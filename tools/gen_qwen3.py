@@ -272,7 +272,7 @@ def launch_shared_mem(k: Kernel, args: Sequence[Arg], where: str) -> int:
     return total
 
 
-def gemv_ksplit(warps: int, k: int) -> int:
+def gemv_ksplit(warps: int, k: int, after_attention: bool = False) -> int:
     """How many warps of a decode GEMV block split k (gemv.cu's `ksplit`), for a launch of
     `warps` warp groups (n/2 row pairs; n output columns for the SiLU variant) over `k`.
 
@@ -284,15 +284,27 @@ def gemv_ksplit(warps: int, k: int) -> int:
     2026-11-29) and this rule: 4B qkv, o, gate_up, down, lm_head: 1 (rule: 1);
     0.6B qkv 1, o 1 (512 warps: ksplit 4 would leave 512 of k per warp), down 4 (rule: same),
     gate_up 2 (rule: 1; 3072 warps already fill the GPU), lm_head 1.
+
+    `after_attention`: the GEMV that follows the decode attention in the decode program (the o-proj,
+    GEMV_OPS_AFTER_ATTENTION) splits k at least in 2 where each warp keeps GEMV_MIN_K_PER_WARP of it.
+    Measured in the program, not in a chain of GEMVs (kern-run Qwen3-4B decode, H200, session 10,
+    NOTES.md 32): o at ksplit 2 2.481 ms/token against 2.535–2.536 at 1 in two alternating rounds
+    (down at 2 or 4: 2.62–2.63; qkv at 2: 2.62–2.63; gate_up at 2: 2.58), while in the GEMV chain, where
+    o follows the qkv GEMV, 1 was the faster. The attention's 64 CTAs hold 137 KB of shared memory on
+    their SMs, so o's blocks cannot fill the GPU evenly when they launch; twice as many blocks of half
+    the work each balance it (a reading of the result, not measured separately).
     """
     if warps <= 0 or k <= 0:
         raise GenError(f"GEMV of {warps} warps over k = {k}")
     if warps >= GEMV_MIN_WARPS:
-        return 1
-    for split in GEMV_KSPLITS[1:]:
-        if warps * split >= GEMV_MIN_WARPS:
-            return split if k // split >= GEMV_MIN_K_PER_WARP else 1
-    return 1
+        split = 1
+    else:
+        split = next((s for s in GEMV_KSPLITS[1:] if warps * s >= GEMV_MIN_WARPS), 1)
+        if k // split < GEMV_MIN_K_PER_WARP:
+            split = 1
+    if after_attention and split == 1 and k // 2 >= GEMV_MIN_K_PER_WARP:
+        split = 2
+    return split
 
 
 def ceil_div(e: ks.Expr, c: int) -> ExprNode:
@@ -724,6 +736,8 @@ GEMV_OPS = {
 #: the next layer's qkv or lm_head); qkv is followed by the qk-norm/rotary/KV kernel (or the rope-cluster
 #: attention), lm_head by the argmax. gemv_plan.gemv_entry_unroll takes the `_u5` entries only for these.
 GEMV_OPS_BEFORE_GEMV = frozenset({"gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj"})
+#: The decode GEMV op launched right after the decode attention: `gemv_ksplit(..., after_attention=True)`.
+GEMV_OPS_AFTER_ATTENTION = frozenset({"gemv_residual_o_proj"})
 
 
 def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False,
@@ -765,7 +779,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         if (m := b.constexpr(base, "M")) != 1:
             raise GenError(f"kernel `{base}` is compiled for M = {m}; decode runs one token")
         cols, warps_per_block = b.constexpr(base, "COLS_PER_WARP"), b.constexpr(base, "WARPS")
-        ksplit = gemv_ksplit(math.ceil(n / cols), k)
+        ksplit = gemv_ksplit(math.ceil(n / cols), k, after_attention=op in GEMV_OPS_AFTER_ATTENTION)
         unroll = gemv_entry_unroll(k, ksplit, op in GEMV_OPS_BEFORE_GEMV)
         kname = base + GEMV_UNROLL_SUFFIX[unroll]
         if kname not in b.index:
