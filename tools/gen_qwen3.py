@@ -272,7 +272,7 @@ def launch_shared_mem(k: Kernel, args: Sequence[Arg], where: str) -> int:
     return total
 
 
-def gemv_ksplit(warps: int, k: int, after_attention: bool = False) -> int:
+def gemv_ksplit(warps: int, k: int, *, after_attention: bool = False) -> int:
     """How many warps of a decode GEMV block split k (gemv.cu's `ksplit`), for a launch of
     `warps` warp groups (n/2 row pairs; n output columns for the SiLU variant) over `k`.
 
@@ -280,10 +280,11 @@ def gemv_ksplit(warps: int, k: int, after_attention: bool = False) -> int:
     weight stream; it pays only when the launch would otherwise leave SMs idle. So: 1 when the
     launch has at least GEMV_MIN_WARPS warps (one 8-warp block per SM); else the smallest
     ksplit that reaches GEMV_MIN_WARPS while each warp keeps at least GEMV_MIN_K_PER_WARP
-    elements of k; if none does, 1. Measured best ksplit (tools/bench_gemv.py, H200,
-    2026-11-29) and this rule: 4B qkv, o, gate_up, down, lm_head: 1 (rule: 1);
+    elements of k; if none does, 1. Measured best ksplit standalone (tools/bench_gemv.py, H200,
+    2026-11-29) and this base rule: 4B qkv, o, gate_up, down, lm_head: 1 (rule: 1);
     0.6B qkv 1, o 1 (512 warps: ksplit 4 would leave 512 of k per warp), down 4 (rule: same),
-    gate_up 2 (rule: 1; 3072 warps already fill the GPU), lm_head 1.
+    gate_up 2 (rule: 1; 3072 warps already fill the GPU), lm_head 1. In the decode program
+    the o-proj takes 2 instead (`after_attention`, below).
 
     `after_attention`: the GEMV that follows the decode attention in the decode program (the o-proj,
     GEMV_OPS_AFTER_ATTENTION) splits k at least in 2 where each warp keeps GEMV_MIN_K_PER_WARP of it.
@@ -292,7 +293,11 @@ def gemv_ksplit(warps: int, k: int, after_attention: bool = False) -> int:
     (down at 2 or 4: 2.62–2.63; qkv at 2: 2.62–2.63; gate_up at 2: 2.58), while in the GEMV chain, where
     o follows the qkv GEMV, 1 was the faster. The attention's 64 CTAs hold 137 KB of shared memory on
     their SMs, so o's blocks cannot fill the GPU evenly when they launch; twice as many blocks of half
-    the work each balance it (a reading of the result, not measured separately).
+    the work each balance it (a reading of the result, not measured separately). Measured with the
+    PDL manifests only; `--no-pdl` manifests get the same split, unmeasured.
+
+    Raises:
+        GenError: `warps` or `k` not positive.
     """
     if warps <= 0 or k <= 0:
         raise GenError(f"GEMV of {warps} warps over k = {k}")

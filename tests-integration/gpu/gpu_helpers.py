@@ -185,7 +185,8 @@ def run_generations(chain: dict[str, Path], which: str, graph: bool, *, capacity
     try:
         tokens, logits = [], []
         for gi in range(generations):
-            s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=capacity, graph=graph)
+            s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=capacity, graph=graph,
+                             pipeline=False)  # logits read after each token: that step's
             ids = np.random.default_rng(1 + gi).integers(0, 151936, prompt).tolist()
             tk, lg = [], []
             for t in s.generate(ids, steps, 128):

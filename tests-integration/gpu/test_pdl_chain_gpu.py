@@ -219,7 +219,8 @@ def run_chain(chain, which: str, graph: bool):
 
     rt = Runtime.load(chain[which], chain["kernels"], chain["weights"], capacity_tokens=CAPACITY)
     try:
-        s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=CAPACITY, graph=graph)
+        s = Qwen3Session(rt, ManifestInfo.read(chain[which]), capacity=CAPACITY, graph=graph,
+                         pipeline=False)  # logits read after each token: that step's
         rng = np.random.default_rng(1)
         prompt = rng.integers(0, 151936, PROMPT).tolist()
         tokens, logits = [], []

@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     sh, layers, weights, lm, h, resid0, resid, nw, qkv, attn, act = token_buffers(args.geometry)
     logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
+    # the manifests' ksplit: since session 10 o runs at 2 (it follows the attention in the program, not here), so
+    # o's rows are not comparable with session 6's records (ksplit 1)
     ks = {nm: int(rule_ksplit(nm, *sh[nm])) for nm in sh}
     graphs = {}
     for name, g in gs.items():

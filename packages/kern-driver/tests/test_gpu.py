@@ -162,7 +162,7 @@ def test_async_reads_and_device_fed_inputs_pipeline_runs(vdir, graph):
 
 def test_async_read_and_feed_errors_name_the_buffer(vdir):
     with load_vadd(vdir) as rt:
-        with pytest.raises(KernDriverError, match="buffer `x` is a `input` buffer, not an output"):
+        with pytest.raises(KernDriverError, match="buffer `x` is an `input` buffer, not an output"):
             rt.read_output_async("x")
         with pytest.raises(KernDriverError, match="unknown buffer `nope`"):
             rt.read_output_async("nope")

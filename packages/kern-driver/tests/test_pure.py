@@ -343,7 +343,7 @@ def test_missing_module_file_and_bad_paths(vadd_dir):
     ({"w": ("f16", np.zeros(64, np.float16))}, ["tensor `w`", "dtype f16, the manifest declares f32"]),
     ({"w": ("f32", np.zeros((8, 8), np.float32))}, ["tensor `w`", "shape [8, 8], the manifest declares [64]"]),
     ({"w": ("f32", np.zeros(64, np.float32)), "x": ("f32", np.zeros(64, np.float32))},
-     ["extra: tensor `x`", "is a `input` buffer, not a weight"]),
+     ["extra: tensor `x`", "is an `input` buffer, not a weight"]),
 ])
 def test_weight_binding_errors_name_the_tensor(vadd_dir, tensors, needles):
     write_safetensors(vadd_dir / "bad.safetensors", tensors)

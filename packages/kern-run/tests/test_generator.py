@@ -103,20 +103,45 @@ def test_unpipelined_steps_wait_for_the_caller(graph):
         seen.append((t, sum(c[:2] == ("run", "decode") for c in rt.calls)))
     assert [t for t, _ in seen] == reference_generate(p, 5)
     assert [n for _, n in seen] == [1, 2, 3, 4, 5]  # when the caller has token i, only step i has run
+    # the step-by-step loop writes each step's token from the host, and nothing is fed on the device
+    assert not any(c[0] == "feed" for c in rt.calls)
+    toks = [c[2].tolist() for c in rt.calls if c[:2] == ("write", "token_ids") and len(c[2]) == 1]
+    assert toks == [[p[-1]], *([t] for t, _ in seen[:4])]
+
+
+def test_a_caller_stopping_early_leaves_one_step_run_and_the_session_usable():
+    rt, s = session()
+    p = prompt(34)
+    it = s.generate(p, 6, 512)
+    got = [next(it), next(it)]
+    it.close()
+    assert got == reference_generate(p, 2)
+    assert sum(c[:2] == ("run", "decode") for c in rt.calls) == 3  # the step after the last token taken
+    assert s.stats.decode_steps == 1
+    q = prompt(85)
+    assert list(s.generate(q, 4, 512)) == reference_generate(q, 4)  # prefill rewrites what that step wrote
+
+
+def test_one_step_enqueues_one_decode():
+    rt, s = session()
+    p = prompt(34)
+    assert list(s.generate(p, 1, 512)) == reference_generate(p, 1)
+    assert sum(c[:2] == ("run", "decode") for c in rt.calls) == 1 and s.stats.decode_steps == 0
 
 
 def test_feeding_the_device_token_needs_the_previous_step():
     rt, s = session()
     s.prefill(prompt(34)[:-1], 512)
     s.begin_decode()
-    with pytest.raises(KernRunError, match="the last decode step enqueued was none, not 32; pass the token"):
+    with pytest.raises(KernRunError, match=r"decode at position 33 from the device's next_token: no decode step has "
+                       r"been enqueued since the last prefill; pass the step's input token \(token=...\)"):
         s.enqueue_decode(33)
     s.enqueue_decode(33, 5)
-    with pytest.raises(KernRunError, match="was at position 33, not 34"):
+    with pytest.raises(KernRunError, match=r"it holds the token for position 34 \(the last step enqueued was at 33\)"):
         s.enqueue_decode(35)
     assert int(s.enqueue_decode(34).result()[0]) == reference_generate(prompt(34)[:-1] + [5], 2)[1]
     s.prefill([1, 2], 512, start=35)  # another sequence position: the device token no longer follows
-    with pytest.raises(KernRunError, match="was none"):
+    with pytest.raises(KernRunError, match="no decode step has been enqueued since the last prefill"):
         s.enqueue_decode(37)
 
 

@@ -10,6 +10,7 @@
 
         # or keep the GPU fed: enqueue the next step before collecting this one's output
         pending = rt.read_output_async("next_token")        # a PendingRead; nothing waits yet
+        rt.write_input("positions", np.array([43], dtype=np.int64), prefix=True)  # the next step's inputs
         rt.write_input_from("token_ids", "next_token")     # device to device, on the stream
         rt.run("decode", graph=True, tokens=1)
         next_token = pending.result()                      # waits for the first step's copy only
@@ -25,7 +26,7 @@ from .reads import PendingRead
 from .resolve import EXTERNS, FakeModuleTable
 from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "PendingRead", "Prepared",

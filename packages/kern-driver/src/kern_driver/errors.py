@@ -50,3 +50,8 @@ class KernDriverError(RuntimeError):
         if self.where:
             where = f"{where}; {self.where}"
         return KernDriverError(self.what, cuda_error=self.cuda_error, where=where, hint=self.hint)
+
+
+def a_class(cls: str) -> str:
+    """A buffer class with its article, for messages: "an `input`", "a `weight`"."""
+    return f"{'an' if cls[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} `{cls}`"

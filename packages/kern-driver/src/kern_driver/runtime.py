@@ -43,7 +43,7 @@ from kern_schema import DTYPES, Manifest, load as load_manifest
 from . import cuda
 from .cublaslt import DEFAULT_WORKSPACE, CublasLt, GemmPlan
 from .cuda import SUCCESS, PinnedBuffer, check, drv, raise_error
-from .errors import KernDriverError
+from .errors import KernDriverError, a_class
 from .graphs import Graph
 from .modules import ModuleImage, read_modules
 from kern_verify import Plan
@@ -572,7 +572,7 @@ class Runtime:
         if r is None:
             raise KernDriverError(f"unknown buffer `{name}`", hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
         if r.cls != "input":
-            raise KernDriverError(f"buffer `{name}` is a `{r.cls}` buffer; write_input writes `input` buffers",
+            raise KernDriverError(f"buffer `{name}` is {a_class(r.cls)} buffer; write_input writes `input` buffers",
                                   hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
         arr = np.asarray(array)
         want = np.dtype(NUMPY_DTYPES[r.dtype])
@@ -615,18 +615,20 @@ class Runtime:
         self._alive()
         d, r = self.layout.buffers.get(name), self.layout.buffers.get(src)
         where = f"write_input_from(`{name}`, `{src}`)"
-        for b, n in ((d, name), (r, src)):
-            if b is None:
-                raise KernDriverError(f"{where}: unknown buffer `{n}`", hint=f"buffers: {', '.join(self.layout.buffers)}")
-        if d.cls != "input":
-            raise KernDriverError(f"{where}: `{name}` is a `{d.cls}` buffer; only `input` buffers are written",
-                                  hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
-        if r.cls not in ("output", "carry"):
-            raise KernDriverError(f"{where}: `{src}` is a `{r.cls}` buffer; the source must be an `output` or a "
-                                  "`carry` (what a run leaves behind)",
-                                  hint="write inputs from the host with write_input")
+        inputs = ", ".join(self._stage_in) or "(none)"
+        sources = ", ".join(n for n, b in self.layout.buffers.items() if b.cls in ("output", "carry")) or "(none)"
+        if d is None or d.cls != "input":
+            what = (f"unknown buffer `{name}`" if d is None else
+                    f"`{name}` is {a_class(d.cls)} buffer; only `input` buffers are written")
+            raise KernDriverError(f"{where}: {what}", hint=f"inputs: {inputs}")
+        if r is None or r.cls not in ("output", "carry"):
+            what = (f"unknown buffer `{src}`" if r is None else
+                    f"`{src}` is {a_class(r.cls)} buffer; the source must be an `output` or a `carry` (what a run leaves "
+                    "behind)")
+            raise KernDriverError(f"{where}: {what}",
+                                  hint=f"outputs and carries: {sources}; write inputs from the host with write_input")
         if d.dtype != r.dtype:
-            raise KernDriverError(f"{where}: dtypes differ ({src} is {r.dtype}, {name} is {d.dtype})",
+            raise KernDriverError(f"{where}: dtypes differ (`{src}` is {r.dtype}, `{name}` is {d.dtype})",
                                   hint="kern never casts; the two buffers must have one dtype")
         if len(r.shape) != len(d.shape) or r.shape[1:] != d.shape[1:] or (r.shape and r.shape[0] > d.shape[0]):
             raise KernDriverError(f"{where}: `{src}` {list(r.shape)} does not fit `{name}` {list(d.shape)} as a "
@@ -640,18 +642,20 @@ class Runtime:
 
         The returned `PendingRead`'s `result()` waits for that copy only (an event recorded behind it),
         so the host can enqueue the next run first and collect this one's output while the GPU runs it.
-        The shape is the buffer's with the vars of the last `run`, as `read_output`'s. Up to
-        `reads.SLOTS` reads of one output may be pending; one more first resolves the oldest (its value is
-        kept). `close()` resolves every pending read.
+        The shape is the buffer's with the vars of the last `run`, as `read_output`'s. Each output gets
+        up to `reads.SLOTS` (4) pinned host buffers of its full size (at the var maxima), allocated as
+        reads need them; with every slot pending, a read first resolves the oldest (its value is kept).
+        `close()` resolves every pending read.
 
         Raises:
-            KernDriverError: unknown buffer, or not an `output`.
+            KernDriverError: unknown buffer, or not an `output`; a failed launch before the oldest read
+                when that read must be resolved to free its slot; a failed pinned allocation or event.
         """
         self._alive()
         r = self.layout.buffers.get(name)
         if r is None or r.cls != "output":
             outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
-            what = f"unknown buffer `{name}`" if r is None else f"buffer `{name}` is a `{r.cls}` buffer, not an output"
+            what = f"unknown buffer `{name}`" if r is None else f"buffer `{name}` is {a_class(r.cls)} buffer, not an output"
             raise KernDriverError(f"read_output_async: {what}", hint=f"outputs: {', '.join(outs) or '(none)'}")
         shape = self._shape_now(r, name)
         dt = np.dtype(NUMPY_DTYPES[r.dtype])
@@ -701,7 +705,7 @@ class Runtime:
         r = self.layout.buffers.get(name)
         if r is None or r.cls != "output":
             outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
-            what = "unknown buffer" if r is None else f"buffer `{name}` is a `{r.cls}` buffer, not an output;"
+            what = "unknown buffer" if r is None else f"buffer `{name}` is {a_class(r.cls)} buffer, not an output;"
             raise KernDriverError(f"{what} `{name}`" if r is None else what,
                                   hint=f"outputs: {', '.join(outs) or '(none)'}; read_buffer reads any buffer")
         return self.read_buffer(name)
@@ -802,7 +806,8 @@ class Runtime:
         return "\n".join(L)
 
     def close(self) -> None:
-        """Free everything (graphs, cuBLASLt, staging, arena, modules, stream, context). Idempotent."""
+        """Free everything (graphs, cuBLASLt, staging, arena, modules, stream, context), after waiting for the
+        stream and resolving every pending `read_output_async` (their values stay readable). Idempotent."""
         if getattr(self, "_dev", None) is None or getattr(self, "_freed", False):
             return  # a second close must not touch the destroyed stream or the released context
         try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kern_schema import DTYPES, Manifest
 
-from .errors import KernDriverError
+from .errors import KernDriverError, a_class
 from .plan import Layout, Region
 
 #: safetensors dtype tags → manifest dtypes.
@@ -190,7 +190,7 @@ def bind(manifest: Manifest, plan: Layout, tensors: dict[str, TensorRef]) -> lis
         out.append(Binding(name, t, region))
     for name, t in tensors.items():
         if name not in weights:
-            what = "is not a weight buffer" if name not in manifest.buffers else f"is a `{manifest.buffers[name].class_}` buffer, not a weight"
+            what = "is not a weight buffer" if name not in manifest.buffers else f"is {a_class(manifest.buffers[name].class_)} buffer, not a weight"
             problems.append(f"extra: tensor `{name}` in {t.path} {what} of the manifest")
     if problems:
         raise KernDriverError(

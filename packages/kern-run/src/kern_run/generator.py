@@ -31,8 +31,12 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # kern_run does not import kern_driver (the caller passes the runtime)
+    from kern_driver import PendingRead
 
 __all__ = [
     "GenerationStats",
@@ -226,24 +230,29 @@ class Qwen3Session:
         self.rt.write_input("seq_lens", self._seq_len)
         self._staged = position
 
-    def enqueue_decode(self, position: int, token: int | None = None):
+    def enqueue_decode(self, position: int, token: int | None = None) -> "PendingRead":
         """Enqueue one decode step at `position` and return its greedy token as a pending read
-        (`kern_driver.PendingRead`; `.result()[0]` is the token) without waiting for the GPU.
+        (`kern_driver.PendingRead`; `.result()[0]` is the token, an int64) without waiting for it.
 
         `token`: the step's input token from the host; None feeds the previous step's `next_token` on
         the device (`Runtime.write_input_from`), which must then have been enqueued at `position - 1`.
         The next step's position inputs are known in advance and written right after this step is
         enqueued (the copies queue behind it on the runtime's stream). So the host can enqueue step
-        n + 1 before it collects step n's token, and the GPU never waits for the host between steps
-        (H200, Qwen3-4B: the synchronous loop left it idle 67–84 µs per token; NOTES.md 31).
+        n + 1 before it collects step n's token, and the GPU no longer waits for the host's read-back
+        between steps (H200, Qwen3-4B: the step-by-step loop left it idle 44–97 µs per token, 9–13 µs
+        remain; BENCHMARKS.md "Session 10"). The call returns only once the step at `position - 1` has
+        completed: `Runtime.write_input` keeps one pinned staging buffer per input and waits for its
+        previous copy, so at most one step is queued ahead of the GPU (enough to keep it busy).
 
         Raises:
-            KernRunError: `token` is None but the last step enqueued was not at `position - 1`.
+            KernRunError: `token` is None but no decode step was enqueued at `position - 1` since the
+                last prefill.
         """
         if token is None and self._fed != position:
-            raise KernRunError(f"decode at position {position} from the device's next_token: the last decode step "
-                               f"enqueued was " + ("none" if self._fed is None else f"at position {self._fed - 1}")
-                               + f", not {position - 1}; pass the token")
+            held = ("no decode step has been enqueued since the last prefill" if self._fed is None
+                    else f"it holds the token for position {self._fed} (the last step enqueued was at {self._fed - 1})")
+            raise KernRunError(f"decode at position {position} from the device's next_token: {held}; "
+                               "pass the step's input token (token=...)")
         if self._staged != position:
             self.stage_position(position)
         if token is None:
@@ -289,7 +298,12 @@ class Qwen3Session:
     def generate(self, prompt_ids: Sequence[int], steps: int, chunk: int = 512) -> Iterator[int]:
         """Yield `steps` greedy tokens after `prompt_ids`; fills `self.stats` as it goes.
 
-        The arguments are checked at the call (KernRunError), before anything runs.
+        The arguments are checked at the call (KernRunError), before anything runs. With `pipeline`
+        (the session's default) step i + 1 is already enqueued when token i is yielded, so GPU state read
+        between two yields (`rt.read_buffer("logits")`) is the next step's — pass `pipeline=False` to the
+        session to read each token's own — and a caller that stops early (break, `close()`) leaves that one
+        step run: it writes the KV slot of the next position, which any later prefill or decode there
+        rewrites. `stats` count the tokens yielded.
         """
         prompt_ids = [int(t) for t in prompt_ids]
         self.check(prompt_ids, steps)
@@ -299,8 +313,8 @@ class Qwen3Session:
     def _generate(self, prompt_ids: list[int], steps: int, chunk: int) -> Iterator[int]:
         # Pipelined: step i + 1 is enqueued (its token fed on the device) before step i's token is read,
         # so the GPU runs it while the host reads, yields and the caller consumes. Without `pipeline`, each
-        # step is enqueued only after the caller took the previous token (the GPU state, e.g. the logits
-        # buffer, is then that token's step's when the caller reads it).
+        # step is enqueued only after the caller took the previous token, which the host writes (the loop
+        # before session 10; the GPU state, e.g. the logits buffer, is then that token's step's).
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         t0 = time.perf_counter()
         self.prefill(prompt_ids[:-1], chunk)
@@ -318,10 +332,10 @@ class Qwen3Session:
                 stats.decode_steps += 1
                 stats.decode_s = time.perf_counter() - t1
             yield token
-            pending = following if self.pipeline or i + 1 == steps else self.enqueue_decode(pos + 1 + i)
+            pending = following if self.pipeline or i + 1 == steps else self.enqueue_decode(pos + 1 + i, token)
 
 
 def generate(rt, prompt_ids: Sequence[int], steps: int, chunk: int = 512, *, info: ManifestInfo,
-             capacity: int, graph: bool = True) -> Iterator[int]:
+             capacity: int, graph: bool = True, pipeline: bool = True) -> Iterator[int]:
     """Functional form: ``list(generate(rt, ids, 64, info=ManifestInfo.read(m), capacity=4096))``."""
-    return Qwen3Session(rt, info, capacity=capacity, graph=graph).generate(prompt_ids, steps, chunk)
+    return Qwen3Session(rt, info, capacity=capacity, graph=graph, pipeline=pipeline).generate(prompt_ids, steps, chunk)

@@ -1,0 +1,231 @@
+"""`Runtime.read_output_async`'s ring of pinned slots and `write_input_from`'s checks, on the CPU.
+
+The ring (kern_driver.reads) runs against a stub of the driver calls it makes: events that complete
+when the test says so or fail, pinned buffers backed by numpy. The GPU tests (test_gpu.py) run the same
+calls on a device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kern_driver.reads as reads
+from kern_driver import KernDriverError, Runtime
+from kern_driver.plan import Region
+
+OK, NOT_READY, ILLEGAL = 0, 600, 700
+
+
+class StubDriver:
+    """The event calls reads.py makes; every call is logged."""
+
+    class CUresult:
+        CUDA_ERROR_NOT_READY = NOT_READY
+
+    class CUevent_flags:
+        CU_EVENT_DISABLE_TIMING = 2
+
+    def __init__(self):
+        self.log: list[tuple] = []
+        self.next_id = 0
+        self.state: dict[int, int] = {}  # event -> OK / NOT_READY / ILLEGAL
+        self.destroyed: set[int] = set()
+        self.fail_next_record = False
+
+    def _live(self, ev):
+        assert ev not in self.destroyed, f"event {ev} used after cuEventDestroy"
+
+    def cuEventCreate(self, flags):
+        self.next_id += 1
+        self.log.append(("create", self.next_id))
+        return (OK, self.next_id)
+
+    def cuEventRecord(self, ev, stream):
+        self._live(ev)
+        self.state[ev] = ILLEGAL if self.fail_next_record else OK
+        self.fail_next_record = False
+        self.log.append(("record", ev))
+        return (OK,)
+
+    def cuEventQuery(self, ev):
+        self._live(ev)
+        self.log.append(("query", ev))
+        return (self.state[ev],)
+
+    def cuEventSynchronize(self, ev):
+        self._live(ev)
+        self.log.append(("sync", ev))
+        st = self.state[ev]
+        return (OK,) if st == NOT_READY else (st,)  # a pending event completes when waited for
+
+    def cuEventDestroy(self, ev):
+        self.destroyed.add(ev)
+        self.log.append(("destroy", ev))
+        return (OK,)
+
+
+class StubPinned:
+    allocated: list["StubPinned"] = []
+
+    def __init__(self, nbytes, what):
+        self.nbytes = nbytes
+        self.array = np.zeros(nbytes, np.uint8)
+        self.ptr = id(self.array)
+        StubPinned.allocated.append(self)
+
+    def free(self):
+        self.ptr = 0
+
+
+def stub_check(result, what, where=None, hint=None):
+    err, vals = result[0], result[1:]
+    if err != OK:
+        raise KernDriverError(f"{what} failed", cuda_error=f"CUresult {err}", where=where, hint=hint)
+    return vals[0] if len(vals) == 1 else (vals or None)
+
+
+@pytest.fixture
+def drv(monkeypatch):
+    d = StubDriver()
+    StubPinned.allocated = []
+    monkeypatch.setattr(reads, "drv", d)
+    monkeypatch.setattr(reads, "PinnedBuffer", StubPinned)
+    monkeypatch.setattr(reads, "check", stub_check)
+    return d
+
+
+def enqueue(r: reads.AsyncReads, value: int, name: str = "next_token"):
+    """A read of an i64 [1] output whose device value is `value` at the read's point in the stream."""
+    def copy(ptr):
+        slot = next(p for p in StubPinned.allocated if p.ptr == ptr)
+        slot.array[:8] = np.array([value], np.int64).view(np.uint8)
+    return r.enqueue(name, 8, 8, (1,), np.dtype(np.int64), copy, stream=0)
+
+
+def test_reads_beyond_the_slots_resolve_the_oldest_and_lose_nothing(drv):
+    r = reads.AsyncReads()
+    p0 = enqueue(r, 100)
+    assert len(StubPinned.allocated) == 1  # slots are allocated as reads need them
+    pending = [p0] + [enqueue(r, 100 + i) for i in range(1, 7)]
+    assert len(StubPinned.allocated) == reads.SLOTS
+    # the 5th, 6th, 7th reads each waited for the oldest unresolved one first, and it kept its value
+    assert [e for e in drv.log if e[0] == "sync"] == [("sync", 1), ("sync", 2), ("sync", 3)]
+    assert [int(p.result()[0]) for p in pending] == [100 + i for i in range(7)]
+    assert all(p.done() for p in pending)
+    assert pending[0].result() is pending[0].result()
+    syncs = sum(e[0] == "sync" for e in drv.log)
+    q = enqueue(r, 7)  # every slot is free again: the read waits for nothing
+    assert sum(e[0] == "sync" for e in drv.log) == syncs and len(StubPinned.allocated) == reads.SLOTS
+    assert int(q.result()[0]) == 7
+
+
+def test_done_asks_the_event_and_close_resolves_pending_reads(drv):
+    r = reads.AsyncReads()
+    p, q = enqueue(r, 5), enqueue(r, 6)
+    drv.state[q._slot.event] = NOT_READY
+    assert p.done() and not q.done()
+    r.close()  # the stream is synchronized before: the copies have completed
+    assert int(p.result()[0]) == 5 and int(q.result()[0]) == 6 and q.done()
+    assert drv.destroyed == {1, 2} and all(s.ptr == 0 for s in StubPinned.allocated)
+
+
+def test_a_failed_read_keeps_its_error_after_close(drv):
+    r = reads.AsyncReads()
+    drv.fail_next_record = True
+    p = enqueue(r, 1)
+    with pytest.raises(KernDriverError, match="cuEventSynchronize failed") as first:
+        p.result()
+    r.close()
+    with pytest.raises(KernDriverError) as again:
+        p.result()
+    assert again.value is first.value  # the launch error, not "closed"
+    with pytest.raises(KernDriverError) as via_done:
+        p.done()  # and no query of the destroyed event (StubDriver asserts on that)
+    assert via_done.value is first.value
+    assert "failed" in repr(p)
+
+
+def test_a_read_whose_copy_never_completed_says_the_runtime_was_closed(drv):
+    r = reads.AsyncReads()
+    p = enqueue(r, 1)
+    p._slot.free()  # as if the runtime had been torn down without resolving it
+    with pytest.raises(KernDriverError, match="the runtime was closed and the read's copy had not completed"):
+        p.result()
+
+
+def test_a_failing_event_creation_frees_its_pinned_buffer(drv, monkeypatch):
+    monkeypatch.setattr(drv, "cuEventCreate", lambda flags: (ILLEGAL,))
+    with pytest.raises(KernDriverError, match="cuEventCreate failed"):
+        enqueue(reads.AsyncReads(), 1)
+    assert [p.ptr for p in StubPinned.allocated] == [0]
+
+
+# -- the checks of write_input_from / read_output_async, on a Runtime with a layout and no GPU ---------------
+
+
+def _region(name, cls, dtype, shape, nbytes, offset=0):
+    return Region(kind="buffer", name=name, cls=cls, offset=offset, nbytes=nbytes, dtype=dtype, shape=shape)
+
+
+class _Layout:
+    buffers = {
+        "token_ids": _region("token_ids", "input", "i64", (2048,), 16384),
+        "positions": _region("positions", "input", "i64", (2048,), 16384),
+        "seq_lens": _region("seq_lens", "input", "i32", (1,), 4),
+        "next_token": _region("next_token", "output", "i64", (1,), 8),
+        "logits": _region("logits", "output", "bf16", (1, 151936), 303872),
+        "w": _region("w", "weight", "bf16", (4, 4), 32),
+        "h": _region("h", "workspace", "bf16", (2048, 8), 32768),
+        "big": _region("big", "output", "i64", (4096,), 32768),
+    }
+
+
+class _Prepared:
+    layout = _Layout()
+
+
+@pytest.fixture
+def rt():
+    r = Runtime.__new__(Runtime)
+    r._closed = False
+    r.prepared = _Prepared()
+    r._stage_in = {"token_ids": None, "positions": None, "seq_lens": None}
+    return r
+
+
+@pytest.mark.parametrize(("name", "src", "needle", "hint"), [
+    ("nope", "next_token", "unknown buffer `nope`", "inputs: token_ids, positions, seq_lens"),
+    ("w", "next_token", "`w` is a `weight` buffer; only `input` buffers are written", "inputs: token_ids"),
+    ("token_ids", "nope", "unknown buffer `nope`", "outputs and carries: next_token, logits, big"),
+    ("token_ids", "positions", "`positions` is an `input` buffer; the source must be an `output` or a `carry`",
+     "write inputs from the host with write_input"),
+    ("token_ids", "h", "`h` is a `workspace` buffer", "outputs and carries"),
+    ("seq_lens", "next_token", "dtypes differ (`next_token` is i64, `seq_lens` is i32)", "kern never casts"),
+    ("token_ids", "big", "`big` [4096] does not fit `token_ids` [2048] as a prefix", None),
+    ("token_ids", "logits", "dtypes differ", None),
+])
+def test_write_input_from_names_what_is_wrong(rt, name, src, needle, hint):
+    with pytest.raises(KernDriverError) as e:
+        rt.write_input_from(name, src)
+    assert f"write_input_from(`{name}`, `{src}`)" in str(e.value) and needle in str(e.value)
+    if hint:
+        assert hint in (e.value.hint or "")
+
+
+@pytest.mark.parametrize(("name", "needle"), [
+    ("nope", "read_output_async: unknown buffer `nope`"),
+    ("token_ids", "read_output_async: buffer `token_ids` is an `input` buffer, not an output"),
+    ("h", "is a `workspace` buffer, not an output"),
+])
+def test_read_output_async_names_what_is_wrong(rt, name, needle):
+    with pytest.raises(KernDriverError, match="outputs: next_token, logits, big") as e:
+        rt.read_output_async(name)
+    assert needle in str(e.value)
+
+
+def test_a_closed_runtime_refuses_both(rt):
+    rt._closed = True
+    for call in (lambda: rt.write_input_from("token_ids", "next_token"), lambda: rt.read_output_async("next_token")):
+        with pytest.raises(KernDriverError, match="this Runtime is closed"):
+            call()
