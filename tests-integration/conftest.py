@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,14 @@ def pinned_modules() -> dict[str, str]:
             assert mod["source"] not in UNUSED_BY_EXAMPLES, mod["source"]
             pinned.setdefault(mod["source"], mod["sha256"])
     return pinned
+
+
+@pytest.fixture(scope="session")
+def built_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real kernels of the example geometries, built once per session by tools/build_kernels.py (nvcc +
+    Triton AOT) for every module that needs them."""
+    d = tmp_path_factory.mktemp("kernels")
+    geometries = [a for ex in EXAMPLES for a in ("--geometry", ex.stem.removeprefix("qwen3-"))]
+    subprocess.run([sys.executable, str(ROOT / "tools" / "build_kernels.py"), "--out", str(d), "-q", *geometries],
+                   check=True)
+    return d

@@ -582,15 +582,6 @@ def test_stale_index_is_refused(fake_kernels: Path, tmp_path: Path) -> None:
 EXAMPLES = {"0.6b": ROOT / "examples" / "qwen3-0.6b.json", "4b": ROOT / "examples" / "qwen3-4b.json"}
 
 
-@pytest.fixture(scope="session")
-def built_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real kernels of the example geometries, built by tools/build_kernels.py (nvcc + Triton AOT)."""
-    d = tmp_path_factory.mktemp("kernels")
-    cmd = [sys.executable, str(ROOT / "tools" / "build_kernels.py"), "--out", str(d), "-q"]
-    subprocess.run(cmd + [a for g in EXAMPLES for a in ("--geometry", g)], check=True)
-    return d
-
-
 @pytest.mark.parametrize("preset", list(EXAMPLES))
 def test_example_regenerates_byte_identically(preset: str, built_kernels: Path, tmp_path: Path) -> None:
     out = tmp_path / EXAMPLES[preset].name

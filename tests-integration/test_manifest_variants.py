@@ -1,0 +1,133 @@
+"""tools/manifest_variants.py and tools/gpu/program_sweep.py --dry-run on the committed 4B example and the real
+kernel build (`built_kernels`, conftest.py): no GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+
+import manifest_variants as mv  # noqa: E402
+import program_sweep  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "qwen3-4b.json"
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return json.loads(EXAMPLE.read_text())
+
+
+@pytest.fixture(scope="module")
+def index(built_kernels: Path) -> dict:
+    return mv.load_index(built_kernels)
+
+
+def launch(m: dict, op: str) -> dict:
+    return m["ops"][op]["impl"]["launches"][0]
+
+
+def test_ksplit_sets_the_literal_and_the_grid(base, index, built_kernels):
+    assert launch(base, "gemv_residual_o_proj")["grid"] == [320, 1, 1]  # the example: o at ksplit 2
+    m = mv.apply(base, "o.ksplit=1+down.ksplit=4", index)
+    o, down = launch(m, "gemv_residual_o_proj"), launch(m, "gemv_residual_down_proj")
+    assert (o["grid"], o["args"][-1]) == ([160, 1, 1], {"i32": 1})
+    assert (down["grid"], down["args"][-1]) == ([640, 1, 1], {"i32": 4})  # 2560 rows, 4 per block
+    gu = mv.apply(base, "gate_up.ksplit=2", index)
+    assert launch(gu, "gemv_norm_silu_gate_up")["grid"] == [9728 // 4, 1, 1]  # one column per 2-warp group
+    assert mv.verify(m, built_kernels) == [] and mv.verify(gu, built_kernels) == []
+    assert launch(base, "gemv_residual_o_proj")["grid"] == [320, 1, 1]  # the input is not changed
+
+
+def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_kernels):
+    m = mv.apply(base, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+qkv.entry=kern_gemv_norm_m1_u5", index)
+    assert launch(m, "gemv_norm_silu_gate_up")["entry"] == "kern_gemv_norm_silu_m1"
+    assert launch(m, "gemv_norm_silu_gate_up")["shared_mem"] == 2 * 2560  # x in shared memory, as before
+    assert launch(m, "gemv_norm_qkv")["entry"] == "kern_gemv_norm_m1_u5"
+    assert "pdl" not in launch(m, "attention_decode_rope") and launch(base, "attention_decode_rope")["pdl"] is True
+    assert launch(mv.apply(m, "attn.pdl=1", index), "attention_decode_rope")["pdl"] is True
+    assert mv.verify(m, built_kernels) == []
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("o.ksplit=3", "`o.ksplit=3`: ksplit must be one of 1, 2, 4, 8"),
+    ("o.ksplit", "a change is OP.OPTION=VALUE"),
+    ("foo.ksplit=2", "no op `foo` in the manifest (short names: qkv, o,"),
+    ("attn.ksplit=2", "`decode_attention_rope_cluster` (op `attention_decode_rope`) has no ksplit param"),
+    ("o.entry=kern_gemv_m1", "only an entry with the same params can replace it"),
+    ("o.entry=kern_gemv_residual_m2", "is compiled for M = 2 rows of x, `kern_gemv_residual_m1` for M = 1"),
+    ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
+    ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl)"),
+    ("attn.pdl=2", "pdl is 0 or 1"),
+    ("o.ksplit=2+o.ksplit=x", "`o.ksplit=x`: ksplit must be one of"),
+])
+def test_bad_changes_say_what_is_wrong(base, index, spec, needle):
+    with pytest.raises(mv.VariantError) as e:
+        mv.apply(base, spec, index)
+    assert needle in str(e.value)
+
+
+def test_cli_writes_a_verified_variant_and_refuses_a_bad_one(built_kernels, tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert mv.main([str(EXAMPLE), "--kernels", str(built_kernels), "--variant", "o.ksplit=1", "--out", str(out)]) == 0
+    assert launch(json.loads(out.read_text()), "gemv_residual_o_proj")["grid"] == [160, 1, 1]
+    assert mv.main([str(EXAMPLE), "--kernels", str(tmp_path), "--variant", "o.ksplit=1", "--out", str(out)]) == 1
+    assert "cannot read the kernel index" in capsys.readouterr().err
+
+
+def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, capsys):
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    args = ["--work", str(work), "--geometry", "4b", "--dry-run"]
+    assert program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "attn.pdl=0"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["variant o.ksplit=1: verified", "variant attn.pdl=0: verified"]
+    assert program_sweep.main(args + ["--variant", "o.ksplit=5"]) == 1
+    assert "ksplit must be one of" in capsys.readouterr().err
+    assert program_sweep.main(["--work", str(tmp_path), "--geometry", "4b", "--dry-run"]) == 1
+    assert "run tools/gpu/prepare.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "o.ksplit=1"])
+
+
+def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys, monkeypatch):
+    """The timing path without a GPU: kern_driver.Runtime.load returns kern-run's contract-checking fake runtime
+    (packages/kern-run/tests/fake_runtime.py), one per manifest; every round generates on each, in turn."""
+    pytest.importorskip("kern_driver")
+    sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "tests"))
+    from fake_runtime import FakeRuntime
+
+    import kern_driver
+    from kern_run.generator import ManifestInfo
+
+    loaded = []
+
+    def fake_load(manifest, kernels, weights, *, capacity_tokens):
+        m = json.loads(manifest)
+        loaded.append((m, Path(kernels), Path(weights), capacity_tokens))
+        return FakeRuntime(ManifestInfo.from_json(m), capacity_tokens)
+
+    monkeypatch.setattr(kern_driver.Runtime, "load", staticmethod(fake_load))
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    md = tmp_path / "sweep.md"
+    args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--variant", "attn.pdl=0",
+            "--context", "40", "--steps", "6", "--rounds", "2", "--append", str(md)]
+    assert program_sweep.main(args) == 0
+    assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320]
+    assert {(k.name, w.name, c) for _, k, w, c in loaded} == {("kernels", "weights.safetensors", 4096)}
+    table = md.read_text()
+    assert "kern-run 4b decode, ms/token: 6 steps after a 40-token prompt, 2 alternating rounds" in table
+    rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| manifest")]
+    assert [r.split(" | ")[0] for r in rows] == ["| (manifest)", "| o.ksplit=1", "| attn.pdl=0"]
+    assert rows[0].endswith("| +0.000 | — |") and all(r.endswith("| identical |") for r in rows[1:])
+    assert "round 2: (manifest)" in capsys.readouterr().out

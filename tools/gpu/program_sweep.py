@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Time variants of the Qwen3 decode program side by side, in one process: kern-run's decode ms/token of the
+manifest and of each `tools/manifest_variants.py` variant of it, in alternating rounds.
+
+    python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
+        [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
+
+DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Every
+manifest gets its own `kern_driver.Runtime` (all loaded at once: about the weights' size each, 8 GB for 4B, so a
+dozen 4B variants fit an H200), warmed up (graphs captured, one generation), then each round runs one generation
+of `--steps` tokens after the same `--context`-token random prompt on every runtime in turn (kern-run's pipelined
+loop, `Qwen3Session.generate`). Session 10 did this with one `tools/bench_decode.py` process per manifest and
+round (~12 s each, the weights loaded every time); here a round of a 4B variant costs one generation (~0.7 s).
+
+Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
+whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ
+after a bf16 near-tie: reported, not an error). `--dry-run` builds and verifies the variants only (no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from benchinfo import commit, kv_capacity  # noqa: E402
+from manifest_variants import VariantError, apply, load_index, verify  # noqa: E402
+
+PROMPT_SEED = 12345  # tools/bench_decode.py random_prompt's ids (seed 0)
+
+
+def random_prompt(n: int) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(PROMPT_SEED).integers(0, 151643, size=n).tolist()
+
+
+def build(work: Path, geometry: str, variants: list[str]) -> tuple[dict, dict[str, dict]]:
+    """The base manifest (dict) and each variant's, verified against DIR/kernels. Raises VariantError."""
+    path = work / f"qwen3-{geometry}" / "manifest.json"
+    try:
+        base = json.loads(path.read_text())
+    except OSError as e:
+        raise VariantError(f"{path}: {e} (run tools/gpu/prepare.py --work {work} --geometry {geometry})") from None
+    index = load_index(work / "kernels")
+    out = {}
+    for v in variants:
+        m = apply(base, v, index)
+        if errors := verify(m, work / "kernels"):
+            raise VariantError(f"variant `{v}` does not verify:\n  " + "\n  ".join(errors))
+        out[v] = m
+    return base, out
+
+
+def first_difference(a: list[int], b: list[int]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return "identical" if i is None and len(a) == len(b) else f"differ from step {i}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--geometry", default="4b")
+    ap.add_argument("--variant", action="append", default=[], help="a manifest_variants spec; repeat")
+    ap.add_argument("--context", type=int, default=128, help="prompt tokens (cached tokens at the first step)")
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--append", type=Path, help="append the table (markdown) to this file")
+    ap.add_argument("--dry-run", action="store_true", help="build and verify the variants only")
+    a = ap.parse_args(argv)
+    if len(set(a.variant)) != len(a.variant):
+        ap.error("a --variant is given twice")
+    try:
+        base, variants = build(a.work, a.geometry, a.variant)
+    except VariantError as e:
+        print(f"program_sweep: error: {e}", file=sys.stderr)
+        return 1
+    if a.dry_run:
+        for v in variants:
+            print(f"variant {v}: verified")
+        return 0
+
+    from kern_driver import KernDriverError, Runtime
+    from kern_run.generator import ManifestInfo, Qwen3Session
+
+    d = a.work / f"qwen3-{a.geometry}"
+    capacity = kv_capacity(a.context, a.steps)
+    prompt = random_prompt(a.context)
+    manifests = {"(manifest)": base, **variants}
+    sessions, runtimes, tokens = {}, [], {}
+    try:
+        for name, m in manifests.items():
+            try:
+                rt = Runtime.load(json.dumps(m).encode(), a.work / "kernels", d / "weights.safetensors",
+                                  capacity_tokens=capacity)
+            except KernDriverError as e:
+                raise SystemExit(f"program_sweep: error: loading {name} (runtime {len(runtimes) + 1} of "
+                                 f"{len(manifests)}): {e}\n  hint: each runtime holds its own weights; pass fewer "
+                                 "--variant per call") from None
+            runtimes.append(rt)
+            s = Qwen3Session(rt, ManifestInfo.from_json(m), capacity=capacity, graph=True)
+            s.warmup()
+            tokens[name] = list(s.generate(prompt, a.steps, 512))  # warm: caches, the last graphs; tokens to compare
+            sessions[name] = s
+            print(f"loaded {name}", flush=True)
+        times: dict[str, list[float]] = {n: [] for n in manifests}
+        for r in range(a.rounds):
+            for name, s in sessions.items():
+                got = list(s.generate(prompt, a.steps, 512))
+                if got != tokens[name]:
+                    print(f"  WARNING: {name}: round {r + 1}'s tokens differ from its warm run's", flush=True)
+                times[name].append(s.stats.decode_ms_per_token)
+            print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items()), flush=True)
+    finally:
+        for rt in runtimes:
+            rt.close()
+
+    med0 = statistics.median(times["(manifest)"])
+    head = (f"kern-run {a.geometry} decode, ms/token: {a.steps} steps after a {a.context}-token prompt, "
+            f"{a.rounds} alternating rounds, one process (tools/gpu/program_sweep.py); {datetime.date.today()}, "
+            f"commit {commit()}")
+    rows = ["| manifest | " + " | ".join(f"round {i + 1}" for i in range(a.rounds)) + " | median | vs manifest | tokens |",
+            "|---|" + "---|" * a.rounds + "---|---|---|"]
+    for name, t in times.items():
+        med = statistics.median(t)
+        rows.append(f"| {name} | " + " | ".join(f"{x:.3f}" for x in t) + f" | {med:.3f} | {med - med0:+.3f} | "
+                    + ("—" if name == "(manifest)" else first_difference(tokens[name], tokens["(manifest)"])) + " |")
+    table = "\n".join([head, "", *rows])
+    print(table)
+    if a.append:
+        with open(a.append, "a") as f:
+            f.write(f"\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

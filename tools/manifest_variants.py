@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Variants of a Qwen3 manifest that differ from it in one or a few launch configurations, for A/B runs.
+
+    python3 tools/manifest_variants.py MANIFEST --kernels DIR --variant o.ksplit=2+attn.pdl=0 --out OUT.json
+
+A variant is `CHANGE[+CHANGE...]`, each `OP.OPTION=VALUE` on the first launch of one decode op:
+
+- OP: a short name (`qkv`, `o`, `gate_up`, `down`, `lm_head`: the gemv ops of tools/gen_qwen3.py; `attn`: the
+  decode attention, whichever impl; `argmax`) or a full op name of the manifest.
+- `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
+  entry's COLS_PER_WARP and WARPS from the kernel index); N in 1, 2, 4, 8.
+- `entry=NAME`: another entry of the same module with the same params (e.g. `kern_gemv_norm_silu_m1` for
+  `kern_gemv_norm_silu_m1_u5`); the launch's dynamic shared memory follows the index (`shared_mem` +
+  `shared_mem_per`).
+- `pdl=0|1`: the launch's programmatic-dependent-launch flag.
+
+The result is checked by kern-verify (with the kernels dir: each launch's params against its cubin) before it is
+written. Session 10 found the o-proj's ksplit 2 this way (NOTES.md 32): the decode program, not a chain of GEMVs,
+is where a launch configuration is judged; `tools/gpu/program_sweep.py` times such variants side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from gemv_plan import gemv_blocks  # noqa: E402
+
+#: Short op names -> the manifest op names they may stand for (the first present is used).
+SHORT = {
+    "qkv": ("gemv_norm_qkv",), "o": ("gemv_residual_o_proj",), "gate_up": ("gemv_norm_silu_gate_up",),
+    "gu": ("gemv_norm_silu_gate_up",), "down": ("gemv_residual_down_proj",), "lm_head": ("gemv_norm_lm_head",),
+    "attn": ("attention_decode_rope", "attention_decode"), "argmax": ("argmax",),
+}
+KSPLITS = (1, 2, 4, 8)
+
+
+class VariantError(ValueError):
+    """A variant that cannot be applied; the message names the change and what is wrong."""
+
+
+def load_index(kernels_dir: str | Path) -> dict:
+    """DIR/index.json's kernels by (module file, entry). Raises VariantError when it cannot be read."""
+    path = Path(kernels_dir) / "index.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise VariantError(f"{path}: cannot read the kernel index ({e}); build one with tools/build_kernels.py") from None
+    return {(k["module"], k["entry"]): k for k in raw["kernels"].values()}
+
+
+def _launch(m: dict, op_key: str, change: str) -> tuple[str, dict]:
+    names = SHORT.get(op_key, (op_key,))
+    op = next((n for n in names if n in m["ops"]), None)
+    if op is None:
+        raise VariantError(f"`{change}`: no op `{op_key}` in the manifest (short names: {', '.join(SHORT)}; "
+                           f"or one of its ops: {', '.join(m['ops'])})")
+    launches = m["ops"][op]["impl"]["launches"]
+    if not launches or "entry" not in launches[0]:
+        raise VariantError(f"`{change}`: op `{op}` has no kernel launch to change")
+    return op, launches[0]
+
+
+def _index_entry(m: dict, index: dict, launch: dict, entry: str, change: str) -> dict:
+    module = m["modules"][launch["module"]]["source"]
+    k = index.get((module, entry))
+    if k is None:
+        have = sorted(e for (mod, e) in index if mod == module)
+        raise VariantError(f"`{change}`: the kernel index has no entry `{entry}` in module {module} "
+                           f"(it has: {', '.join(have)})")
+    return k
+
+
+def _arg(launch: dict, k: dict, pname: str, change: str) -> int:
+    i = k["param_names"].index(pname)
+    a = launch["args"][i]
+    if "i32" not in a:
+        raise VariantError(f"`{change}`: param `{pname}` of `{launch['entry']}` is not an i32 literal ({a})")
+    return a["i32"]
+
+
+def apply(m: dict, spec: str, index: dict) -> dict:
+    """A copy of manifest `m` (a decoded JSON dict) with variant `spec` applied (see the module docstring).
+
+    Raises:
+        VariantError: a malformed change, an unknown op or option, a value out of range, an entry the index
+            lacks or whose params differ, a launch without a `ksplit` param.
+    """
+    out = copy.deepcopy(m)
+    for change in spec.split("+"):
+        what, eq, value = change.partition("=")
+        op_key, dot, option = what.partition(".")
+        if not (eq and dot and value):
+            raise VariantError(f"`{change}`: a change is OP.OPTION=VALUE (e.g. o.ksplit=2, gu.entry=NAME, attn.pdl=0)")
+        op, launch = _launch(out, op_key, change)
+        if option == "ksplit":
+            k = _index_entry(out, index, launch, launch["entry"], change)
+            if "ksplit" not in k["param_names"]:
+                raise VariantError(f"`{change}`: `{launch['entry']}` (op `{op}`) has no ksplit param")
+            if not value.isdigit() or int(value) not in KSPLITS:
+                raise VariantError(f"`{change}`: ksplit must be one of {', '.join(map(str, KSPLITS))}")
+            ks = int(value)
+            n = _arg(launch, k, "n", change)
+            cx = k["constexprs"]
+            launch["args"][k["param_names"].index("ksplit")] = {"i32": ks}
+            launch["grid"][0] = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ks)
+        elif option == "entry":
+            old = _index_entry(out, index, launch, launch["entry"], change)
+            new = _index_entry(out, index, launch, value, change)
+            if new["constexprs"].get("M") != old["constexprs"].get("M"):
+                raise VariantError(f"`{change}`: `{value}` is compiled for M = {new['constexprs'].get('M')} rows of x, "
+                                   f"`{launch['entry']}` for M = {old['constexprs'].get('M')}")
+            if new["params"] != old["params"]:
+                raise VariantError(f"`{change}`: `{value}` takes {new['params']}, `{launch['entry']}` takes "
+                                   f"{old['params']}; only an entry with the same params can replace it")
+            smem = new["shared_mem"] + sum(c * _arg(launch, new, p, change) for p, c in new.get("shared_mem_per", {}).items())
+            launch["entry"] = value
+            if smem:
+                launch["shared_mem"] = smem
+            else:
+                launch.pop("shared_mem", None)
+        elif option == "pdl":
+            if value not in ("0", "1"):
+                raise VariantError(f"`{change}`: pdl is 0 or 1")
+            if value == "1":
+                launch["pdl"] = True
+            else:
+                launch.pop("pdl", None)
+        else:
+            raise VariantError(f"`{change}`: unknown option `{option}` (ksplit, entry, pdl)")
+    return out
+
+
+def verify(m: dict, kernels_dir: str | Path | None) -> list[str]:
+    """kern-verify's errors on manifest dict `m` (with `kernels_dir`: params against the cubins too)."""
+    from kern_verify.verify import verify_text
+
+    return [str(d) for d in verify_text(json.dumps(m), kernels_dir=kernels_dir) if d.severity == "error"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("manifest", type=Path)
+    ap.add_argument("--kernels", required=True, type=Path, help="the kernels dir the manifest was generated for")
+    ap.add_argument("--variant", required=True, help="CHANGE[+CHANGE...], each OP.OPTION=VALUE")
+    ap.add_argument("--out", required=True, type=Path)
+    a = ap.parse_args(argv)
+    try:
+        m = apply(json.loads(a.manifest.read_text()), a.variant, load_index(a.kernels))
+        errors = verify(m, a.kernels)
+    except VariantError as e:
+        print(f"manifest_variants: error: {e}", file=sys.stderr)
+        return 1
+    if errors:
+        print(f"manifest_variants: error: the variant does not verify:\n  " + "\n  ".join(errors), file=sys.stderr)
+        return 1
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(m, indent=1))
+    print(f"wrote {a.out}: {a.manifest.name} with {a.variant}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
