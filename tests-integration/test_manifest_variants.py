@@ -61,7 +61,11 @@ def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_k
     ("foo.ksplit=2", "no op `foo` in the manifest (short names: qkv, o,"),
     ("attn.ksplit=2", "`decode_attention_rope_cluster` (op `attention_decode_rope`) has no ksplit param"),
     ("o.entry=kern_gemv_m1", "only an entry with the same params can replace it"),
-    ("o.entry=kern_gemv_residual_m2", "is compiled for M = 2 rows of x, `kern_gemv_residual_m1` for M = 1"),
+    ("o.entry=kern_gemv_residual_m2", "`kern_gemv_residual_m2` is not `kern_gemv_residual_m1` with another unroll "
+                                      "(their M 1 vs 2"),
+    ("gu.entry=kern_gemv_norm_m1", "(their COLS_PER_WARP 1 vs 2)"),
+    ("embedding.pdl=1", "op `embedding` is also called by prefill; a variant changes decode-only ops: argmax,"),
+    ("rms_norm.pdl=1", "op `rms_norm` is not called by decode"),
     ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
     ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl)"),
     ("attn.pdl=2", "pdl is 0 or 1"),
@@ -79,6 +83,18 @@ def test_cli_writes_a_verified_variant_and_refuses_a_bad_one(built_kernels, tmp_
     assert launch(json.loads(out.read_text()), "gemv_residual_o_proj")["grid"] == [160, 1, 1]
     assert mv.main([str(EXAMPLE), "--kernels", str(tmp_path), "--variant", "o.ksplit=1", "--out", str(out)]) == 1
     assert "cannot read the kernel index" in capsys.readouterr().err
+    for manifest, needle in ((tmp_path / "none.json", "cannot read the manifest"), (ROOT / "README.md", "not JSON")):
+        assert mv.main([str(manifest), "--kernels", str(built_kernels), "--variant", "o.ksplit=1", "--out",
+                        str(out)]) == 1
+        assert needle in capsys.readouterr().err
+    assert mv.main([str(EXAMPLE), "--kernels", str(built_kernels), "--variant", "o.ksplit=2", "--out", str(out)]) == 0
+    assert "`o.ksplit=2` changes nothing" in capsys.readouterr().err
+    for extra, needle in ((["--variant", "o.ksplit=1", "--variant", "attn.pdl=0", "--out", str(out)], "one --variant"),
+                          (["--variant", "o.ksplit=1", "--out", str(tmp_path / "no" / "v.json")], "no folder"),
+                          (["--variant", "o.ksplit=1", "--out", str(tmp_path)], "is a directory")):
+        with pytest.raises(SystemExit):
+            mv.main([str(EXAMPLE), "--kernels", str(built_kernels), *extra])
+        assert needle in capsys.readouterr().err
 
 
 def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, capsys):
@@ -88,11 +104,15 @@ def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, caps
     (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
     args = ["--work", str(work), "--geometry", "4b", "--dry-run"]
     assert program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "attn.pdl=0"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["variant o.ksplit=1: verified", "variant attn.pdl=0: verified"]
+    assert capsys.readouterr().out.splitlines() == ["manifest: verified; 2 variant(s)", "variant o.ksplit=1: verified",
+                                                    "variant attn.pdl=0: verified"]
     assert program_sweep.main(args + ["--variant", "o.ksplit=5"]) == 1
     assert "ksplit must be one of" in capsys.readouterr().err
     assert program_sweep.main(["--work", str(tmp_path), "--geometry", "4b", "--dry-run"]) == 1
     assert "run tools/gpu/prepare.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        program_sweep.main(args + ["--steps", "0"])
+    assert "--steps must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "o.ksplit=1"])
 

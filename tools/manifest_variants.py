@@ -3,19 +3,21 @@
 
     python3 tools/manifest_variants.py MANIFEST --kernels DIR --variant o.ksplit=2+attn.pdl=0 --out OUT.json
 
-A variant is `CHANGE[+CHANGE...]`, each `OP.OPTION=VALUE` on the first launch of one decode op:
+A variant is `CHANGE[+CHANGE...]`, each `OP.OPTION=VALUE` on the first launch of one op that only the decode
+program calls (argmax has two launches: its first is changed):
 
-- OP: a short name (`qkv`, `o`, `gate_up`, `down`, `lm_head`: the gemv ops of tools/gen_qwen3.py; `attn`: the
-  decode attention, whichever impl; `argmax`) or a full op name of the manifest.
+- OP: a short name (`qkv`, `o`, `gate_up` or `gu`, `down`, `lm_head`: the gemv ops of tools/gen_qwen3.py;
+  `attn`: the decode attention, whichever impl; `argmax`) or a full op name of the manifest.
 - `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
   entry's COLS_PER_WARP and WARPS from the kernel index); N in 1, 2, 4, 8.
-- `entry=NAME`: another entry of the same module with the same params (e.g. `kern_gemv_norm_silu_m1` for
-  `kern_gemv_norm_silu_m1_u5`); the launch's dynamic shared memory follows the index (`shared_mem` +
-  `shared_mem_per`).
+- `entry=NAME`: the same kernel with another unroll: an entry of the same module with the same params and
+  the same index constexprs but UNROLL (e.g. `kern_gemv_norm_silu_m1` for `kern_gemv_norm_silu_m1_u5`); the
+  launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`).
 - `pdl=0|1`: the launch's programmatic-dependent-launch flag.
 
 The result is checked by kern-verify (with the kernels dir: each launch's params against its cubin) before it is
-written. Session 10 found the o-proj's ksplit 2 this way (NOTES.md 32): the decode program, not a chain of GEMVs,
+written; its errors refuse the variant, its warnings are printed (E0088: a `pdl` launch of a kernel that does not
+wait for its predecessor). Session 10 found the o-proj's ksplit 2 this way (NOTES.md 32): the decode program, not a chain of GEMVs,
 is where a launch configuration is judged; `tools/gpu/program_sweep.py` times such variants side by side.
 """
 
@@ -55,12 +57,20 @@ def load_index(kernels_dir: str | Path) -> dict:
     return {(k["module"], k["entry"]): k for k in raw["kernels"].values()}
 
 
+def _calls(m: dict, program: str) -> set[str]:
+    return {c["op"] for c in m.get("programs", {}).get(program, {}).get("calls", [])}
+
+
 def _launch(m: dict, op_key: str, change: str) -> tuple[str, dict]:
     names = SHORT.get(op_key, (op_key,))
     op = next((n for n in names if n in m["ops"]), None)
+    decode_only = sorted(_calls(m, "decode") - _calls(m, "prefill"))
     if op is None:
         raise VariantError(f"`{change}`: no op `{op_key}` in the manifest (short names: {', '.join(SHORT)}; "
-                           f"or one of its ops: {', '.join(m['ops'])})")
+                           f"or one of its decode ops: {', '.join(decode_only)})")
+    if op not in decode_only:
+        why = "not called by decode" if op not in _calls(m, "decode") else "also called by prefill"
+        raise VariantError(f"`{change}`: op `{op}` is {why}; a variant changes decode-only ops: {', '.join(decode_only)}")
     launches = m["ops"][op]["impl"]["launches"]
     if not launches or "entry" not in launches[0]:
         raise VariantError(f"`{change}`: op `{op}` has no kernel launch to change")
@@ -113,12 +123,15 @@ def apply(m: dict, spec: str, index: dict) -> dict:
         elif option == "entry":
             old = _index_entry(out, index, launch, launch["entry"], change)
             new = _index_entry(out, index, launch, value, change)
-            if new["constexprs"].get("M") != old["constexprs"].get("M"):
-                raise VariantError(f"`{change}`: `{value}` is compiled for M = {new['constexprs'].get('M')} rows of x, "
-                                   f"`{launch['entry']}` for M = {old['constexprs'].get('M')}")
-            if new["params"] != old["params"]:
+            if (new["params"], new["param_names"]) != (old["params"], old["param_names"]):
                 raise VariantError(f"`{change}`: `{value}` takes {new['params']}, `{launch['entry']}` takes "
                                    f"{old['params']}; only an entry with the same params can replace it")
+            differ = sorted(c for c in set(new["constexprs"]) | set(old["constexprs"])
+                            if c != "UNROLL" and new["constexprs"].get(c) != old["constexprs"].get(c))
+            if differ:
+                raise VariantError(f"`{change}`: `{value}` is not `{launch['entry']}` with another unroll (their "
+                                   + ", ".join(f"{c} {old['constexprs'].get(c)} vs {new['constexprs'].get(c)}"
+                                               for c in differ) + ")")
             smem = new["shared_mem"] + sum(c * _arg(launch, new, p, change) for p, c in new.get("shared_mem_per", {}).items())
             launch["entry"] = value
             if smem:
@@ -137,32 +150,59 @@ def apply(m: dict, spec: str, index: dict) -> dict:
     return out
 
 
-def verify(m: dict, kernels_dir: str | Path | None) -> list[str]:
-    """kern-verify's errors on manifest dict `m` (with `kernels_dir`: params against the cubins too)."""
+def verify(m: dict, kernels_dir: str | Path | None, warnings: list[str] | None = None) -> list[str]:
+    """kern-verify's errors on manifest dict `m` (with `kernels_dir`: params against the cubins too); its
+    warnings are appended to `warnings` when given."""
     from kern_verify.verify import verify_text
 
-    return [str(d) for d in verify_text(json.dumps(m), kernels_dir=kernels_dir) if d.severity == "error"]
+    diags = verify_text(json.dumps(m), kernels_dir=kernels_dir)
+    if warnings is not None:
+        warnings.extend(str(d) for d in diags if d.severity != "error")
+    return [str(d) for d in diags if d.severity == "error"]
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A manifest file's JSON. Raises VariantError when it cannot be read or is not a JSON object with ops."""
+    try:
+        m = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise VariantError(f"{path}: cannot read the manifest ({e.strerror or e})") from None
+    except ValueError as e:
+        raise VariantError(f"{path}: not JSON ({e})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("ops"), dict) or not isinstance(m.get("modules"), dict):
+        raise VariantError(f"{path}: not a kern manifest (no `ops` / `modules` objects)")
+    return m
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("manifest", type=Path)
     ap.add_argument("--kernels", required=True, type=Path, help="the kernels dir the manifest was generated for")
-    ap.add_argument("--variant", required=True, help="CHANGE[+CHANGE...], each OP.OPTION=VALUE")
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--variant", required=True, action="append",
+                    help="CHANGE[+CHANGE...], each OP.OPTION=VALUE (one variant: join changes with +)")
+    ap.add_argument("--out", required=True, type=Path, help="the variant manifest to write (its folder must exist)")
     a = ap.parse_args(argv)
+    if len(a.variant) > 1:
+        ap.error("one --variant per call; join changes with + (e.g. o.ksplit=2+attn.pdl=0)")
+    if a.out.is_dir() or not a.out.parent.is_dir():
+        ap.error(f"--out {a.out}: " + ("is a directory" if a.out.is_dir() else f"no folder {a.out.parent}"))
+    warnings: list[str] = []
     try:
-        m = apply(json.loads(a.manifest.read_text()), a.variant, load_index(a.kernels))
-        errors = verify(m, a.kernels)
+        base = read_manifest(a.manifest)
+        m = apply(base, a.variant[0], load_index(a.kernels))
+        errors = verify(m, a.kernels, warnings)
     except VariantError as e:
         print(f"manifest_variants: error: {e}", file=sys.stderr)
         return 1
+    for w in warnings:
+        print(f"manifest_variants: {w}", file=sys.stderr)
     if errors:
         print(f"manifest_variants: error: the variant does not verify:\n  " + "\n  ".join(errors), file=sys.stderr)
         return 1
-    a.out.parent.mkdir(parents=True, exist_ok=True)
+    if m == base:
+        print(f"manifest_variants: note: `{a.variant[0]}` changes nothing in {a.manifest}", file=sys.stderr)
     a.out.write_text(json.dumps(m, indent=1))
-    print(f"wrote {a.out}: {a.manifest.name} with {a.variant}")
+    print(f"wrote {a.out}: {a.manifest.name} with {a.variant[0]}")
     return 0
 
 

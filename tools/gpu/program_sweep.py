@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from benchinfo import commit, kv_capacity  # noqa: E402
-from manifest_variants import VariantError, apply, load_index, verify  # noqa: E402
+from manifest_variants import VariantError, apply, load_index, read_manifest, verify  # noqa: E402
 
 PROMPT_SEED = 12345  # tools/bench_decode.py random_prompt's ids (seed 0)
 
@@ -44,10 +44,11 @@ def random_prompt(n: int) -> list[int]:
 def build(work: Path, geometry: str, variants: list[str]) -> tuple[dict, dict[str, dict]]:
     """The base manifest (dict) and each variant's, verified against DIR/kernels. Raises VariantError."""
     path = work / f"qwen3-{geometry}" / "manifest.json"
-    try:
-        base = json.loads(path.read_text())
-    except OSError as e:
-        raise VariantError(f"{path}: {e} (run tools/gpu/prepare.py --work {work} --geometry {geometry})") from None
+    if not path.is_file():
+        raise VariantError(f"{path}: no manifest (run tools/gpu/prepare.py --work {work} --geometry {geometry})")
+    base = read_manifest(path)
+    if errors := verify(base, work / "kernels"):
+        raise VariantError(f"{path} itself does not verify against {work / 'kernels'}:\n  " + "\n  ".join(errors))
     index = load_index(work / "kernels")
     out = {}
     for v in variants:
@@ -64,9 +65,10 @@ def first_difference(a: list[int], b: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", required=True, type=Path)
-    ap.add_argument("--geometry", default="4b")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--work", required=True, type=Path, help="tools/gpu/prepare.py's --work dir")
+    ap.add_argument("--geometry", default="4b", help="the qwen3-<geometry> folder of --work (0.6b, 4b, ...)")
     ap.add_argument("--variant", action="append", default=[], help="a manifest_variants spec; repeat")
     ap.add_argument("--context", type=int, default=128, help="prompt tokens (cached tokens at the first step)")
     ap.add_argument("--steps", type=int, default=256)
@@ -76,12 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if len(set(a.variant)) != len(a.variant):
         ap.error("a --variant is given twice")
+    for opt in ("context", "steps", "rounds"):
+        if getattr(a, opt) < 1:
+            ap.error(f"--{opt} must be at least 1")
+    if a.dry_run and a.append:
+        print("program_sweep: note: --append is ignored with --dry-run (nothing is timed)", file=sys.stderr)
     try:
         base, variants = build(a.work, a.geometry, a.variant)
     except VariantError as e:
         print(f"program_sweep: error: {e}", file=sys.stderr)
         return 1
     if a.dry_run:
+        print(f"manifest: verified; {len(variants)} variant(s)")
         for v in variants:
             print(f"variant {v}: verified")
         return 0
@@ -100,9 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 rt = Runtime.load(json.dumps(m).encode(), a.work / "kernels", d / "weights.safetensors",
                                   capacity_tokens=capacity)
             except KernDriverError as e:
+                oom = "OUT_OF_MEMORY" in (e.cuda_error or "")
                 raise SystemExit(f"program_sweep: error: loading {name} (runtime {len(runtimes) + 1} of "
-                                 f"{len(manifests)}): {e}\n  hint: each runtime holds its own weights; pass fewer "
-                                 "--variant per call") from None
+                                 f"{len(manifests)}): {e}" + ("\n  hint: each runtime holds its own weights; pass "
+                                                              "fewer --variant per call" if oom else "")) from None
             runtimes.append(rt)
             s = Qwen3Session(rt, ManifestInfo.from_json(m), capacity=capacity, graph=True)
             s.warmup()

@@ -221,7 +221,7 @@ class Runtime:
             weights: a safetensors file, a list of them, a directory of them, or None.
             device: CUDA device index.
             capacity_tokens: tokens every `bytes_per_token` state must hold.
-            verify: run `kern_verify.verify` first and refuse on any diagnostic.
+            verify: run `kern_verify.verify` first and refuse on any error diagnostic (warnings are kept).
             debug: synchronize after every launch so an asynchronous fault names its launch.
             launch_mode: "packed" (one parameter buffer per launch via `extra`) or
                 "params" (a `kernelParams` pointer array); both are prepared at load.
