@@ -402,8 +402,12 @@ def token_graph(g, geom, bw):
 
     ks = {nm: KSPLIT_BEST.get((geom, nm), 1) for nm in sh}
 
-    def ours(pdl=False, unroll=None):
-        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks, pdl, unroll)
+    # the manifests' ksplit (tools/gen_qwen3.py's rule): o at 2 since session 10, where the program launches it
+    # after the attention; `ks` is each shape's best standalone ksplit
+    ks_manifest = {nm: int(r) if (r := rule_ksplit(nm, *sh[nm])) != "-" else ks[nm] for nm in sh}
+
+    def ours(pdl=False, unroll=None, ksplits=None):
+        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ksplits or ks, pdl, unroll)
 
     def cublas():
         for lw in weights:
@@ -426,6 +430,8 @@ def token_graph(g, geom, bw):
         return run
 
     variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)),
+                ("kern gemv, PDL, the manifests' ksplit (" + ", ".join(f"{nm} {v}" for nm, v in ks_manifest.items())
+                 + ")", ours(True, ksplits=ks_manifest)),
                 ("kern gemv, PDL, 4 loads per stage everywhere (no _u5)", ours(True, 4)),
                 ("kern gemv, PDL, _u5 wherever 5 loads fit (qkv, lm_head too)", ours(True, "fit")),
                 ("kern gemv persistent", persistent(False)),
