@@ -28,14 +28,21 @@ def test_cluster_smem_is_the_catalogs():
     recv = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
     assert da_variants.cluster_smem([]) == DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + recv
     assert da_variants.cluster_smem(["DA_CLUSTER_SLOTS=6"]) == DA_WARPS * 6 * DA_SLOT_BYTES + recv
+    # a 4-CTA cluster: each CTA receives 4 partials of (m, l) and of a quarter of the kv head's outputs
+    assert da_variants.cluster_smem(["DA_CLUSTER=4"]) == DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + 4 * (16 + 256) * 4
+    assert [da_variants.cluster_size(s) for s in ([], ["DA_CLUSTER=2"], ["DA_PRE_PAGES=1"])] == [DA_CLUSTER, 2, DA_CLUSTER]
+    with pytest.raises(ValueError, match="DA_CLUSTER=16: 1, 2, 4 or 8 CTAs per cluster"):
+        da_variants.cluster_size(["DA_CLUSTER=16"])
+    with pytest.raises(SystemExit):
+        da_variants.main(["--dry-run", "--variant", "big=DA_CLUSTER=3"])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_dry_run_builds_every_variant(capsys):
     assert da_variants.main(["--dry-run", "--variant", "base", "--variant", "one=DA_PRE_PAGES=1",
-                             "--variant", "plain=NOPDL"]) == 0
+                             "--variant", "plain=NOPDL", "--variant", "c4=DA_CLUSTER=4"]) == 0
     out = capsys.readouterr().out
-    assert all(f"built {n}:" in out for n in ("base", "one", "plain"))
+    assert all(f"built {n}:" in out for n in ("base", "one", "plain", "c4"))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

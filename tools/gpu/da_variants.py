@@ -6,9 +6,11 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc); `--dry-run` only builds th
         [--lengths 130 1024 4096 16384] [--rounds 6]
 
 Each `--variant NAME=SPEC[,SPEC...]` is one build of tools/kernels-src/decode_attention.cu (PDL form, -DKERN_PDL)
-with its SPECs: `M=V` a macro (-DM=V), `NOPDL` the plain form (timed in mode A only: it has no griddepcontrol.wait),
-`SRC=path` another source file, `GIT=rev` the source at a git revision. The first variant is the reference of the
-bitwise comparison. `--kernels` is a built kernels dir (tools/build_kernels.py) for qk_norm_rope_kv_pdl.
+with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 1, 2, 4, 8, sets the CTAs per kv head, and the
+launch's grid.y and shared memory follow), `NOPDL` the plain form (timed in mode A only: it has no
+griddepcontrol.wait), `SRC=path` another source file, `GIT=rev` the source at a git revision. The first variant
+is the reference of the bitwise comparison. `--kernels` is a built kernels dir (tools/build_kernels.py) for
+qk_norm_rope_kv_pdl.
 
 Per context length L, 36 layer calls of `decode_attention_cluster` (32 q / 8 kv heads, the 4B shape) per CUDA graph,
 L2 flushed before each replay, variants alternating over `--rounds` rounds; µs per call (median):
@@ -51,11 +53,22 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, out
 
 
+def cluster_size(specs: list[str]) -> int:
+    """CTAs per (kv head, sequence) of a build: its DA_CLUSTER macro, else 8 (decode_attention.cu's default); the
+    launch's grid.y. Raises ValueError unless it is 1, 2, 4 or 8 (a portable cluster that divides head_dim 128)."""
+    c = next((s.split("=", 1)[1] for s in specs if s.startswith("DA_CLUSTER=")), "8")
+    if c not in ("1", "2", "4", "8"):
+        raise ValueError(f"DA_CLUSTER={c}: 1, 2, 4 or 8 CTAs per cluster (portable, dividing head_dim 128)")
+    return int(c)
+
+
 def cluster_smem(specs: list[str]) -> int:
     """decode_attention_cluster's dynamic shared memory (bytes) for a build: the 4 warps' rings of DA_CLUSTER_SLOTS
-    pages (16 rows of 528 bytes) and the 8 CTAs' partials (decode_attention.cu DA_CLUSTER_SMEM)."""
+    pages (16 rows of 528 bytes) and the cluster's partials pushed to each CTA (decode_attention.cu DA_RECV_FLOATS:
+    DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER) floats)."""
     slots = next((int(s.split("=", 1)[1]) for s in specs if s.startswith("DA_CLUSTER_SLOTS=")), 4)
-    return 4 * slots * 16 * 528 + 8 * (16 + 128) * 4
+    c = cluster_size(specs)
+    return 4 * slots * 16 * 528 + c * (2 * 8 + 8 * 128 // c) * 4
 
 
 def build_variant(name: str, specs: list[str], out_dir: Path) -> Path:
@@ -92,7 +105,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds of 8 replays per graph, variants alternating")
     ap.add_argument("--dry-run", action="store_true", help="build the variants and exit (no GPU)")
     a = ap.parse_args(argv)
-    variants = dict(parse_variant(v) for v in (a.variant or ["base"]))
+    try:
+        variants = dict(parse_variant(v) for v in (a.variant or ["base"]))
+        for specs in variants.values():
+            cluster_size(specs)
+    except ValueError as e:
+        ap.error(str(e))
     tmp = Path(tempfile.mkdtemp())
     cubins = {n: build_variant(n, s, tmp) for n, s in variants.items()}
     for n, p in cubins.items():
@@ -118,6 +136,7 @@ def run(a, variants, cubins) -> int:
     torch.zeros(1, device=DEV)
     ks = KernelSet(a.kernels)
     fns, smems = {}, {}
+    clusters = {n: cluster_size(s) for n, s in variants.items()}  # the launch's grid.y
     for n, path in cubins.items():
         f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"decode_attention_cluster"))
         smems[n] = cluster_smem(variants[n])
@@ -151,7 +170,7 @@ def run(a, variants, cubins) -> int:
         outs = {n: torch.full((LAYERS, NQ * D), float("nan"), device=DEV, dtype=BF) for n in variants}
 
         def attn(n, layer, pdl):
-            launch(fns[n], (NKV, 8, 1), (128, 1, 1), smems[n],
+            launch(fns[n], (NKV, clusters[n], 1), (128, 1, 1), smems[n],
                    [(qkv[layer], P), (kv[layer * 16 * tok:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
                     (NKV, I32), (QS, I32), (bt.numel(), I32), (page_elems * 2, I32), (1 / math.sqrt(D), F32)], pdl)
 
