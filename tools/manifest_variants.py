@@ -31,7 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
+from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule)
 from gemv_plan import gemv_blocks  # noqa: E402
 
 #: Short op names -> the manifest op names they may stand for (the first present is used).
@@ -132,7 +134,10 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                 raise VariantError(f"`{change}`: `{value}` is not `{launch['entry']}` with another unroll (their "
                                    + ", ".join(f"{c} {old['constexprs'].get(c)} vs {new['constexprs'].get(c)}"
                                                for c in differ) + ")")
-            smem = new["shared_mem"] + sum(c * _arg(launch, new, p, change) for p, c in new.get("shared_mem_per", {}).items())
+            try:
+                smem = shared_mem_of(new, [a.get("i32") for a in launch["args"]])
+            except ValueError as e:
+                raise VariantError(f"`{change}`: {e} (a literal in the manifest)") from None
             launch["entry"] = value
             if smem:
                 launch["shared_mem"] = smem

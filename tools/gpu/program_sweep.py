@@ -29,31 +29,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_decode import random_prompt  # noqa: E402  (the prompt tools/bench_decode.py times)
 from benchinfo import commit, kv_capacity  # noqa: E402
 from manifest_variants import VariantError, apply, load_index, read_manifest, verify  # noqa: E402
-
-PROMPT_SEED = 12345  # tools/bench_decode.py random_prompt's ids (seed 0)
-
-
-def random_prompt(n: int) -> list[int]:
-    import numpy as np
-
-    return np.random.default_rng(PROMPT_SEED).integers(0, 151643, size=n).tolist()
+from prepare import paths  # noqa: E402  (tools/gpu/prepare.py's layout; bench_decode puts tools/gpu on the path)
 
 
 def build(work: Path, geometry: str, variants: list[str]) -> tuple[dict, dict[str, dict]]:
     """The base manifest (dict) and each variant's, verified against DIR/kernels. Raises VariantError."""
-    path = work / f"qwen3-{geometry}" / "manifest.json"
+    p = paths(work, geometry)
+    path = p["manifest"]
     if not path.is_file():
         raise VariantError(f"{path}: no manifest (run tools/gpu/prepare.py --work {work} --geometry {geometry})")
     base = read_manifest(path)
-    if errors := verify(base, work / "kernels"):
-        raise VariantError(f"{path} itself does not verify against {work / 'kernels'}:\n  " + "\n  ".join(errors))
-    index = load_index(work / "kernels")
+    if errors := verify(base, p["kernels"]):
+        raise VariantError(f"{path} itself does not verify against {p['kernels']}:\n  " + "\n  ".join(errors))
+    index = load_index(p["kernels"])
     out = {}
     for v in variants:
         m = apply(base, v, index)
-        if errors := verify(m, work / "kernels"):
+        if errors := verify(m, p["kernels"]):
             raise VariantError(f"variant `{v}` does not verify:\n  " + "\n  ".join(errors))
         out[v] = m
     return base, out
@@ -97,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from kern_driver import KernDriverError, Runtime
     from kern_run.generator import ManifestInfo, Qwen3Session
 
-    d = a.work / f"qwen3-{a.geometry}"
+    p = paths(a.work, a.geometry)
     capacity = kv_capacity(a.context, a.steps)
     prompt = random_prompt(a.context)
     manifests = {"(manifest)": base, **variants}
@@ -105,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, m in manifests.items():
             try:
-                rt = Runtime.load(json.dumps(m).encode(), a.work / "kernels", d / "weights.safetensors",
-                                  capacity_tokens=capacity)
+                rt = Runtime.load(json.dumps(m).encode(), p["kernels"], p["weights"], capacity_tokens=capacity)
             except KernDriverError as e:
                 oom = "OUT_OF_MEMORY" in (e.cuda_error or "")
                 raise SystemExit(f"program_sweep: error: loading {name} (runtime {len(runtimes) + 1} of "

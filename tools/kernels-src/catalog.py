@@ -20,6 +20,7 @@ get two hidden trailing ``u64`` params (global / profile scratch, always passed 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 
 from geometries import Geometry
@@ -560,3 +561,22 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
             raise AssertionError(f"two different instances named {k.name}")
         out[k.name] = k
     return [out[n] for n in sorted(out)]
+
+
+def shared_mem_of(k: dict, args) -> int:
+    """Dynamic shared memory (bytes) of one launch of index entry `k` with `args` (its params in order; Triton's
+    two hidden ones may be there or not): the index's `shared_mem` plus, for each param that `shared_mem_per`
+    names (index format 1), its coefficient × the value passed (gemv.cu's x in shared memory: 2 bytes per element
+    of `k`). Raises ValueError when such a param's value is not an integer (a Python or numpy int)."""
+    smem = int(k["shared_mem"])
+    for p, coeff in k.get("shared_mem_per", {}).items():
+        v = args[k["param_names"].index(p)]
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            n = operator.index(v)
+        except TypeError:
+            raise ValueError(f"{k['entry']}: param `{p}` sizes the dynamic shared memory ({coeff} bytes each), so "
+                             f"it must be an integer, not {v!r}") from None
+        smem += coeff * n
+    return smem

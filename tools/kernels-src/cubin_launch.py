@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-import operator
 import re
 from pathlib import Path
 
 from cuda.bindings import driver as cu
+
+from catalog import shared_mem_of  # noqa: F401  (re-exported: the index's shared-memory rule)
 
 _CT = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
        "f32": ctypes.c_float, "f64": ctypes.c_double, "i16": ctypes.c_int16, "u16": ctypes.c_uint16,
@@ -35,25 +36,6 @@ def check(res):
         _, msg = cu.cuGetErrorString(err)
         raise RuntimeError(f"CUDA driver error {err}: {msg.decode() if msg else '?'}")
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
-
-
-def shared_mem_of(k: dict, args) -> int:
-    """Dynamic shared memory (bytes) of one launch of index entry `k` with `args` (its params in order; Triton's
-    two hidden ones may be there or not): the index's `shared_mem` plus, for each param that `shared_mem_per`
-    names (index format 1), its coefficient × the value passed (gemv.cu's x in shared memory: 2 bytes per element
-    of `k`). Raises ValueError when such a param's value is not an integer (a Python or numpy int)."""
-    smem = int(k["shared_mem"])
-    for p, coeff in k.get("shared_mem_per", {}).items():
-        v = args[k["param_names"].index(p)]
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            n = operator.index(v)
-        except TypeError:
-            raise ValueError(f"{k['entry']}: param `{p}` sizes the dynamic shared memory ({coeff} bytes each), so "
-                             f"it must be an integer, not {v!r}") from None
-        smem += coeff * n
-    return smem
 
 
 class KernelSet:

@@ -86,6 +86,12 @@ class Prepared:
     warnings: list[Any] = field(default_factory=list)
 
 
+def _fits_as_prefix(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:
+    """Whether data of `shape` can be written at the start of a buffer of `full` shape: the same rank and
+    trailing dims, at most as many rows (a 0-d shape must equal `full`)."""
+    return len(shape) == len(full) and shape[1:] == full[1:] and (len(shape) == 0 or shape[0] <= full[0])
+
+
 def _decode(manifest: Any) -> tuple[Manifest, str | None, str | None]:
     """(Manifest, source text or None, manifest directory or None)."""
     if isinstance(manifest, Manifest):
@@ -582,9 +588,7 @@ class Runtime:
                 hint="convert explicitly (bf16 as raw np.uint16 bits); kern never casts silently",
             )
         full = r.shape
-        ok = arr.shape == full if not prefix else (
-            arr.ndim == len(full) and arr.shape[1:] == full[1:] and (arr.ndim == 0 or arr.shape[0] <= full[0]))
-        if not ok:
+        if not (_fits_as_prefix(arr.shape, full) if prefix else arr.shape == full):
             raise KernDriverError(
                 f"write_input(`{name}`): array shape {list(arr.shape)}, the buffer is {list(full)} at the var maxima"
                 + (" (a prefix write may have fewer rows, the other dims equal)" if prefix else ""),
@@ -630,7 +634,7 @@ class Runtime:
         if d.dtype != r.dtype:
             raise KernDriverError(f"{where}: dtypes differ (`{src}` is {r.dtype}, `{name}` is {d.dtype})",
                                   hint="kern never casts; the two buffers must have one dtype")
-        if len(r.shape) != len(d.shape) or r.shape[1:] != d.shape[1:] or (r.shape and r.shape[0] > d.shape[0]):
+        if not _fits_as_prefix(r.shape, d.shape):
             raise KernDriverError(f"{where}: `{src}` {list(r.shape)} does not fit `{name}` {list(d.shape)} as a "
                                   "prefix (same trailing dims, at most as many rows, at the var maxima)")
         if r.nbytes:
@@ -657,9 +661,7 @@ class Runtime:
             outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
             what = f"unknown buffer `{name}`" if r is None else f"buffer `{name}` is {a_class(r.cls)} buffer, not an output"
             raise KernDriverError(f"read_output_async: {what}", hint=f"outputs: {', '.join(outs) or '(none)'}")
-        shape = self._shape_now(r, name)
-        dt = np.dtype(NUMPY_DTYPES[r.dtype])
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        shape, dt, n = self._host_view(r, name)
 
         def copy(host_ptr: int) -> None:
             check(drv.cuMemcpyDtoHAsync(host_ptr, self._arena + r.offset, n, self._stream),
@@ -670,6 +672,13 @@ class Runtime:
     def _shape_now(self, r: Region, name: str) -> tuple[int, ...]:
         decl = self.manifest.buffers[name].shape
         return tuple(self._last_env.get(d, self.manifest.vars[d].max) if isinstance(d, str) else int(d) for d in decl)
+
+    def _host_view(self, r: Region, name: str, full: bool = False) -> tuple[tuple[int, ...], np.dtype, int]:
+        """(shape, numpy dtype, bytes) of buffer `name` as a read copies it back: the vars of the last `run`
+        (`full`: the allocation at the var maxima)."""
+        shape = r.shape if full else self._shape_now(r, name)
+        dt = np.dtype(NUMPY_DTYPES[r.dtype])
+        return shape, dt, int(np.prod(shape, dtype=np.int64)) * dt.itemsize
 
     def read_buffer(self, name: str, *, full: bool = False) -> np.ndarray:
         """Synchronize and copy buffer `name` back (any class: for debugging and op-by-op
@@ -685,9 +694,7 @@ class Runtime:
         r = self.layout.buffers.get(name)
         if r is None:
             raise KernDriverError(f"unknown buffer `{name}`", hint=f"buffers: {', '.join(self.layout.buffers)}")
-        shape = r.shape if full else self._shape_now(r, name)
-        dt = np.dtype(NUMPY_DTYPES[r.dtype])
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        shape, dt, n = self._host_view(r, name, full)
         out = np.empty(shape, dtype=dt)
         if n:
             stage = self._stage_out.get(name)
