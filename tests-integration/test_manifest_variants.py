@@ -151,3 +151,41 @@ def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys,
     assert [r.split(" | ")[0] for r in rows] == ["| (manifest)", "| o.ksplit=1", "| attn.pdl=0"]
     assert rows[0].endswith("| +0.000 | — |") and all(r.endswith("| identical |") for r in rows[1:])
     assert "round 2: (manifest)" in capsys.readouterr().out
+
+
+def test_program_sweep_kernels_variant_rehashes_the_differing_modules(built_kernels, tmp_path, capsys):
+    """--kernels-variant: the manifest against a copy of the kernels dir with one cubin built otherwise (here the
+    plain decode attention module, same ABI, standing in for the PDL one): that module's sha256 follows the copy,
+    the result verifies there; a dir without every module, or a taken name, is refused with the reason."""
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    kdir = tmp_path / "kernels-b"
+    kdir.mkdir()
+    for f in built_kernels.iterdir():
+        (kdir / f.name).symlink_to(f)
+    (kdir / "decode_attention_pdl.cubin").unlink()
+    (kdir / "decode_attention_pdl.cubin").write_bytes((built_kernels / "decode_attention.cubin").read_bytes())
+    args = ["--work", str(work), "--geometry", "4b", "--dry-run"]
+    assert program_sweep.main(args + ["--kernels-variant", f"plain-attn={kdir}",
+                                      "--kernels-variant", f"same={built_kernels}"]) == 0
+    out = capsys.readouterr().out
+    assert f"kernels variant plain-attn: {kdir}, modules differing: decode_attention_pdl\n" in out
+    assert "kernels variant same: " in out and "no module differs (a control run)" in out
+    assert "variant plain-attn: verified" in out
+
+    base = json.loads(EXAMPLE.read_text())
+    m, changed = program_sweep.against_kernels(base, built_kernels, kdir)
+    assert changed == ["decode_attention_pdl"]
+    assert {k for k in m["modules"] if m["modules"][k] != base["modules"][k]} == {"decode_attention_pdl"}
+
+    (kdir / "argmax_pdl.cubin").unlink()
+    assert program_sweep.main(args + ["--kernels-variant", f"b={kdir}"]) == 1
+    assert "no argmax_pdl.cubin (module `argmax_pdl`)" in capsys.readouterr().err
+    assert program_sweep.main(args + ["--kernels-variant", f"b={tmp_path / 'nope'}"]) == 1
+    assert "not a folder" in capsys.readouterr().err
+    for bad, needle in ((f"(manifest)={kdir}", "is taken"), ("b", "NAME=KDIR")):
+        with pytest.raises(SystemExit):
+            program_sweep.main(args + ["--variant", "o.ksplit=1", "--kernels-variant", bad])
+        assert needle in capsys.readouterr().err

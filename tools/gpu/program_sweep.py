@@ -3,7 +3,7 @@
 manifest and of each `tools/manifest_variants.py` variant of it, in alternating rounds.
 
     python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
-        [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
+        [--kernels-variant NAME=KDIR] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
 
 DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Every
 manifest gets its own `kern_driver.Runtime` (all loaded at once: about the weights' size each, 8 GB for 4B, so a
@@ -11,6 +11,11 @@ dozen 4B variants fit an H200), warmed up (graphs captured, one generation), the
 of `--steps` tokens after the same `--context`-token random prompt on every runtime in turn (kern-run's pipelined
 loop, `Qwen3Session.generate`). Session 10 did this with one `tools/bench_decode.py` process per manifest and
 round (~12 s each, the weights loaded every time); here a round of a 4B variant costs one generation (~0.7 s).
+
+`--kernels-variant NAME=KDIR` times the manifest itself against another kernels dir (a kernel author's A/B in the
+real program: KDIR holds the same module files, some built otherwise, e.g. from a modified source with the same
+ABI): every module whose cubin in KDIR differs from DIR/kernels gets KDIR's sha256 in the manifest (they are
+listed), and the result is verified against KDIR before it is loaded from there.
 
 Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
 whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import statistics
 import sys
@@ -54,6 +60,31 @@ def build(work: Path, geometry: str, variants: list[str]) -> tuple[dict, dict[st
     return base, out
 
 
+def against_kernels(m: dict, base_dir: Path, kdir: Path) -> tuple[dict, list[str]]:
+    """Manifest `m` (verified against `base_dir`) with the sha256 of each module whose cubin in `kdir` differs from
+    `base_dir`'s replaced by `kdir`'s, verified against `kdir`; and the names of those modules.
+
+    Raises:
+        VariantError: `kdir` is not a folder, lacks a module's cubin, or the result does not verify there.
+    """
+    if not kdir.is_dir():
+        raise VariantError(f"kernels variant {kdir}: not a folder")
+    out = json.loads(json.dumps(m))
+    changed = []
+    for name, mod in out["modules"].items():
+        f = kdir / mod["source"]
+        if not f.is_file():
+            raise VariantError(f"kernels variant {kdir}: no {mod['source']} (module `{name}`); copy the whole "
+                               f"kernels dir and replace the cubins you built")
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        if digest != hashlib.sha256((base_dir / mod["source"]).read_bytes()).hexdigest():
+            mod["sha256"] = digest
+            changed.append(name)
+    if errors := verify(out, kdir):
+        raise VariantError(f"the manifest does not verify against kernels variant {kdir}:\n  " + "\n  ".join(errors))
+    return out, changed
+
+
 def first_difference(a: list[int], b: list[int]) -> str:
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     return "identical" if i is None and len(a) == len(b) else f"differ from step {i}"
@@ -65,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", required=True, type=Path, help="tools/gpu/prepare.py's --work dir")
     ap.add_argument("--geometry", default="4b", help="the qwen3-<geometry> folder of --work (0.6b, 4b, ...)")
     ap.add_argument("--variant", action="append", default=[], help="a manifest_variants spec; repeat")
+    ap.add_argument("--kernels-variant", action="append", default=[], metavar="NAME=KDIR",
+                    help="the manifest against another kernels dir (its differing cubins re-hashed); repeat")
     ap.add_argument("--context", type=int, default=128, help="prompt tokens (cached tokens at the first step)")
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
@@ -73,13 +106,28 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if len(set(a.variant)) != len(a.variant):
         ap.error("a --variant is given twice")
+    kvariants: dict[str, Path] = {}
+    for kv in a.kernels_variant:
+        name, eq, d = kv.partition("=")
+        if not (eq and name and d):
+            ap.error(f"--kernels-variant {kv}: NAME=KDIR (e.g. empty-attn=/tmp/kernels-whatif)")
+        if name in kvariants or name in a.variant or name == "(manifest)":
+            ap.error(f"--kernels-variant {kv}: the name `{name}` is taken")
+        kvariants[name] = Path(d)
     for opt in ("context", "steps", "rounds"):
         if getattr(a, opt) < 1:
             ap.error(f"--{opt} must be at least 1")
     if a.dry_run and a.append:
         print("program_sweep: note: --append is ignored with --dry-run (nothing is timed)", file=sys.stderr)
+    p = paths(a.work, a.geometry)
     try:
         base, variants = build(a.work, a.geometry, a.variant)
+        kernels = {name: p["kernels"] for name in ["(manifest)", *variants]}
+        for name, kdir in kvariants.items():
+            variants[name], changed = against_kernels(base, p["kernels"], kdir)
+            kernels[name] = kdir
+            print(f"kernels variant {name}: {kdir}, " + (f"modules differing: {', '.join(changed)}" if changed
+                                                         else "no module differs (a control run)"))
     except VariantError as e:
         print(f"program_sweep: error: {e}", file=sys.stderr)
         return 1
@@ -92,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     from kern_driver import KernDriverError, Runtime
     from kern_run.generator import ManifestInfo, Qwen3Session
 
-    p = paths(a.work, a.geometry)
     capacity = kv_capacity(a.context, a.steps)
     prompt = random_prompt(a.context)
     manifests = {"(manifest)": base, **variants}
@@ -100,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, m in manifests.items():
             try:
-                rt = Runtime.load(json.dumps(m).encode(), p["kernels"], p["weights"], capacity_tokens=capacity)
+                rt = Runtime.load(json.dumps(m).encode(), kernels[name], p["weights"], capacity_tokens=capacity)
             except KernDriverError as e:
                 oom = "OUT_OF_MEMORY" in (e.cuda_error or "")
                 raise SystemExit(f"program_sweep: error: loading {name} (runtime {len(runtimes) + 1} of "
