@@ -189,3 +189,28 @@ def test_program_sweep_kernels_variant_rehashes_the_differing_modules(built_kern
         with pytest.raises(SystemExit):
             program_sweep.main(args + ["--variant", "o.ksplit=1", "--kernels-variant", bad])
         assert needle in capsys.readouterr().err
+
+
+def test_program_sweep_manifest_variant_is_verified(built_kernels, tmp_path, capsys):
+    """--manifest-variant NAME=PATH: another manifest file, verified against the work's kernels; one that does
+    not verify, or is not a manifest, is refused with the reason."""
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    other = json.loads(EXAMPLE.read_text())
+    launch(other, "gemv_residual_o_proj")["pdl"] = False
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    args = ["--work", str(work), "--geometry", "4b", "--dry-run"]
+    assert program_sweep.main(args + ["--manifest-variant", f"nopdl-o={tmp_path / 'other.json'}"]) == 0
+    assert "variant nopdl-o: verified" in capsys.readouterr().out
+    launch(other, "gemv_residual_o_proj")["grid"] = [0, 1, 1]
+    (tmp_path / "bad.json").write_text(json.dumps(other))
+    assert program_sweep.main(args + ["--manifest-variant", f"bad={tmp_path / 'bad.json'}"]) == 1
+    assert "does not verify against" in capsys.readouterr().err
+    (tmp_path / "x.json").write_text("[1]")
+    assert program_sweep.main(args + ["--manifest-variant", f"x={tmp_path / 'x.json'}"]) == 1
+    assert "not a kern manifest" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        program_sweep.main(args + ["--manifest-variant", f"a={tmp_path / 'x.json'}", "--kernels-variant", f"a={tmp_path}"])
+    assert "the name `a` is taken" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 manifest and of each `tools/manifest_variants.py` variant of it, in alternating rounds.
 
     python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
-        [--kernels-variant NAME=KDIR] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
+        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
 
 DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Every
 manifest gets its own `kern_driver.Runtime` (all loaded at once: about the weights' size each, 8 GB for 4B, so a
@@ -16,6 +16,9 @@ round (~12 s each, the weights loaded every time); here a round of a 4B variant 
 real program: KDIR holds the same module files, some built otherwise, e.g. from a modified source with the same
 ABI): every module whose cubin in KDIR differs from DIR/kernels gets KDIR's sha256 in the manifest (they are
 listed), and the result is verified against KDIR before it is loaded from there.
+
+`--manifest-variant NAME=PATH` adds a manifest file of the same model (same weights; e.g. one a script rewrote in
+ways manifest_variants cannot), verified against DIR/kernels.
 
 Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
 whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", default=[], help="a manifest_variants spec; repeat")
     ap.add_argument("--kernels-variant", action="append", default=[], metavar="NAME=KDIR",
                     help="the manifest against another kernels dir (its differing cubins re-hashed); repeat")
+    ap.add_argument("--manifest-variant", action="append", default=[], metavar="NAME=PATH",
+                    help="another manifest file of the same model, timed beside it; repeat")
     ap.add_argument("--context", type=int, default=128, help="prompt tokens (cached tokens at the first step)")
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
@@ -106,14 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if len(set(a.variant)) != len(a.variant):
         ap.error("a --variant is given twice")
-    kvariants: dict[str, Path] = {}
-    for kv in a.kernels_variant:
-        name, eq, d = kv.partition("=")
-        if not (eq and name and d):
-            ap.error(f"--kernels-variant {kv}: NAME=KDIR (e.g. empty-attn=/tmp/kernels-whatif)")
-        if name in kvariants or name in a.variant or name == "(manifest)":
-            ap.error(f"--kernels-variant {kv}: the name `{name}` is taken")
-        kvariants[name] = Path(d)
+    named: dict[str, dict[str, Path]] = {"kernels_variant": {}, "manifest_variant": {}}
+    for opt, example in (("kernels_variant", "empty-attn=/tmp/kernels-whatif"), ("manifest_variant", "pf=/tmp/pf.json")):
+        for item in getattr(a, opt):
+            name, eq, path = item.partition("=")
+            flag = "--" + opt.replace("_", "-")
+            if not (eq and name and path):
+                ap.error(f"{flag} {item}: NAME={'KDIR' if opt == 'kernels_variant' else 'PATH'} (e.g. {example})")
+            if name in named["kernels_variant"] or name in named["manifest_variant"] or name in a.variant \
+                    or name == "(manifest)":
+                ap.error(f"{flag} {item}: the name `{name}` is taken")
+            named[opt][name] = Path(path)
     for opt in ("context", "steps", "rounds"):
         if getattr(a, opt) < 1:
             ap.error(f"--{opt} must be at least 1")
@@ -123,7 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base, variants = build(a.work, a.geometry, a.variant)
         kernels = {name: p["kernels"] for name in ["(manifest)", *variants]}
-        for name, kdir in kvariants.items():
+        for name, path in named["manifest_variant"].items():
+            m = read_manifest(path)
+            if errors := verify(m, p["kernels"]):
+                raise VariantError(f"manifest variant {path} does not verify against {p['kernels']}:\n  "
+                                   + "\n  ".join(errors))
+            variants[name], kernels[name] = m, p["kernels"]
+        for name, kdir in named["kernels_variant"].items():
             variants[name], changed = against_kernels(base, p["kernels"], kdir)
             kernels[name] = kdir
             print(f"kernels variant {name}: {kdir}, " + (f"modules differing: {', '.join(changed)}" if changed
