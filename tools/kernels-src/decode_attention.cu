@@ -112,6 +112,22 @@ namespace cg = cooperative_groups;
     } while (0)
 #endif
 
+// Where the cluster kernels' PDL form executes launch_dependents (build option; the default cubins have 0):
+//   0  right after griddepcontrol.wait: the next launch (the o-proj GEMV) starts its weight loads during the
+//      attention (default)
+//   1  after q (and the current token's row) are loaded, so that q's load does not queue behind them
+//   2  after the CTA's pages (before the cluster merge)
+//   3  never: the next launch starts as this one's CTAs exit
+// The next launch's griddepcontrol.wait still waits for this whole grid: any value is correct.
+#ifndef DA_TRIGGER_AT
+#define DA_TRIGGER_AT 0
+#endif
+static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 3, "DA_TRIGGER_AT: 0, 1, 2 or 3");
+#define DA_TRIGGER_AT_POINT(N)                          \
+    do {                                                \
+        if constexpr (DA_TRIGGER_AT == (N)) DA_PDL_TRIGGER(); \
+    } while (0)
+
 #define DA_D 128
 #define DA_PAGE 16
 #define DA_WARPS 4
@@ -615,7 +631,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     Inject inj{-1, 0, {}};
     const auto after_issue = [&]() {
         DA_PDL_WAIT();
-        DA_PDL_TRIGGER();
+        DA_TRIGGER_AT_POINT(0);
         load_q(q, b, q_stride, h, G, qa);
         if (refresh) {
             const int lane = threadIdx.x & 31, row = (L - 1) % DA_PAGE;
@@ -623,14 +639,17 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
             inj = Inject{kn, row, __ldcg(reinterpret_cast<const uint4*>(geo.kvh + int64_t(phys) * geo.page_bytes +
                                                                         row * geo.tok_bytes + lane * 16))};
         }
+        DA_TRIGGER_AT_POINT(1);
     };
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
 #else
     DA_PDL_WAIT();
-    DA_PDL_TRIGGER();
+    DA_TRIGGER_AT_POINT(0);
     load_q(q, b, q_stride, h, G, qa);
+    DA_TRIGGER_AT_POINT(1);
     cta_attend<DA_CLUSTER_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
 #endif
+    DA_TRIGGER_AT_POINT(2);
     cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
 
@@ -790,15 +809,18 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
 #if DA_PREWAIT
     const auto after_issue = [&]() {
         DA_PDL_WAIT();
-        DA_PDL_TRIGGER();
+        DA_TRIGGER_AT_POINT(0);
         after_wait();
+        DA_TRIGGER_AT_POINT(1);
     };
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
 #else
     DA_PDL_WAIT();
-    DA_PDL_TRIGGER();
+    DA_TRIGGER_AT_POINT(0);
     after_wait();
+    DA_TRIGGER_AT_POINT(1);
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
 #endif
+    DA_TRIGGER_AT_POINT(2);
     cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
