@@ -116,36 +116,38 @@ def rows_per_block(ksplit):
 # gemv.cu's m = 1 entries (pdl: launched with programmatic stream serialization; tools/bench_pdl.py too);
 # each launches the entry a decode manifest uses at its (k, ksplit) (`gemv_entry`), or the one with `unroll`
 # loads per row per stage (4 or 5) where given
-#: Shapes whose next launch in the decode program is another GEMV (tools/gen_qwen3.py GEMV_OPS_BEFORE_GEMV).
-BEFORE_GEMV = {"qkv": False, "o": True, "gate_up": True, "down": True, "lm_head": False}
+#: Shapes whose next launch in the decode program is the decode attention (tools/gen_qwen3.py
+#: GEMV_OPS_BEFORE_ATTENTION).
+BEFORE_ATTENTION = {"qkv": True, "o": False, "gate_up": False, "down": False, "lm_head": False}
 
 
-def gemv_entry(base, k, ks, unroll=None, next_is_gemv=True):
+def gemv_entry(base, k, ks, unroll=None, before_attention=False):
     """gemv.cu's m = 1 entry for variant `base` (e.g. "kern_gemv_norm_m1") over k at ksplit ks: its `_u5`
     twin where tools/gemv_plan.py's gemv_entry_unroll picks 5 loads per row per stage for a launch followed
-    by a GEMV or not (`next_is_gemv`), as tools/gen_qwen3.py does, unless `unroll` forces 4 or 5."""
-    return base + GEMV_UNROLL_SUFFIX[gemv_entry_unroll(k, ks, next_is_gemv) if unroll is None else unroll]
+    by the decode attention or not (`before_attention`), as tools/gen_qwen3.py does, unless `unroll` forces 4
+    or 5."""
+    return base + GEMV_UNROLL_SUFFIX[gemv_entry_unroll(k, ks, before_attention) if unroll is None else unroll]
 
 
-def run_plain(g, x, w, y, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
-    g.launch(gemv_entry("kern_gemv_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks)), 0,
+def run_plain(g, x, w, y, n, k, ks=1, pdl=False, unroll=None, before_attention=False):
+    g.launch(gemv_entry("kern_gemv_m1", k, ks, unroll, before_attention), cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
-def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
-    g.launch(gemv_entry("kern_gemv_norm_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks)), k * 2,
+def run_norm(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None, before_attention=False):
+    g.launch(gemv_entry("kern_gemv_norm_m1", k, ks, unroll, before_attention), cdiv(n, rows_per_block(ks)), k * 2,
              [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
              pdl)
 
 
-def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
-    g.launch(gemv_entry("kern_gemv_norm_silu_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks) // 2), k * 2,
+def run_norm_silu(g, x, nw, w, y, n, k, ks=1, pdl=False, unroll=None, before_attention=False):
+    g.launch(gemv_entry("kern_gemv_norm_silu_m1", k, ks, unroll, before_attention), cdiv(n, rows_per_block(ks) // 2), k * 2,
              [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32), (EPS, F32), (ks, I32)],
              pdl)
 
 
-def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None, next_is_gemv=True):
-    g.launch(gemv_entry("kern_gemv_residual_m1", k, ks, unroll, next_is_gemv), cdiv(n, rows_per_block(ks)), 0,
+def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None, before_attention=False):
+    g.launch(gemv_entry("kern_gemv_residual_m1", k, ks, unroll, before_attention), cdiv(n, rows_per_block(ks)), 0,
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
@@ -184,7 +186,7 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     norm + lm_head into `logits`. `ks` (ksplit per shape name): gemv.cu's forms; None: the persistent forms
     (gemv_persist.cu). `pdl`: every launch but the first (no kernel before it in a graph) with programmatic
     stream serialization. gemv.cu's entries: `unroll` None: each shape's `gemv_entry` as the manifests launch
-    them (the `_u5` entries only where the program's next launch is a GEMV, BEFORE_GEMV); "fit": `_u5` wherever
+    them (the `_u5` entries except where the program's next launch is the attention, BEFORE_ATTENTION); "fit": `_u5` wherever
     gemv_plan.gemv_unroll allows (in this chain every launch is followed by a GEMV); 4 or 5: those entries
     everywhere. `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
     h = sh["o"][0]
@@ -194,7 +196,7 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     else:
         u = None if unroll == "fit" else unroll
         norm, norm_silu, residual = run_norm, run_norm_silu, run_residual
-        launch_kw = {nm: dict(ks=ks[nm], unroll=u, next_is_gemv=unroll == "fit" or BEFORE_GEMV[nm]) for nm in sh}
+        launch_kw = {nm: dict(ks=ks[nm], unroll=u, before_attention=unroll != "fit" and BEFORE_ATTENTION[nm]) for nm in sh}
 
     def kw(nm, p):
         return dict(launch_kw[nm], pdl=p)
@@ -343,13 +345,13 @@ def standalone(g, geom, bw):
             w = ws[it[0] % copies]
             it[0] += 1
             ks = cur_ks[0]
-            after = BEFORE_GEMV[name]  # the entry the decode manifests launch for this shape
+            before = BEFORE_ATTENTION[name]  # the entry the decode manifests launch for this shape
             if name in ("qkv", "lm_head"):
-                run_norm(g, x, nw, w, y, n, k, ks, next_is_gemv=after)
+                run_norm(g, x, nw, w, y, n, k, ks, before_attention=before)
             elif name == "gate_up":
-                run_norm_silu(g, x, nw, w, y, n // 2, k, ks, next_is_gemv=after)
+                run_norm_silu(g, x, nw, w, y, n // 2, k, ks, before_attention=before)
             elif name in ("o", "down"):
-                run_residual(g, x, w, y, n, k, ks, next_is_gemv=after)
+                run_residual(g, x, w, y, n, k, ks, before_attention=before)
 
         def cublas():
             w = ws[it[0] % copies]

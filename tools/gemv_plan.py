@@ -70,17 +70,18 @@ def gemv_unroll(k: int, ksplit: int) -> int:
     return 5 if 2 * 4 < gemv_lane_loads(k, ksplit) <= 2 * 5 else 4
 
 
-def gemv_entry_unroll(k: int, ksplit: int, next_is_gemv: bool) -> int:
-    """Loads per row per stage of the gemv.cu entry a decode program should launch: `gemv_unroll(k, ksplit)`
-    when the program's next launch is another decode GEMV (`next_is_gemv`), else 4.
+def gemv_entry_unroll(k: int, ksplit: int, before_attention: bool) -> int:
+    """Loads per row per stage of the gemv.cu entry a decode program should launch: `gemv_unroll(k, ksplit)`,
+    except 4 for a launch followed by the decode attention (or its prologue kernel): `before_attention`.
 
-    Measured (H200, kern-run Qwen3-4B decode, tools/bench_decode.py, three alternating rounds per manifest,
-    session 7, NOTES.md 28): the `_u5` entry on gate_up (followed by the down GEMV) 2.632–2.685 ms/token
-    against 2.627–2.701 with none; on qkv and lm_head (followed by the qk-norm/rotary/KV kernel and the
-    argmax) 2.710–2.720, slower, although in a chain of GEMVs alone (where every launch is followed by a
-    GEMV) qkv gained as gate_up did. Raises ValueError as gemv_unroll does."""
+    Measured (H200, kern-run Qwen3-4B decode): session 7 (NOTES.md 28, tools/bench_decode.py, three alternating
+    rounds per manifest) found the `_u5` entry on gate_up (followed by the down GEMV) neutral and on qkv and
+    lm_head slower, although in a chain of GEMVs alone qkv gained as gate_up did; session 11 (NOTES.md 33,
+    tools/gpu/program_sweep.py, the pipelined loop, rounds within ±0.002 ms) found qkv's still slower (+0.025
+    ms/token) but lm_head's (followed by the argmax) faster: −0.007/−0.008 at 128 cached tokens, −0.004 at 4,096,
+    same tokens. Raises ValueError as gemv_unroll does."""
     unroll = gemv_unroll(k, ksplit)
-    return unroll if next_is_gemv else 4
+    return 4 if before_attention else unroll
 
 
 class GemvPlan(NamedTuple):

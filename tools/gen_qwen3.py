@@ -23,7 +23,8 @@ op entries (tools/README.md is the contract):
   final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
   `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
-  row before the PDL wait and the next launch is a GEMV: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up)
+  row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
+  and lm_head)
   or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
@@ -737,10 +738,10 @@ GEMV_OPS = {
     "gemv_residual_down_proj": "gemv_residual",
     "gemv_norm_lm_head": "gemv_norm",
 }
-#: The decode GEMV ops whose next launch in the decode program is another decode GEMV (o → gate_up → down →
-#: the next layer's qkv or lm_head); qkv is followed by the qk-norm/rotary/KV kernel (or the rope-cluster
-#: attention), lm_head by the argmax. gemv_plan.gemv_entry_unroll takes the `_u5` entries only for these.
-GEMV_OPS_BEFORE_GEMV = frozenset({"gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj"})
+#: The decode GEMV op whose next launch in the decode program is the decode attention (or, with
+#: `--decode-attention cluster`, its qk-norm/rotary/KV prologue): qkv. gemv_plan.gemv_entry_unroll keeps the
+#: U = 4 entries for it; every other decode GEMV (followed by a GEMV, or lm_head by the argmax) may take `_u5`.
+GEMV_OPS_BEFORE_ATTENTION = frozenset({"gemv_norm_qkv"})
 #: The decode GEMV op launched right after the decode attention: `gemv_ksplit(..., after_attention=True)`.
 GEMV_OPS_AFTER_ATTENTION = frozenset({"gemv_residual_o_proj"})
 
@@ -785,7 +786,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
             raise GenError(f"kernel `{base}` is compiled for M = {m}; decode runs one token")
         cols, warps_per_block = b.constexpr(base, "COLS_PER_WARP"), b.constexpr(base, "WARPS")
         ksplit = gemv_ksplit(math.ceil(n / cols), k, after_attention=op in GEMV_OPS_AFTER_ATTENTION)
-        unroll = gemv_entry_unroll(k, ksplit, op in GEMV_OPS_BEFORE_GEMV)
+        unroll = gemv_entry_unroll(k, ksplit, op in GEMV_OPS_BEFORE_ATTENTION)
         kname = base + GEMV_UNROLL_SUFFIX[unroll]
         if kname not in b.index:
             raise GenError(f"op `{op}` (k = {k}, ksplit {ksplit}) wants `{kname}` ({unroll} loads per row per stage), "
