@@ -123,9 +123,18 @@ namespace cg = cooperative_groups;
 #define DA_TRIGGER_AT 0
 #endif
 static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 3, "DA_TRIGGER_AT: 0, 1, 2 or 3");
-#define DA_TRIGGER_AT_POINT(N)                          \
-    do {                                                \
-        if constexpr (DA_TRIGGER_AT == (N)) DA_PDL_TRIGGER(); \
+// -DDA_EARLY_TRIGGER_BELOW=T (with DA_TRIGGER_AT 0): the trigger after the wait only for a sequence of fewer than T
+// cached tokens (L); longer ones execute none (as 3). Unset: always.
+#ifdef DA_EARLY_TRIGGER_BELOW
+#define DA_EARLY_TRIGGER_OK(L) ((L) < DA_EARLY_TRIGGER_BELOW)
+#else
+#define DA_EARLY_TRIGGER_OK(L) true
+#endif
+#define DA_TRIGGER_AT_POINT(N)                                                     \
+    do {                                                                           \
+        if constexpr (DA_TRIGGER_AT == (N)) {                                      \
+            if ((N) != 0 || DA_EARLY_TRIGGER_OK(L)) DA_PDL_TRIGGER();              \
+        }                                                                          \
     } while (0)
 
 #define DA_D 128
