@@ -31,8 +31,9 @@ def test_cluster_smem_is_the_catalogs():
     # a 4-CTA cluster: each CTA receives 4 partials of (m, l) and of a quarter of the kv head's outputs
     assert da_variants.cluster_smem(["DA_CLUSTER=4"]) == DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + 4 * (16 + 256) * 4
     assert [da_variants.cluster_size(s) for s in ([], ["DA_CLUSTER=2"], ["DA_PRE_PAGES=1"])] == [DA_CLUSTER, 2, DA_CLUSTER]
-    with pytest.raises(ValueError, match="DA_CLUSTER=16: 1, 2, 4 or 8 CTAs per cluster"):
-        da_variants.cluster_size(["DA_CLUSTER=16"])
+    assert da_variants.cluster_size(["DA_CLUSTER=16"]) == 16
+    with pytest.raises(ValueError, match="DA_CLUSTER=32: 1, 2, 4, 8 or 16 CTAs per cluster"):
+        da_variants.cluster_size(["DA_CLUSTER=32"])
     with pytest.raises(SystemExit):
         da_variants.main(["--dry-run", "--variant", "big=DA_CLUSTER=3"])
 

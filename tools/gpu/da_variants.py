@@ -6,7 +6,7 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc); `--dry-run` only builds th
         [--lengths 130 1024 4096 16384] [--rounds 6]
 
 Each `--variant NAME=SPEC[,SPEC...]` is one build of tools/kernels-src/decode_attention.cu (PDL form, -DKERN_PDL)
-with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 1, 2, 4, 8, sets the CTAs per kv head, and the
+with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 1, 2, 4, 8, 16 (non-portable), sets the CTAs per kv head, and the
 launch's grid.y and shared memory follow), `NOPDL` the plain form (timed in mode A only: it has no
 griddepcontrol.wait), `SRC=path` another source file, `GIT=rev` the source at a git revision. The first variant
 is the reference of the bitwise comparison. `--kernels` is a built kernels dir (tools/build_kernels.py) for
@@ -55,10 +55,12 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def cluster_size(specs: list[str]) -> int:
     """CTAs per (kv head, sequence) of a build: its DA_CLUSTER macro, else 8 (decode_attention.cu's default); the
-    launch's grid.y. Raises ValueError unless it is 1, 2, 4 or 8 (a portable cluster that divides head_dim 128)."""
+    launch's grid.y. Raises ValueError unless it is 1, 2, 4, 8 (portable cluster sizes) or 16 (sm_90's non-portable
+    maximum: the function gets CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED), each dividing head_dim 128."""
     c = next((s.split("=", 1)[1] for s in specs if s.startswith("DA_CLUSTER=")), "8")
-    if c not in ("1", "2", "4", "8"):
-        raise ValueError(f"DA_CLUSTER={c}: 1, 2, 4 or 8 CTAs per cluster (portable, dividing head_dim 128)")
+    if c not in ("1", "2", "4", "8", "16"):
+        raise ValueError(f"DA_CLUSTER={c}: 1, 2, 4, 8 or 16 CTAs per cluster (dividing head_dim 128; 16 is "
+                         "sm_90's non-portable maximum)")
     return int(c)
 
 
@@ -142,6 +144,8 @@ def run(a, variants, cubins) -> int:
         smems[n] = cluster_smem(variants[n])
         check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     smems[n]))
+        if clusters[n] > 8:  # CUDA programming guide: cluster sizes above 8 are non-portable and need the opt-in
+            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
         fns[n] = f
     plain = {n for n, s in variants.items() if "NOPDL" in s}
     ref_name = next(iter(variants))

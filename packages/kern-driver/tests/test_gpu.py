@@ -320,3 +320,42 @@ def test_pdl_takes_effect(tmp_path, pdl_cubin):
         np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
         g = rt.capture("main", n=n)
         assert g.programmatic_edges == 0
+
+
+# ---------------------------------------------------------------- clusters of more than 8 CTAs
+
+CLUSTER16_CU = r"""
+#include <cooperative_groups.h>
+// vadd over a grid-stride loop by a compile-time cluster of 16 CTAs (sm_90's non-portable maximum): every
+// element gets NaN unless this CTA's cluster really has 16 CTAs
+extern "C" __global__ void __cluster_dims__(16, 1, 1) vadd16(const float* x, const float* y, float* out, int n,
+                                                              float alpha) {
+    const bool ok = cooperative_groups::this_cluster().num_blocks() == 16;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = ok ? x[i] + alpha * y[i] : __int_as_float(0x7fc00000);
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["packed", "params"])
+def test_a_16_cta_cluster_kernel_runs(tmp_path, mode):
+    """A cubin whose entry is compiled for a 16-CTA cluster launches: Runtime.load opts the function in to
+    non-portable cluster sizes (without it cuLaunchKernel fails), eagerly and in a graph."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    cubin = build_cubin(CLUSTER16_CU, tmp_path / "vadd16.cubin")
+    m = vadd_manifest(sha256(cubin), n_max=N_MAX, source="vadd16.cubin")
+    la = m["ops"]["add"]["impl"]["launches"][0]
+    la["entry"], la["grid"] = "vadd16", [32, 1, 1]
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    w = np.random.default_rng(3).standard_normal(N_MAX).astype(np.float32)
+    write_safetensors(tmp_path / "w.safetensors", {"w": ("f32", w)})
+    with Runtime.load(tmp_path / "m.json", tmp_path, tmp_path / "w.safetensors", launch_mode=mode) as rt:
+        for n in (1, 3000, N_MAX):
+            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+            rt.write_input("x", x, prefix=True)
+            rt.run("main", n=n)
+            np.testing.assert_array_equal(rt.read_output("out"), x + np.float32(2.0) * w[:n])
+        g = rt.capture("main", n=N_MAX)
+        g.replay()
+        np.testing.assert_array_equal(rt.read_output("out"), x + np.float32(2.0) * w[:N_MAX])

@@ -295,6 +295,18 @@ class Runtime:
                       hint=f"this device allows at most {dev.max_shared_optin} bytes of shared memory per block "
                       "(dynamic + the kernel's static shared memory)")
 
+        # a cluster of more than 8 CTAs (compiled in: __cluster_dims__) is non-portable; sm_90 runs up to 16 once
+        # the function opts in (CUDA programming guide, "Thread Block Clusters"; cuFuncSetAttribute)
+        attr = drv.CUfunction_attribute
+        for e in {int(e.handle): e for e in self.entries.values()}.values():
+            dims = [check(drv.cuFuncGetAttribute(a, e.handle), f"cuFuncGetAttribute({a.name})", f"entry `{e.entry}`")
+                    for a in (attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+                              attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH)]
+            if all(dims) and dims[0] * dims[1] * dims[2] > 8:
+                check(drv.cuFuncSetAttribute(e.handle, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                      f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1) for a cluster of {dims} CTAs",
+                      f"entry `{e.entry}`", hint="this device does not run clusters of more than 8 CTAs")
+
         # arena, zeroed (stale bytes are deterministic), then the weights
         p = prep.layout
         self._arena = cuda.mem_alloc(p.total_bytes, f"the arena ({p.total_bytes} bytes)")
