@@ -6,7 +6,7 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc); `--dry-run` only builds th
         [--lengths 130 1024 4096 16384] [--rounds 6]
 
 Each `--variant NAME=SPEC[,SPEC...]` is one build of tools/kernels-src/decode_attention.cu (PDL form, -DKERN_PDL)
-with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 1, 2, 4, 8, 16 (non-portable), sets the CTAs per kv head, and the
+with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 8, 16 (non-portable), sets the CTAs per kv head, and the
 launch's grid.y and shared memory follow), `NOPDL` the plain form (timed in mode A only: it has no
 griddepcontrol.wait), `SRC=path` another source file, `GIT=rev` the source at a git revision. The first variant
 is the reference of the bitwise comparison. `--kernels` is a built kernels dir (tools/build_kernels.py) for
@@ -55,12 +55,14 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def cluster_size(specs: list[str]) -> int:
     """CTAs per (kv head, sequence) of a build: its DA_CLUSTER macro, else 8 (decode_attention.cu's default); the
-    launch's grid.y. Raises ValueError unless it is 1, 2, 4, 8 (portable cluster sizes) or 16 (sm_90's non-portable
-    maximum: the function gets CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED), each dividing head_dim 128."""
+    launch's grid.y. Raises ValueError unless it is 8 or 16 (sm_90's non-portable maximum: the function gets
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED): the cluster merge gives each thread one of its CTA's
+    DA_MAX_G·128/DA_CLUSTER outputs, so fewer than 8 CTAs do not fit 8 q heads per kv head (decode_attention.cu
+    refuses such a build; session 11 found that a 2-CTA build had left half its outputs unwritten)."""
     c = next((s.split("=", 1)[1] for s in specs if s.startswith("DA_CLUSTER=")), "8")
-    if c not in ("1", "2", "4", "8", "16"):
-        raise ValueError(f"DA_CLUSTER={c}: 1, 2, 4, 8 or 16 CTAs per cluster (dividing head_dim 128; 16 is "
-                         "sm_90's non-portable maximum)")
+    if c not in ("8", "16"):
+        raise ValueError(f"DA_CLUSTER={c}: 8 or 16 CTAs per cluster (the merge needs at least 8; 16 is sm_90's "
+                         "non-portable maximum)")
     return int(c)
 
 
@@ -202,7 +204,8 @@ def run(a, variants, cubins) -> int:
             err = 0.0
             for layer in (0, LAYERS // 2, LAYERS - 1):
                 ref = ref_attention(qkv[layer], kv[layer * 16 * tok:], page_elems, bt, L, NQ)
-                err = max(err, ((outs[n][layer:layer + 1].double() - ref).norm() / ref.norm()).item())
+                e = ((outs[n][layer:layer + 1].double() - ref).norm() / ref.norm()).item()
+                err = max(err, e) if math.isfinite(e) else math.inf  # NaN: an output left unwritten (poisoned)
             checks[n] = (err, outs[n].clone())
         ref_bits = checks[ref_name][1].view(torch.int16)
         times = {k: [] for k in graphs}

@@ -167,6 +167,10 @@ static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 3, "DA_TRIGGER_AT: 0, 1, 2 
 // Dynamic shared memory: the warps' rings of page slots and (cluster) the partials the other CTAs of the
 // cluster push (m, l of each q head from each CTA, and their acc of this CTA's slice of the outputs).
 #define DA_RECV_FLOATS (DA_CLUSTER * (2 * DA_MAX_G + DA_MAX_G * DA_D / DA_CLUSTER))
+// cluster_merge gives each thread of a CTA one of its slice's outputs (G * D / DA_CLUSTER of them, G <= DA_MAX_G)
+static_assert(DA_MAX_G * DA_D / DA_CLUSTER <= DA_WARPS * 32,
+              "DA_CLUSTER too small: a CTA's slice of the merge (DA_MAX_G * 128 / DA_CLUSTER outputs) must fit its "
+              "threads, so DA_CLUSTER >= 8 with DA_MAX_G 8");
 #define DA_SPLIT_SMEM (DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES)
 #define DA_CLUSTER_SMEM (DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
 // The per-warp merge area (m[8], l[8], acc[8][128] floats per warp) overlays the ring once every warp
