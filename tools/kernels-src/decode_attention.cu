@@ -118,11 +118,14 @@ namespace cg = cooperative_groups;
 //   1  after q (and the current token's row) are loaded, so that q's load does not queue behind them
 //   2  after the CTA's pages (before the cluster merge)
 //   3  never: the next launch starts as this one's CTAs exit
-// The next launch's griddepcontrol.wait still waits for this whole grid: any value is correct.
+//   4  before griddepcontrol.wait (after the early pages are issued): the next launch may start while the launch
+//      before this one still runs
+// The next launch's griddepcontrol.wait still waits for this whole grid, and this grid for the one before it: any
+// value is correct.
 #ifndef DA_TRIGGER_AT
 #define DA_TRIGGER_AT 0
 #endif
-static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 3, "DA_TRIGGER_AT: 0, 1, 2 or 3");
+static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 4, "DA_TRIGGER_AT: 0, 1, 2, 3 or 4");
 // -DDA_EARLY_TRIGGER_BELOW=T (with DA_TRIGGER_AT 0): the trigger after the wait only for a sequence of fewer than T
 // cached tokens (L); longer ones execute none (as 3). Unset: always.
 #ifdef DA_EARLY_TRIGGER_BELOW
@@ -643,6 +646,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     const bool refresh = jn % step == gw && kn < min(DA_PRE_PAGES, DA_CLUSTER_SLOTS);  // warp-uniform
     Inject inj{-1, 0, {}};
     const auto after_issue = [&]() {
+        DA_TRIGGER_AT_POINT(4);
         DA_PDL_WAIT();
         DA_TRIGGER_AT_POINT(0);
         load_q(q, b, q_stride, h, G, qa);
@@ -656,6 +660,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     };
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
 #else
+    DA_TRIGGER_AT_POINT(4);
     DA_PDL_WAIT();
     DA_TRIGGER_AT_POINT(0);
     load_q(q, b, q_stride, h, G, qa);
@@ -821,6 +826,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
 #if DA_PREWAIT
     const auto after_issue = [&]() {
+        DA_TRIGGER_AT_POINT(4);
         DA_PDL_WAIT();
         DA_TRIGGER_AT_POINT(0);
         after_wait();
@@ -828,6 +834,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     };
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
 #else
+    DA_TRIGGER_AT_POINT(4);
     DA_PDL_WAIT();
     DA_TRIGGER_AT_POINT(0);
     after_wait();
