@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kern_driver import KernDriverError, Runtime
-from kern_driver.testing import (PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
+from kern_driver.testing import (CLUSTER16_CU, PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
                                  vadd_manifest, write_safetensors)
 
 pytestmark = pytest.mark.gpu
@@ -324,17 +324,6 @@ def test_pdl_takes_effect(tmp_path, pdl_cubin):
 
 # ---------------------------------------------------------------- clusters of more than 8 CTAs
 
-CLUSTER16_CU = r"""
-#include <cooperative_groups.h>
-// vadd over a grid-stride loop by a compile-time cluster of 16 CTAs (sm_90's non-portable maximum): every
-// element gets NaN unless this CTA's cluster really has 16 CTAs
-extern "C" __global__ void __cluster_dims__(16, 1, 1) vadd16(const float* x, const float* y, float* out, int n,
-                                                              float alpha) {
-    const bool ok = cooperative_groups::this_cluster().num_blocks() == 16;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-        out[i] = ok ? x[i] + alpha * y[i] : __int_as_float(0x7fc00000);
-}
-"""
 
 
 @pytest.mark.parametrize("mode", ["packed", "params"])

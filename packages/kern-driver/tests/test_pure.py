@@ -15,7 +15,7 @@ from kern_driver import FakeModuleTable, KernDriverError, prepare
 from kern_driver.plan import layout
 from kern_driver.resolve import Dyn, Ptr, check_vars, resolve_entries, resolve_program
 from kern_driver.staging import StagedProgram, pack_scalar
-from kern_driver.testing import (PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
+from kern_driver.testing import (CLUSTER16_CU, PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
                                  vadd_manifest, write_safetensors)
 from kern_driver.weights import read_header
 
@@ -120,6 +120,25 @@ def test_grid_out_of_range_is_refused():
         sp.refresh({"n": 3})
     msg = str(e.value)
     assert "grid x = 0" in msg and "call `add0`" in msg and "launch 0" in msg
+
+
+def test_grid_not_a_multiple_of_the_kernels_cluster_is_refused():
+    """A var-dependent grid axis of a kernel compiled for a cluster (here 2 CTAs along x) is checked per run:
+    CUDA would refuse the launch (kern-verify checks literal axes, E0089)."""
+    m = vadd_manifest("0" * 64)
+    m["ops"]["add"]["impl"]["launches"][0]["grid"] = [{"ceil_div": ["n", 256]}, 1, 1]
+    man = manifest(m)
+    table = FakeModuleTable({"vec": {"vadd": VADD_LAYOUT}}, {("vec", "vadd"): (2, 1, 1)})
+    entries = resolve_entries(man, table)
+    assert entries[("add", 0)].cluster == (2, 1, 1)
+    sp = StagedProgram(resolve_program(man, "main", layout(man, 1024), BASE, entries))
+    sp.refresh({"n": 512})
+    assert sp.grids[0] == (2, 1, 1)
+    with pytest.raises(KernDriverError) as e:
+        sp.refresh({"n": 700})
+    msg = str(e.value)
+    assert "grid x = 3 (" in msg
+    assert "is not a multiple of the kernel's thread-block cluster [2, 1, 1]" in msg and "call `add0`" in msg
 
 
 # ---------------------------------------------------------------- programmatic dependent launch
@@ -235,6 +254,16 @@ def vadd_cubin(tmp_path_factory):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     return build_cubin(VADD_CU, tmp_path_factory.mktemp("cubin") / "vadd.cubin")
+
+
+def test_cluster_shape_from_a_real_cubin(tmp_path):
+    """FakeModuleTable.from_cubins reads the compiled cluster (kern-verify's EIATTR_CTA_PER_CLUSTER), as the
+    runtime's table reads CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_*: a 16-CTA entry, and None for a plain one."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    table = FakeModuleTable.from_cubins({"c": build_cubin(CLUSTER16_CU, tmp_path / "c.cubin"),
+                                         "v": build_cubin(VADD_CU, tmp_path / "v.cubin")})
+    assert (table.cluster("c", "vadd16"), table.cluster("v", "vadd")) == ((16, 1, 1), None)
 
 
 def test_test_manifests_verify_and_match_the_real_cubin(vadd_cubin):

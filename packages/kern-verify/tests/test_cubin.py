@@ -15,7 +15,8 @@ def slots(*pairs: tuple[int, int]) -> list[ParamSlot]:
 def test_nvcc_entries(nvcc_cubin):
     c = read_cubin(nvcc_cubin)
     assert c.arch == 90
-    assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf", "k_mix_pdl"}
+    assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf", "k_mix_pdl", "k_mix_cluster2",
+                              "k_mix_cluster16"}
 
 
 def test_grid_dependency_wait_is_found_in_the_code(nvcc_cubin):
@@ -44,6 +45,13 @@ def test_nvcc_struct_param_and_launch_bounds(nvcc_cubin):
     assert k.param_bytes == 40
     assert k.max_threads == (256, 1, 1)
     assert k.static_shared_bytes >= 512  # 128 floats (+ what the toolchain reserves)
+
+
+def test_nvcc_cluster_dims(nvcc_cubin):
+    """`__cluster_dims__` is EIATTR_CTA_PER_CLUSTER: the cluster shape in CTAs; None without one."""
+    e = read_cubin(nvcc_cubin).entries
+    assert (e["k_mix_cluster2"].cluster, e["k_mix_cluster16"].cluster, e["k_mix"].cluster) == ((2, 1, 1), (16, 1, 1), None)
+    assert e["k_mix_cluster2"].params == e["k_mix"].params
 
 
 def test_no_params_and_mangled(nvcc_cubin):

@@ -201,3 +201,27 @@ def test_cubin_for_another_arch_warns(doc, kdir, tmp_path):
     diags = check(doc, kernels_dir=kdir)
     assert found(diags) == [("E0087", "modules.sample.source")]
     assert "sm_80" in diags[0].message and diags[0].severity == "warning"
+
+
+def test_grid_must_be_a_multiple_of_the_kernels_cluster(doc, kdir):
+    """E0089: a literal grid axis that the kernel's compiled cluster (__cluster_dims__(2, 1, 1)) does not divide;
+    an axis computed from vars is left to the runtime."""
+    mix_launch(doc).update(entry="k_mix_cluster2", grid=[3, 1, 1])
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.severity, d.location) == ("E0089", "error", "ops.mix.impl.launches[0].grid[0]")
+    assert "grid x = 3 is not a multiple of the kernel's cluster [2, 1, 1]" in d.message
+    assert '"grid": [4, 1, 1]' in d.hint
+    mix_launch(doc)["grid"] = [4, 1, 1]
+    assert check(doc, kernels_dir=kdir) == []
+    mix_launch(doc)["grid"] = [{"ceil_div": [64, 2]}, 1, 1]
+    assert check(doc, kernels_dir=kdir) == []
+
+
+def test_a_cluster_of_more_than_8_ctas_warns(doc, kdir):
+    mix_launch(doc).update(entry="k_mix_cluster16", grid=[16, 1, 1])
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.severity, d.location) == ("E0092", "warning", "ops.mix.impl.launches[0].entry")
+    assert "[16, 1, 1] = 16 CTAs" in d.message
+    mix_launch(doc)["grid"] = [8, 1, 1]
+    assert found(check(doc, kernels_dir=kdir)) == [("E0089", "ops.mix.impl.launches[0].grid[0]"),
+                                                   ("E0092", "ops.mix.impl.launches[0].entry")]

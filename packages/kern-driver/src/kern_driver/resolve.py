@@ -38,12 +38,14 @@ class ModuleTable(Protocol):
     `function(module, entry)` returns an opaque function handle, or None when the
     module does not export `entry`; `param_layout(module, entry)` returns the
     function's parameter slots (the driver's `cuFuncGetParamInfo`, or a cubin's
-    `.nv.info` table, or a test's fake).
+    `.nv.info` table, or a test's fake); `cluster(module, entry)` the thread-block cluster
+    [x, y, z] the function is compiled for (`__cluster_dims__`), or None.
     """
 
     def modules(self) -> Iterable[str]: ...
     def function(self, module: str, entry: str) -> Any | None: ...
     def param_layout(self, module: str, entry: str) -> list[ParamSlot]: ...
+    def cluster(self, module: str, entry: str) -> tuple[int, int, int] | None: ...
 
 
 @dataclass
@@ -55,9 +57,13 @@ class FakeModuleTable:
     """
 
     layouts: dict[str, dict[str, list[ParamSlot]]] = field(default_factory=dict)
+    clusters: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
 
     def modules(self) -> Iterable[str]:
         return self.layouts.keys()
+
+    def cluster(self, module: str, entry: str) -> tuple[int, int, int] | None:
+        return self.clusters.get((module, entry))
 
     def function(self, module: str, entry: str) -> Any | None:
         return (module, entry) if entry in self.layouts.get(module, {}) else None
@@ -70,20 +76,24 @@ class FakeModuleTable:
         """`{module name: cubin bytes}` → table of every entry's ELF parameter table."""
         from kern_verify.cubin import read_cubin
 
-        return cls({m: {e: k.params for e, k in read_cubin(b, m).entries.items()} for m, b in cubins.items()})
+        parsed = {m: read_cubin(b, m).entries for m, b in cubins.items()}
+        return cls({m: {e: k.params for e, k in es.items()} for m, es in parsed.items()},
+                   {(m, e): k.cluster for m, es in parsed.items() for e, k in es.items() if k.cluster is not None})
 
 
 @dataclass(frozen=True, slots=True)
 class ResolvedEntry:
-    """A launch's function: `module`, `entry`, the opaque `handle`, the checked `layout`
-    and `param_bytes` (end of the last parameter: the exact size a packed parameter
-    buffer must have, without tail padding)."""
+    """A launch's function: `module`, `entry`, the opaque `handle`, the checked `layout`,
+    `param_bytes` (end of the last parameter: the exact size a packed parameter buffer must
+    have, without tail padding) and `cluster`, the thread-block cluster [x, y, z] it is
+    compiled for (its launches' grids must be multiples of it), or None."""
 
     module: str
     entry: str
     handle: Any
     layout: tuple[ParamSlot, ...]
     param_bytes: int
+    cluster: tuple[int, int, int] | None = None
 
 
 def _layout_text(slots: Iterable[ParamSlot]) -> str:
@@ -151,7 +161,8 @@ def resolve_entries(manifest: Manifest, table: ModuleTable) -> dict[tuple[str, i
                 continue
             m, actual = matching[0]
             nbytes = max((s.offset + s.size for s in actual), default=0)
-            out[(op_name, i)] = ResolvedEntry(m, launch.entry, table.function(m, launch.entry), tuple(actual), nbytes)
+            out[(op_name, i)] = ResolvedEntry(m, launch.entry, table.function(m, launch.entry), tuple(actual), nbytes,
+                                              table.cluster(m, launch.entry))
     if problems:
         raise KernDriverError(
             f"{len(problems)} launch(es) cannot be resolved against the loaded modules:\n    " + "\n    ".join(problems),

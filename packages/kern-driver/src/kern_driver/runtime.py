@@ -184,6 +184,15 @@ class _CudaModuleTable:
         f = self.function(module, entry)
         return [ParamSlot(i, off, size) for i, (off, size) in enumerate(cuda.param_layout(f))]
 
+    def cluster(self, module: str, entry: str) -> tuple[int, int, int] | None:
+        """The compiled cluster (`CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH`; 0s without one)."""
+        f = self.function(module, entry)
+        a = drv.CUfunction_attribute
+        dims = tuple(check(drv.cuFuncGetAttribute(x, f), f"cuFuncGetAttribute({x.name})", f"entry `{entry}`")
+                     for x in (a.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, a.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+                               a.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH))
+        return dims if all(dims) else None  # type: ignore[return-value]
+
 
 @dataclass
 class _Program:
@@ -297,14 +306,10 @@ class Runtime:
 
         # a cluster of more than 8 CTAs (compiled in: __cluster_dims__) is non-portable; sm_90 runs up to 16 once
         # the function opts in (CUDA programming guide, "Thread Block Clusters"; cuFuncSetAttribute)
-        attr = drv.CUfunction_attribute
         for e in {int(e.handle): e for e in self.entries.values()}.values():
-            dims = [check(drv.cuFuncGetAttribute(a, e.handle), f"cuFuncGetAttribute({a.name})", f"entry `{e.entry}`")
-                    for a in (attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
-                              attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH)]
-            if all(dims) and dims[0] * dims[1] * dims[2] > 8:
-                check(drv.cuFuncSetAttribute(e.handle, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-                      f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1) for a cluster of {dims} CTAs",
+            if e.cluster is not None and e.cluster[0] * e.cluster[1] * e.cluster[2] > 8:
+                check(drv.cuFuncSetAttribute(e.handle, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                      f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1) for a cluster of {list(e.cluster)} CTAs",
                       f"entry `{e.entry}`", hint="this device does not run clusters of more than 8 CTAs")
 
         # arena, zeroed (stale bytes are deterministic), then the weights

@@ -213,6 +213,17 @@ class StagedProgram:
                     where=s.where(),
                     hint="a zero grid would launch nothing and CUDA refuses it; check the var values and the grid expression",
                 )
+        cluster = s.entry.cluster if s.entry is not None else None
+        if cluster is not None:
+            for axis, (v, c) in enumerate(zip(g, cluster)):
+                if v % c:
+                    raise KernDriverError(
+                        f"grid {'xyz'[axis]} = {v} ({to_text(s.grid[axis])} with {env}) is not a multiple of the "
+                        f"kernel's thread-block cluster {list(cluster)} (compiled with __cluster_dims__)",
+                        where=s.where(),
+                        hint=f"CUDA refuses such a launch; make the grid expression a multiple of {c} for every var value "
+                        f"(e.g. `mul` by {c} of a ceil_div), or build the kernel without a cluster",
+                    )
         return g  # type: ignore[return-value]
 
     def refresh(self, env: dict[str, int]) -> bool:

@@ -100,6 +100,20 @@ extern "C" __global__ void vadd(const float* x, const float* y, float* out, int 
 """
 
 
+#: `vadd16`: vadd by a compiled 16-CTA cluster (sm_90's non-portable maximum), over a grid-stride loop.
+CLUSTER16_CU = r"""
+#include <cooperative_groups.h>
+// vadd over a grid-stride loop by a compile-time cluster of 16 CTAs (sm_90's non-portable maximum): every
+// element gets NaN unless this CTA's cluster really has 16 CTAs
+extern "C" __global__ void __cluster_dims__(16, 1, 1) vadd16(const float* x, const float* y, float* out, int n,
+                                                              float alpha) {
+    const bool ok = cooperative_groups::this_cluster().num_blocks() == 16;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = ok ? x[i] + alpha * y[i] : __int_as_float(0x7fc00000);
+}
+"""
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

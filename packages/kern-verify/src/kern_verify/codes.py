@@ -286,6 +286,13 @@ _CODES: list[Code] = [
          "the wait comes before the first dependent read (that stays the kernel's promise); a wait inside a "
          "non-inlined device function is not seen, hence a warning.",
          '"entry": "kern_gemv_m1", "pdl": true    // gemv.cu built without griddepcontrol.wait'),
+    Code("E0089", "error", "grid is not a multiple of the kernel's thread-block cluster",
+         "The kernel is compiled for a thread-block cluster (`__cluster_dims__(x, y, z)`, read from the cubin's "
+         "`.nv.info`): CUDA launches it only with a grid that is a multiple of the cluster on every axis, and "
+         "refuses the launch otherwise (CUDA_ERROR_INVALID_CLUSTER_SIZE). Checked here where the grid axis is a "
+         "literal; an axis computed from vars is checked by the runtime before each launch. Make the grid a "
+         "multiple (e.g. one cluster per kv head: grid.y = the cluster's y).",
+         '"grid": [8, 4, 1]    // the kernel is __cluster_dims__(1, 8, 1): grid.y must be a multiple of 8'),
     Code("E0090", "error", "`pdl` on a built-in",
          "`\"pdl\": true` (programmatic dependent launch) applies to kernel launches only. A built-in (`extern`) is "
          "run by a library (cuBLASLt) that launches its own kernels: none of them promises to execute "
@@ -301,6 +308,12 @@ _CODES: list[Code] = [
          "kernels and after built-ins. Reported at the call (first launch of an op) or at the launch (after a "
          "built-in of the same impl).",
          'decode: [{"op": "gemm"  /* extern */}, {"op": "gemv"  /* launches[0].pdl = true */}]'),
+    Code("E0092", "warning", "non-portable thread-block cluster",
+         "The kernel is compiled for a cluster of more than 8 CTAs, the portable maximum. sm_90 (H100, H200) runs "
+         "up to 16 once the function opts in (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, which kern's "
+         "runtime sets at load), but whether such a cluster can be scheduled depends on the GPU's SM count per GPC "
+         "and on the kernel's shared memory and registers: the launch may fail, or run its clusters in waves.",
+         '__cluster_dims__(16, 1, 1)    // 16 CTAs of one GPC at once'),
     Code("E0099", "error", "internal verifier error",
          "The verifier itself failed on this input. This is a bug in kern-verify; please report it with "
          "the manifest.",

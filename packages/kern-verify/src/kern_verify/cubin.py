@@ -16,8 +16,9 @@ The parameter table is the set of `EIATTR_KPARAM_INFO` (0x17) records, each
 (bytes from the start of the parameter buffer), u32 flags whose bits 18..31
 hold the size in bytes. `EIATTR_CBANK_PARAM_SIZE` (0x19, HVAL) is the total
 parameter buffer size, `EIATTR_MAX_THREADS` (0x05) the `__launch_bounds__`
-maximum block [x, y, z] and `EIATTR_REQNTID` (0x10) a required block size.
-This encoding was checked against nvcc 13.0 and Triton 3.6 cubins built for
+maximum block [x, y, z], `EIATTR_REQNTID` (0x10) a required block size and
+`EIATTR_CTA_PER_CLUSTER` (0x3d, SVAL, u32 [x, y, z]) the thread-block cluster a kernel is compiled
+for (`__cluster_dims__`; nvcc adds the flag `EIATTR_EXPLICIT_CLUSTER`, 0x3e). This encoding was checked against nvcc 13.0 and Triton 3.6 cubins built for
 sm_90 (see tests/test_cubin.py, which builds kernels with i32, i64, f32, u8,
 i16, pointer and struct parameters and compares the table with the C ABI).
 
@@ -62,6 +63,7 @@ EIATTR_REQNTID = 0x10
 EIATTR_KPARAM_INFO = 0x17
 EIATTR_CBANK_PARAM_SIZE = 0x19
 EIATTR_REGCOUNT = 0x2F
+EIATTR_CTA_PER_CLUSTER = 0x3D
 
 #: sm_90 SASS: every instruction is 16 bytes, its opcode in bits 0..11 of the first
 #: little-endian 64-bit word (bits 12..15 hold the guard predicate). `griddepcontrol.wait`
@@ -111,6 +113,9 @@ class KernelInfo:
         registers: registers per thread from `EIATTR_REGCOUNT`, or None.
         grid_dep_wait: whether the entry's own code (`.text.<name>`) contains
             `griddepcontrol.wait` (SASS `ACQBULK`); None when the section is absent.
+        cluster: the thread-block cluster [x, y, z] (CTAs) the kernel is compiled for
+            (`__cluster_dims__`, `EIATTR_CTA_PER_CLUSTER`), or None: a launch's grid must be a
+            multiple of it on every axis.
     """
 
     name: str
@@ -121,6 +126,7 @@ class KernelInfo:
     static_shared_bytes: int = 0
     registers: int | None = None
     grid_dep_wait: bool | None = None
+    cluster: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -229,7 +235,7 @@ def _kernel(elf: ELFFile, sym: str, registers: int | None, name: str) -> KernelI
     info = elf.get_section_by_name(f".nv.info.{sym}")
     slots: dict[int, ParamSlot] = {}
     param_bytes: int | None = None
-    max_threads = required = None
+    max_threads = required = cluster = None
     if info is not None:
         where = f"{name}: .nv.info.{sym}"
         for fmt, attr, val in _records(info.data(), where):
@@ -244,6 +250,8 @@ def _kernel(elf: ELFFile, sym: str, registers: int | None, name: str) -> KernelI
                 max_threads = _triple(val)
             elif attr == EIATTR_REQNTID and fmt == EIFMT_SVAL:
                 required = _triple(val)
+            elif attr == EIATTR_CTA_PER_CLUSTER and fmt == EIFMT_SVAL:
+                cluster = _triple(val)
     params = [slots[k] for k in sorted(slots)]
     if param_bytes is None:
         param_bytes = max((p.offset + p.size for p in params), default=0)
@@ -259,6 +267,7 @@ def _kernel(elf: ELFFile, sym: str, registers: int | None, name: str) -> KernelI
         static_shared_bytes=int(shared["sh_size"]) if shared is not None else 0,
         registers=registers,
         grid_dep_wait=waits,
+        cluster=cluster if cluster and all(cluster) else None,
     )
 
 

@@ -3,8 +3,9 @@ sha256 matches (E0081), it is a cubin (E0082); each launch's entry is in its mod
 (E0083), its declared params match the cubin's `.nv.info` table (E0084), and its block
 respects the kernel's launch bounds / required block (E0085); a cubin for another SM
 version warns (E0087); a `pdl` launch whose entry has no `griddepcontrol.wait` in its
-code warns (E0088). `hf:` modules absent from
-DIR are skipped with a warning (E0086)."""
+code warns (E0088); a literal grid axis that is not a multiple of the kernel's compiled
+thread-block cluster is an error (E0089), a cluster of more than 8 CTAs warns (E0092).
+`hf:` modules absent from DIR are skipped with a warning (E0086)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
                                   "declare the kernel's real parameter list: the cubin's table is "
                                   + ", ".join(f"{s.size}B@{s.offset}" for s in info.params))
             _block(ctx, lpath, launch.block, info, what)
+            _cluster(ctx, lpath, launch.grid, info, what)
             if launch.pdl and info.grid_dep_wait is False:
                 ctx.r.add("E0088", lpath + ("pdl",),
                           f"{what}: `pdl` launch, but the entry's code has no griddepcontrol.wait (SASS ACQBULK)",
@@ -119,3 +121,24 @@ def _block(ctx: Context, lpath: Path, block, info, what: str) -> None:
         if threads > mx:
             ctx.r.add("E0085", lpath + ("block",), f"{what}: block {list(block)} has {threads} threads, the kernel's launch bounds allow {mx}",
                       f"use at most {mx} threads per block")
+
+
+def _cluster(ctx: Context, lpath: Path, grid, info, what: str) -> None:
+    if info.cluster is None:
+        return
+    size = info.cluster[0] * info.cluster[1] * info.cluster[2]
+    if size > 8:
+        ctx.r.add("E0092", lpath + ("entry",),
+                  f"{what}: the kernel is compiled for a cluster of {list(info.cluster)} = {size} CTAs (more than "
+                  "the portable 8)", "it runs on sm_90 only if the GPU can co-schedule that many CTAs in one GPC; "
+                  "the runtime opts the function in at load")
+    if grid is None or len(grid) != 3:
+        return
+    for axis, (g, c) in enumerate(zip(grid, info.cluster)):
+        if isinstance(g, int) and not isinstance(g, bool) and c > 1 and g % c:
+            fix = [(v // cc + (1 if v % cc else 0)) * cc if isinstance(v, int) and not isinstance(v, bool) else v
+                   for v, cc in zip(grid, info.cluster)]
+            ctx.r.add("E0089", lpath + ("grid", axis),
+                      f"{what}: grid {'xyz'[axis]} = {g} is not a multiple of the kernel's cluster {list(info.cluster)} "
+                      f"(compiled with __cluster_dims__); CUDA refuses the launch",
+                      f"use a multiple of {c}, e.g. \"grid\": {fix}")

@@ -30,3 +30,16 @@ extern "C" __global__ void k_mix_pdl(int a, long long b, float c, const float* p
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
+
+// k_mix compiled for thread-block clusters (EIATTR_CTA_PER_CLUSTER): 2 CTAs along x, and 16 (non-portable);
+// sm_90 and later only (the sm_80 build of this file has neither)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+extern "C" __global__ void __cluster_dims__(2, 1, 1) k_mix_cluster2(int a, long long b, float c, const float* p,
+                                                                    unsigned char u, float* out) {
+  out[threadIdx.x] = a + b + c + p[0] + u;
+}
+extern "C" __global__ void __cluster_dims__(16, 1, 1) k_mix_cluster16(int a, long long b, float c, const float* p,
+                                                                      unsigned char u, float* out) {
+  out[threadIdx.x] = a + b + c + p[0] + u;
+}
+#endif
