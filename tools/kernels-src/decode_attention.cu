@@ -159,9 +159,6 @@ static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 4, "DA_TRIGGER_AT: 0, 1, 2,
 #ifndef DA_PRE_PAGES  // of a warp's first SLOTS pages, those issued before after_issue() (PDL wait, q); then the rest
 #define DA_PRE_PAGES 2
 #endif
-#ifndef DA_SHORT_PAGES  // rope-cluster: sequences of at most this many pages take the one-CTA path (0: none)
-#define DA_SHORT_PAGES 0
-#endif
 #ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
 #ifdef KERN_PDL
 #define DA_PREWAIT 1
@@ -790,20 +787,10 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
     const int lane = threadIdx.x & 31, tig = lane & 3;
-    // inputs and weights (no earlier launch writes them): before the PDL wait
-#if DA_SHORT_PAGES
-    // short sequences: the cluster's first CTA takes every page and writes the output itself (no cluster merge);
-    // the others take none (gw past every page) and leave after the wait
-    const int L = __ldg(seq_lens + b);
-    const bool short_seq = (L + DA_PAGE - 1) / DA_PAGE <= DA_SHORT_PAGES;  // uniform in the cluster
-    const int step = short_seq ? DA_WARPS : DA_WARPS * DA_CLUSTER;
-    const int gw = short_seq ? (s == 0 ? int(threadIdx.x >> 5) : (1 << 30)) : s * DA_WARPS + int(threadIdx.x >> 5);
-    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
-#else
     const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
+    // inputs and weights (no earlier launch writes them): before the PDL wait
     const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
     const int L = __ldg(seq_lens + b);
-#endif
     const float* cs = cos_sin + __ldg(positions + b) * DA_D;
     uint4 qw[4];
 #pragma unroll
@@ -855,18 +842,5 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
 #endif
     DA_TRIGGER_AT_POINT(2);
-#if DA_SHORT_PAGES
-    if (short_seq) {  // cluster_merge's arithmetic with one partial (weight ex2(0) = 1)
-        if (s == 0) {
-            bf16* out_h = out + (b * num_q_heads + h * G) * DA_D;
-#pragma unroll
-            for (int gg = 0; gg < DA_MAX_G; ++gg) {
-                if (gg >= G) break;
-                out_h[gg * DA_D + threadIdx.x] = __float2bfloat16_rn(A[gg] / Ls[gg]);
-            }
-        }
-        return;
-    }
-#endif
     cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
