@@ -164,9 +164,6 @@ def bench_kern(res: Results, p, args, state):
                 warm.append(t)
                 if graph:
                     state.setdefault("kern_top2", []).append(top2_gap(rt.read_buffer("logits")))
-            # and one untimed pipelined run: the timed one must not pay the pipelined path's first use (session 11:
-            # without it this table read 2.469 ms/token where program_sweep read 2.418 in the same call)
-            list(s.generate(prompt, min(steps, 32), 512))
             tokens = list(s.generate(prompt, steps, 512))
             if tokens[:FIRST_TOKENS] != warm:
                 log(f"   WARNING: kern's warm run (step by step) and timed run (pipelined) disagree: {warm} vs "
