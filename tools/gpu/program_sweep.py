@@ -20,6 +20,12 @@ listed), and the result is verified against KDIR before it is loaded from there.
 `--manifest-variant NAME=PATH` adds a manifest file of the same model (same weights; e.g. one a script rewrote in
 ways manifest_variants cannot), verified against DIR/kernels.
 
+Absolute numbers: with several runtimes loaded in one process the decode runs faster than in a process with one
+runtime (H200, session 11, NOTES.md 34: the 4B default 2.418–2.429 ms/token here, 2.476–2.482 in one-runtime
+processes and tools/bench_decode.py in the same calls; not explained), and differences can read larger here (lm_head
+on `_u5`: −0.007 here, −0.002/−0.003 one runtime per process). Rank variants here; confirm a winner with one
+runtime per process (tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
+
 Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
 whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ
 after a bf16 near-tie: reported, not an error). `--dry-run` builds and verifies the variants only (no GPU).
