@@ -79,7 +79,8 @@ def gemv_entry_unroll(k: int, ksplit: int, before_attention: bool) -> int:
     lm_head slower, although in a chain of GEMVs alone qkv gained as gate_up did; session 11 (NOTES.md 33,
     tools/gpu/program_sweep.py, the pipelined loop, rounds within ±0.002 ms) found qkv's still slower (+0.025
     ms/token) but lm_head's (followed by the argmax) faster: −0.007/−0.008 at 128 cached tokens, −0.004 at 4,096,
-    same tokens. Raises ValueError as gemv_unroll does."""
+    same tokens; one runtime per process (NOTES.md 34) −0.002/−0.003 at 128. Raises ValueError as gemv_unroll
+    does."""
     unroll = gemv_unroll(k, ksplit)
     return 4 if before_attention else unroll
 
