@@ -176,16 +176,18 @@ def test_program_sweep_kernels_variant_rehashes_the_differing_modules(built_kern
     assert "variant plain-attn: verified" in out
 
     base = json.loads(EXAMPLE.read_text())
-    m, changed = program_sweep.against_kernels(base, built_kernels, kdir)
+    m, changed = program_sweep.against_kernels(base, built_kernels, "plain-attn", kdir)
     assert changed == ["decode_attention_pdl"]
     assert {k for k in m["modules"] if m["modules"][k] != base["modules"][k]} == {"decode_attention_pdl"}
 
     (kdir / "argmax_pdl.cubin").unlink()
     assert program_sweep.main(args + ["--kernels-variant", f"b={kdir}"]) == 1
-    assert "no argmax_pdl.cubin (module `argmax_pdl`)" in capsys.readouterr().err
+    assert "kernels variant `b`" in (err := capsys.readouterr().err) and "no argmax_pdl.cubin (module `argmax_pdl`)" in err
     assert program_sweep.main(args + ["--kernels-variant", f"b={tmp_path / 'nope'}"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert program_sweep.main(args + ["--kernels-variant", f"b={EXAMPLE}"]) == 1
     assert "not a folder" in capsys.readouterr().err
-    for bad, needle in ((f"(manifest)={kdir}", "is taken"), ("b", "NAME=KDIR")):
+    for bad, needle in ((f"(manifest)={kdir}", "names the manifest itself"), ("b", "NAME=KDIR")):
         with pytest.raises(SystemExit):
             program_sweep.main(args + ["--variant", "o.ksplit=1", "--kernels-variant", bad])
         assert needle in capsys.readouterr().err
@@ -205,12 +207,16 @@ def test_program_sweep_manifest_variant_is_verified(built_kernels, tmp_path, cap
     assert program_sweep.main(args + ["--manifest-variant", f"nopdl-o={tmp_path / 'other.json'}"]) == 0
     assert "variant nopdl-o: verified" in capsys.readouterr().out
     launch(other, "gemv_residual_o_proj")["grid"] = [0, 1, 1]
-    (tmp_path / "bad.json").write_text(json.dumps(other))
+    (tmp_path / "bad.json").write_text(json.dumps(other, indent=1))  # diagnostics name this file's lines
     assert program_sweep.main(args + ["--manifest-variant", f"bad={tmp_path / 'bad.json'}"]) == 1
-    assert "does not verify against" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "manifest variant `bad`" in err and "does not verify against" in err and "line 1," not in err
+    other06 = ROOT / "examples" / "qwen3-0.6b.json"
+    assert program_sweep.main(args + ["--manifest-variant", f"small={other06}"]) == 1
+    assert "is of model `qwen3-0.6b`, the manifest of `qwen3-4b`" in capsys.readouterr().err
     (tmp_path / "x.json").write_text("[1]")
     assert program_sweep.main(args + ["--manifest-variant", f"x={tmp_path / 'x.json'}"]) == 1
     assert "not a kern manifest" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         program_sweep.main(args + ["--manifest-variant", f"a={tmp_path / 'x.json'}", "--kernels-variant", f"a={tmp_path}"])
-    assert "the name `a` is taken" in capsys.readouterr().err
+    assert "the name `a` is already given by --kernels-variant" in capsys.readouterr().err

@@ -47,6 +47,7 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 from cubin_launch import launch_function  # noqa: E402
 from gemv_plan import GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_entry_unroll, plan_gemvp  # noqa: E402
+from gen_qwen3 import GEMV_OPS, GEMV_OPS_BEFORE_ATTENTION  # noqa: E402
 
 GEOMETRIES = {
     # hidden, heads, kv_heads, head_dim, intermediate, layers, vocab (HF config values)
@@ -116,9 +117,12 @@ def rows_per_block(ksplit):
 # gemv.cu's m = 1 entries (pdl: launched with programmatic stream serialization; tools/bench_pdl.py too);
 # each launches the entry a decode manifest uses at its (k, ksplit) (`gemv_entry`), or the one with `unroll`
 # loads per row per stage (4 or 5) where given
-#: Shapes whose next launch in the decode program is the decode attention (tools/gen_qwen3.py
-#: GEMV_OPS_BEFORE_ATTENTION).
-BEFORE_ATTENTION = {"qkv": True, "o": False, "gate_up": False, "down": False, "lm_head": False}
+#: The decode program's op of each shape (tools/gen_qwen3.py), and whether its next launch is the decode attention
+#: (gen_qwen3.GEMV_OPS_BEFORE_ATTENTION: the entry rule the manifests follow).
+SHAPE_OPS = {"qkv": "gemv_norm_qkv", "o": "gemv_residual_o_proj", "gate_up": "gemv_norm_silu_gate_up",
+             "down": "gemv_residual_down_proj", "lm_head": "gemv_norm_lm_head"}
+assert set(SHAPE_OPS.values()) == set(GEMV_OPS), "bench_gemv's shapes are the generator's decode GEMV ops"
+BEFORE_ATTENTION = {shape: op in GEMV_OPS_BEFORE_ATTENTION for shape, op in SHAPE_OPS.items()}
 
 
 def gemv_entry(base, k, ks, unroll=None, before_attention=False):

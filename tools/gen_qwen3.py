@@ -738,8 +738,8 @@ GEMV_OPS = {
     "gemv_residual_down_proj": "gemv_residual",
     "gemv_norm_lm_head": "gemv_norm",
 }
-#: The decode GEMV op whose next launch in the decode program is the decode attention (or, with
-#: `--decode-attention cluster`, its qk-norm/rotary/KV prologue): qkv. gemv_plan.gemv_entry_unroll keeps the
+#: The decode GEMV op whose next launch in the decode program is the decode attention (or, for the
+#: impls that are not fused with it, its qk-norm/rotary/KV prologue kernel): qkv. gemv_plan.gemv_entry_unroll keeps the
 #: U = 4 entries for it; every other decode GEMV (followed by a GEMV, or lm_head by the argmax) may take `_u5`.
 GEMV_OPS_BEFORE_ATTENTION = frozenset({"gemv_norm_qkv"})
 #: The decode GEMV op launched right after the decode attention: `gemv_ksplit(..., after_attention=True)`.

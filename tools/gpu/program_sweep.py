@@ -22,7 +22,7 @@ ways manifest_variants cannot), verified against DIR/kernels.
 
 Absolute numbers: with several runtimes loaded in one process the decode runs faster than in a process with one
 runtime (H200, session 11, NOTES.md 34: the 4B default 2.418–2.429 ms/token here, 2.476–2.482 in one-runtime
-processes and tools/bench_decode.py in the same calls; not explained), and differences can read larger here (lm_head
+processes and 2.469–2.470 from tools/bench_decode.py in the same calls; not explained), and differences can read larger here (lm_head
 on `_u5`: −0.007 here, −0.002/−0.003 one runtime per process). Rank variants here; confirm a winner with one
 runtime per process (tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
 
@@ -69,29 +69,52 @@ def build(work: Path, geometry: str, variants: list[str]) -> tuple[dict, dict[st
     return base, out
 
 
-def against_kernels(m: dict, base_dir: Path, kdir: Path) -> tuple[dict, list[str]]:
+def against_kernels(m: dict, base_dir: Path, name: str, kdir: Path) -> tuple[dict, list[str]]:
     """Manifest `m` (verified against `base_dir`) with the sha256 of each module whose cubin in `kdir` differs from
-    `base_dir`'s replaced by `kdir`'s, verified against `kdir`; and the names of those modules.
+    `base_dir`'s replaced by `kdir`'s, verified against `kdir`; and the names of those modules. `name`: the variant's
+    name, for messages.
 
     Raises:
-        VariantError: `kdir` is not a folder, lacks a module's cubin, or the result does not verify there.
+        VariantError: `kdir` does not exist or is not a folder, lacks a module's cubin, or the result does not
+            verify there.
     """
+    from kern_verify.kernels import module_file  # where a module's file lives (hf: sources too)
+
+    what = f"kernels variant `{name}` ({kdir})"
+    if not kdir.exists():
+        raise VariantError(f"{what}: does not exist")
     if not kdir.is_dir():
-        raise VariantError(f"kernels variant {kdir}: not a folder")
+        raise VariantError(f"{what}: not a folder")
     out = json.loads(json.dumps(m))
     changed = []
-    for name, mod in out["modules"].items():
-        f = kdir / mod["source"]
+    for mname, mod in out["modules"].items():
+        f = module_file(kdir, mod["source"])
         if not f.is_file():
-            raise VariantError(f"kernels variant {kdir}: no {mod['source']} (module `{name}`); copy the whole "
-                               f"kernels dir and replace the cubins you built")
+            raise VariantError(f"{what}: no {f.relative_to(kdir)} (module `{mname}`); copy the whole kernels dir and "
+                               "replace the cubins you built")
         digest = hashlib.sha256(f.read_bytes()).hexdigest()
-        if digest != hashlib.sha256((base_dir / mod["source"]).read_bytes()).hexdigest():
+        if digest != hashlib.sha256(module_file(base_dir, mod["source"]).read_bytes()).hexdigest():
             mod["sha256"] = digest
-            changed.append(name)
+            changed.append(mname)
     if errors := verify(out, kdir):
-        raise VariantError(f"the manifest does not verify against kernels variant {kdir}:\n  " + "\n  ".join(errors))
+        raise VariantError(f"the manifest does not verify against {what}:\n  " + "\n  ".join(errors))
     return out, changed
+
+
+def manifest_variant(base: dict, kernels: Path, name: str, path: Path) -> dict:
+    """Another manifest file of the same model (its `model` equals the base's), verified against `kernels` from its
+    own text (so diagnostics give its lines). Raises VariantError."""
+    from kern_verify.verify import verify_text
+
+    m = read_manifest(path)
+    if m.get("model") != base.get("model"):
+        raise VariantError(f"manifest variant `{name}` ({path}) is of model `{m.get('model')}`, the manifest of "
+                           f"`{base.get('model')}`: a sweep times manifests over the same weights")
+    errors = [str(d) for d in verify_text(path.read_text(), kernels_dir=kernels) if d.severity == "error"]
+    if errors:
+        raise VariantError(f"manifest variant `{name}` ({path}) does not verify against {kernels}:\n  "
+                           + "\n  ".join(errors))
+    return m
 
 
 def first_difference(a: list[int], b: list[int]) -> str:
@@ -124,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             flag = "--" + opt.replace("_", "-")
             if not (eq and name and path):
                 ap.error(f"{flag} {item}: NAME={'KDIR' if opt == 'kernels_variant' else 'PATH'} (e.g. {example})")
-            if name in named["kernels_variant"] or name in named["manifest_variant"] or name in a.variant \
-                    or name == "(manifest)":
-                ap.error(f"{flag} {item}: the name `{name}` is taken")
+            if name == "(manifest)":
+                ap.error(f"{flag} {item}: `(manifest)` names the manifest itself; choose another name")
+            for other in named:
+                if name in named[other]:
+                    ap.error(f"{flag} {item}: the name `{name}` is already given by --{other.replace('_', '-')}")
             named[opt][name] = Path(path)
     for opt in ("context", "steps", "rounds"):
         if getattr(a, opt) < 1:
@@ -138,13 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         base, variants = build(a.work, a.geometry, a.variant)
         kernels = {name: p["kernels"] for name in ["(manifest)", *variants]}
         for name, path in named["manifest_variant"].items():
-            m = read_manifest(path)
-            if errors := verify(m, p["kernels"]):
-                raise VariantError(f"manifest variant {path} does not verify against {p['kernels']}:\n  "
-                                   + "\n  ".join(errors))
-            variants[name], kernels[name] = m, p["kernels"]
+            variants[name], kernels[name] = manifest_variant(base, p["kernels"], name, path), p["kernels"]
         for name, kdir in named["kernels_variant"].items():
-            variants[name], changed = against_kernels(base, p["kernels"], kdir)
+            variants[name], changed = against_kernels(base, p["kernels"], name, kdir)
             kernels[name] = kdir
             print(f"kernels variant {name}: {kdir}, " + (f"modules differing: {', '.join(changed)}" if changed
                                                          else "no module differs (a control run)"))

@@ -129,6 +129,7 @@ static_assert(DA_TRIGGER_AT >= 0 && DA_TRIGGER_AT <= 4, "DA_TRIGGER_AT: 0, 1, 2,
 // -DDA_EARLY_TRIGGER_BELOW=T (with DA_TRIGGER_AT 0): the trigger after the wait only for a sequence of fewer than T
 // cached tokens (L); longer ones execute none (as 3). Unset: always.
 #ifdef DA_EARLY_TRIGGER_BELOW
+static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger after the wait (DA_TRIGGER_AT 0)");
 #define DA_EARLY_TRIGGER_OK(L) ((L) < DA_EARLY_TRIGGER_BELOW)
 #else
 #define DA_EARLY_TRIGGER_OK(L) true

@@ -340,6 +340,7 @@ def test_a_16_cta_cluster_kernel_runs(tmp_path, mode):
     w = np.random.default_rng(3).standard_normal(N_MAX).astype(np.float32)
     write_safetensors(tmp_path / "w.safetensors", {"w": ("f32", w)})
     with Runtime.load(tmp_path / "m.json", tmp_path, tmp_path / "w.safetensors", launch_mode=mode) as rt:
+        assert rt.entries[("add", 0)].cluster == (16, 1, 1)  # from cuFuncGetAttribute(REQUIRED_CLUSTER_*)
         for n in (1, 3000, N_MAX):
             x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
             rt.write_input("x", x, prefix=True)

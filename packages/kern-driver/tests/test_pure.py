@@ -139,6 +139,36 @@ def test_grid_not_a_multiple_of_the_kernels_cluster_is_refused():
     msg = str(e.value)
     assert "grid x = 3 (" in msg
     assert "is not a multiple of the kernel's thread-block cluster [2, 1, 1]" in msg and "call `add0`" in msg
+    assert "grid x = 3 (ceil_div(n, 256) with {'n': 700})" in msg and "for every var value" in msg
+
+
+def test_a_literal_grid_not_a_multiple_of_the_cluster_is_refused_at_staging():
+    """A literal axis (kern-verify's E0089) fails when the program is staged, and says so without a var env."""
+    m = vadd_manifest("0" * 64)
+    m["ops"]["add"]["impl"]["launches"][0]["grid"] = [1, 3, 1]
+    man = manifest(m)
+    entries = resolve_entries(man, FakeModuleTable({"vec": {"vadd": VADD_LAYOUT}}, {("vec", "vadd"): (1, 2, 1)}))
+    with pytest.raises(KernDriverError) as e:
+        StagedProgram(resolve_program(man, "main", layout(man, 16), BASE, entries))
+    msg = str(e.value)
+    assert "grid y = 3 is not a multiple of the kernel's thread-block cluster [1, 2, 1]" in msg
+    assert "with {}" not in msg and "E0089" in msg
+
+
+def test_a_table_without_clusters_still_resolves():
+    """`cluster` is optional in a ModuleTable: a table written before clusters resolves every entry without one."""
+
+    class OldTable:
+        def modules(self):
+            return ["vec"]
+
+        def function(self, module, entry):
+            return (module, entry) if (module, entry) == ("vec", "vadd") else None
+
+        def param_layout(self, module, entry):
+            return VADD_LAYOUT
+
+    assert resolve_entries(vadd(), OldTable())[("add", 0)].cluster is None
 
 
 # ---------------------------------------------------------------- programmatic dependent launch

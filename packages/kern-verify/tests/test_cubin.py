@@ -16,7 +16,7 @@ def test_nvcc_entries(nvcc_cubin):
     c = read_cubin(nvcc_cubin)
     assert c.arch == 90
     assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf", "k_mix_pdl", "k_mix_cluster2",
-                              "k_mix_cluster16"}
+                              "k_mix_cluster16", "k_mix_cluster_y2", "k_mix_cluster32"}
 
 
 def test_grid_dependency_wait_is_found_in_the_code(nvcc_cubin):
@@ -51,6 +51,7 @@ def test_nvcc_cluster_dims(nvcc_cubin):
     """`__cluster_dims__` is EIATTR_CTA_PER_CLUSTER: the cluster shape in CTAs; None without one."""
     e = read_cubin(nvcc_cubin).entries
     assert (e["k_mix_cluster2"].cluster, e["k_mix_cluster16"].cluster, e["k_mix"].cluster) == ((2, 1, 1), (16, 1, 1), None)
+    assert e["k_mix_cluster_y2"].cluster == (1, 2, 1)
     assert e["k_mix_cluster2"].params == e["k_mix"].params
 
 

@@ -204,17 +204,33 @@ def test_cubin_for_another_arch_warns(doc, kdir, tmp_path):
 
 
 def test_grid_must_be_a_multiple_of_the_kernels_cluster(doc, kdir):
-    """E0089: a literal grid axis that the kernel's compiled cluster (__cluster_dims__(2, 1, 1)) does not divide;
-    an axis computed from vars is left to the runtime."""
-    mix_launch(doc).update(entry="k_mix_cluster2", grid=[3, 1, 1])
+    """E0089: a grid axis without vars (literal or constant expression) that the kernel's compiled cluster does not
+    divide, on the axis it concerns; an axis computed from vars is left to the runtime; a grid below 1 is E0033's."""
+    mix_launch(doc).update(entry="k_mix_cluster2", grid=[3, 1, 1])  # __cluster_dims__(2, 1, 1)
     (d,) = check(doc, kernels_dir=kdir)
     assert (d.code, d.severity, d.location) == ("E0089", "error", "ops.mix.impl.launches[0].grid[0]")
     assert "grid x = 3 is not a multiple of the kernel's cluster [2, 1, 1]" in d.message
-    assert '"grid": [4, 1, 1]' in d.hint
+    assert d.hint == "make grid x a multiple of 2, e.g. 4"
     mix_launch(doc)["grid"] = [4, 1, 1]
     assert check(doc, kernels_dir=kdir) == []
-    mix_launch(doc)["grid"] = [{"ceil_div": [64, 2]}, 1, 1]
+    mix_launch(doc)["grid"] = [{"mul": [3, 1]}, 1, 1]  # no var: checked here
+    (d,) = check(doc, kernels_dir=kdir)
+    assert d.code == "E0089" and "grid x = 3 (mul(3, 1))" in d.message
+    mix_launch(doc)["grid"] = [-1, 1, 1]
+    assert "E0089" not in {d.code for d in check(doc, kernels_dir=kdir)}
+    mix_launch(doc).update(entry="k_mix_cluster_y2", grid=[5, 3, 1])  # __cluster_dims__(1, 2, 1)
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0089", "ops.mix.impl.launches[0].grid[1]")
+    assert "grid y = 3" in d.message and d.hint.endswith("e.g. 4")
+    mix_launch(doc)["grid"] = [5, 2, 1]
     assert check(doc, kernels_dir=kdir) == []
+
+
+def test_grid_from_vars_is_left_to_the_runtime(doc, kdir):
+    add = add_launch(doc)
+    mix_launch(doc).update(entry="k_mix_cluster2", grid=[{"ceil_div": [64, 2]}, 1, 1])
+    assert check(doc, kernels_dir=kdir) == []
+    assert add["grid"][0] == {"ceil_div": ["n", 1024]}  # the Triton launch's var grid: no cluster, nothing to check
 
 
 def test_a_cluster_of_more_than_8_ctas_warns(doc, kdir):
@@ -225,3 +241,11 @@ def test_a_cluster_of_more_than_8_ctas_warns(doc, kdir):
     mix_launch(doc)["grid"] = [8, 1, 1]
     assert found(check(doc, kernels_dir=kdir)) == [("E0089", "ops.mix.impl.launches[0].grid[0]"),
                                                    ("E0092", "ops.mix.impl.launches[0].entry")]
+
+
+def test_a_cluster_of_more_than_16_ctas_is_refused(doc, kdir):
+    """nvcc compiles __cluster_dims__(32, 1, 1); sm_90 never runs it (E0093, an error, not E0092's warning)."""
+    mix_launch(doc).update(entry="k_mix_cluster32", grid=[32, 1, 1])
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.severity, d.location) == ("E0093", "error", "ops.mix.impl.launches[0].entry")
+    assert "32 CTAs; sm_90 runs at most 16" in d.message

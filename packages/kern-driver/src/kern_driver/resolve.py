@@ -38,8 +38,9 @@ class ModuleTable(Protocol):
     `function(module, entry)` returns an opaque function handle, or None when the
     module does not export `entry`; `param_layout(module, entry)` returns the
     function's parameter slots (the driver's `cuFuncGetParamInfo`, or a cubin's
-    `.nv.info` table, or a test's fake); `cluster(module, entry)` the thread-block cluster
-    [x, y, z] the function is compiled for (`__cluster_dims__`), or None.
+    `.nv.info` table, or a test's fake); `cluster(module, entry)` (optional: a table without it
+    resolves every entry without a cluster) the thread-block cluster [x, y, z] the function is
+    compiled for (`__cluster_dims__`), or None.
     """
 
     def modules(self) -> Iterable[str]: ...
@@ -50,10 +51,12 @@ class ModuleTable(Protocol):
 
 @dataclass
 class FakeModuleTable:
-    """A `ModuleTable` from a dict: `{module: {entry: [ParamSlot...]}}` (tests, dry runs).
+    """A `ModuleTable` from a dict: `{module: {entry: [ParamSlot...]}}` (tests, dry runs), and
+    optionally `clusters`: `{(module, entry): (x, y, z)}` for entries compiled for a cluster.
 
-    `from_cubins` builds one from cubin files with kern-verify's ELF reader, so a
-    manifest's resolution can be checked on a machine without a GPU.
+    `from_cubins` builds one from cubin files with kern-verify's ELF reader (parameter tables
+    and `EIATTR_CTA_PER_CLUSTER`), so a manifest's resolution can be checked on a machine
+    without a GPU.
     """
 
     layouts: dict[str, dict[str, list[ParamSlot]]] = field(default_factory=dict)
@@ -73,7 +76,7 @@ class FakeModuleTable:
 
     @classmethod
     def from_cubins(cls, cubins: dict[str, bytes]) -> "FakeModuleTable":
-        """`{module name: cubin bytes}` → table of every entry's ELF parameter table."""
+        """`{module name: cubin bytes}` → table of every entry's ELF parameter table and compiled cluster."""
         from kern_verify.cubin import read_cubin
 
         parsed = {m: read_cubin(b, m).entries for m, b in cubins.items()}
@@ -161,8 +164,9 @@ def resolve_entries(manifest: Manifest, table: ModuleTable) -> dict[tuple[str, i
                 continue
             m, actual = matching[0]
             nbytes = max((s.offset + s.size for s in actual), default=0)
+            cluster = getattr(table, "cluster", None)  # optional for tables written before clusters
             out[(op_name, i)] = ResolvedEntry(m, launch.entry, table.function(m, launch.entry), tuple(actual), nbytes,
-                                              table.cluster(m, launch.entry))
+                                              cluster(m, launch.entry) if cluster is not None else None)
     if problems:
         raise KernDriverError(
             f"{len(problems)} launch(es) cannot be resolved against the loaded modules:\n    " + "\n    ".join(problems),

@@ -306,11 +306,16 @@ class Runtime:
 
         # a cluster of more than 8 CTAs (compiled in: __cluster_dims__) is non-portable; sm_90 runs up to 16 once
         # the function opts in (CUDA programming guide, "Thread Block Clusters"; cuFuncSetAttribute)
-        for e in {int(e.handle): e for e in self.entries.values()}.values():
+        first_use: dict[int, tuple[tuple[str, int], ResolvedEntry]] = {}
+        for key, e in self.entries.items():
+            first_use.setdefault(int(e.handle), (key, e))
+        for (op, i), e in first_use.values():
             if e.cluster is not None and e.cluster[0] * e.cluster[1] * e.cluster[2] > 8:
                 check(drv.cuFuncSetAttribute(e.handle, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                       f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 1) for a cluster of {list(e.cluster)} CTAs",
-                      f"entry `{e.entry}`", hint="this device does not run clusters of more than 8 CTAs")
+                      f"ops.{op}.impl.launches[{i}] (module `{e.module}`, entry `{e.entry}`)",
+                      hint="this device does not run clusters of more than 8 CTAs: rebuild the kernel with a smaller "
+                      "__cluster_dims__")
 
         # arena, zeroed (stale bytes are deterministic), then the weights
         p = prep.layout

@@ -206,10 +206,16 @@ class StagedProgram:
             g = tuple(evaluate(e, env) for e in s.grid)
         except ExprError as err:
             raise KernDriverError(f"grid: {err}", where=s.where()) from None
+        def axis_text(axis: int, v: int) -> str:  # "grid x = 12 (ceil_div(n, 4) with {'n': 48})", "grid y = 3"
+            e = s.grid[axis]
+            if isinstance(e, int):
+                return f"grid {'xyz'[axis]} = {v}"
+            return f"grid {'xyz'[axis]} = {v} ({to_text(e)}" + (f" with {env})" if env else ")")
+
         for axis, (v, hi) in enumerate(zip(g, GRID_MAX)):
             if not 1 <= v <= hi:
                 raise KernDriverError(
-                    f"grid {'xyz'[axis]} = {v} ({to_text(s.grid[axis])} with {env}) is outside [1, {hi}]",
+                    f"{axis_text(axis, v)} is outside [1, {hi}]",
                     where=s.where(),
                     hint="a zero grid would launch nothing and CUDA refuses it; check the var values and the grid expression",
                 )
@@ -217,12 +223,15 @@ class StagedProgram:
         if cluster is not None:
             for axis, (v, c) in enumerate(zip(g, cluster)):
                 if v % c:
+                    fixed = any(True for _ in variables(s.grid[axis])) is False
                     raise KernDriverError(
-                        f"grid {'xyz'[axis]} = {v} ({to_text(s.grid[axis])} with {env}) is not a multiple of the "
-                        f"kernel's thread-block cluster {list(cluster)} (compiled with __cluster_dims__)",
+                        f"{axis_text(axis, v)} is not a multiple of the kernel's thread-block cluster {list(cluster)} "
+                        f"(compiled with __cluster_dims__)",
                         where=s.where(),
-                        hint=f"CUDA refuses such a launch; make the grid expression a multiple of {c} for every var value "
-                        f"(e.g. `mul` by {c} of a ceil_div), or build the kernel without a cluster",
+                        hint=(f"CUDA refuses such a launch; make it a multiple of {c} (kern-verify reports this as E0089)"
+                              if fixed else
+                              f"CUDA refuses such a launch; make the grid expression a multiple of {c} for every var "
+                              f"value (e.g. `mul` by {c} of a ceil_div), or build the kernel without a cluster"),
                     )
         return g  # type: ignore[return-value]
 

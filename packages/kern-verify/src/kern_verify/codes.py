@@ -289,9 +289,9 @@ _CODES: list[Code] = [
     Code("E0089", "error", "grid is not a multiple of the kernel's thread-block cluster",
          "The kernel is compiled for a thread-block cluster (`__cluster_dims__(x, y, z)`, read from the cubin's "
          "`.nv.info`): CUDA launches it only with a grid that is a multiple of the cluster on every axis, and "
-         "refuses the launch otherwise (CUDA_ERROR_INVALID_CLUSTER_SIZE). Checked here where the grid axis is a "
-         "literal; an axis computed from vars is checked by the runtime before each launch. Make the grid a "
-         "multiple (e.g. one cluster per kv head: grid.y = the cluster's y).",
+         "refuses the launch otherwise (CUDA_ERROR_INVALID_CLUSTER_SIZE). Checked here where the grid axis uses "
+         "no var (a literal or a constant expression); an axis computed from vars is checked by the runtime "
+         "before each launch. Make the grid a multiple (e.g. one cluster per kv head: grid.y = the cluster's y).",
          '"grid": [8, 4, 1]    // the kernel is __cluster_dims__(1, 8, 1): grid.y must be a multiple of 8'),
     Code("E0090", "error", "`pdl` on a built-in",
          "`\"pdl\": true` (programmatic dependent launch) applies to kernel launches only. A built-in (`extern`) is "
@@ -314,6 +314,11 @@ _CODES: list[Code] = [
          "runtime sets at load), but whether such a cluster can be scheduled depends on the GPU's SM count per GPC "
          "and on the kernel's shared memory and registers: the launch may fail, or run its clusters in waves.",
          '__cluster_dims__(16, 1, 1)    // 16 CTAs of one GPC at once'),
+    Code("E0093", "error", "thread-block cluster larger than sm_90 runs",
+         "The kernel is compiled for a cluster of more than 16 CTAs (`__cluster_dims__`). nvcc accepts it, but "
+         "sm_90 schedules at most 16 CTAs per cluster (with the non-portable opt-in; 8 without), so every launch "
+         "fails. Rebuild the kernel with a smaller cluster.",
+         '__cluster_dims__(32, 1, 1)'),
     Code("E0099", "error", "internal verifier error",
          "The verifier itself failed on this input. This is a bug in kern-verify; please report it with "
          "the manifest.",

@@ -4,7 +4,8 @@ sha256 matches (E0081), it is a cubin (E0082); each launch's entry is in its mod
 respects the kernel's launch bounds / required block (E0085); a cubin for another SM
 version warns (E0087); a `pdl` launch whose entry has no `griddepcontrol.wait` in its
 code warns (E0088); a literal grid axis that is not a multiple of the kernel's compiled
-thread-block cluster is an error (E0089), a cluster of more than 8 CTAs warns (E0092).
+thread-block cluster is an error (E0089), a cluster of more than 8 CTAs warns (E0092),
+one of more than 16 is an error (E0093).
 `hf:` modules absent from DIR are skipped with a warning (E0086)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path as FsPath
 
-from kern_schema import ParamTypeError, Path
+from kern_schema import ExprError, ParamTypeError, Path, evaluate, to_text, variables
 
 from .context import Context
 from .cubin import Cubin, CubinError, layout_problems, params_from_manifest, read_cubin
@@ -123,11 +124,19 @@ def _block(ctx: Context, lpath: Path, block, info, what: str) -> None:
                       f"use at most {mx} threads per block")
 
 
+#: The largest thread-block cluster sm_90 schedules (16 CTAs, with the non-portable opt-in; 8 without).
+MAX_CLUSTER = 16
+
+
 def _cluster(ctx: Context, lpath: Path, grid, info, what: str) -> None:
     if info.cluster is None:
         return
     size = info.cluster[0] * info.cluster[1] * info.cluster[2]
-    if size > 8:
+    if size > MAX_CLUSTER:
+        ctx.r.add("E0093", lpath + ("entry",),
+                  f"{what}: the kernel is compiled for a cluster of {list(info.cluster)} = {size} CTAs; sm_90 runs at "
+                  f"most {MAX_CLUSTER}", "rebuild it with a smaller __cluster_dims__ (at most 8 to stay portable)")
+    elif size > 8:
         ctx.r.add("E0092", lpath + ("entry",),
                   f"{what}: the kernel is compiled for a cluster of {list(info.cluster)} = {size} CTAs (more than "
                   "the portable 8)", "it runs on sm_90 only if the GPU can co-schedule that many CTAs in one GPC; "
@@ -135,10 +144,15 @@ def _cluster(ctx: Context, lpath: Path, grid, info, what: str) -> None:
     if grid is None or len(grid) != 3:
         return
     for axis, (g, c) in enumerate(zip(grid, info.cluster)):
-        if isinstance(g, int) and not isinstance(g, bool) and c > 1 and g % c:
-            fix = [(v // cc + (1 if v % cc else 0)) * cc if isinstance(v, int) and not isinstance(v, bool) else v
-                   for v, cc in zip(grid, info.cluster)]
+        if c <= 1 or any(True for _ in variables(g)):
+            continue  # an axis computed from vars: the runtime checks it before each launch
+        try:
+            v = evaluate(g, {})
+        except ExprError:
+            continue  # reported by the grid rules
+        if v >= 1 and v % c:
+            shown = "" if isinstance(g, int) else f" ({to_text(g)})"
             ctx.r.add("E0089", lpath + ("grid", axis),
-                      f"{what}: grid {'xyz'[axis]} = {g} is not a multiple of the kernel's cluster {list(info.cluster)} "
-                      f"(compiled with __cluster_dims__); CUDA refuses the launch",
-                      f"use a multiple of {c}, e.g. \"grid\": {fix}")
+                      f"{what}: grid {'xyz'[axis]} = {v}{shown} is not a multiple of the kernel's cluster "
+                      f"{list(info.cluster)} (compiled with __cluster_dims__); CUDA refuses the launch",
+                      f"make grid {'xyz'[axis]} a multiple of {c}, e.g. {-(-v // c) * c}")
