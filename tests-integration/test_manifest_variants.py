@@ -4,6 +4,7 @@ kernel build (`built_kernels`, conftest.py): no GPU."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -220,3 +221,54 @@ def test_program_sweep_manifest_variant_is_verified(built_kernels, tmp_path, cap
     with pytest.raises(SystemExit):
         program_sweep.main(args + ["--manifest-variant", f"a={tmp_path / 'x.json'}", "--kernels-variant", f"a={tmp_path}"])
     assert "the name `a` is already given by --kernels-variant" in capsys.readouterr().err
+
+
+def test_program_sweep_isolated_runs_one_process_per_manifest_and_round(built_kernels, tmp_path, capsys, monkeypatch):
+    """--isolated: each round starts this script with --child for every manifest (one runtime per process); here
+    each 'process' runs the child's work in-process on kern-run's fake runtime; a failing one is named."""
+    pytest.importorskip("kern_driver")
+    sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "tests"))
+    from fake_runtime import FakeRuntime
+
+    import kern_driver
+    from kern_run.generator import ManifestInfo
+
+    loads = []
+
+    def fake_load(manifest, kernels, weights, *, capacity_tokens):
+        m = json.loads(Path(manifest).read_text())
+        loads.append((launch(m, "gemv_residual_o_proj")["grid"][0], Path(kernels)))
+        return FakeRuntime(ManifestInfo.from_json(m), capacity_tokens)
+
+    monkeypatch.setattr(kern_driver.Runtime, "load", staticmethod(fake_load))
+    calls = []
+
+    def fake_run(cmd, capture_output, text):
+        calls.append(cmd)
+        assert cmd[0] == sys.executable and cmd[1].endswith("program_sweep.py") and "--child" in cmd
+        i = cmd.index("--child")
+        out = json.dumps(program_sweep.time_one(Path(cmd[cmd.index("--work") + 1]), "4b", Path(cmd[i + 1]),
+                                                Path(cmd[i + 2]), int(cmd[cmd.index("--context") + 1]),
+                                                int(cmd[cmd.index("--steps") + 1])))
+        return subprocess.CompletedProcess(cmd, 0, out + "\n", "")
+
+    monkeypatch.setattr(program_sweep.subprocess, "run", fake_run)
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--context", "40", "--steps", "6",
+            "--rounds", "2", "--isolated"]
+    assert program_sweep.main(args) == 0
+    assert len(calls) == 4 and [g for g, _ in loads] == [320, 160, 320, 160]  # manifest, variant; twice
+    out = capsys.readouterr().out
+    assert "2 alternating rounds, one process per manifest and round (tools/gpu/program_sweep.py)" in out
+    assert "| o.ksplit=1 |" in out and "| identical |" in out
+
+    def failing(cmd, capture_output, text):
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nKernDriverError: out of memory\n")
+
+    monkeypatch.setattr(program_sweep.subprocess, "run", failing)
+    with pytest.raises(SystemExit) as e:
+        program_sweep.main(args)
+    assert "the process timing (manifest) (round 1) exited 1" in str(e.value) and "out of memory" in str(e.value)

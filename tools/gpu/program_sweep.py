@@ -3,7 +3,7 @@
 manifest and of each `tools/manifest_variants.py` variant of it, in alternating rounds.
 
     python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
-        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
+        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--isolated] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
 
 DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Every
 manifest gets its own `kern_driver.Runtime` (all loaded at once: about the weights' size each, 8 GB for 4B, so a
@@ -20,11 +20,16 @@ listed), and the result is verified against KDIR before it is loaded from there.
 `--manifest-variant NAME=PATH` adds a manifest file of the same model (same weights; e.g. one a script rewrote in
 ways manifest_variants cannot), verified against DIR/kernels.
 
+`--isolated` times every manifest in its own process instead (one runtime per process, as kern-run's users run it:
+each round starts one process per manifest, which loads it, runs one untimed and one timed generation and exits;
+a load per manifest and round, ~10 s for 4B). Use it to confirm what the in-process rounds ranked. (Written at the
+end of session 11 after .gpu/single.py, which measured this way on the H200; this path has run on CPU only.)
+
 Absolute numbers: with several runtimes loaded in one process the decode runs faster than in a process with one
 runtime (H200, session 11, NOTES.md 34: the 4B default 2.418–2.429 ms/token here, 2.476–2.482 in one-runtime
 processes and 2.469–2.470 from tools/bench_decode.py in the same calls; not explained), and differences can read larger here (lm_head
 on `_u5`: −0.007 here, −0.002/−0.003 one runtime per process). Rank variants here; confirm a winner with one
-runtime per process (tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
+runtime per process (`--isolated`, or tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
 
 Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
 whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ
@@ -38,7 +43,9 @@ import datetime
 import hashlib
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,6 +129,57 @@ def first_difference(a: list[int], b: list[int]) -> str:
     return "identical" if i is None and len(a) == len(b) else f"differ from step {i}"
 
 
+def time_one(work: Path, geometry: str, manifest: Path, kernels: Path, context: int, steps: int) -> dict:
+    """One runtime in this process: load `manifest` against `kernels` with the work dir's weights, capture the graphs,
+    run one untimed and one timed generation of `steps` tokens after the `context`-token prompt; returns
+    {"ms": ms/token, "tokens": [...]} (the timed run's)."""
+    from kern_driver import Runtime
+    from kern_run.generator import ManifestInfo, Qwen3Session
+
+    p = paths(work, geometry)
+    capacity = kv_capacity(context, steps)
+    prompt = random_prompt(context)
+    rt = Runtime.load(manifest, kernels, p["weights"], capacity_tokens=capacity)
+    try:
+        s = Qwen3Session(rt, ManifestInfo.read(manifest), capacity=capacity, graph=True)
+        s.warmup()
+        list(s.generate(prompt, steps, 512))
+        tokens = list(s.generate(prompt, steps, 512))
+        return {"ms": s.stats.decode_ms_per_token, "tokens": tokens}
+    finally:
+        rt.close()
+
+
+def run_isolated(a, manifests: dict[str, dict], kernels: dict[str, Path]) -> tuple[dict, dict]:
+    """`--isolated`: per round, one process per manifest (this script with `--child`). Returns (times, tokens) by
+    name. Raises SystemExit naming the manifest whose process failed, with the end of its output."""
+    times: dict[str, list[float]] = {n: [] for n in manifests}
+    tokens: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory(prefix="program-sweep-") as tmp:
+        files = {}
+        for i, (name, m) in enumerate(manifests.items()):
+            files[name] = Path(tmp) / f"manifest-{i}.json"
+            files[name].write_text(json.dumps(m))
+        for r in range(a.rounds):
+            for name in manifests:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--work", str(a.work), "--geometry", a.geometry,
+                       "--context", str(a.context), "--steps", str(a.steps), "--child", str(files[name]),
+                       str(kernels[name])]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                last = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
+                if done.returncode or not last:
+                    tail = "\n    ".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+                    raise SystemExit(f"program_sweep: error: the process timing {name} (round {r + 1}) exited "
+                                     f"{done.returncode}:\n    {tail}")
+                got = json.loads(last[0])
+                times[name].append(got["ms"])
+                if name in tokens and got["tokens"] != tokens[name]:
+                    print(f"  WARNING: {name}: round {r + 1}'s tokens differ from round 1's", flush=True)
+                tokens.setdefault(name, got["tokens"])
+            print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items()), flush=True)
+    return times, tokens
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -137,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--append", type=Path, help="append the table (markdown) to this file")
     ap.add_argument("--dry-run", action="store_true", help="build and verify the variants only")
+    ap.add_argument("--isolated", action="store_true",
+                    help="one runtime per process (a process per manifest and round) instead of all in this one")
+    ap.add_argument("--child", nargs=2, metavar=("MANIFEST", "KDIR"), help=argparse.SUPPRESS)  # --isolated's worker
     a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(time_one(a.work, a.geometry, Path(a.child[0]), Path(a.child[1]), a.context, a.steps)))
+        return 0
     if len(set(a.variant)) != len(a.variant):
         ap.error("a --variant is given twice")
     named: dict[str, dict[str, Path]] = {"kernels_variant": {}, "manifest_variant": {}}
@@ -178,12 +242,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"variant {v}: verified")
         return 0
 
+    manifests = {"(manifest)": base, **variants}
+    if a.isolated:
+        times, tokens = run_isolated(a, manifests, kernels)
+        return report(a, times, tokens)
+
     from kern_driver import KernDriverError, Runtime
     from kern_run.generator import ManifestInfo, Qwen3Session
 
     capacity = kv_capacity(a.context, a.steps)
     prompt = random_prompt(a.context)
-    manifests = {"(manifest)": base, **variants}
     sessions, runtimes, tokens = {}, [], {}
     try:
         for name, m in manifests.items():
@@ -212,9 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         for rt in runtimes:
             rt.close()
 
+    return report(a, times, tokens)
+
+
+def report(a, times: dict[str, list[float]], tokens: dict[str, list[int]]) -> int:
+    """Print (and with --append append) the table of every manifest's rounds, median and difference."""
     med0 = statistics.median(times["(manifest)"])
+    where = "one process per manifest and round" if a.isolated else "one process"
     head = (f"kern-run {a.geometry} decode, ms/token: {a.steps} steps after a {a.context}-token prompt, "
-            f"{a.rounds} alternating rounds, one process (tools/gpu/program_sweep.py); {datetime.date.today()}, "
+            f"{a.rounds} alternating rounds, {where} (tools/gpu/program_sweep.py); {datetime.date.today()}, "
             f"commit {commit()}")
     rows = ["| manifest | " + " | ".join(f"round {i + 1}" for i in range(a.rounds)) + " | median | vs manifest | tokens |",
             "|---|" + "---|" * a.rounds + "---|---|---|"]
