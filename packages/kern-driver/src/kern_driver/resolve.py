@@ -116,6 +116,7 @@ def resolve_entries(manifest: Manifest, table: ModuleTable) -> dict[tuple[str, i
     out: dict[tuple[str, int], ResolvedEntry] = {}
     problems: list[str] = []
     all_modules = list(table.modules())
+    cluster = getattr(table, "cluster", None)  # optional for tables written before clusters
     for op_name, op in manifest.ops.items():
         for i, launch in enumerate(op.impl.launches):
             if launch.extern is not None:
@@ -164,7 +165,6 @@ def resolve_entries(manifest: Manifest, table: ModuleTable) -> dict[tuple[str, i
                 continue
             m, actual = matching[0]
             nbytes = max((s.offset + s.size for s in actual), default=0)
-            cluster = getattr(table, "cluster", None)  # optional for tables written before clusters
             out[(op_name, i)] = ResolvedEntry(m, launch.entry, table.function(m, launch.entry), tuple(actual), nbytes,
                                               cluster(m, launch.entry) if cluster is not None else None)
     if problems:

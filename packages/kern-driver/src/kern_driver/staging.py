@@ -223,7 +223,7 @@ class StagedProgram:
         if cluster is not None:
             for axis, (v, c) in enumerate(zip(g, cluster)):
                 if v % c:
-                    fixed = any(True for _ in variables(s.grid[axis])) is False
+                    fixed = next(variables(s.grid[axis]), None) is None
                     raise KernDriverError(
                         f"{axis_text(axis, v)} is not a multiple of the kernel's thread-block cluster {list(cluster)} "
                         f"(compiled with __cluster_dims__)",

@@ -144,7 +144,7 @@ def _cluster(ctx: Context, lpath: Path, grid, info, what: str) -> None:
     if grid is None or len(grid) != 3:
         return
     for axis, (g, c) in enumerate(zip(grid, info.cluster)):
-        if c <= 1 or any(True for _ in variables(g)):
+        if c <= 1 or next(variables(g), None) is not None:
             continue  # an axis computed from vars: the runtime checks it before each launch
         try:
             v = evaluate(g, {})

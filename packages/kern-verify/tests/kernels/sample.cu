@@ -32,23 +32,15 @@ extern "C" __global__ void k_mix_pdl(int a, long long b, float c, const float* p
 }
 
 // k_mix compiled for thread-block clusters (EIATTR_CTA_PER_CLUSTER): 2 CTAs along x, 16 (non-portable), 2 along y,
-// and 32 (more than sm_90 runs: nvcc accepts it);
-// sm_90 and later only (the sm_80 build of this file has neither)
+// and 32 (more than sm_90 runs: nvcc accepts it); sm_90 and later only (the sm_80 build of this file has none)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-extern "C" __global__ void __cluster_dims__(2, 1, 1) k_mix_cluster2(int a, long long b, float c, const float* p,
-                                                                    unsigned char u, float* out) {
-  out[threadIdx.x] = a + b + c + p[0] + u;
-}
-extern "C" __global__ void __cluster_dims__(16, 1, 1) k_mix_cluster16(int a, long long b, float c, const float* p,
-                                                                      unsigned char u, float* out) {
-  out[threadIdx.x] = a + b + c + p[0] + u;
-}
-extern "C" __global__ void __cluster_dims__(1, 2, 1) k_mix_cluster_y2(int a, long long b, float c, const float* p,
-                                                                      unsigned char u, float* out) {
-  out[threadIdx.x] = a + b + c + p[0] + u;
-}
-extern "C" __global__ void __cluster_dims__(32, 1, 1) k_mix_cluster32(int a, long long b, float c, const float* p,
-                                                                      unsigned char u, float* out) {
-  out[threadIdx.x] = a + b + c + p[0] + u;
-}
+#define K_MIX_CLUSTER(NAME, X, Y, Z)                                                                              \
+  extern "C" __global__ void __cluster_dims__(X, Y, Z) NAME(int a, long long b, float c, const float* p,           \
+                                                           unsigned char u, float* out) {                         \
+    out[threadIdx.x] = a + b + c + p[0] + u;                                                                      \
+  }
+K_MIX_CLUSTER(k_mix_cluster2, 2, 1, 1)
+K_MIX_CLUSTER(k_mix_cluster16, 16, 1, 1)
+K_MIX_CLUSTER(k_mix_cluster_y2, 1, 2, 1)
+K_MIX_CLUSTER(k_mix_cluster32, 32, 1, 1)
 #endif
