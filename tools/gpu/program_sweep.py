@@ -22,14 +22,18 @@ ways manifest_variants cannot), verified against DIR/kernels.
 
 `--isolated` times every manifest in its own process instead (one runtime per process, as kern-run's users run it:
 each round starts one process per manifest, which loads it, runs one untimed and one timed generation and exits;
-a load per manifest and round, ~10 s for 4B). Use it to confirm what the in-process rounds ranked. (Written at the
-end of session 11 after .gpu/single.py, which measured this way on the H200; this path has run on CPU only.)
+a load per manifest and round, ~10 s for 4B). Use it to confirm what the in-process rounds ranked (H200, session
+12: the 4B manifest and a control run 2.472–2.474 ms/token, two rounds).
 
 Absolute numbers: with several runtimes loaded in one process the decode runs faster than in a process with one
-runtime (H200, session 11, NOTES.md 34: the 4B default 2.418–2.429 ms/token here, 2.476–2.482 in one-runtime
-processes and 2.469–2.470 from tools/bench_decode.py in the same calls; not explained), and differences can read larger here (lm_head
-on `_u5`: −0.007 here, −0.002/−0.003 one runtime per process). Rank variants here; confirm a winner with one
-runtime per process (`--isolated`, or tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
+runtime (H200: the 4B default 2.413–2.429 ms/token here, 2.472–2.482 in one-runtime processes and 2.469–2.470 from
+tools/bench_decode.py). Session 12 found why (NOTES.md 35, tools/gpu/graph_state_probe.py): a decode graph replays
+~2.5% faster while the process holds certain other executable graphs (one captured and not launched since; here,
+the other runtimes' graphs after their generations), and a program without PDL ~2.4% slower; the mechanism is not
+known. So the
+rounds here compare variants in that state, and PDL-related differences can read larger here (lm_head on `_u5`:
+−0.007 here, −0.002/−0.003 one runtime per process). Rank variants here; confirm a winner with one runtime per
+process (`--isolated`, or tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
 
 Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
 whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ

@@ -1,0 +1,61 @@
+"""tools/gpu/graph_state_probe.py without a GPU: its op scripts are checked before any process loads a runtime,
+and the no-PDL variant it times is a verified manifest of the committed 4B example against the real kernel build."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+
+import graph_state_probe as gsp  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(gsp.PRESETS))
+def test_every_preset_is_a_valid_script(name):
+    ops = gsp.check_script(gsp.PRESETS[name].replace("@NOPDL", "/x.json"))
+    assert ops[0][0] in ("load", "loadm") and any(v == "t" for v, _ in ops)
+
+
+@pytest.mark.parametrize("script, needle", [
+    ("load:A,jump:A", "op 2 `jump:A`"),
+    ("load:A,t:B", "runtime `B` is not loaded"),
+    ("load:A,close:A,t:A", "runtime `A` is not loaded"),
+    ("loadm:A,t:A", "loadm takes NAME=PATH"),
+    ("load:,t:A", "no runtime name"),
+])
+def test_bad_scripts_name_the_op(script, needle):
+    with pytest.raises(ValueError, match="op ") as e:
+        gsp.check_script(script)
+    assert needle in str(e.value)
+
+
+def test_main_refuses_a_bad_script_before_loading_anything(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gsp.main(["--work", str(tmp_path), "load:A,t:B"])
+    assert "runtime `B` is not loaded" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gsp.main(["--work", str(tmp_path)])
+
+
+def test_no_pdl_variant_turns_every_decode_pdl_flag_off_and_verifies(built_kernels, tmp_path):
+    d = tmp_path / "qwen3-4b"
+    d.mkdir()
+    shutil.copy(ROOT / "examples" / "qwen3-4b.json", d / "manifest.json")
+    (tmp_path / "kernels").symlink_to(built_kernels)
+    base = json.loads((d / "manifest.json").read_text())
+    m = gsp.no_pdl_manifest(tmp_path, "4b")
+    pdl = lambda mm: [l.get("pdl", False) for op in mm["ops"].values() for l in op["impl"]["launches"]]  # noqa: E731
+    assert any(pdl(base)) and sum(pdl(m)) < sum(pdl(base))
+    decode_only = ({c["op"] for c in m["programs"]["decode"]["calls"]}
+                   - {c["op"] for c in m["programs"]["prefill"]["calls"]})
+    for name in decode_only:
+        if name.startswith("argmax"):
+            continue  # its second launch keeps the flag (manifest_variants changes an op's first launch)
+        assert not any(l.get("pdl") for l in m["ops"][name]["impl"]["launches"]), name
