@@ -142,6 +142,10 @@ class FakeRuntime:
     def synchronize(self):
         self.calls.append(("sync",))
 
+    def drop_graphs(self, program=None):
+        self.calls.append(("drop_graphs", program))
+        return 0
+
     def describe(self):
         return "fake runtime: 2 programs"
 
