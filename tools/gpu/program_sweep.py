@@ -156,16 +156,6 @@ def time_one(work: Path, geometry: str, manifest: Path, kernels: Path, context: 
         rt.close()
 
 
-def alone(runtimes: list, session) -> None:
-    """Before a generation in the in-process rounds: every runtime's graphs destroyed, then the session's own
-    captured again (its warm-up), so that its decode graph is the process's only executable graph, as in a process
-    with one runtime. With the other runtimes' graphs alive the same graph replays ~2.5% faster on the H200 and
-    PDL-related differences read several times larger (NOTES.md 35-36)."""
-    for rt in runtimes:
-        rt.drop_graphs()
-    session.warmup()
-
-
 def run_isolated(a, manifests: dict[str, dict], kernels: dict[str, Path]) -> tuple[dict, dict]:
     """`--isolated`: per round, one process per manifest (this script with `--child`). Returns (times, tokens) by
     name. Raises SystemExit naming the manifest whose process failed, with the end of its output."""
@@ -280,14 +270,13 @@ def main(argv: list[str] | None = None) -> int:
                                                               "fewer --variant per call" if oom else "")) from None
             runtimes.append(rt)
             s = Qwen3Session(rt, ManifestInfo.from_json(m), capacity=capacity, graph=True)
-            alone(runtimes, s)
-            tokens[name] = list(s.generate(prompt, a.steps, 512))  # warm: caches; tokens to compare
+            s.warmup()
+            tokens[name] = list(s.generate(prompt, a.steps, 512))  # warm: caches, the last graphs; tokens to compare
             sessions[name] = s
             print(f"loaded {name}", flush=True)
         times: dict[str, list[float]] = {n: [] for n in manifests}
         for r in range(a.rounds):
             for name, s in sessions.items():
-                alone(runtimes, s)
                 got = list(s.generate(prompt, a.steps, 512))
                 if got != tokens[name]:
                     print(f"  WARNING: {name}: round {r + 1}'s tokens differ from its warm run's", flush=True)

@@ -142,10 +142,6 @@ class FakeRuntime:
     def synchronize(self):
         self.calls.append(("sync",))
 
-    def drop_graphs(self, program=None):
-        self.calls.append(("drop_graphs", program))
-        return 0
-
     def describe(self):
         return "fake runtime: 2 programs"
 

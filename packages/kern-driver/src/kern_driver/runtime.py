@@ -779,27 +779,6 @@ class Runtime:
         """The graphs in the cache, oldest first."""
         return list(self._graphs.values())
 
-    def drop_graphs(self, program: str | None = None) -> int:
-        """Destroy the cached graphs (all, or those of `program`) after waiting for the stream; the next
-        `run(..., graph=True)` captures again. Returns how many were destroyed; `Graph` objects held by the
-        caller are destroyed too (their `replay` then raises).
-
-        Frees the executables' device memory, and gives a benchmark the graph state of a process with one
-        runtime: on the H200 a decode graph replays ~2.5% faster (a graph without programmatic edges ~2.4%
-        slower) while the process holds certain other executable graphs, e.g. another runtime's (NOTES.md 35).
-
-        Raises:
-            KernDriverError: unknown program, the runtime is closed, or the stream reports an earlier failure.
-        """
-        self._alive()
-        if program is not None:
-            self._program(program)
-        self.synchronize()
-        keys = [k for k, g in self._graphs.items() if program is None or g.program == program]
-        for k in keys:
-            self._graphs.pop(k).destroy()
-        return len(keys)
-
     def describe(self) -> str:
         """Start-up summary: device, vars, states, buffer bytes by class, each op's launches
         and what each resolved to, weights bound, programs, graphs captured."""
