@@ -119,7 +119,7 @@ def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, caps
 
 
 def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys, monkeypatch):
-    """The timing path without a GPU: kern_driver.Runtime.load returns kern-run's contract-checking fake runtime
+    """--in-process without a GPU: kern_driver.Runtime.load returns kern-run's contract-checking fake runtime
     (packages/kern-run/tests/fake_runtime.py), one per manifest; every round generates on each, in turn."""
     pytest.importorskip("kern_driver")
     sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "tests"))
@@ -142,12 +142,13 @@ def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys,
     (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
     md = tmp_path / "sweep.md"
     args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--variant", "attn.pdl=0",
-            "--context", "40", "--steps", "6", "--rounds", "2", "--append", str(md)]
+            "--context", "40", "--steps", "6", "--rounds", "2", "--append", str(md), "--in-process"]
     assert program_sweep.main(args) == 0
     assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320]
     assert {(k.name, w.name, c) for _, k, w, c in loaded} == {("kernels", "weights.safetensors", 4096)}
     table = md.read_text()
     assert "kern-run 4b decode, ms/token: 6 steps after a 40-token prompt, 2 alternating rounds" in table
+    assert "all in one process (--in-process)" in table
     rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| manifest")]
     assert [r.split(" | ")[0] for r in rows] == ["| (manifest)", "| o.ksplit=1", "| attn.pdl=0"]
     assert rows[0].endswith("| +0.000 | — |") and all(r.endswith("| identical |") for r in rows[1:])
@@ -223,8 +224,8 @@ def test_program_sweep_manifest_variant_is_verified(built_kernels, tmp_path, cap
     assert "the name `a` is already given by --kernels-variant" in capsys.readouterr().err
 
 
-def test_program_sweep_isolated_runs_one_process_per_manifest_and_round(built_kernels, tmp_path, capsys, monkeypatch):
-    """--isolated: each round starts this script with --child for every manifest (one runtime per process); here
+def test_program_sweep_runs_one_process_per_manifest_and_round_by_default(built_kernels, tmp_path, capsys, monkeypatch):
+    """The default: each round starts this script with --child for every manifest (one runtime per process); here
     each 'process' runs the child's work in-process on kern-run's fake runtime; a failing one is named."""
     pytest.importorskip("kern_driver")
     sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "tests"))
@@ -258,7 +259,7 @@ def test_program_sweep_isolated_runs_one_process_per_manifest_and_round(built_ke
     (work / "kernels").symlink_to(built_kernels)
     (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
     args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--context", "40", "--steps", "6",
-            "--rounds", "2", "--isolated"]
+            "--rounds", "2"]
     assert program_sweep.main(args) == 0
     assert len(calls) == 4 and [g for g, _ in loads] == [320, 160, 320, 160]  # manifest, variant; twice
     out = capsys.readouterr().out

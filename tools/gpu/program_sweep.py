@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
-"""Time variants of the Qwen3 decode program side by side, in one process: kern-run's decode ms/token of the
-manifest and of each `tools/manifest_variants.py` variant of it, in alternating rounds.
+"""Time variants of the Qwen3 decode program side by side: kern-run's decode ms/token of the manifest and of each
+`tools/manifest_variants.py` variant of it, in alternating rounds, one runtime per process.
 
     python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
-        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--isolated] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
+        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--in-process] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
 
-DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Every
-manifest gets its own `kern_driver.Runtime` (all loaded at once: about the weights' size each, 8 GB for 4B, so a
-dozen 4B variants fit an H200), warmed up (graphs captured, one generation), then each round runs one generation
-of `--steps` tokens after the same `--context`-token random prompt on every runtime in turn (kern-run's pipelined
-loop, `Qwen3Session.generate`). Session 10 did this with one `tools/bench_decode.py` process per manifest and
-round (~12 s each, the weights loaded every time); here a round of a 4B variant costs one generation (~0.7 s).
+DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Each round
+starts one process per manifest (this script with a hidden `--child`), which loads it (`kern_driver.Runtime`),
+captures its graphs, runs one untimed and one timed generation of `--steps` tokens after the same `--context`-token
+random prompt (kern-run's pipelined loop, `Qwen3Session.generate`) and exits: one runtime per process, as kern-run's
+users run it, ~10 s per manifest and round for 4B (the weights loaded each time).
 
 `--kernels-variant NAME=KDIR` times the manifest itself against another kernels dir (a kernel author's A/B in the
 real program: KDIR holds the same module files, some built otherwise, e.g. from a modified source with the same
@@ -20,20 +19,14 @@ listed), and the result is verified against KDIR before it is loaded from there.
 `--manifest-variant NAME=PATH` adds a manifest file of the same model (same weights; e.g. one a script rewrote in
 ways manifest_variants cannot), verified against DIR/kernels.
 
-`--isolated` times every manifest in its own process instead (one runtime per process, as kern-run's users run it:
-each round starts one process per manifest, which loads it, runs one untimed and one timed generation and exits;
-a load per manifest and round, ~10 s for 4B). Use it to confirm what the in-process rounds ranked (H200, session
-12: the 4B manifest and a control run 2.472–2.474 ms/token, two rounds).
-
-Absolute numbers: with several runtimes loaded in one process the decode runs faster than in a process with one
-runtime (H200: the 4B default 2.413–2.429 ms/token here, 2.472–2.482 in one-runtime processes and 2.469–2.470 from
-tools/bench_decode.py). Session 12 found why (NOTES.md 35, tools/gpu/graph_state_probe.py): a decode graph replays
-~2.5% faster while the process holds certain other executable graphs (one captured and not launched since; here,
-the other runtimes' graphs after their generations), and a program without PDL ~2.4% slower; the mechanism is not
-known. So the
-rounds here compare variants in that state, and PDL-related differences can read larger here (lm_head on `_u5`:
-−0.007 here, −0.002/−0.003 one runtime per process). Rank variants here; confirm a winner with one runtime per
-process (`--isolated`, or tools/bench_decode.py) before adopting it, and quote bench_decode for speed.
+`--in-process` is the quick screen: every manifest gets its own runtime in this process (all loaded at once: about
+the weights' size each, 8 GB for 4B, so a dozen 4B variants fit an H200), warmed up, then each round runs one
+generation on every runtime in turn (~0.7 s per 4B manifest and round). Its numbers are not one-runtime numbers: on
+the H200 a decode graph replays ~2.5% faster while the process holds other runtimes' graphs (the 4B default
+2.413–2.432 ms/token there, 2.469–2.482 one runtime per process and from tools/bench_decode.py), and PDL-related
+differences read several times larger there (the attention's trigger after q: +0.053–0.057 in process, +0.008 one
+runtime per process; NOTES.md 35–36, tools/gpu/graph_state_probe.py). Dropping the other runtimes' graphs before
+each generation does not restore the one-runtime state (session 12). Screen with it; decide without it.
 
 Prints per manifest the ms/token of every round, their median, the difference from the manifest's median, and
 whether its tokens equal the manifest's (a variant that changes a summation order, e.g. a ksplit, may differ
@@ -156,8 +149,8 @@ def time_one(work: Path, geometry: str, manifest: Path, kernels: Path, context: 
         rt.close()
 
 
-def run_isolated(a, manifests: dict[str, dict], kernels: dict[str, Path]) -> tuple[dict, dict]:
-    """`--isolated`: per round, one process per manifest (this script with `--child`). Returns (times, tokens) by
+def run_processes(a, manifests: dict[str, dict], kernels: dict[str, Path]) -> tuple[dict, dict]:
+    """The default mode: per round, one process per manifest (this script with `--child`). Returns (times, tokens) by
     name. Raises SystemExit naming the manifest whose process failed, with the end of its output."""
     times: dict[str, list[float]] = {n: [] for n in manifests}
     tokens: dict[str, list[int]] = {}
@@ -201,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--append", type=Path, help="append the table (markdown) to this file")
     ap.add_argument("--dry-run", action="store_true", help="build and verify the variants only")
-    ap.add_argument("--isolated", action="store_true",
-                    help="one runtime per process (a process per manifest and round) instead of all in this one")
-    ap.add_argument("--child", nargs=2, metavar=("MANIFEST", "KDIR"), help=argparse.SUPPRESS)  # --isolated's worker
+    ap.add_argument("--in-process", action="store_true",
+                    help="all runtimes in this process (a quick screen; not one-runtime numbers, see above)")
+    ap.add_argument("--child", nargs=2, metavar=("MANIFEST", "KDIR"), help=argparse.SUPPRESS)  # the worker of the default mode
     a = ap.parse_args(argv)
     if a.child:
         print(json.dumps(time_one(a.work, a.geometry, Path(a.child[0]), Path(a.child[1]), a.context, a.steps)))
@@ -249,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     manifests = {"(manifest)": base, **variants}
-    if a.isolated:
-        times, tokens = run_isolated(a, manifests, kernels)
+    if not a.in_process:
+        times, tokens = run_processes(a, manifests, kernels)
         return report(a, times, tokens)
 
     from kern_driver import KernDriverError, Runtime
@@ -292,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(a, times: dict[str, list[float]], tokens: dict[str, list[int]]) -> int:
     """Print (and with --append append) the table of every manifest's rounds, median and difference."""
     med0 = statistics.median(times["(manifest)"])
-    where = "one process per manifest and round" if a.isolated else "one process"
+    where = "one process per manifest and round" if not a.in_process else "all in one process (--in-process)"
     head = (f"kern-run {a.geometry} decode, ms/token: {a.steps} steps after a {a.context}-token prompt, "
             f"{a.rounds} alternating rounds, {where} (tools/gpu/program_sweep.py); {datetime.date.today()}, "
             f"commit {commit()}")
