@@ -20,7 +20,7 @@ import graph_state_probe as gsp  # noqa: E402
 @pytest.mark.parametrize("name", sorted(gsp.PRESETS))
 def test_every_preset_is_a_valid_script(name):
     ops = gsp.check_script(gsp.PRESETS[name].replace("@NOPDL", "/x.json"))
-    assert ops[0][0] in ("load", "loadm") and any(v == "t" for v, _ in ops)
+    assert ops[0][0] in ("load", "loadm") and any(v == "t" for v, _, _ in ops)
 
 
 @pytest.mark.parametrize("script, needle", [
@@ -29,11 +29,21 @@ def test_every_preset_is_a_valid_script(name):
     ("load:A,close:A,t:A", "runtime `A` is not loaded"),
     ("loadm:A,t:A", "loadm takes NAME=PATH"),
     ("load:,t:A", "no runtime name"),
+    ("load:A=/x.json,t:A", "only loadm takes =PATH"),
+    ("load:A,load:A,t:A", "runtime `A` is already loaded"),
+    ("load:A,spare:A", "`A` has no decode graph"),
+    ("load:A,warm:A,drop:A,spare:A", "`A` has no decode graph"),
 ])
 def test_bad_scripts_name_the_op(script, needle):
     with pytest.raises(ValueError, match="op ") as e:
         gsp.check_script(script)
     assert needle in str(e.value)
+
+
+def test_scripts_parse_into_verb_name_path():
+    assert gsp.check_script("loadm:A=/m.json,warm:A,spare:A,close:A,load:A,t:A") == [
+        ("loadm", "A", "/m.json"), ("warm", "A", ""), ("spare", "A", ""), ("close", "A", ""), ("load", "A", ""),
+        ("t", "A", "")]
 
 
 def test_main_refuses_a_bad_script_before_loading_anything(tmp_path, capsys):
@@ -42,6 +52,13 @@ def test_main_refuses_a_bad_script_before_loading_anything(tmp_path, capsys):
     assert "runtime `B` is not loaded" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gsp.main(["--work", str(tmp_path)])
+    # a bad script with the no-PDL preset: refused before the variant is built or written
+    with pytest.raises(SystemExit):
+        gsp.main(["--work", str(tmp_path), "--preset", "no-pdl", "load:A,t:B"])
+    assert not list(tmp_path.rglob("manifest-no-pdl.json"))
+    # no manifest to build the variant from: one line naming it, no traceback
+    assert gsp.main(["--work", str(tmp_path), "--preset", "no-pdl"]) == 1
+    assert "graph_state_probe: error: the no-PDL variant:" in capsys.readouterr().err
 
 
 def test_no_pdl_variant_turns_every_decode_pdl_flag_off_and_verifies(built_kernels, tmp_path):

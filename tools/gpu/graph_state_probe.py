@@ -1,35 +1,42 @@
 #!/usr/bin/env python3
-"""How fast one decode graph replays depending on what else the process holds (H200, session 12, NOTES.md 35).
+"""How fast one decode graph replays depending on the other executable graphs of the process (H200, session 12).
 
     python3 tools/gpu/graph_state_probe.py --work DIR [--geometry 4b] SCRIPT [SCRIPT ...]
-    python3 tools/gpu/graph_state_probe.py --work DIR --preset spare --preset second-runtime --preset no-pdl
+    python3 tools/gpu/graph_state_probe.py --work DIR --preset spare --preset throwaway --preset no-pdl
 
 Each SCRIPT runs in its own process (a fresh CUDA context), as comma-separated ops on named runtimes (A, B, ...),
 all of DIR/qwen3-<g>/manifest.json (tools/gpu/prepare.py's layout) unless loaded with `loadm`:
 
     load:X          Runtime.load + a Qwen3Session (nothing captured)
-    loadm:X=PATH    the same with another manifest file of the model (e.g. a manifest_variants output)
+    loadm:X=PATH    the same with another manifest file of the model (e.g. a manifest_variants output); PATH
+                    `@NOPDL` is the manifest with every decode op's first launch off PDL (NO_PDL: all but
+                    argmax's reduce), written to DIR/qwen3-<g>/manifest-no-pdl.json
     warm:X          the session's warmup (captures the decode graph) and one 256-step generation
     gen:X           one 256-step generation after a 128-token prompt (pipelined, as kern-run generates)
-    cap:X           capture X's decode graph (replacing X's cached one), launch nothing
-    spare:X         capture a second decode graph of X and keep it, never launched; X keeps replaying its first
+    cap:X           capture X's decode graph (instantiated and uploaded; replaces X's cached one), launch nothing
     capp:X          capture X's prefill graph at 512 tokens, launch nothing
+    spare:X         capture a second decode graph of X and keep it, never launched; X keeps replaying its first
+    drop:X          destroy X's cached graphs (not its spares); the next run captures again
     run1:X          one replay of X's decode graph
-    close:X         close X (its graphs are destroyed)
+    close:X         close X (its graphs and spares are destroyed)
     t:X             time X: a generation first (positions back to a 128-token prompt), then three sets of 200
-                    back-to-back replays of the decode graph alone (ms per replay: no host work between them,
-                    no copies), then two pipelined generations (ms/token, kern-run's loop)
+                    back-to-back replays of the decode graph alone (ms per replay: no host work, no copies
+                    between them), then two pipelined generations (ms/token, kern-run's loop)
 
-What it found (NOTES.md 35): the same decode graph of the same runtime replays in one of two states, ~2.5% apart
-and stable for seconds — 4B 2.476–2.487 ms per replay with the runtime's graph the only one in the process (S), and
-2.413–2.433 once another executable graph exists that was captured after it and not launched (F): a spare decode
-graph, the prefill graph, or another runtime's decode graph. Launching that other graph once returns to S
-(launching another runtime's graph 256 times in a generation returned to F); closing it returns to S. Without PDL
-(every launch's `pdl` off) the program is 2.695 in S and 2.760 in F: the state costs the PDL program and helps the
-other by the same ~0.06 ms. Instantiate flags (upload, device launch, node priority), another stream, an upload of
-the same graph to another stream, pinned host allocations, and a small captured memset graph change nothing. The
-mechanism is not known (the driver's or the GPU's handling of executable graphs); program_sweep's in-process
-numbers are F numbers, bench_decode's and kern-run's are S numbers.
+What it found (NOTES.md 35–37, BENCHMARKS.md "Session 12"): the same decode graph of the same runtime replays at one
+of two speeds, ~2.5% apart and each stable for seconds. S: 4B 2.475–2.496 ms per replay, in a process whose only
+executable graph is the one replayed (bench_decode; kern-run with prompts shorter than a chunk). F: 2.414–2.432,
+(a) once the process had instantiated another large executable graph before this one was captured — even one never
+launched and destroyed since (`throwaway`), or another runtime's (closing it later keeps F) —, or (b) while the
+process holds a graph captured after this one and not launched since (`spare`, `prefill-graph`, another runtime's;
+launching it once returns to S, a whole generation on it returned to F; destroying it returns to S). Case (a) held
+through 10 launches of a prefill graph captured afterwards. The decode program with PDL off (`no-pdl`) is 2.695 in S
+and 2.740–2.760 in F: F gives the PDL program ~0.05 ms per token and costs the other about as much. Not changing the
+state: cuGraphInstantiate flags (device launch, node priority; upload is refused), re-capturing or re-uploading the graph, an
+upload of it to a second stream (and launching it there), a small captured memset graph on another stream (kept,
+or destroyed before the capture), pinned host allocations, device allocations of 2 MB to 8 GB. The mechanism (the
+driver's or the GPU's handling of executable graphs) is not known. program_sweep's `--in-process` numbers are F
+numbers.
 """
 
 from __future__ import annotations
@@ -48,18 +55,22 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 PRESETS = {
     "spare": "load:A,warm:A,t:A,spare:A,t:A",
     "prefill-graph": "load:A,warm:A,t:A,capp:A,t:A",
+    "throwaway": "load:A,cap:A,drop:A,warm:A,t:A",
     "second-runtime": "load:A,warm:A,t:A,load:B,t:A,cap:B,t:A,run1:B,t:A,gen:B,t:A,close:B,t:A",
     "no-pdl": "loadm:A=@NOPDL,warm:A,t:A,spare:A,t:A",
 }
-VERBS = ("load", "loadm", "warm", "gen", "cap", "spare", "capp", "run1", "close", "t")
+VERBS = ("load", "loadm", "warm", "gen", "cap", "capp", "spare", "drop", "run1", "close", "t")
+#: verbs after which X has a decode graph (what `spare` copies)
+CAPTURES_DECODE = ("warm", "gen", "cap", "run1", "t")
 NO_PDL = "+".join(f"{op}.pdl=0" for op in ("qkv", "o", "gu", "down", "lm_head", "attn", "argmax"))
 STEPS, CONTEXT = 256, 128
 
 
-def check_script(script: str) -> list[tuple[str, str]]:
-    """The (verb, argument) pairs of SCRIPT. Raises ValueError naming the op at fault: an unknown verb, a missing
-    runtime name, `loadm` without =PATH, an op on a runtime not loaded (or already closed)."""
-    ops, live = [], set()
+def check_script(script: str) -> list[tuple[str, str, str]]:
+    """The (verb, runtime name, path) triples of SCRIPT (path only for `loadm`). Raises ValueError naming the op at
+    fault: an unknown verb, a missing runtime name, `=PATH` on a verb other than `loadm` (or `loadm` without it), a
+    name loaded twice while alive, an op on a runtime not loaded (or closed), `spare` before X has a decode graph."""
+    ops, live, decode = [], set(), set()
     for i, op in enumerate(script.split(",")):
         verb, _, x = op.strip().partition(":")
         where = f"op {i + 1} `{op}` of `{script}`"
@@ -69,20 +80,34 @@ def check_script(script: str) -> list[tuple[str, str]]:
         if not name:
             raise ValueError(f"{where}: no runtime name (e.g. {verb}:A)")
         if verb == "loadm" and not (eq and path):
-            raise ValueError(f"{where}: loadm takes NAME=PATH (a manifest file of the same model)")
+            raise ValueError(f"{where}: loadm takes NAME=PATH (a manifest file of the same model, or @NOPDL)")
+        if verb != "loadm" and eq:
+            raise ValueError(f"{where}: only loadm takes =PATH; write {verb}:{name}")
         if verb in ("load", "loadm"):
+            if name in live:
+                raise ValueError(f"{where}: runtime `{name}` is already loaded "
+                                 f"(close:{name} first, or use another name)")
             live.add(name)
         elif name not in live:
             raise ValueError(f"{where}: runtime `{name}` is not loaded (load:{name} first)")
         elif verb == "close":
             live.discard(name)
-        ops.append((verb, x))
+            decode.discard(name)
+        elif verb == "spare" and name not in decode:
+            raise ValueError(f"{where}: `{name}` has no decode graph to keep replaying "
+                             f"(warm:{name} or cap:{name} first)")
+        elif verb == "drop":
+            decode.discard(name)
+        elif verb in CAPTURES_DECODE:
+            decode.add(name)
+        ops.append((verb, name, path))
     return ops
 
 
 def no_pdl_manifest(work: Path, geometry: str) -> dict:
-    """The manifest with every decode launch's `pdl` flag off (NO_PDL), verified against the kernels dir.
-    Raises SystemExit with kern-verify's errors when it does not verify."""
+    """The manifest with the first launch of every decode op off PDL (NO_PDL; argmax's reduce keeps it), verified
+    against the kernels dir. Raises manifest_variants.VariantError when the manifest cannot be read or changed, and
+    SystemExit with kern-verify's errors when the result does not verify."""
     from manifest_variants import apply, load_index, read_manifest, verify
     from prepare import paths
 
@@ -94,7 +119,8 @@ def no_pdl_manifest(work: Path, geometry: str) -> dict:
 
 
 def run_script(work: Path, geometry: str, script: str) -> None:
-    """Execute one op script in this process; prints one line per op and per timing."""
+    """Execute one op script in this process; prints one line per op and per timing. Raises SystemExit naming the
+    op that failed and why."""
     from bench_decode import random_prompt
     from benchinfo import kv_capacity
     from prepare import paths
@@ -104,7 +130,7 @@ def run_script(work: Path, geometry: str, script: str) -> None:
 
     p = paths(work, geometry)
     cap, prompt = kv_capacity(CONTEXT, STEPS), random_prompt(CONTEXT)
-    rts, sessions, kept = {}, {}, []
+    rts, sessions, spares = {}, {}, {}
     t0 = time.time()
 
     def say(s: str) -> None:
@@ -126,63 +152,78 @@ def run_script(work: Path, geometry: str, script: str) -> None:
     def load(x: str, manifest: Path) -> None:
         rts[x] = Runtime.load(manifest, p["kernels"], p["weights"], capacity_tokens=cap)
         sessions[x] = Qwen3Session(rts[x], ManifestInfo.read(manifest), capacity=cap, graph=True)
+        spares[x] = []
+
+    def do(verb: str, x: str, path: str) -> None:
+        if verb == "load":
+            load(x, p["manifest"])
+        elif verb == "loadm":
+            load(x, Path(path))
+        elif verb == "warm":
+            sessions[x].warmup()
+            gen(x)
+        elif verb == "gen":
+            gen(x)
+        elif verb == "cap":
+            rts[x].capture("decode", tokens=1)
+        elif verb == "capp":
+            rts[x].capture("prefill", tokens=512)
+        elif verb == "spare":
+            # Runtime keeps one graph per (program, vars): take the cached one out, capture another, put the
+            # first back (it is what run() replays) and keep the second alive, never launched
+            rt = rts[x]
+            key, first = next((k, g) for k, g in rt._graphs.items() if g.program == "decode")
+            del rt._graphs[key]
+            rt.capture("decode", tokens=1)
+            spares[x].append(rt._graphs[key])
+            rt._graphs[key] = first
+        elif verb == "drop":
+            rts[x].synchronize()
+            for g in rts[x].graphs:
+                g.destroy()
+            rts[x]._graphs.clear()
+        elif verb == "run1":
+            rts[x].run("decode", graph=True, tokens=1)
+            rts[x].synchronize()
+        elif verb == "close":
+            rts[x].synchronize()
+            for g in spares.pop(x):
+                g.destroy()
+            sessions.pop(x)
+            rts.pop(x).close()
+        elif verb == "t":
+            gen(x)
+            r = [replays(x) for _ in range(3)]
+            g = [gen(x) for _ in range(2)]
+            say(f"TIME {x}: replays " + " ".join(f"{v:.4f}" for v in r) + " ms each | generate "
+                + " ".join(f"{v:.4f}" for v in g) + " ms/token")
+            return
+        say(f"{verb}:{x}")
 
     try:
-        for verb, x in check_script(script):
-            op = f"{verb}:{x}"
-            if verb == "load":
-                load(x, p["manifest"])
-            elif verb == "loadm":
-                x, _, path = x.partition("=")
-                load(x, Path(path))
-            elif verb == "warm":
-                sessions[x].warmup()
-                gen(x)
-            elif verb == "gen":
-                gen(x)
-            elif verb == "cap":
-                rts[x].capture("decode", tokens=1)
-            elif verb == "spare":
-                # Runtime keeps one graph per (program, vars): take the cached one out, capture another, put the
-                # first back (it is what run() replays) and keep the second alive, never launched
-                rt = rts[x]
-                key, first = next((k, g) for k, g in rt._graphs.items() if g.program == "decode")
-                del rt._graphs[key]
-                rt.capture("decode", tokens=1)
-                kept.append(rt._graphs[key])
-                rt._graphs[key] = first
-            elif verb == "capp":
-                rts[x].capture("prefill", tokens=512)
-            elif verb == "run1":
-                rts[x].run("decode", graph=True, tokens=1)
-                rts[x].synchronize()
-            elif verb == "close":
-                sessions.pop(x)
-                rts.pop(x).close()
-                continue
-            elif verb == "t":
-                gen(x)
-                r = [replays(x) for _ in range(3)]
-                g = [gen(x) for _ in range(2)]
-                say(f"TIME {x}: replays " + " ".join(f"{v:.4f}" for v in r) + " ms each | generate "
-                    + " ".join(f"{v:.4f}" for v in g) + " ms/token")
-                continue
-            say(op)
+        for i, (verb, x, path) in enumerate(check_script(script)):
+            try:
+                do(verb, x, path)
+            except Exception as e:
+                raise SystemExit(f"graph_state_probe: op {i + 1} `{verb}:{x}` of `{script}` failed: "
+                                 f"{type(e).__name__}: {e}") from e
     finally:
-        for g in kept:
-            g.destroy()
-        for rt in rts.values():
+        for x, rt in rts.items():
+            for g in spares.get(x, []):
+                g.destroy()
             rt.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    intro, _, rest = __doc__.partition("\n\n")
+    ap = argparse.ArgumentParser(description=intro, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True, type=Path, help="tools/gpu/prepare.py's --work dir")
-    ap.add_argument("--geometry", default="4b")
-    ap.add_argument("--preset", action="append", default=[], choices=sorted(PRESETS))
+    ap.add_argument("--geometry", default="4b", help="the qwen3-<geometry> folder of --work")
+    ap.add_argument("--preset", action="append", default=[], choices=sorted(PRESETS),
+                    help="a script of session 12's findings (repeatable): "
+                    + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("script", nargs="*")
+    ap.add_argument("script", nargs="*", help="comma-separated ops, one process each (see the op list below)")
     a = ap.parse_args(argv)
     if a.child:
         run_script(a.work, a.geometry, a.script[0])
@@ -190,23 +231,33 @@ def main(argv: list[str] | None = None) -> int:
     scripts = [*a.script, *(PRESETS[n] for n in a.preset)]
     if not scripts:
         ap.error("give a SCRIPT or a --preset")
-    if any("@NOPDL" in s for s in scripts):
-        from prepare import paths
-
-        nopdl = paths(a.work, a.geometry)["dir"] / "manifest-no-pdl.json"
-        nopdl.write_text(json.dumps(no_pdl_manifest(a.work, a.geometry)))
-        scripts = [s.replace("@NOPDL", str(nopdl)) for s in scripts]
     for s in scripts:
         try:
-            check_script(s)
+            check_script(s.replace("@NOPDL", "no-pdl.json"))
         except ValueError as e:
             ap.error(str(e))
-    status = 0
+    if any("@NOPDL" in s for s in scripts):
+        from manifest_variants import VariantError
+        from prepare import paths
+
+        try:
+            m = no_pdl_manifest(a.work, a.geometry)
+        except VariantError as e:
+            print(f"graph_state_probe: error: the no-PDL variant: {e}", file=sys.stderr)
+            return 1
+        nopdl = paths(a.work, a.geometry)["dir"] / "manifest-no-pdl.json"
+        nopdl.write_text(json.dumps(m))
+        print(f"wrote {nopdl} (every decode op's first launch off PDL)", flush=True)
+        scripts = [s.replace("@NOPDL", str(nopdl)) for s in scripts]
+    failed = []
     for s in scripts:
         print(f"== {s}", flush=True)
         done = subprocess.run([sys.executable, __file__, "--work", str(a.work), "--geometry", a.geometry, "--child", s])
-        status = status or done.returncode
-    return status
+        if done.returncode:
+            failed.append(s)
+    if failed:
+        print("graph_state_probe: failed (exit status above): " + "; ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

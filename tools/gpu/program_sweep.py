@@ -23,7 +23,7 @@ ways manifest_variants cannot), verified against DIR/kernels.
 the weights' size each, 8 GB for 4B, so a dozen 4B variants fit an H200), warmed up, then each round runs one
 generation on every runtime in turn (~0.7 s per 4B manifest and round). Its numbers are not one-runtime numbers: on
 the H200 a decode graph replays ~2.5% faster while the process holds other runtimes' graphs (the 4B default
-2.413–2.432 ms/token there, 2.469–2.482 one runtime per process and from tools/bench_decode.py), and PDL-related
+2.418–2.432 ms/token there, 2.468–2.482 one runtime per process and from tools/bench_decode.py), and PDL-related
 differences read several times larger there (the attention's trigger after q: +0.053–0.057 in process, +0.008 one
 runtime per process; NOTES.md 35–36, tools/gpu/graph_state_probe.py). Dropping the other runtimes' graphs before
 each generation does not restore the one-runtime state (session 12). Screen with it; decide without it.
@@ -195,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--append", type=Path, help="append the table (markdown) to this file")
     ap.add_argument("--dry-run", action="store_true", help="build and verify the variants only")
     ap.add_argument("--in-process", action="store_true",
-                    help="all runtimes in this process (a quick screen; not one-runtime numbers, see above)")
-    ap.add_argument("--child", nargs=2, metavar=("MANIFEST", "KDIR"), help=argparse.SUPPRESS)  # the worker of the default mode
+                    help="all runtimes in this process: a quick screen whose numbers are not one-runtime "
+                    "numbers (the other runtimes' graphs speed a PDL program up ~2.5%% and inflate "
+                    "differences; NOTES.md 35-36)")
+    ap.add_argument("--child", nargs=2, metavar=("MANIFEST", "KDIR"), help=argparse.SUPPRESS)  # default mode's worker
     a = ap.parse_args(argv)
     if a.child:
         print(json.dumps(time_one(a.work, a.geometry, Path(a.child[0]), Path(a.child[1]), a.context, a.steps)))
