@@ -151,8 +151,9 @@ def bench_kern(res: Results, p, args, state):
     info = ManifestInfo.read(p["manifest"])
     capacity = kv_capacity(args.context, args.steps)
     t0 = time.perf_counter()
-    rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=capacity)
-    log(f"kern: loaded in {time.perf_counter() - t0:.1f} s")
+    rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=capacity,
+                      prime_graphs=args.prime_graphs)
+    log(f"kern: loaded in {time.perf_counter() - t0:.1f} s" + (" (prime_graphs)" if args.prime_graphs else ""))
     try:
         prompt = random_prompt(args.context)
         for graph, steps in ((True, args.steps), (False, min(args.steps, 64))):
@@ -169,7 +170,7 @@ def bench_kern(res: Results, p, args, state):
                 log(f"   WARNING: kern's warm run (step by step) and timed run (pipelined) disagree: {warm} vs "
                     f"{tokens[:FIRST_TOKENS]}")
             st = s.stats
-            name = f"kern decode ({'CUDA graph' if graph else 'eager'})"
+            name = f"kern decode ({'CUDA graph' if graph else 'eager'}{', prime_graphs' if args.prime_graphs else ''})"
             log(f"{name}: {st.decode_ms_per_token:.3f} ms/token over {st.decode_steps} steps")
             res.decode.append((name, st.decode_ms_per_token, f"{st.decode_steps} steps, pipelined: each 8-byte token read while the next step runs"))
             if graph:
@@ -496,6 +497,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=256, help="decode steps measured (default 256)")
     ap.add_argument("--append", type=Path, default=ROOT / "BENCHMARKS.md", help="markdown file to append the table to")
     ap.add_argument("--skip", default="", help="comma list of: kern, hf-eager, hf-compile, gpt-fast, floors")
+    ap.add_argument("--prime-graphs", action="store_true",
+                    help="load kern's runtime with prime_graphs=True (a throwaway graph before the first capture of a "
+                    "program with pdl launches; kern-driver's README, NOTES.md 37)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
 

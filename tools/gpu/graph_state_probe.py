@@ -2,12 +2,13 @@
 """How fast one decode graph replays depending on the other executable graphs of the process (H200, session 12).
 
     python3 tools/gpu/graph_state_probe.py --work DIR [--geometry 4b] SCRIPT [SCRIPT ...]
-    python3 tools/gpu/graph_state_probe.py --work DIR --preset spare --preset throwaway --preset no-pdl
+    python3 tools/gpu/graph_state_probe.py --work DIR --preset alone --preset prime-graphs --preset throwaway
 
 Each SCRIPT runs in its own process (a fresh CUDA context), as comma-separated ops on named runtimes (A, B, ...),
 all of DIR/qwen3-<g>/manifest.json (tools/gpu/prepare.py's layout) unless loaded with `loadm`:
 
     load:X          Runtime.load + a Qwen3Session (nothing captured)
+    loadp:X         the same with Runtime.load(..., prime_graphs=True) (kern-driver's form of `throwaway`)
     loadm:X=PATH    the same with another manifest file of the model (e.g. a manifest_variants output); PATH
                     `@NOPDL` is the manifest with every decode op's first launch off PDL (NO_PDL: all but
                     argmax's reduce), written to DIR/qwen3-<g>/manifest-no-pdl.json
@@ -56,10 +57,12 @@ PRESETS = {
     "spare": "load:A,warm:A,t:A,spare:A,t:A",
     "prefill-graph": "load:A,warm:A,t:A,capp:A,t:A",
     "throwaway": "load:A,cap:A,drop:A,warm:A,t:A",
+    "alone": "load:A,warm:A,t:A",
+    "prime-graphs": "loadp:A,warm:A,t:A",  # against `alone`: one process each
     "second-runtime": "load:A,warm:A,t:A,load:B,t:A,cap:B,t:A,run1:B,t:A,gen:B,t:A,close:B,t:A",
     "no-pdl": "loadm:A=@NOPDL,warm:A,t:A,spare:A,t:A",
 }
-VERBS = ("load", "loadm", "warm", "gen", "cap", "capp", "spare", "drop", "run1", "close", "t")
+VERBS = ("load", "loadp", "loadm", "warm", "gen", "cap", "capp", "spare", "drop", "run1", "close", "t")
 #: verbs after which X has a decode graph (what `spare` copies)
 CAPTURES_DECODE = ("warm", "gen", "cap", "run1", "t")
 NO_PDL = "+".join(f"{op}.pdl=0" for op in ("qkv", "o", "gu", "down", "lm_head", "attn", "argmax"))
@@ -83,7 +86,7 @@ def check_script(script: str) -> list[tuple[str, str, str]]:
             raise ValueError(f"{where}: loadm takes NAME=PATH (a manifest file of the same model, or @NOPDL)")
         if verb != "loadm" and eq:
             raise ValueError(f"{where}: only loadm takes =PATH; write {verb}:{name}")
-        if verb in ("load", "loadm"):
+        if verb in ("load", "loadp", "loadm"):
             if name in live:
                 raise ValueError(f"{where}: runtime `{name}` is already loaded "
                                  f"(close:{name} first, or use another name)")
@@ -149,14 +152,16 @@ def run_script(work: Path, geometry: str, script: str) -> None:
         rt.synchronize()
         return (time.perf_counter() - t) / n * 1e3
 
-    def load(x: str, manifest: Path) -> None:
-        rts[x] = Runtime.load(manifest, p["kernels"], p["weights"], capacity_tokens=cap)
+    def load(x: str, manifest: Path, prime: bool = False) -> None:
+        rts[x] = Runtime.load(manifest, p["kernels"], p["weights"], capacity_tokens=cap, prime_graphs=prime)
         sessions[x] = Qwen3Session(rts[x], ManifestInfo.read(manifest), capacity=cap, graph=True)
         spares[x] = []
 
     def do(verb: str, x: str, path: str) -> None:
         if verb == "load":
             load(x, p["manifest"])
+        elif verb == "loadp":
+            load(x, p["manifest"], prime=True)
         elif verb == "loadm":
             load(x, Path(path))
         elif verb == "warm":

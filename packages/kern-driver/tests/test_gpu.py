@@ -267,10 +267,12 @@ def pdl_cubin(tmp_path_factory):
 def load_pdl(tmp_path, cubin, **kw):
     (tmp_path / "pdl.cubin").write_bytes(cubin)
     mode = kw.pop("launch_mode", "packed")
+    prime = kw.pop("prime_graphs", False)
     (tmp_path / "pdl.json").write_text(json.dumps(pdl_manifest(sha256(cubin), n_max=N_MAX, **kw)))
     w = np.random.default_rng(7).standard_normal(N_MAX).astype(np.float32)
     write_safetensors(tmp_path / "w.safetensors", {"w": ("f32", w)})
-    return Runtime.load(tmp_path / "pdl.json", tmp_path, tmp_path / "w.safetensors", launch_mode=mode), w
+    return Runtime.load(tmp_path / "pdl.json", tmp_path, tmp_path / "w.safetensors", launch_mode=mode,
+                        prime_graphs=prime), w
 
 
 def expected(x, w):
@@ -297,6 +299,24 @@ def test_pdl_consumer_sees_the_producers_output_eagerly_and_in_a_graph(tmp_path,
             g.replay()
             np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
         assert "1 programmatic edges" in rt.describe()
+
+
+def test_prime_graphs_keeps_one_graph_that_computes_the_same(tmp_path, pdl_cubin):
+    """prime_graphs: the first capture of a program with pdl launches makes a throwaway graph first (destroyed,
+    never launched); what is cached and replayed computes what eager launches do."""
+    rt, w = load_pdl(tmp_path, pdl_cubin, spin=SPIN, trigger_early=True, wait=True, prime_graphs=True)
+    with rt:
+        assert "prime_graphs: no program with pdl launches captured yet" in rt.describe()
+        n = 2000
+        for seed in (1, 2):
+            x = np.random.default_rng(200 + seed).standard_normal(n).astype(np.float32)
+            rt.write_input("x", x, prefix=True)
+            rt.run("main", graph=True, n=n)
+            np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+        assert len(rt.graphs) == 1 and rt.graphs[0].programmatic_edges == 1 and rt.primed == "main"
+        assert "prime_graphs: a throwaway of `main` was captured and destroyed first" in rt.describe()
+        rt.run("main", graph=True, n=7)  # a second capture: no second throwaway
+        assert len(rt.graphs) == 2 and rt.primed == "main"
 
 
 def test_pdl_takes_effect(tmp_path, pdl_cubin):
