@@ -20,7 +20,7 @@ import graph_state_probe as gsp  # noqa: E402
 @pytest.mark.parametrize("name", sorted(gsp.PRESETS))
 def test_every_preset_is_a_valid_script(name):
     ops = gsp.check_script(gsp.PRESETS[name].replace("@NOPDL", "/x.json"))
-    assert ops[0][0] in ("load", "loadm") and any(v == "t" for v, _, _ in ops)
+    assert ops[0][0] in ("load", "loadp", "loadm") and any(v == "t" for v, _, _ in ops)
 
 
 @pytest.mark.parametrize("script, needle", [
