@@ -5,6 +5,10 @@
 # tools/gpu/capture_qwen3_compile.py with its one-graph default (775a0fb; dynamo_graphs 1) ran on
 # the H200 on 2026-11-29 and is kern-mine's fixture (one program shape for prefill and decode:
 # NOTES.md 15); rerun the `capture` stage only to remake it.
+# Owed since session 12: the `prime` stage (Runtime.load(prime_graphs=True), kern-driver 0.4.0, written after the
+# session's device time was spent; its recipe was measured through kern's internals, NOTES.md 37). Run
+# `prep prime`; if prime-graphs reads ~0.05 ms/token below alone on 4B and is no worse on 0.6B, make it the default
+# for programs with pdl launches (kern-driver, bench_decode, kern-run) and record the numbers.
 # Note: at most 8 files come back from $OUT; tar the logs when adding stages.
 #
 #   OUT=/tmp/out tools/gpu/pending.sh [stage ...]        (default: every stage, in order)
@@ -27,6 +31,9 @@
 #               from a PyTorch one: it died twice under capture with CUBLAS_STATUS_EXECUTION_FAILED)
 #   capture     the same under kern-capture, then the trimmed capture into $OUT/q3c for
 #               packages/kern-mine/tests/fixtures/qwen3-0.6b-compile (issue 8)
+#   prime       kern-driver's GPU tests (test_prime_graphs_keeps_one_graph_that_computes_the_same), graph_state_probe's
+#               alone / prime-graphs / throwaway presets (4B), and bench_decode with and without --prime-graphs,
+#               4B and 0.6B, 128 and 4,096 cached tokens (one process each)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -110,6 +117,20 @@ for stage in "${stages[@]}"; do
       cp /tmp/q3c/modules.jsonl /tmp/q3c/capture.json "$OUT/q3c/" 2>/dev/null
       cp /tmp/q3c/error.json "$OUT/q3c/" 2>/dev/null
       echo "then, here: uv run kern-mine trim <fetched>/q3c packages/kern-mine/tests/fixtures/qwen3-0.6b-compile --max-bytes 8000000"
+      ;;
+    prime)
+      step prime-driver 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider packages/kern-driver
+      step prime-probe 300 python3 tools/gpu/graph_state_probe.py --work "$W" --geometry 4b \
+        --preset alone --preset prime-graphs --preset throwaway
+      cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+      for g in 4b 0.6b; do
+        for c in 128 4096; do
+          for flag in "" --prime-graphs; do
+            step "bench-$g-$c${flag:+-prime}" 150 python3 tools/bench_decode.py --work "$W" --geometry "$g" --context "$c" \
+              --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/BENCHMARKS.md" $flag
+          done
+        done
+      done
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
