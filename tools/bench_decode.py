@@ -470,11 +470,12 @@ def machine():
 
 
 def table(res: Results, args) -> str:
-    kern_graph = next((ms for n, ms, _ in res.decode if n.startswith("kern decode (CUDA graph)") and ms), None)
+    kern_graph = next((ms for n, ms, _ in res.decode if n.startswith("kern decode (CUDA graph") and ms), None)
     lines = [f"### Qwen3-{args.geometry} decode, batch 1 (`tools/bench_decode.py`)", "",
              f"{datetime.date.today().isoformat()}, commit `{commit()}`, {machine()}. Random weights "
              f"(tools/make_random_checkpoint.py, seed 0), prompt {args.context} random token ids, {args.steps} "
-             "decode steps, greedy.", "",
+             "decode steps, greedy." + (" kern's runtime loaded with prime_graphs=True." if args.prime_graphs else ""),
+             "",
              "| decode | ms/token | tok/s | time / kern graph | note |", "|---|---:|---:|---:|---|"]
     for name, ms, note in res.decode:
         if ms is None:

@@ -9,6 +9,7 @@ all of DIR/qwen3-<g>/manifest.json (tools/gpu/prepare.py's layout) unless loaded
 
     load:X          Runtime.load + a Qwen3Session (nothing captured)
     loadp:X         the same with Runtime.load(..., prime_graphs=True) (kern-driver's form of `throwaway`)
+    loadmp:X=PATH   loadm with prime_graphs=True
     loadm:X=PATH    the same with another manifest file of the model (e.g. a manifest_variants output); PATH
                     `@NOPDL` is the manifest with every decode op's first launch off PDL (NO_PDL: all but
                     argmax's reduce), written to DIR/qwen3-<g>/manifest-no-pdl.json
@@ -59,10 +60,12 @@ PRESETS = {
     "throwaway": "load:A,cap:A,drop:A,warm:A,t:A",
     "alone": "load:A,warm:A,t:A",
     "prime-graphs": "loadp:A,warm:A,t:A",  # against `alone`: one process each
+    "no-pdl-alone": "loadm:A=@NOPDL,warm:A,t:A",
+    "no-pdl-prime": "loadmp:A=@NOPDL,warm:A,t:A",  # against `no-pdl-alone`: what priming costs a mostly-non-PDL program
     "second-runtime": "load:A,warm:A,t:A,load:B,t:A,cap:B,t:A,run1:B,t:A,gen:B,t:A,close:B,t:A",
     "no-pdl": "loadm:A=@NOPDL,warm:A,t:A,spare:A,t:A",
 }
-VERBS = ("load", "loadp", "loadm", "warm", "gen", "cap", "capp", "spare", "drop", "run1", "close", "t")
+VERBS = ("load", "loadp", "loadm", "loadmp", "warm", "gen", "cap", "capp", "spare", "drop", "run1", "close", "t")
 #: verbs after which X has a decode graph (what `spare` copies)
 CAPTURES_DECODE = ("warm", "gen", "cap", "run1", "t")
 NO_PDL = "+".join(f"{op}.pdl=0" for op in ("qkv", "o", "gu", "down", "lm_head", "attn", "argmax"))
@@ -70,8 +73,8 @@ STEPS, CONTEXT = 256, 128
 
 
 def check_script(script: str) -> list[tuple[str, str, str]]:
-    """The (verb, runtime name, path) triples of SCRIPT (path only for `loadm`). Raises ValueError naming the op at
-    fault: an unknown verb, a missing runtime name, `=PATH` on a verb other than `loadm` (or `loadm` without it), a
+    """The (verb, runtime name, path) triples of SCRIPT (path only for `loadm`/`loadmp`). Raises ValueError naming the
+    op at fault: an unknown verb, a missing runtime name, `=PATH` on another verb (or `loadm` without it), a
     name loaded twice while alive, an op on a runtime not loaded (or closed), `spare` before X has a decode graph."""
     ops, live, decode = [], set(), set()
     for i, op in enumerate(script.split(",")):
@@ -82,11 +85,11 @@ def check_script(script: str) -> list[tuple[str, str, str]]:
         name, eq, path = x.partition("=")
         if not name:
             raise ValueError(f"{where}: no runtime name (e.g. {verb}:A)")
-        if verb == "loadm" and not (eq and path):
-            raise ValueError(f"{where}: loadm takes NAME=PATH (a manifest file of the same model, or @NOPDL)")
-        if verb != "loadm" and eq:
-            raise ValueError(f"{where}: only loadm takes =PATH; write {verb}:{name}")
-        if verb in ("load", "loadp", "loadm"):
+        if verb in ("loadm", "loadmp") and not (eq and path):
+            raise ValueError(f"{where}: {verb} takes NAME=PATH (a manifest file of the same model, or @NOPDL)")
+        if verb not in ("loadm", "loadmp") and eq:
+            raise ValueError(f"{where}: only loadm and loadmp take =PATH; write {verb}:{name}")
+        if verb in ("load", "loadp", "loadm", "loadmp"):
             if name in live:
                 raise ValueError(f"{where}: runtime `{name}` is already loaded "
                                  f"(close:{name} first, or use another name)")
@@ -162,8 +165,8 @@ def run_script(work: Path, geometry: str, script: str) -> None:
             load(x, p["manifest"])
         elif verb == "loadp":
             load(x, p["manifest"], prime=True)
-        elif verb == "loadm":
-            load(x, Path(path))
+        elif verb in ("loadm", "loadmp"):
+            load(x, Path(path), prime=verb == "loadmp")
         elif verb == "warm":
             sessions[x].warmup()
             gen(x)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU checks of the opt-in forms and the mining workload, batched for the H200: run from the
 # repository root, logs in $OUT. Written without a GPU; every stage ran on the H200 on 2026-11-29
-# (session 2: NOTES.md 9-13, BENCHMARKS.md). Nothing is owed: the capture of
+# (session 2: NOTES.md 9-13, BENCHMARKS.md), except the `prime-*` stages (below). The capture of
 # tools/gpu/capture_qwen3_compile.py with its one-graph default (775a0fb; dynamo_graphs 1) ran on
 # the H200 on 2026-11-29 and is kern-mine's fixture (one program shape for prefill and decode:
 # NOTES.md 15); rerun the `capture` stage only to remake it.
-# Owed since session 12: the `prime` stage (Runtime.load(prime_graphs=True), kern-driver 0.4.0, written after the
-# session's device time was spent; its recipe was measured through kern's internals, NOTES.md 37). Run
-# `prep prime`; if prime-graphs reads ~0.05 ms/token below alone on 4B and is no worse on 0.6B, make it the default
-# for programs with pdl launches (kern-driver, bench_decode, kern-run) and record the numbers.
+# Owed since session 12: `prime-probe` then `prime-bench` (one device call each; they prepare their own work dir in
+# /tmp): Runtime.load(prime_graphs=True), kern-driver 0.4.0, written after that session's device time was spent (its
+# recipe was measured through kern's internals, NOTES.md 37). If prime-graphs reads ~0.05 ms/token below alone on 4B,
+# is no worse on 0.6B, and no-pdl-prime shows what priming costs a mostly-non-PDL program, decide the default (and
+# its gate) for kern-driver, bench_decode and kern-run, and record the numbers.
 # Note: at most 8 files come back from $OUT; tar the logs when adding stages.
 #
 #   OUT=/tmp/out tools/gpu/pending.sh [stage ...]        (default: every stage, in order)
@@ -31,9 +32,11 @@
 #               from a PyTorch one: it died twice under capture with CUBLAS_STATUS_EXECUTION_FAILED)
 #   capture     the same under kern-capture, then the trimmed capture into $OUT/q3c for
 #               packages/kern-mine/tests/fixtures/qwen3-0.6b-compile (issue 8)
-#   prime       kern-driver's GPU tests (test_prime_graphs_keeps_one_graph_that_computes_the_same), graph_state_probe's
-#               alone / prime-graphs / throwaway presets (4B), and bench_decode with and without --prime-graphs,
-#               4B and 0.6B, 128 and 4,096 cached tokens (one process each)
+#   prime-probe kern-driver's GPU tests (test_prime_graphs_keeps_one_graph_that_computes_the_same) and
+#               graph_state_probe's alone / prime-graphs / throwaway / no-pdl-alone / no-pdl-prime presets (4B);
+#               logs tarred into $OUT/prime-probe.tgz
+#   prime-bench bench_decode with and without --prime-graphs, 4B and 0.6B, 128 and 4,096 cached tokens (one
+#               process each); logs and the appended tables tarred into $OUT/prime-bench.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -118,19 +121,32 @@ for stage in "${stages[@]}"; do
       cp /tmp/q3c/error.json "$OUT/q3c/" 2>/dev/null
       echo "then, here: uv run kern-mine trim <fetched>/q3c packages/kern-mine/tests/fixtures/qwen3-0.6b-compile --max-bytes 8000000"
       ;;
-    prime)
-      step prime-driver 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider packages/kern-driver
-      step prime-probe 300 python3 tools/gpu/graph_state_probe.py --work "$W" --geometry 4b \
-        --preset alone --preset prime-graphs --preset throwaway
-      cp BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    prime-probe)
+      K=/tmp/kern-prime
+      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      step prime-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
+      KERN_KERNELS_DIR="$K/kernels" step prime-driver 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        packages/kern-driver
+      step prime-probe 400 python3 tools/gpu/graph_state_probe.py --work "$K" --geometry 4b \
+        --preset alone --preset prime-graphs --preset throwaway --preset no-pdl-alone --preset no-pdl-prime
+      (cd "$OUT" && tar czf prime-probe.tgz prime-prepare.log prime-driver.log prime-probe.log \
+        && rm -f prime-prepare.log prime-driver.log prime-probe.log)  # at most 8 files come back
+      ;;
+    prime-bench)
+      K=/tmp/kern-prime
+      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      step prime-prepare-both 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
+      cp BENCHMARKS.md "$OUT/prime-BENCHMARKS.md"
       for g in 4b 0.6b; do
         for c in 128 4096; do
           for flag in "" --prime-graphs; do
-            step "bench-$g-$c${flag:+-prime}" 150 python3 tools/bench_decode.py --work "$W" --geometry "$g" --context "$c" \
-              --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/BENCHMARKS.md" $flag
+            step "prime-bench-$g-$c${flag:+-prime}" 150 python3 tools/bench_decode.py --work "$K" --geometry "$g" \
+              --context "$c" --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/prime-BENCHMARKS.md" $flag
           done
         done
       done
+      (cd "$OUT" && tar czf prime-bench.tgz prime-prepare-both.log prime-bench-*.log prime-BENCHMARKS.md \
+        && rm -f prime-prepare-both.log prime-bench-*.log)  # at most 8 files come back
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac

@@ -305,6 +305,14 @@ def test_prime_graphs_keeps_one_graph_that_computes_the_same(tmp_path, pdl_cubin
     """prime_graphs: the first capture of a program with pdl launches makes a throwaway graph first (destroyed,
     never launched); what is cached and replayed computes what eager launches do."""
     rt, w = load_pdl(tmp_path, pdl_cubin, spin=SPIN, trigger_early=True, wait=True, prime_graphs=True)
+    made = []
+    real = rt._instantiate
+
+    def spy(prog, env):
+        made.append(real(prog, env))
+        return made[-1]
+
+    rt._instantiate = spy
     with rt:
         assert "prime_graphs: no program with pdl launches captured yet" in rt.describe()
         n = 2000
@@ -313,10 +321,11 @@ def test_prime_graphs_keeps_one_graph_that_computes_the_same(tmp_path, pdl_cubin
             rt.write_input("x", x, prefix=True)
             rt.run("main", graph=True, n=n)
             np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
-        assert len(rt.graphs) == 1 and rt.graphs[0].programmatic_edges == 1 and rt.primed == "main"
+        assert len(made) == 2 and made[0]._exec is None and made[1] is rt.graphs[0]  # throwaway destroyed, kept
+        assert rt.graphs[0].programmatic_edges == 1 and rt.primed == "main"
         assert "prime_graphs: a throwaway of `main` was captured and destroyed first" in rt.describe()
         rt.run("main", graph=True, n=7)  # a second capture: no second throwaway
-        assert len(rt.graphs) == 2 and rt.primed == "main"
+        assert len(made) == 3 and len(rt.graphs) == 2
 
 
 def test_pdl_takes_effect(tmp_path, pdl_cubin):

@@ -246,9 +246,11 @@ class Runtime:
             prime_graphs: before this runtime's first capture of a program with `pdl` launches, capture that
                 program once more, instantiate and upload it, and destroy it, never launched (see `_capture`).
                 Measured with kern's internals, not yet through this option (H200, NOTES.md 37): a Qwen3-4B decode
-                graph captured after such a throwaway replays 2.419 instead of 2.481 ms (-2.1% per token), while a
-                program without PDL is 1.7% slower after one, hence only for programs with `pdl` launches. The
-                mechanism (the driver's or the GPU's) is not known. Off by default until measured through here.
+                program captured after such a throwaway ran 2.421 instead of 2.472 ms/token (-2.1%), while the
+                same program with every op's first launch off PDL (argmax's reduce kept it) ran 1.7% slower after
+                one. So the `pdl` gate is a heuristic, and the effect covers the process: graphs captured later,
+                other runtimes' too. The mechanism (the driver's or the GPU's) is not known. Off by default until
+                measured through here (tools/gpu/pending.sh, stages prime-probe and prime-bench).
 
         Raises:
             KernDriverError: any load check fails (see the module docstring); no GPU.
@@ -551,10 +553,12 @@ class Runtime:
         """Capture `prog` with `env` into a cached graph. With `prime_graphs`, the runtime's first capture of a
         program with `pdl` launches is preceded by a throwaway: the same capture, instantiated and uploaded, then
         destroyed before the kept one is captured (the order measured in NOTES.md 37)."""
-        if self.prime_graphs and self.primed is None and any(s.pdl for s in prog.steps if s.extern is None):
+        if self.prime_graphs and self.primed is None and prog.staged.pdl_steps:
             throwaway = self._instantiate(prog, env)
-            self.synchronize()  # its upload
-            throwaway.destroy()
+            try:
+                self._dev.synchronize(f"uploading the prime_graphs throwaway of program `{prog.name}` with {env}")
+            finally:
+                throwaway.destroy()
             self.primed = prog.name
         graph = self._instantiate(prog, env)
         old = self._graphs.pop(graph.key, None)
@@ -563,8 +567,10 @@ class Runtime:
         self._graphs[graph.key] = graph
         while len(self._graphs) > self.max_graphs:
             _, ev = self._graphs.popitem(last=False)
-            self.synchronize()
-            ev.destroy()
+            try:
+                self.synchronize()
+            finally:
+                ev.destroy()
         return graph
 
     def _instantiate(self, prog: _Program, env: dict[str, int]) -> Graph:
