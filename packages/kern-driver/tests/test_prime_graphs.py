@@ -121,3 +121,4 @@ def test_load_passes_the_option_to_init(monkeypatch):
     assert seen["prep"] == "prepared" and seen["args"][-1] is True
     Runtime.load("m.json", None, None)
     assert seen["args"][-1] is False
+

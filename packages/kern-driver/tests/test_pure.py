@@ -464,3 +464,14 @@ def test_load_without_gpu_is_one_clear_error(vadd_dir):
         Runtime.load(vadd_dir / "vadd.json", vadd_dir, vadd_dir / "w.safetensors")
     assert "no NVIDIA driver" in str(e.value) or "no CUDA device" in str(e.value) or "cuInit" in str(e.value)
     assert e.value.__cause__ is None or isinstance(e.value, KernDriverError)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_load_refuses_a_graph_cache_that_holds_nothing(bad, monkeypatch):
+    """max_graphs < 1 used to hand run(graph=True) a graph already evicted (destroyed) by its own capture."""
+    import kern_driver.runtime as R
+    from kern_driver.runtime import Runtime
+
+    monkeypatch.setattr(R, "prepare", lambda *a, **k: pytest.fail("prepare must not run"))
+    with pytest.raises(KernDriverError, match=r"max_graphs .*at least 1 graph"):
+        Runtime.load("m.json", None, None, max_graphs=bad)

@@ -242,7 +242,7 @@ class Runtime:
             launch_mode: "packed" (one parameter buffer per launch via `extra`) or
                 "params" (a `kernelParams` pointer array); both are prepared at load.
             workspace_bytes: cuBLASLt workspace (allocated only if a GEMM built-in is used).
-            max_graphs: size of the graph cache of `run(..., graph=True)`.
+            max_graphs: size of the graph cache of `run(..., graph=True)` (at least 1; least recently used evicted).
             prime_graphs: before this runtime's first capture of a program with `pdl` launches, capture that
                 program once more, instantiate and upload it, and destroy it, never launched (see `_capture`).
                 Measured with kern's internals, not yet through this option (H200, NOTES.md 37): a Qwen3-4B decode
@@ -257,6 +257,10 @@ class Runtime:
         """
         if launch_mode not in LAUNCH_MODES:
             raise KernDriverError(f"launch_mode {launch_mode!r}: expected one of {LAUNCH_MODES}")
+        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
+            raise KernDriverError(f"max_graphs {max_graphs!r}: the graph cache must hold at least 1 graph (a graph "
+                                  "captured by run(..., graph=True) is cached before it is replayed)",
+                                  hint="pass max_graphs=1 or more, or run(..., graph=False) to launch eagerly")
         prep = prepare(manifest, kernels_dir, weights, capacity_tokens=capacity_tokens, verify=verify)
         rt = cls.__new__(cls)
         rt._init(prep, device, debug, launch_mode, workspace_bytes, max_graphs, prime_graphs)
