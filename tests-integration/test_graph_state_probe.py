@@ -78,3 +78,89 @@ def test_no_pdl_variant_turns_every_decode_pdl_flag_off_and_verifies(built_kerne
         if name.startswith("argmax"):
             continue  # its second launch keeps the flag (manifest_variants changes an op's first launch)
         assert not any(l.get("pdl") for l in m["ops"][name]["impl"]["launches"]), name
+
+
+def test_run_script_on_a_fake_runtime(built_kernels, tmp_path, monkeypatch, capsys):
+    """The ops themselves without a GPU: kern_driver.Runtime.load returns kern-run's contract-checking fake runtime
+    (packages/kern-run/tests/fake_runtime.py) with a graph cache added; a failing op is named."""
+    pytest.importorskip("kern_driver")
+    sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "tests"))
+    from collections import OrderedDict
+
+    from fake_runtime import FakeRuntime
+
+    import kern_driver
+    from kern_run.generator import ManifestInfo
+
+    events = []
+
+    class FakeGraph:
+        def __init__(self, rt, program, tokens):
+            self.program, self.key, self.rt = program, (program, tokens), rt
+            self.n = len(rt.made)
+
+        def destroy(self):
+            events.append(("destroy", self.rt.name, self.program, self.n))
+
+    class GraphRT(FakeRuntime):
+        """FakeRuntime with kern_driver.Runtime's graph cache (`_graphs`, `graphs`, `capture`) and close."""
+
+        def __init__(self, info, capacity, name, prime):
+            super().__init__(info, capacity)
+            self._graphs, self.made, self.name, self.prime = OrderedDict(), [], name, prime
+
+        @property
+        def graphs(self):
+            return list(self._graphs.values())
+
+        @graphs.setter
+        def graphs(self, value):  # FakeRuntime.__init__ sets its own record (a set); unused here
+            pass
+
+        def capture(self, program, **vars):
+            g = FakeGraph(self, program, vars["tokens"])
+            self.made.append(g)
+            old = self._graphs.pop(g.key, None)
+            if old is not None:
+                old.destroy()
+            self._graphs[g.key] = g
+            return g
+
+        def run(self, program, *, graph=False, **vars):
+            if graph and (program, vars["tokens"]) not in self._graphs:
+                self.capture(program, **vars)
+            super().run(program, graph=False, **vars)  # its contract checks (its graph record is a set)
+
+        def close(self):
+            for g in self._graphs.values():
+                g.destroy()
+            self._graphs.clear()
+            events.append(("close", self.name))
+            super().close()
+
+    loads = []
+
+    def fake_load(manifest, kernels, weights, *, capacity_tokens, prime_graphs=False):
+        loads.append(prime_graphs)
+        rt = GraphRT(ManifestInfo.read(manifest), capacity_tokens, f"rt{len(loads)}", prime_graphs)
+        return rt
+
+    monkeypatch.setattr(kern_driver.Runtime, "load", staticmethod(fake_load))
+    monkeypatch.setattr(gsp, "STEPS", 8)
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    shutil.copy(ROOT / "examples" / "qwen3-4b.json", work / "qwen3-4b" / "manifest.json")
+
+    gsp.run_script(work, "4b", "load:A,warm:A,spare:A,t:A,drop:A,loadp:B,warm:B,capp:B,run1:B,close:A,t:B")
+    out = capsys.readouterr().out
+    assert out.count("TIME A: replays") == 1 and out.count("TIME B: replays") == 1 and "ms/token" in out
+    assert loads == [False, True]
+    # the spare (A's second decode graph, never launched) is destroyed at A's close, after drop destroyed the first;
+    # B's graphs are destroyed when run_script ends
+    a_events = [e for e in events if e[1] == "rt1"]
+    assert a_events == [("destroy", "rt1", "decode", 0), ("destroy", "rt1", "decode", 1), ("close", "rt1")]
+    assert events[-3:] == [("destroy", "rt2", "decode", 0), ("destroy", "rt2", "prefill", 1), ("close", "rt2")]
+
+    with pytest.raises(SystemExit, match=r"op 2 `run1:A` of `load:A,run1:A` failed: ContractError"):
+        gsp.run_script(work, "4b", "load:A,run1:A")  # a decode step before any position was written
