@@ -68,6 +68,7 @@ PRESETS = {
 VERBS = ("load", "loadp", "loadm", "loadmp", "warm", "gen", "cap", "capp", "spare", "drop", "run1", "close", "t")
 #: verbs after which X has a decode graph (what `spare` copies)
 CAPTURES_DECODE = ("warm", "gen", "cap", "run1", "t")
+LOADS, WITH_PATH = ("load", "loadp", "loadm", "loadmp"), ("loadm", "loadmp")
 NO_PDL = "+".join(f"{op}.pdl=0" for op in ("qkv", "o", "gu", "down", "lm_head", "attn", "argmax"))
 STEPS, CONTEXT = 256, 128
 
@@ -85,11 +86,11 @@ def check_script(script: str) -> list[tuple[str, str, str]]:
         name, eq, path = x.partition("=")
         if not name:
             raise ValueError(f"{where}: no runtime name (e.g. {verb}:A)")
-        if verb in ("loadm", "loadmp") and not (eq and path):
+        if verb in WITH_PATH and not (eq and path):
             raise ValueError(f"{where}: {verb} takes NAME=PATH (a manifest file of the same model, or @NOPDL)")
-        if verb not in ("loadm", "loadmp") and eq:
+        if verb not in WITH_PATH and eq:
             raise ValueError(f"{where}: only loadm and loadmp take =PATH; write {verb}:{name}")
-        if verb in ("load", "loadp", "loadm", "loadmp"):
+        if verb in LOADS:
             if name in live:
                 raise ValueError(f"{where}: runtime `{name}` is already loaded "
                                  f"(close:{name} first, or use another name)")
@@ -111,17 +112,12 @@ def check_script(script: str) -> list[tuple[str, str, str]]:
 
 
 def no_pdl_manifest(work: Path, geometry: str) -> dict:
-    """The manifest with the first launch of every decode op off PDL (NO_PDL; argmax's reduce keeps it), verified
-    against the kernels dir. Raises manifest_variants.VariantError when the manifest cannot be read or changed, and
-    SystemExit with kern-verify's errors when the result does not verify."""
-    from manifest_variants import apply, load_index, read_manifest, verify
-    from prepare import paths
+    """The manifest with the first launch of every decode op off PDL (NO_PDL; argmax's reduce keeps it), the manifest
+    and the variant verified against the kernels dir (program_sweep's `build`). Raises manifest_variants.VariantError
+    when the manifest cannot be read or changed, or either does not verify."""
+    from program_sweep import build
 
-    p = paths(work, geometry)
-    m = apply(read_manifest(p["manifest"]), NO_PDL, load_index(p["kernels"]))
-    if errors := verify(m, p["kernels"]):
-        raise SystemExit("graph_state_probe: the no-PDL variant does not verify:\n  " + "\n  ".join(errors))
-    return m
+    return build(work, geometry, [NO_PDL])[1][NO_PDL]
 
 
 def run_script(work: Path, geometry: str, script: str) -> None:
@@ -161,12 +157,8 @@ def run_script(work: Path, geometry: str, script: str) -> None:
         spares[x] = []
 
     def do(verb: str, x: str, path: str) -> None:
-        if verb == "load":
-            load(x, p["manifest"])
-        elif verb == "loadp":
-            load(x, p["manifest"], prime=True)
-        elif verb in ("loadm", "loadmp"):
-            load(x, Path(path), prime=verb == "loadmp")
+        if verb in LOADS:
+            load(x, Path(path) if verb in WITH_PATH else p["manifest"], prime=verb in ("loadp", "loadmp"))
         elif verb == "warm":
             sessions[x].warmup()
             gen(x)
