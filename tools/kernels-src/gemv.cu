@@ -303,10 +303,125 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // default forms, L2Prefetch for the _pf forms: at<0> right after the first stages, at<1> when the
 // lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
 // the wait), at<2> after its last weight load was used.
+#ifdef GEMV_TMA
+// The bulk-copy form (opt in: -DGEMV_TMA; a module of its own): the same entries, params, launch geometry and
+// bits as the default form, but a warp's weight stages go into shared memory through the Tensor Memory
+// Accelerator (cp.async.bulk, one copy per row and stage, completion on an mbarrier) instead of into registers
+// through 16-byte loads, so that the loads issued before griddepcontrol.wait do not occupy the SM's load path
+// ahead of the reads of x and the residual after it (NOTES.md 26-27). Each warp owns a ring of GEMV_TMA_S
+// slots of R rows x GEMV_TMA_C 16-byte vectors; lane 0 issues a slot's copies, every lane waits on the slot's
+// mbarrier, and the slot is refilled (stage + S) once the warp has read it. The ring lives in dynamic shared
+// memory at byte `ring_off` (after the norm variants' x): a launch needs ring_off + 256·S·C·R/2·... bytes, i.e.
+// WARPS · S · R · C · 16 more than the default form (tools/gpu/gemv_tma_probe.py).
+#ifndef GEMV_TMA_C
+#define GEMV_TMA_C 128
+#endif
+#ifndef GEMV_TMA_S
+#define GEMV_TMA_S 3
+#endif
+static_assert(GEMV_TMA_C % 32 == 0 && GEMV_TMA_C > 0, "GEMV_TMA_C: a multiple of 32 vectors");
+static_assert(GEMV_TMA_S >= 1, "GEMV_TMA_S: at least one slot");
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned long long *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned phase) {
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n\t}" :: "r"(smem_u32(bar)), "r"(phase) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_u32(dst)), "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
 template <int M, int R, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                         const long rows[R], int kv, int v0, int v1, int lane,
-                                        Prologue prologue, float acc[R][M], const Pf &pf) {
+                                        Prologue prologue, float acc[R][M], const Pf &, int ring_off) {
+    constexpr int C = GEMV_TMA_C, S = GEMV_TMA_S;
+    extern __shared__ __align__(128) unsigned char smem_dyn[];
+    __shared__ unsigned long long bars[WARPS][S];
+    const int warp = threadIdx.x >> 5;
+    uint4 *ring = reinterpret_cast<uint4 *>(smem_dyn + ring_off) + warp * S * R * C;
+    unsigned long long *bar = bars[warp];
+    const int len = v1 - v0, stages = (len + C - 1) / C;
+    const uint4 *src[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) src[r] = w + rows[r] * kv + v0;
+    auto issue = [&](int st) {  // lane 0: stage st's copies into slot st % S
+        if (st >= stages) return;
+        const int slot = st % S;
+        const unsigned bytes = static_cast<unsigned>(min(C, len - st * C)) * 16u;
+        mbar_expect_tx(bar + slot, R * bytes);
+#pragma unroll
+        for (int r = 0; r < R; ++r) bulk_g2s(ring + (slot * R + r) * C, src[r] + st * C, bytes, bar + slot);
+    };
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) mbar_init(bar + s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < S; ++s) issue(s);
+    }
+    __syncwarp();
+    tl_stamp(1);
+#if GEMV_PDL_TRIGGER == 1
+    griddep_launch_dependents();
+#endif
+    griddep_wait();
+    tl_stamp(2);
+    prologue();
+    tl_stamp(3);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    for (int st = 0; st < stages; ++st) {
+        const int slot = st % S;
+        mbar_wait(bar + slot, (st / S) & 1);
+        const int nvec = min(C, len - st * C);
+        const uint4 *sl = ring + slot * R * C;
+#pragma unroll
+        for (int u = 0; u < C / 32; ++u) {
+            const int i = lane + 32 * u;
+            if (i < nvec)
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    const uint4 xv = xs[m * kv + v0 + st * C + i];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc8(acc[r][m], sl[r * C + i], xv);
+                }
+        }
+        __syncwarp();
+        if (lane == 0 && st + S < stages) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(st + S);
+        }
+    }
+    tl_stamp(4);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+#if GEMV_PDL_TRIGGER == 2
+    griddep_launch_dependents();
+#endif
+}
+#else
+template <int M, int R, int U, typename Prologue, typename Pf>
+__device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
+                                        const long rows[R], int kv, int v0, int v1, int lane,
+                                        Prologue prologue, float acc[R][M], const Pf &pf, int) {
     const int v = v0 + lane, nl = lane_loads(v0, v1, lane), stages = (nl + U - 1) / U;
     uint4 a[R][U], b[R][U];
     stage_load<M, R, U>(a, w, rows, kv, v, 0, nl, pf);
@@ -346,6 +461,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     griddep_launch_dependents();
 #endif
 }
+#endif  // GEMV_TMA
 
 // Rows of a warp: the block's 8 warps form 8/ksplit row groups of R rows; the ksplit
 // warps of a group split k. Grid: grid.x = ceil_div(n, R · 8 / ksplit).
@@ -451,7 +567,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
-                                          const Pf &pf) {
+                                          const Pf &pf, int ring_off = 0) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     long rows[R];
@@ -460,7 +576,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, ring_off);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (warp % ksplit != 0) return;
@@ -482,7 +598,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
 template <int M, int U, typename Prologue, typename Pf>
 __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                                __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
-                                               Prologue prologue, const Pf &pf) {
+                                               Prologue prologue, const Pf &pf, int ring_off = 0) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     const int group = warp / ksplit, part = warp % ksplit;
@@ -495,7 +611,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     const int v0 = min(kv, part * per), v1 = min(kv, v0 + per);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, ring_off);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (part != 0 || !ok) return;
@@ -507,6 +623,9 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
             y[(long)m * n + j] = tobf(bf(tobf(silu(g))) * u);
         }
 }
+
+// The bulk-copy form's ring offset in dynamic shared memory: after the norm variants' M·k bf16 of x.
+#define RING_OFF(M, k) (((M) * (k) * 2 + 127) & ~127)
 
 #define INSTANTIATE(M, U, SUFFIX)                                                                  \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##SUFFIX(               \
@@ -528,7 +647,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
         gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,            \
-                            [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});     \
+                            [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(M, k)); \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m##M##SUFFIX(     \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
@@ -537,7 +656,7 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         extern __shared__ __align__(16) unsigned char smem[];                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                              \
         gemv_silu_rows<M, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,              \
-                          [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{});       \
+                          [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(M, k)); \
     }
 
 #ifndef GEMV_L2_PREFETCH

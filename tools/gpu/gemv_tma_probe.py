@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""gemv.cu's bulk-copy form (-DGEMV_TMA) against the default form, on the H200: bits and the PDL chain.
+
+    python3 tools/gpu/gemv_tma_probe.py --base gemv.cubin --tma c128s3=gemv_tma_c128_s3.cubin:128:3 ... \\
+        [--geometry 4b --geometry 0.6b] [--rounds 5] [--manifest M.json --kernels DIR --out-dir D]
+
+A TMA module is gemv.cu built with `-DGEMV_TMA -DGEMV_TMA_C=C -DGEMV_TMA_S=S`: the same entries, params and launch
+geometry, plus WARPS·S·2·C·16 bytes of dynamic shared memory for the weight ring, after the norm variants' x
+(rounded up to 128 bytes). For each geometry this
+
+1. checks every variant (norm, norm_silu, residual, plain) at every decode shape and ksplit 1, 2, 4 bit for bit
+   against the default form on the same fresh random inputs (outputs poisoned first);
+2. replays one decode token's GEMVs (tools/bench_gemv.py's token_chain, the manifests' ksplit and entries, PDL) in
+   a CUDA graph per module, checks the chains' outputs bit for bit, and times them in alternating rounds.
+
+With `--manifest`, also writes per TMA module a decode manifest whose GEMV ops launch it (module added with its
+sha256, dynamic shared memory raised by the ring; the cubin copied into `--kernels`), for
+tools/gpu/program_sweep.py `--manifest-variant`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import torch  # noqa: E402
+
+import bench_gemv as bg  # noqa: E402
+
+WARPS, R = 8, 2
+SHORT = {"qkv": "gemv_norm_qkv", "o": "gemv_residual_o_proj", "gate_up": "gemv_norm_silu_gate_up",
+         "down": "gemv_residual_down_proj", "lm_head": "gemv_norm_lm_head"}
+GEMV_OPS = tuple(SHORT.values())
+
+
+def ring_bytes(c: int, s: int) -> int:
+    return WARPS * s * R * c * 16
+
+
+class TmaGemv(bg.Gemv):
+    """bench_gemv's launcher for a TMA module: every launch's dynamic shared memory rounded up to 128 bytes plus
+    the ring."""
+
+    def __init__(self, cubin: bytes, c: int, s: int):
+        super().__init__(cubin)
+        self.ring = ring_bytes(c, s)
+
+    def launch(self, name, grid, smem, args, pdl=False):
+        super().launch(name, grid, ((smem + 127) & ~127) + self.ring, args, pdl)
+
+
+def bits(g_base, g_tma, geom) -> list[str]:
+    """Every variant at every shape of `geom` and ksplit 1, 2, 4: the TMA module's output == the default's."""
+    sh, _ = bg.shapes(geom)
+    bad = []
+    for name, (n, k) in sh.items():
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+        nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(torch.bfloat16)
+        r0 = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
+        for ks in (1, 2, 4):
+            for variant in ("plain", "norm", "norm_silu", "residual"):
+                outs = []
+                for g in (g_base, g_tma):
+                    if variant == "norm_silu":
+                        y = torch.full((1, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+                        bg.run_norm_silu(g, x, nw, w, y, n // 2, k, ks)
+                    elif variant == "residual":
+                        y = r0.clone()
+                        bg.run_residual(g, x, w, y, n, k, ks)
+                    else:
+                        y = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                        (bg.run_norm if variant == "norm" else lambda g_, x_, nw_, w_, y_, n_, k_, ks_:
+                         bg.run_plain(g_, x_, w_, y_, n_, k_, ks_))(g, x, nw, w, y, n, k, ks)
+                    torch.cuda.synchronize()
+                    outs.append(y)
+                if torch.isnan(outs[1]).any() or not torch.equal(outs[0], outs[1]):
+                    diff = (outs[0].float() - outs[1].float()).abs().max().item()
+                    bad.append(f"{geom} {name} {n}x{k} ks{ks} {variant}: max |diff| {diff}")
+        del w
+    return bad
+
+
+def chains(gs: dict, geom: str, rounds: int) -> dict[str, float]:
+    sh, layers = bg.shapes(geom)
+    weights = [{nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16) for nm in ("qkv", "o", "gate_up", "down")}
+               for _ in range(layers)]
+    lm = (torch.randn(*sh["lm_head"], device="cuda") * 0.05).to(torch.bfloat16)
+    h = sh["o"][0]
+    resid = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(h, device="cuda")).to(torch.bfloat16)
+    qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
+    attn = torch.randn(1, sh["o"][1], device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
+    logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
+    ks = {nm: int(r) if (r := bg.rule_ksplit(nm, *sh[nm])) != "-" else 1 for nm in sh}
+    resid0 = resid.clone()
+    graphs, outs = {}, {}
+    for label, g in gs.items():
+        resid.copy_(resid0)
+        graphs[label] = bg.capture(bg.token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks, True))
+    for label, graph in graphs.items():
+        resid.copy_(resid0)
+        logits.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        outs[label] = (resid.clone(), logits.clone())
+    base = next(iter(outs.values()))
+    for label, (r_, l_) in outs.items():
+        same = torch.equal(r_, base[0]) and torch.equal(l_, base[1])
+        print(f"  {geom} chain {label}: bitwise equal to the default form's: {same}", flush=True)
+    times = {label: [] for label in graphs}
+    for _ in range(rounds):
+        for label, graph in graphs.items():
+            resid.copy_(resid0)
+            times[label] += bg.event_times(graph.replay, 10, warmup=2)
+    total = sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2
+    med = {label: statistics.median(t) for label, t in times.items()}
+    for label, t in med.items():
+        print(f"  {geom} chain {label}: {t:.4f} ms ({total / t / 1e6:.0f} GB/s), "
+              f"{t - next(iter(med.values())):+.4f} vs default", flush=True)
+    del weights, graphs
+    return med
+
+
+def per_shape(gs: dict, geom: str, rounds: int) -> None:
+    """Each decode shape alone: a graph of PDL launches of the manifests' variant, rotating over enough weight
+    copies (> 256 MB) that every launch streams from HBM; µs per launch per module, modules alternating."""
+    sh, _ = bg.shapes(geom)
+    for name, (n, k) in sh.items():
+        copies = max(8, bg.cdiv(256 << 20, n * k * 2))
+        ws = [(torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        r = bg.rule_ksplit(name, n, k)
+        ks = int(r) if r != "-" else 1
+        before = bg.BEFORE_ATTENTION[name]
+
+        def calls(g):
+            def fn():
+                for i, w in enumerate(ws):
+                    pdl = i > 0
+                    if name in ("qkv", "lm_head"):
+                        bg.run_norm(g, x, nw, w, y, n, k, ks, pdl=pdl, before_attention=before)
+                    elif name == "gate_up":
+                        bg.run_norm_silu(g, x, nw, w, y, n // 2, k, ks, pdl=pdl, before_attention=before)
+                    else:
+                        bg.run_residual(g, x, w, y, n, k, ks, pdl=pdl, before_attention=before)
+            return fn
+        graphs = {label: bg.capture(calls(g)) for label, g in gs.items()}
+        times = {label: [] for label in graphs}
+        for _ in range(rounds):
+            for label, graph in graphs.items():
+                times[label] += bg.event_times(graph.replay, 5, warmup=1)
+        floor_us = n * k * 2 / 4.2e12 * 1e6
+        line = ", ".join(f"{label} {statistics.median(t) / copies * 1e3:.2f}" for label, t in times.items())
+        print(f"  {geom} {name} {n}x{k} ks{ks} (floor {floor_us:.2f} µs at 4.2 TB/s), µs per launch: {line}", flush=True)
+        del ws, graphs
+
+
+def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, ring: int, out: Path,
+                     ops=GEMV_OPS) -> Path:
+    m = json.loads(manifest.read_text())
+    v = copy.deepcopy(m)
+    mod = "gemv_tma_" + cubin.stem.removeprefix("gemv_tma_")
+    dst = kernels / f"{mod}.cubin"
+    shutil.copyfile(cubin, dst)
+    v["modules"][mod] = {"source": dst.name, "sha256": hashlib.sha256(dst.read_bytes()).hexdigest()}
+    for op in ops:
+        launch = v["ops"][op]["impl"]["launches"][0]
+        assert launch["module"] == "gemv", (op, launch["module"])
+        launch["module"] = mod
+        launch["shared_mem"] = ((launch.get("shared_mem", 0) + 127) & ~127) + ring
+    used = {ln.get("module") for o in v["ops"].values() for ln in o["impl"]["launches"]}
+    for name in [n for n in v["modules"] if n not in used]:  # the verifier refuses an unused module
+        del v["modules"][name]
+    path = out / f"manifest-tma-{label}.json"
+    path.write_text(json.dumps(v, indent=1))
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--tma", action="append", default=[], metavar="LABEL=CUBIN:C:S")
+    ap.add_argument("--geometry", action="append", default=[])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--manifest", type=Path)
+    ap.add_argument("--kernels", type=Path)
+    ap.add_argument("--out-dir", type=Path)
+    ap.add_argument("--no-bits", action="store_true")
+    a = ap.parse_args(argv)
+    tmas = {}
+    for spec in a.tma:
+        label, rest = spec.split("=", 1)
+        path, c, s, *ops = rest.split(":")
+        tmas[label] = (Path(path), int(c), int(s), ops[0].split("+") if ops else list(SHORT))
+    if a.manifest:
+        for label, (path, c, s, ops) in tmas.items():
+            print(f"wrote {manifest_variant(a.manifest, a.kernels, path, label, ring_bytes(c, s), a.out_dir, [SHORT[o] for o in ops])}")
+    g_base = bg.Gemv(Path(a.base).read_bytes())
+    gs = {"default": g_base}
+    seen = {}
+    for label, (path, c, s, _) in tmas.items():
+        if (path, c, s) not in seen:  # one launcher per module; labels that differ only in ops share it
+            seen[(path, c, s)] = label
+            gs[label] = TmaGemv(path.read_bytes(), c, s)
+    ok = True
+    for geom in [g for g in a.geometry or ["4b"] if g != "none"]:
+        if not a.no_bits:
+            for label, g in gs.items():
+                if g is g_base:
+                    continue
+                bad = bits(g_base, g, geom)
+                print(f"  {geom} bits {label}: {'all equal' if not bad else str(len(bad)) + ' differ'}", flush=True)
+                for line in bad[:20]:
+                    print("    " + line)
+                ok &= not bad
+        per_shape(gs, geom, 3)
+        chains(gs, geom, a.rounds)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
