@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""gemv.cu's bulk-copy form (-DGEMV_TMA) against the default form, on the H200: bits and the PDL chain.
+"""gemv.cu's bulk-copy form (-DGEMV_TMA) against the default form, on the H200: bits, timings, program variants.
 
-    python3 tools/gpu/gemv_tma_probe.py --base gemv.cubin --tma c128s3=gemv_tma_c128_s3.cubin:128:3 ... \\
-        [--geometry 4b --geometry 0.6b] [--rounds 5] [--manifest M.json --kernels DIR --out-dir D]
+    python3 tools/gpu/gemv_tma_probe.py --base gemv.cubin --tma LABEL=CUBIN:C:S[:OPS] ... \
+        [--geometry 4b --geometry 0.6b | --geometry none] [--rounds 5] [--no-bits] \
+        [--manifest M.json --kernels DIR --out-dir D]
 
-A TMA module is gemv.cu built with `-DGEMV_TMA -DGEMV_TMA_C=C -DGEMV_TMA_S=S`: the same entries, params and launch
-geometry, plus WARPS·S·2·C·16 bytes of dynamic shared memory for the weight ring, after the norm variants' x
-(rounded up to 128 bytes). For each geometry this
+A TMA module is gemv.cu built with `-DGEMV_TMA -DGEMV_TMA_C=C -DGEMV_TMA_S=S` (nvcc flags as tools/build_kernels.py
+builds gemv.cu): the same entries, params and launch geometry, plus WARPS·S·2·C·16 bytes of dynamic shared memory
+for the weight ring, after the norm variants' x (rounded up to 128 bytes). For each geometry this
 
 1. checks every variant (norm, norm_silu, residual, plain) at every decode shape and ksplit 1, 2, 4 bit for bit
-   against the default form on the same fresh random inputs (outputs poisoned first);
-2. replays one decode token's GEMVs (tools/bench_gemv.py's token_chain, the manifests' ksplit and entries, PDL) in
+   against the default form on the same fresh random inputs (outputs poisoned first; skipped by `--no-bits`);
+2. times each decode shape alone (a graph of PDL launches rotating over > 256 MB of weight copies: µs per launch);
+3. replays one decode token's GEMVs (tools/bench_gemv.py's token_chain: the manifests' ksplit and entries, PDL) in
    a CUDA graph per module, checks the chains' outputs bit for bit, and times them in alternating rounds.
 
-With `--manifest`, also writes per TMA module a decode manifest whose GEMV ops launch it (module added with its
-sha256, dynamic shared memory raised by the ring; the cubin copied into `--kernels`), for
-tools/gpu/program_sweep.py `--manifest-variant`.
+With `--manifest`, also writes per `--tma` a decode manifest whose GEMV ops OPS (`+`-joined short names: qkv, o,
+gate_up, down, lm_head; default all) launch that module (`manifest_variant`), for tools/gpu/program_sweep.py
+`--manifest-variant LABEL=D/manifest-tma-LABEL.json`. `--geometry none`: only the manifests.
+
+Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical everywhere; alone, qkv
+and o 0.7–0.9 µs per launch faster, down ~7 µs slower (a stage refilled only once read waits a whole copy); in the
+4B program every form loses (o +0.23–0.29 ms/token: its low-register blocks crowd onto the SMs the attention leaves
+free) except qkv with C = 64, S = 2 (−0.010…−0.012, four calls), which costs 0.6B +0.043. Not in the generator.
 """
 
 from __future__ import annotations
@@ -32,9 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-import torch  # noqa: E402
-
-import bench_gemv as bg  # noqa: E402
+torch = bg = None  # torch and tools/bench_gemv.py: imported by main() (the manifest rewrite needs neither)
 
 WARPS, R = 8, 2
 SHORT = {"qkv": "gemv_norm_qkv", "o": "gemv_residual_o_proj", "gate_up": "gemv_norm_silu_gate_up",
@@ -46,16 +51,15 @@ def ring_bytes(c: int, s: int) -> int:
     return WARPS * s * R * c * 16
 
 
-class TmaGemv(bg.Gemv):
+def tma_gemv(cubin: bytes, c: int, s: int):
     """bench_gemv's launcher for a TMA module: every launch's dynamic shared memory rounded up to 128 bytes plus
     the ring."""
 
-    def __init__(self, cubin: bytes, c: int, s: int):
-        super().__init__(cubin)
-        self.ring = ring_bytes(c, s)
+    class TmaGemv(bg.Gemv):
+        def launch(self, name, grid, smem, args, pdl=False):
+            super().launch(name, grid, ((smem + 127) & ~127) + ring_bytes(c, s), args, pdl)
 
-    def launch(self, name, grid, smem, args, pdl=False):
-        super().launch(name, grid, ((smem + 127) & ~127) + self.ring, args, pdl)
+    return TmaGemv(cubin)
 
 
 def bits(g_base, g_tma, geom) -> list[str]:
@@ -170,6 +174,10 @@ def per_shape(gs: dict, geom: str, rounds: int) -> None:
 
 def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, ring: int, out: Path,
                      ops=GEMV_OPS) -> Path:
+    """Writes OUT/manifest-tma-LABEL.json: `manifest` with each of `ops` (manifest op names) launching the TMA
+    module `cubin` (copied into `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same entry) with
+    `ring` more bytes of dynamic shared memory after its own (rounded up to 128); modules no launch uses any
+    more are dropped (the verifier refuses an unused module). Returns the path."""
     m = json.loads(manifest.read_text())
     v = copy.deepcopy(m)
     mod = "gemv_tma_" + cubin.stem.removeprefix("gemv_tma_")
@@ -202,19 +210,33 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     tmas = {}
     for spec in a.tma:
-        label, rest = spec.split("=", 1)
-        path, c, s, *ops = rest.split(":")
-        tmas[label] = (Path(path), int(c), int(s), ops[0].split("+") if ops else list(SHORT))
+        try:
+            label, rest = spec.split("=", 1)
+            path, c, s, *ops = rest.split(":")
+            tmas[label] = (Path(path), int(c), int(s), ops[0].split("+") if ops else list(SHORT))
+        except ValueError:
+            ap.error(f"--tma {spec}: expected LABEL=CUBIN:C:S[:OPS] (C and S integers)")
+        if len(ops) > 1:
+            ap.error(f"--tma {spec}: expected LABEL=CUBIN:C:S[:OPS] (one OPS field)")
+        if bad := [o for o in tmas[label][3] if o not in SHORT]:
+            ap.error(f"--tma {spec}: unknown op {', '.join(bad)} (OPS: `+`-joined names of {', '.join(SHORT)})")
+        if not tmas[label][0].is_file():
+            ap.error(f"--tma {spec}: no file {tmas[label][0]}")
+    if a.manifest and not (a.kernels and a.out_dir):
+        ap.error("--manifest needs --kernels (where the TMA cubins are copied) and --out-dir")
     if a.manifest:
         for label, (path, c, s, ops) in tmas.items():
             print(f"wrote {manifest_variant(a.manifest, a.kernels, path, label, ring_bytes(c, s), a.out_dir, [SHORT[o] for o in ops])}")
+    global torch, bg
+    import torch
+    import bench_gemv as bg
     g_base = bg.Gemv(Path(a.base).read_bytes())
     gs = {"default": g_base}
     seen = {}
     for label, (path, c, s, _) in tmas.items():
         if (path, c, s) not in seen:  # one launcher per module; labels that differ only in ops share it
             seen[(path, c, s)] = label
-            gs[label] = TmaGemv(path.read_bytes(), c, s)
+            gs[label] = tma_gemv(path.read_bytes(), c, s)
     ok = True
     for geom in [g for g in a.geometry or ["4b"] if g != "none"]:
         if not a.no_bits:

@@ -5,11 +5,9 @@
 # tools/gpu/capture_qwen3_compile.py with its one-graph default (775a0fb; dynamo_graphs 1) ran on
 # the H200 on 2026-11-29 and is kern-mine's fixture (one program shape for prefill and decode:
 # NOTES.md 15); rerun the `capture` stage only to remake it.
-# Owed since session 12: `prime-probe` then `prime-bench` (one device call each; they prepare their own work dir in
-# /tmp): Runtime.load(prime_graphs=True), kern-driver 0.4.0, written after that session's device time was spent (its
-# recipe was measured through kern's internals, NOTES.md 37). If prime-graphs reads ~0.05 ms/token below alone on 4B,
-# is no worse on 0.6B, and no-pdl-prime shows what priming costs a mostly-non-PDL program, decide the default (and
-# its gate) for kern-driver, bench_decode and kern-run, and record the numbers.
+# The `prime-*` stages (Runtime.load(prime_graphs=True), kern-driver 0.4.0) ran on the H200 on 2026-12-01 (session 13,
+# one device call each; NOTES.md 38, BENCHMARKS.md "Session 13"): 4B -0.043 ms/token at 128 cached tokens, nothing at
+# 4,096, 0.6B +0.008/+0.011, the no-PDL program +0.055; prime_graphs stays off by default.
 # Note: at most 8 files come back from $OUT; tar the logs when adding stages.
 #
 #   OUT=/tmp/out tools/gpu/pending.sh [stage ...]        (default: every stage, in order)

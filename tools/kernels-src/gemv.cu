@@ -304,15 +304,19 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
 // the wait), at<2> after its last weight load was used.
 #ifdef GEMV_TMA
-// The bulk-copy form (opt in: -DGEMV_TMA; a module of its own): the same entries, params, launch geometry and
-// bits as the default form, but a warp's weight stages go into shared memory through the Tensor Memory
-// Accelerator (cp.async.bulk, one copy per row and stage, completion on an mbarrier) instead of into registers
-// through 16-byte loads, so that the loads issued before griddepcontrol.wait do not occupy the SM's load path
-// ahead of the reads of x and the residual after it (NOTES.md 26-27). Each warp owns a ring of GEMV_TMA_S
-// slots of R rows x GEMV_TMA_C 16-byte vectors; lane 0 issues a slot's copies, every lane waits on the slot's
-// mbarrier, and the slot is refilled (stage + S) once the warp has read it. The ring lives in dynamic shared
-// memory at byte `ring_off` (after the norm variants' x): a launch needs ring_off + 256·S·C·R/2·... bytes, i.e.
-// WARPS · S · R · C · 16 more than the default form (tools/gpu/gemv_tma_probe.py).
+// The bulk-copy form (opt in: -DGEMV_TMA, a module of its own; not built by tools/build_kernels.py): the same
+// entries, params, launch geometry and bits as the default form, but a warp's weight stages go into shared memory
+// through the Tensor Memory Accelerator (cp.async.bulk, one copy per row and stage, completion on an mbarrier)
+// instead of into registers through 16-byte loads, so that the loads issued before griddepcontrol.wait do not
+// occupy the SM's load path ahead of the reads of x and the residual after it (NOTES.md 26-27). Each warp owns a
+// ring of GEMV_TMA_S slots of R rows x GEMV_TMA_C 16-byte vectors; lane 0 issues the first S stages before the
+// wait and refills a slot (stage + S) once the warp has read it; every lane waits on the slot's mbarrier. The ring
+// lives in dynamic shared memory at byte RING_OFF(M, k) for the norm variants (after their x), 0 otherwise: a
+// launch needs WARPS·S·R·C·16 bytes more than the default form's (rounded up to 128 first).
+// H200, session 13 (NOTES.md 39; tools/gpu/gemv_tma_probe.py): bit-identical; alone, qkv and o 0.7-0.9 us per
+// launch faster, down ~7 us slower; in the 4B decode program every form tried loses (o +0.23-0.29 ms/token, its
+// ~45-register blocks crowding onto the SMs the attention leaves free) but qkv at C = 64, S = 2 (-0.011), which
+// costs 0.6B +0.043: not used by the generator.
 #ifndef GEMV_TMA_C
 #define GEMV_TMA_C 128
 #endif

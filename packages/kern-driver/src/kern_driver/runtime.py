@@ -245,12 +245,11 @@ class Runtime:
             max_graphs: size of the graph cache of `run(..., graph=True)` (at least 1; least recently used evicted).
             prime_graphs: before this runtime's first capture of a program with `pdl` launches, capture that
                 program once more, instantiate and upload it, and destroy it, never launched (see `_capture`).
-                Measured with kern's internals, not yet through this option (H200, NOTES.md 37): a Qwen3-4B decode
-                program captured after such a throwaway ran 2.421 instead of 2.472 ms/token (-2.1%), while the
-                same program with every op's first launch off PDL (argmax's reduce kept it) ran 1.7% slower after
-                one. So the `pdl` gate is a heuristic, and the effect covers the process: graphs captured later,
-                other runtimes' too. The mechanism (the driver's or the GPU's) is not known. Off by default until
-                measured through here (tools/gpu/pending.sh, stages prime-probe and prime-bench).
+                Measured through this option (H200, one runtime per process, NOTES.md 38): Qwen3-4B decode
+                2.434 instead of 2.477 ms/token at 128 cached tokens (-1.7%), unchanged at 4,096; Qwen3-0.6B
+                +1.3% at both; the 4B program with every op's first launch off PDL (argmax's reduce kept it) +2%.
+                So off by default: the `pdl` gate is a heuristic, the effect covers the process (graphs
+                captured later, other runtimes' too), and its mechanism (the driver's or the GPU's) is not known.
 
         Raises:
             KernDriverError: any load check fails (see the module docstring); no GPU.
