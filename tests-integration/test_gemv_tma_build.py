@@ -5,7 +5,8 @@
 - its PTX: each M = 1 entry issues its first bulk copies (cp.async.bulk ... mbarrier::complete_tx) before
   griddepcontrol.wait, loads no weight through ld.global.nc.L1::no_allocate (the default form's weight loads), and
   stores nothing to global memory before the wait; the default module has no bulk copy;
-- a ring width that is not a multiple of 32 vectors does not compile;
+- a ring width that is not a multiple of 32 vectors, a ring over 227 KB and the form combined with the L2-prefetch
+  forms do not compile, each with its message;
 - the probe's manifest rewrite: the 4B example with qkv on the TMA module verifies against the built kernels,
   with the ring added to the launch's dynamic shared memory, the cubin pinned by its sha256, the other ops as they
   were.
@@ -35,29 +36,51 @@ import build_kernels as bk  # noqa: E402
 import gemv_tma_probe as probe  # noqa: E402
 
 
+def _cmd(out: Path, defines: tuple[str, ...], ptx: bool) -> list[str]:
+    flags = ([f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx"]) if ptx else list(bk.NVCC_FLAGS)
+    return [bk._nvcc(), *flags, *(f"-D{d}" for d in defines), "-o", str(out), "gemv.cu"]
+
+
 def _nvcc(tmp: Path, name: str, *defines: str, ptx: bool = False) -> Path:
     out = tmp / (name + (".ptx" if ptx else ".cubin"))
-    flags = [f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx"] if ptx else list(bk.NVCC_FLAGS)
-    subprocess.run([bk._nvcc(), *flags, *(f"-D{d}" for d in defines), "-o", str(out), "gemv.cu"],
-                   cwd=SRC, check=True, capture_output=True)
+    subprocess.run(_cmd(out, defines, ptx), cwd=SRC, check=True, capture_output=True)
     return out
+
+
+TMA = ("GEMV_TMA", "GEMV_TMA_C=64", "GEMV_TMA_S=2")
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
+    """gemv.cu's default cubin, its TMA cubin (C = 64, S = 2, the ring NOTES.md 39 measured best in the program),
+    the TMA build at its defaults, and the PTX of the default and TMA forms: nvcc runs started together."""
+    try:
+        bk._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
     tmp = tmp_path_factory.mktemp("gemv_tma")
-    return {"default": _nvcc(tmp, "gemv"), "tma": _nvcc(tmp, "gemv_tma_c64_s2", "GEMV_TMA", "GEMV_TMA_C=64",
-                                                          "GEMV_TMA_S=2"), "tmp": tmp}
+    jobs = {"default": (tmp / "gemv.cubin", (), False), "tma": (tmp / "gemv_tma_c64_s2.cubin", TMA, False),
+            "tma_defaults": (tmp / "gemv_tma.cubin", ("GEMV_TMA",), False),
+            "default_ptx": (tmp / "gemv.ptx", (), True), "tma_ptx": (tmp / "gemv_tma.ptx", TMA, True)}
+    procs = {k: subprocess.Popen(_cmd(out, d, ptx), cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for k, (out, d, ptx) in jobs.items()}
+    for k, proc in procs.items():
+        _, err = proc.communicate()
+        assert proc.returncode == 0, (k, err.decode()[-2000:])
+    return {k: out for k, (out, _, _) in jobs.items()} | {"tmp": tmp}
 
 
-def test_tma_module_has_the_default_abi(builds):
+def _table(info) -> list[tuple[int, int, int]]:
+    return [(s.index, s.offset, s.size) for s in sorted(info.params, key=lambda s: s.index)]
+
+
+@pytest.mark.parametrize("build", ["tma", "tma_defaults"])
+def test_tma_module_has_the_default_abi(builds, build):
     base = read_cubin(builds["default"].read_bytes(), "gemv.cubin")
-    tma = read_cubin(builds["tma"].read_bytes(), "gemv_tma.cubin")
+    tma = read_cubin(builds[build].read_bytes(), builds[build].name)
     assert set(tma.entries) == set(base.entries) and len(base.entries) == 20
     for name, info in base.entries.items():
-        def table(i):
-            return [(s.index, s.offset, s.size) for s in sorted(i.params, key=lambda s: s.index)]
-        assert table(tma.entries[name]) == table(info), name
+        assert _table(tma.entries[name]) == _table(info), name
         assert tma.entries[name].grid_dep_wait is True, name
 
 
@@ -70,7 +93,7 @@ def _entries(ptx: str) -> dict[str, list[str]]:
 
 
 def test_tma_ptx_copies_before_the_wait(builds):
-    tma = _entries(_nvcc(builds["tmp"], "tma", "GEMV_TMA", "GEMV_TMA_C=64", "GEMV_TMA_S=2", ptx=True).read_text())
+    tma = _entries(builds["tma_ptx"].read_text())
     m1 = {n: lines for n, lines in tma.items() if re.search(r"_m1(_u5)?$", n)}
     assert len(m1) == 8
     for name, lines in m1.items():
@@ -79,13 +102,21 @@ def test_tma_ptx_copies_before_the_wait(builds):
         assert copies and min(copies) < wait and max(copies) > wait, name  # first stages before, refills after
         assert not [ln for ln in lines if "ld.global.nc.L1::no_allocate" in ln], name
         assert not [ln for ln in lines[:wait] if re.search(r"\bst\.global|\batom\.|\bred\.", ln)], name
-    base = _nvcc(builds["tmp"], "base", ptx=True).read_text()
+    base = builds["default_ptx"].read_text()
     assert "cp.async.bulk" not in base and "mbarrier" not in base
 
 
-def test_tma_ring_width_must_be_whole_warp_loads(tmp_path):
-    with pytest.raises(subprocess.CalledProcessError):
-        _nvcc(tmp_path, "bad", "GEMV_TMA", "GEMV_TMA_C=48")
+@pytest.mark.parametrize("defines, message", [
+    (("GEMV_TMA", "GEMV_TMA_C=48"), "GEMV_TMA_C: a multiple of 32"),
+    (("GEMV_TMA", "GEMV_TMA_C=512", "GEMV_TMA_S=4"), "exceeds sm_90's 227 KB"),
+    (("GEMV_TMA", "GEMV_L2_PREFETCH"), "GEMV_TMA: not with GEMV_L2_PREFETCH"),
+])
+def test_tma_refuses_bad_builds(builds, defines, message):
+    """A ring width that is not whole warp loads, a ring larger than shared memory, and the TMA form with the
+    L2-prefetch forms (whose norm variants would put the ring over x) do not compile, with gemv.cu's message."""
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        _nvcc(builds["tmp"], "bad", *defines)
+    assert message in e.value.stderr.decode(), e.value.stderr.decode()[-2000:]
 
 
 def test_probe_manifest_variant_verifies(builds, built_kernels, tmp_path):
@@ -107,11 +138,15 @@ def test_probe_manifest_variant_verifies(builds, built_kernels, tmp_path):
     assert {k: o for k, o in v["ops"].items() if k != "gemv_norm_qkv"} == \
         {k: o for k, o in base["ops"].items() if k != "gemv_norm_qkv"}
     assert v["programs"] == base["programs"]
+    with pytest.raises(ValueError, match="op `gemv_norm_qkv` does not launch module `gemv`"):  # already moved
+        probe.manifest_variant(path, kernels, builds["tma"], "again", probe.ring_bytes(64, 2), tmp_path,
+                               [probe.SHORT["qkv"]])
 
 
 def test_probe_refuses_bad_specs(capsys):
-    for spec, msg in (("a=b:1", "expected LABEL=CUBIN:C:S"), ("a=x.cubin:64:2:qkv+foo", "unknown op foo"),
+    for spec, msg in (("a=b:1", "expected LABEL=CUBIN:C:S"), ("a=x.cubin:64:2:qkv+foo", "unknown op `foo`"),
+                      ("=x.cubin:64:2", "an empty LABEL"), ("a=x.cubin:48:2", "a positive multiple of 32"),
                       ("a=/nonexistent.cubin:64:2", "no file /nonexistent.cubin")):
         with pytest.raises(SystemExit):
-            probe.main(["--base", "x", "--tma", spec, "--geometry", "none"])
+            probe.main(["--tma", spec, "--geometry", "none"])
         assert msg in capsys.readouterr().err, spec

@@ -9,8 +9,9 @@ A TMA module is gemv.cu built with `-DGEMV_TMA -DGEMV_TMA_C=C -DGEMV_TMA_S=S` (n
 builds gemv.cu): the same entries, params and launch geometry, plus WARPS·S·2·C·16 bytes of dynamic shared memory
 for the weight ring, after the norm variants' x (rounded up to 128 bytes). For each geometry this
 
-1. checks every variant (norm, norm_silu, residual, plain) at every decode shape and ksplit 1, 2, 4 bit for bit
-   against the default form on the same fresh random inputs (outputs poisoned first; skipped by `--no-bits`);
+1. checks every M = 1 variant (norm, norm_silu, residual, plain) at every decode shape and ksplit 1, 2, 4 bit for
+   bit against the default form on the same fresh random inputs (outputs poisoned first; skipped by `--no-bits`;
+   the M = 2, 4, 8 entries and ksplit 8 are not run);
 2. times each decode shape alone (a graph of PDL launches rotating over > 256 MB of weight copies: µs per launch);
 3. replays one decode token's GEMVs (tools/bench_gemv.py's token_chain: the manifests' ksplit and entries, PDL) in
    a CUDA graph per module, checks the chains' outputs bit for bit, and times them in alternating rounds.
@@ -19,16 +20,16 @@ With `--manifest`, also writes per `--tma` a decode manifest whose GEMV ops OPS 
 gate_up, down, lm_head; default all) launch that module (`manifest_variant`), for tools/gpu/program_sweep.py
 `--manifest-variant LABEL=D/manifest-tma-LABEL.json`. `--geometry none`: only the manifests.
 
-Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical everywhere; alone, qkv
-and o 0.7–0.9 µs per launch faster, down ~7 µs slower (a stage refilled only once read waits a whole copy); in the
-4B program every form loses (o +0.23–0.29 ms/token: its low-register blocks crowd onto the SMs the attention leaves
-free) except qkv with C = 64, S = 2 (−0.010…−0.012, four calls), which costs 0.6B +0.043. Not in the generator.
+Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical wherever checked; alone,
+with the best ring (C = 128, S = 2), qkv and o 0.7–0.9 µs per launch faster, down ~7 µs slower (a stage refilled
+only once read waits a whole copy); in the 4B program every form loses (o +0.13–0.29 ms/token: probably its
+low-register blocks crowding onto the SMs the attention leaves free) except qkv with C = 64, S = 2 (−0.010…−0.012,
+five calls), which costs 0.6B +0.043. Not in the generator.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import shutil
@@ -47,7 +48,13 @@ SHORT = {"qkv": "gemv_norm_qkv", "o": "gemv_residual_o_proj", "gate_up": "gemv_n
 GEMV_OPS = tuple(SHORT.values())
 
 
+#: sm_90's dynamic shared memory per block at most (bytes): x (rounded up to 128) plus the ring must fit.
+SMEM_MAX = 227 * 1024
+
+
 def ring_bytes(c: int, s: int) -> int:
+    """Bytes of the weight ring of a TMA module built with GEMV_TMA_C = c (16-byte vectors per row and slot) and
+    GEMV_TMA_S = s (slots per warp): WARPS warps x s slots x R rows x c vectors x 16 bytes."""
     return WARPS * s * R * c * 16
 
 
@@ -94,7 +101,10 @@ def bits(g_base, g_tma, geom) -> list[str]:
     return bad
 
 
-def chains(gs: dict, geom: str, rounds: int) -> dict[str, float]:
+def chains(gs: dict, geom: str, rounds: int) -> tuple[dict[str, float], bool]:
+    """One decode token's GEMVs of `geom` (random weights, PDL) in a CUDA graph per launcher of `gs` (label ->
+    bench_gemv.Gemv; the first is the reference). Returns (median ms per replay by label, whether every chain's
+    residual and logits equal the first's bit for bit)."""
     sh, layers = bg.shapes(geom)
     weights = [{nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16) for nm in ("qkv", "o", "gate_up", "down")}
                for _ in range(layers)]
@@ -119,8 +129,10 @@ def chains(gs: dict, geom: str, rounds: int) -> dict[str, float]:
         torch.cuda.synchronize()
         outs[label] = (resid.clone(), logits.clone())
     base = next(iter(outs.values()))
+    all_same = True
     for label, (r_, l_) in outs.items():
         same = torch.equal(r_, base[0]) and torch.equal(l_, base[1])
+        all_same &= same
         print(f"  {geom} chain {label}: bitwise equal to the default form's: {same}", flush=True)
     times = {label: [] for label in graphs}
     for _ in range(rounds):
@@ -133,7 +145,7 @@ def chains(gs: dict, geom: str, rounds: int) -> dict[str, float]:
         print(f"  {geom} chain {label}: {t:.4f} ms ({total / t / 1e6:.0f} GB/s), "
               f"{t - next(iter(med.values())):+.4f} vs default", flush=True)
     del weights, graphs
-    return med
+    return med, all_same
 
 
 def per_shape(gs: dict, geom: str, rounds: int) -> None:
@@ -178,17 +190,22 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
     module `cubin` (copied into `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same entry) with
     `ring` more bytes of dynamic shared memory after its own (rounded up to 128); modules no launch uses any
     more are dropped (the verifier refuses an unused module). Returns the path."""
-    m = json.loads(manifest.read_text())
-    v = copy.deepcopy(m)
+    v = json.loads(manifest.read_text())
     mod = "gemv_tma_" + cubin.stem.removeprefix("gemv_tma_")
     dst = kernels / f"{mod}.cubin"
-    shutil.copyfile(cubin, dst)
-    v["modules"][mod] = {"source": dst.name, "sha256": hashlib.sha256(dst.read_bytes()).hexdigest()}
     for op in ops:
-        launch = v["ops"][op]["impl"]["launches"][0]
-        assert launch["module"] == "gemv", (op, launch["module"])
+        launch = v["ops"].get(op, {}).get("impl", {}).get("launches", [{}])[0]
+        if launch.get("module") != "gemv":
+            raise ValueError(f"{manifest}: op `{op}` does not launch module `gemv` (gemv.cu's default form) first; "
+                             f"a TMA module replaces only that")
         launch["module"] = mod
         launch["shared_mem"] = ((launch.get("shared_mem", 0) + 127) & ~127) + ring
+        if launch["shared_mem"] > SMEM_MAX:
+            raise ValueError(f"op `{op}`: {launch['shared_mem']} bytes of dynamic shared memory with the ring, more "
+                             f"than sm_90's {SMEM_MAX}: build the module with a smaller GEMV_TMA_C or GEMV_TMA_S")
+    if not (dst.exists() and dst.samefile(cubin)):
+        shutil.copyfile(cubin, dst)
+    v["modules"][mod] = {"source": dst.name, "sha256": hashlib.sha256(dst.read_bytes()).hexdigest()}
     used = {ln.get("module") for o in v["ops"].values() for ln in o["impl"]["launches"]}
     for name in [n for n in v["modules"] if n not in used]:  # the verifier refuses an unused module
         del v["modules"][name]
@@ -199,46 +216,71 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True)
-    ap.add_argument("--tma", action="append", default=[], metavar="LABEL=CUBIN:C:S")
-    ap.add_argument("--geometry", action="append", default=[])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--manifest", type=Path)
-    ap.add_argument("--kernels", type=Path)
-    ap.add_argument("--out-dir", type=Path)
-    ap.add_argument("--no-bits", action="store_true")
+    ap.add_argument("--base", type=Path, help="gemv.cubin, the default form (needed to check or time)")
+    ap.add_argument("--tma", action="append", default=[], metavar="LABEL=CUBIN:C:S[:OPS]",
+                    help="a TMA module built with GEMV_TMA_C=C, GEMV_TMA_S=S; OPS: the manifest ops to put on it "
+                         "(+-joined short names; default all); repeat")
+    ap.add_argument("--geometry", action="append", default=[], help="4b, 0.6b (repeat), or none: manifests only")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the chain timing")
+    ap.add_argument("--manifest", type=Path, help="a decode manifest to rewrite per --tma")
+    ap.add_argument("--kernels", type=Path, help="the manifest's kernels dir (the TMA cubins are copied there)")
+    ap.add_argument("--out-dir", type=Path, help="where the rewritten manifests go")
+    ap.add_argument("--no-bits", action="store_true", help="skip the bit-for-bit checks")
     a = ap.parse_args(argv)
     tmas = {}
     for spec in a.tma:
         try:
             label, rest = spec.split("=", 1)
             path, c, s, *ops = rest.split(":")
-            tmas[label] = (Path(path), int(c), int(s), ops[0].split("+") if ops else list(SHORT))
+            c, s = int(c), int(s)
         except ValueError:
             ap.error(f"--tma {spec}: expected LABEL=CUBIN:C:S[:OPS] (C and S integers)")
-        if len(ops) > 1:
-            ap.error(f"--tma {spec}: expected LABEL=CUBIN:C:S[:OPS] (one OPS field)")
-        if bad := [o for o in tmas[label][3] if o not in SHORT]:
-            ap.error(f"--tma {spec}: unknown op {', '.join(bad)} (OPS: `+`-joined names of {', '.join(SHORT)})")
-        if not tmas[label][0].is_file():
-            ap.error(f"--tma {spec}: no file {tmas[label][0]}")
-    if a.manifest and not (a.kernels and a.out_dir):
-        ap.error("--manifest needs --kernels (where the TMA cubins are copied) and --out-dir")
+        if not label or label in tmas:
+            ap.error(f"--tma {spec}: " + ("an empty LABEL" if not label else f"LABEL `{label}` given twice"))
+        if len(ops) > 1 or (ops and not ops[0]):
+            ap.error(f"--tma {spec}: expected LABEL=CUBIN:C:S[:OPS] (one non-empty OPS field)")
+        names = ops[0].split("+") if ops else list(SHORT)
+        if bad := [o for o in names if o not in SHORT]:
+            ap.error(f"--tma {spec}: unknown op `{'+'.join(bad)}` (OPS: +-joined names of {', '.join(SHORT)})")
+        if c <= 0 or c % 32 or s < 1 or ring_bytes(c, s) > SMEM_MAX:
+            ap.error(f"--tma {spec}: C must be a positive multiple of 32 and S at least 1 (as gemv.cu's "
+                     f"static_asserts), the ring {WARPS}*S*{R}*C*16 at most {SMEM_MAX} bytes")
+        if not Path(path).is_file():
+            ap.error(f"--tma {spec}: no file {path}")
+        tmas[label] = (Path(path), c, s, names)
+    geometries = [g for g in a.geometry or ["4b"] if g != "none"]
     if a.manifest:
+        if not (a.kernels and a.out_dir):
+            ap.error("--manifest needs --kernels (where the TMA cubins are copied) and --out-dir")
+        for what, p in (("--manifest", a.manifest), ("--kernels", a.kernels), ("--out-dir", a.out_dir)):
+            if not (p.is_file() if what == "--manifest" else p.is_dir()):
+                ap.error(f"{what} {p}: no such {'file' if what == '--manifest' else 'directory'}")
+        if not tmas:
+            ap.error("--manifest needs at least one --tma")
         for label, (path, c, s, ops) in tmas.items():
-            print(f"wrote {manifest_variant(a.manifest, a.kernels, path, label, ring_bytes(c, s), a.out_dir, [SHORT[o] for o in ops])}")
+            try:
+                out = manifest_variant(a.manifest, a.kernels, path, label, ring_bytes(c, s), a.out_dir,
+                                       [SHORT[o] for o in ops])
+            except ValueError as e:
+                ap.error(f"--tma {label}: {e}")
+            print(f"wrote {out}")
+    if not geometries:
+        return 0
+    if a.base is None or not a.base.is_file():
+        ap.error(f"--base {a.base}: gemv.cubin (the default form) is needed to check or time; "
+                 "or pass --geometry none to write the manifests only")
     global torch, bg
     import torch
     import bench_gemv as bg
-    g_base = bg.Gemv(Path(a.base).read_bytes())
+    g_base = bg.Gemv(a.base.read_bytes())
     gs = {"default": g_base}
-    seen = {}
+    seen = set()
     for label, (path, c, s, _) in tmas.items():
         if (path, c, s) not in seen:  # one launcher per module; labels that differ only in ops share it
-            seen[(path, c, s)] = label
+            seen.add((path, c, s))
             gs[label] = tma_gemv(path.read_bytes(), c, s)
     ok = True
-    for geom in [g for g in a.geometry or ["4b"] if g != "none"]:
+    for geom in geometries:
         if not a.no_bits:
             for label, g in gs.items():
                 if g is g_base:
@@ -249,7 +291,7 @@ def main(argv=None) -> int:
                     print("    " + line)
                 ok &= not bad
         per_shape(gs, geom, 3)
-        chains(gs, geom, a.rounds)
+        ok &= chains(gs, geom, a.rounds)[1]
     return 0 if ok else 1
 
 

@@ -83,7 +83,13 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#define WARPS 8
+#ifdef GEMV_TMA  // the bulk-copy form leaves the register pipeline's helpers unreferenced
+#pragma nv_diag_suppress 177
+#endif
+
+#ifndef WARPS
+#define WARPS 8  // warps per block (an experiment build may set it: the launch geometry follows, see the header)
+#endif
 
 #ifndef GEMV_PDL_TRIGGER
 #define GEMV_PDL_TRIGGER 1
@@ -313,18 +319,26 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // wait and refills a slot (stage + S) once the warp has read it; every lane waits on the slot's mbarrier. The ring
 // lives in dynamic shared memory at byte RING_OFF(M, k) for the norm variants (after their x), 0 otherwise: a
 // launch needs WARPS·S·R·C·16 bytes more than the default form's (rounded up to 128 first).
-// H200, session 13 (NOTES.md 39; tools/gpu/gemv_tma_probe.py): bit-identical; alone, qkv and o 0.7-0.9 us per
-// launch faster, down ~7 us slower; in the 4B decode program every form tried loses (o +0.23-0.29 ms/token, its
-// ~45-register blocks crowding onto the SMs the attention leaves free) but qkv at C = 64, S = 2 (-0.011), which
-// costs 0.6B +0.043: not used by the generator.
+// GEMV_PRE_STAGES does not apply (S stages go out before the wait) and U is unused: the `_u5` entries are the plain
+// ones. The plain and residual variants read x from global memory through generic loads, as the default form does.
+// H200, session 13 (NOTES.md 39; tools/gpu/gemv_tma_probe.py): the M = 1 entries bit-identical to the default form's
+// (ksplit 1, 2, 4); alone, with the best ring (C = 128, S = 2), qkv and o 0.7-0.9 us per launch faster and down
+// ~7 us slower (the default ring C = 128, S = 3 is slower for every shape); in the 4B decode program every form
+// tried loses (o +0.13-0.29 ms/token; probably its ~45-register blocks crowding onto the SMs the attention leaves
+// free) but qkv at C = 64, S = 2 (-0.011), which costs 0.6B +0.043: not used by the generator.
 #ifndef GEMV_TMA_C
 #define GEMV_TMA_C 128
 #endif
 #ifndef GEMV_TMA_S
 #define GEMV_TMA_S 3
 #endif
+#ifdef GEMV_L2_PREFETCH
+#error "GEMV_TMA: not with GEMV_L2_PREFETCH (the _pf forms would neither prefetch nor place the ring after x)"
+#endif
 static_assert(GEMV_TMA_C % 32 == 0 && GEMV_TMA_C > 0, "GEMV_TMA_C: a multiple of 32 vectors");
 static_assert(GEMV_TMA_S >= 1, "GEMV_TMA_S: at least one slot");
+static_assert(WARPS * GEMV_TMA_S * 2 * GEMV_TMA_C * 16 <= 227 * 1024,
+              "GEMV_TMA_C, GEMV_TMA_S: the ring (WARPS*S*2*C*16 bytes) exceeds sm_90's 227 KB of shared memory");
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -395,13 +409,16 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
         mbar_wait(bar + slot, (st / S) & 1);
         const int nvec = min(C, len - st * C);
         const uint4 *sl = ring + slot * R * C;
+        const uint4 *xp = xs;
+        asm volatile("" : "+l"(xp));  // x through generic loads, as stage_fma reads it (not .nc: a PDL
+                                      // predecessor wrote it while this grid was already running)
 #pragma unroll
         for (int u = 0; u < C / 32; ++u) {
             const int i = lane + 32 * u;
             if (i < nvec)
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    const uint4 xv = xs[m * kv + v0 + st * C + i];
+                    const uint4 xv = xp[m * kv + v0 + st * C + i];
 #pragma unroll
                     for (int r = 0; r < R; ++r) acc8(acc[r][m], sl[r * C + i], xv);
                 }
