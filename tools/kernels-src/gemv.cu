@@ -80,6 +80,9 @@
 // split k. grid.x = ceil_div(n, 2·8/ksplit) for plain, norm and residual, and
 // ceil_div(n, 8/ksplit) for norm_silu (n = output columns); ksplit ∈ {1, 2, 4, 8}.
 // Dynamic shared memory: norm variants M·k·2 bytes, others 0.
+// An experiment build may set -DWARPS=W (block 32·W, 2·W/ksplit rows per block; ksplit must divide W): not indexed
+// by build_kernels.py. H200, session 13 (NOTES.md 40): 4 or 5 warps per block were slower in the 4B decode program
+// on every GEMV tried (+0.017…+0.051 ms/token).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -88,7 +91,7 @@
 #endif
 
 #ifndef WARPS
-#define WARPS 8  // warps per block (an experiment build may set it: the launch geometry follows, see the header)
+#define WARPS 8  // warps per block (an experiment build may set it; see the header)
 #endif
 
 #ifndef GEMV_PDL_TRIGGER
