@@ -312,6 +312,32 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // default forms, L2Prefetch for the _pf forms: at<0> right after the first stages, at<1> when the
 // lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
 // the wait), at<2> after its last weight load was used.
+// The PDL gate every form passes once its first weight stages are in flight: the dependents may launch (trigger
+// option 1), griddepcontrol.wait, then the prologue that reads what the previous grid wrote (x, the norm).
+template <typename Prologue>
+__device__ __forceinline__ void pdl_gate(Prologue prologue) {
+    tl_stamp(1);
+#if GEMV_PDL_TRIGGER == 1
+    griddep_launch_dependents();
+#endif
+    griddep_wait();
+    tl_stamp(2);
+    prologue();
+    tl_stamp(3);
+}
+
+// The end of every form's dot products: acc summed over the warp's lanes, then the trigger of option 2.
+template <int R, int M>
+__device__ __forceinline__ void warp_totals(float acc[R][M]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+#if GEMV_PDL_TRIGGER == 2
+    griddep_launch_dependents();
+#endif
+}
+
 #ifdef GEMV_TMA
 // The bulk-copy form (opt in: -DGEMV_TMA, a module of its own; not built by tools/build_kernels.py): the same
 // entries, params, launch geometry and bits as the default form, but a warp's weight stages go into shared memory
@@ -395,14 +421,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
         for (int s = 0; s < S; ++s) issue(s);
     }
     __syncwarp();
-    tl_stamp(1);
-#if GEMV_PDL_TRIGGER == 1
-    griddep_launch_dependents();
-#endif
-    griddep_wait();
-    tl_stamp(2);
-    prologue();
-    tl_stamp(3);
+    pdl_gate(prologue);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -433,13 +452,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
         }
     }
     tl_stamp(4);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
-#if GEMV_PDL_TRIGGER == 2
-    griddep_launch_dependents();
-#endif
+    warp_totals<R, M>(acc);
 }
 #else
 template <int M, int R, int U, typename Prologue, typename Pf>
@@ -451,14 +464,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     stage_load<M, R, U>(a, w, rows, kv, v, 0, nl, pf);
     if (GEMV_PRE_STAGES == 2) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     pf.template at<0>();
-    tl_stamp(1);
-#if GEMV_PDL_TRIGGER == 1
-    griddep_launch_dependents();
-#endif
-    griddep_wait();
-    tl_stamp(2);
-    prologue();
-    tl_stamp(3);
+    pdl_gate(prologue);
     if (GEMV_PRE_STAGES == 1) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
@@ -477,13 +483,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     }
     pf.template at<2>();
     tl_stamp(4);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
-#if GEMV_PDL_TRIGGER == 2
-    griddep_launch_dependents();
-#endif
+    warp_totals<R, M>(acc);
 }
 #endif  // GEMV_TMA
 
