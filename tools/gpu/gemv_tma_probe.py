@@ -24,7 +24,7 @@ Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-
 with the best ring (C = 128, S = 2), qkv and o 0.7–0.9 µs per launch faster, down ~7 µs slower (a stage refilled
 only once read waits a whole copy); in the 4B program every form loses (o +0.13–0.29 ms/token: probably its
 low-register blocks crowding onto the SMs the attention leaves free) except qkv with C = 64, S = 2 (−0.010…−0.012,
-five calls), which costs 0.6B +0.043. Not in the generator.
+four calls), which costs 0.6B +0.043. Not in the generator.
 """
 
 from __future__ import annotations
