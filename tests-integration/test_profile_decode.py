@@ -59,3 +59,68 @@ def test_rope_cluster_attention_has_its_own_group():
     assert pd.group_of("decode_attention_rope_cluster") == "decode attention + qk-norm, rotary, KV write (one launch)"
     assert pd.group_of("decode_attention_cluster") == "decode attention"
     assert pd.group_of("qk_norm_rope_kv") == "qk-norm + rotary + KV write"
+
+
+MANIFEST = {  # a decode program of two layers of one GEMV and a two-launch attention, and an argmax
+    "ops": {"embedding": {"impl": {"launches": [{"entry": "embedding"}]}},
+            "gemv": {"impl": {"launches": [{"entry": "kern_gemv_norm_m1"}]}},
+            "attn": {"impl": {"launches": [{"entry": "paged_decode_attention"}, {"entry": "paged_decode_reduce"}]}},
+            "gemm": {"impl": {"launches": [{"extern": "cublaslt.gemm_bf16_tn"}]}},
+            "argmax": {"impl": {"launches": [{"entry": "argmax_partial"}]}}},
+    "programs": {"decode": {"calls": [{"label": "embed", "op": "embedding"}, {"label": "l0.gemv", "op": "gemv"},
+                                      {"label": "l0.attn", "op": "attn"}, {"label": "l1.gemv", "op": "gemv"},
+                                      {"label": "l1.attn", "op": "attn"}, {"label": "argmax", "op": "argmax"}]}},
+}
+
+
+def pdl_step(t0: float) -> list[tuple[str, float, float]]:
+    """One step of MANIFEST's decode program from t0 µs, each kernel starting 1 µs before its predecessor ends
+    (PDL), with a read-back copy at the end."""
+    out, t = [], t0
+    for name, dur in (("embedding", 2), ("kern_gemv_norm_m1", 10), ("paged_decode_attention", 3),
+                      ("paged_decode_reduce", 2), ("kern_gemv_norm_m1", 12), ("paged_decode_attention", 3),
+                      ("paged_decode_reduce", 2), ("argmax_partial", 2)):
+        out.append((name, t, t + dur))
+        t += dur - 1
+    out.append(("Memcpy DtoH (Device -> Pinned)", t + 1, t + 2))
+    return out
+
+
+def test_per_op_increments_sum_to_the_wall():
+    """Each kernel's increment is how much later it ends than every earlier one; per call, per op; the increments
+    of a step sum to its wall time, the durations (which include the PDL overlap) do not."""
+    launches = pd.decode_launches(MANIFEST)
+    assert launches == [("embed", "embedding"), ("l0.gemv", "kern_gemv_norm_m1"), ("l0.attn", "paged_decode_attention"),
+                        ("l0.attn", "paged_decode_reduce"), ("l1.gemv", "kern_gemv_norm_m1"),
+                        ("l1.attn", "paged_decode_attention"), ("l1.attn", "paged_decode_reduce"),
+                        ("argmax", "argmax_partial")]  # the extern GEMM launches no kernel
+    ev = [("nvjet_sm90_gemm", 0.0, 90.0)] + pdl_step(100.0) + pdl_step(200.0)
+    calls, why = pd.per_call(ev, launches)
+    assert why is None
+    # the first kernel counts from its own start; step 2's embedding from step 1's end (129): the host gap is in it
+    assert calls["embed"] == pytest.approx((2, (2 + 202 - 129) / 2))
+    assert calls["l0.gemv"] == pytest.approx((10, 9)) and calls["l1.gemv"] == pytest.approx((12, 11))
+    assert calls["l0.attn"] == pytest.approx((5, 3)) and calls["argmax"] == pytest.approx((2, 1))
+    r = pd.breakdown(ev, steps_hint=2)
+    ops = pd.by_op(calls, MANIFEST)
+    assert ops["gemv"] == pytest.approx((2, 22, 20)) and ops["attn"] == pytest.approx((2, 10, 6))
+    total = sum(i for _, i in calls.values())
+    assert total == pytest.approx((ev[-2][2] - ev[1][1]) / 2)
+    r["ops"] = ops
+    text = pd.table(r, "pdl", "no GPU")
+    assert "| `gemv` | 2 | 22.0 | 20.0 | 10.00 |" in text and "increment" in text
+
+
+def test_per_op_split_refuses_a_profile_that_does_not_match():
+    launches = pd.decode_launches(MANIFEST)
+    calls, why = pd.per_call(pdl_step(0.0)[:-3], launches)
+    assert calls is None and "not a whole number of steps of 8 launches" in why
+    ev = pdl_step(0.0)
+    ev[4] = ("kern_gemv_norm_m1_u5", ev[4][1], ev[4][2])  # another entry whose name contains the expected one
+    calls, why = pd.per_call(ev, launches)
+    assert calls is None and "decode kernel 4 is `kern_gemv_norm_m1_u5`" in why and "(l1.gemv)" in why
+    r = pd.breakdown(ev, steps_hint=1)
+    r["ops_skipped"] = why
+    assert "no per-op split" in pd.table(r, "x", "no GPU")
+    with pytest.raises(SystemExit, match="no `decode` program"):
+        pd.decode_launches({"ops": {}, "programs": {}})

@@ -11,6 +11,10 @@ the kernels inside CUDA graph launches), and splits the decode steps' wall time 
 
 - each kernel's GPU time per token, grouped (GEMV = the decode GEMMs, attention, norms/rotary/KV,
   embedding, argmax, other), from CUPTI's start/end timestamps;
+- per op of the manifest's decode program (its calls' kernel launches matched to the profile in order): kernel
+  time and the increment, how much later each kernel ends than every earlier one — the increments sum to the wall
+  time, so under PDL, where a kernel starts early and its duration includes its wait, the increment is what a
+  launch adds to the step (a variant whose kernel is faster alone but whose neighbour ends later shows here);
 - the gaps: wall time per step (first decode kernel start to last decode kernel end, divided by
   the steps) minus the time covered by at least one kernel (the union of their intervals: under
   PDL kernels overlap, and their summed durations, which then include each one's wait, can
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -122,6 +127,73 @@ def breakdown(ev, steps_hint: int):
                 launches={n: c / steps for n, c in count.items()})
 
 
+def is_copy(name: str) -> bool:
+    """A copy or memset in the CUPTI activity (torch names them `Memcpy ...` / `Memset ...`): not a launch."""
+    return name.startswith(("Memcpy", "Memset"))
+
+
+def decode_launches(manifest: dict) -> list[tuple[str, str]]:
+    """(call label, entry) of every kernel launch of one decode step, in program order: the manifest's decode
+    calls, each op's launches (an extern built-in such as cuBLASLt launches no kernel of the manifest's and is
+    skipped). Raises SystemExit when the manifest has no decode program."""
+    try:
+        calls = manifest["programs"]["decode"]["calls"]
+    except KeyError:
+        raise SystemExit("profile_decode: the manifest has no `decode` program") from None
+    return [(c.get("label", c["op"]), ln["entry"]) for c in calls
+            for ln in manifest["ops"][c["op"]]["impl"]["launches"] if "entry" in ln]
+
+
+def per_call(ev, launches: list[tuple[str, str]]):
+    """The decode kernels of `ev` (after the last prefill kernel; copies and memsets left out) matched, in start
+    order, to `launches` repeated once per step: each kernel's name must be its launch's entry. Returns
+    ({label: (µs of kernel time per token, µs of increment per token)}, None), or (None, why not) when the kernels
+    do not match. A kernel's increment is how much later its end is than every earlier decode kernel's end (0 if
+    not later; the first kernel's counts from its own start, so each step's first kernel carries the gap since the
+    previous step): the increments sum to the decode wall time, so each call's is what it adds to the step under
+    PDL overlap, where its duration (which includes its wait) does not say that. A call with several launches
+    (argmax: two) sums them; calls of the same op in different layers stay apart by label, and `by_op` sums them
+    per op name."""
+    last_prefill = max((i for i, (n, _, _) in enumerate(ev) if is_prefill(n)), default=-1)
+    dec = [e for e in ev[last_prefill + 1:] if not is_copy(e[0])]
+    n = len(launches)
+    if not n or len(dec) % n:
+        return None, f"{len(dec)} decode kernels are not a whole number of steps of {n} launches"
+    steps = len(dec) // n
+    dur: dict[str, float] = defaultdict(float)
+    inc: dict[str, float] = defaultdict(float)
+    end = dec[0][1]
+    for i, (name, a, b) in enumerate(dec):
+        label, entry = launches[i % n]
+        if name != entry and not name.startswith(entry + "("):  # exact: kern_gemv_norm_m1 is not ..._m1_u5
+            return None, f"decode kernel {i} is `{name}`, the program's launch {i % n} ({label}) is `{entry}`"
+        dur[label] += (b - a) / steps
+        inc[label] += max(0.0, b - end) / steps
+        end = max(end, b)
+    return {label: (dur[label], inc[label]) for label in dur}, None
+
+
+def by_op(calls: dict[str, tuple[float, float]], manifest: dict) -> dict[str, tuple[int, float, float]]:
+    """per_call's result summed per op: {op: (calls per token, µs of kernel time, µs of increment)}."""
+    op_of = {c.get("label", c["op"]): c["op"] for c in manifest["programs"]["decode"]["calls"]}
+    out: dict[str, list] = {}
+    for label, (d, i) in calls.items():
+        o = out.setdefault(op_of[label], [0, 0.0, 0.0])
+        o[0] += 1
+        o[1] += d
+        o[2] += i
+    return {op: tuple(v) for op, v in out.items()}
+
+
+def op_table(ops: dict[str, tuple[int, float, float]], wall: float) -> str:
+    """Markdown rows of `by_op`: the increment per call is the op's cost to the step."""
+    L = ["| op | calls per token | kernel µs per token | increment µs per token | increment per call | share of wall |",
+         "|---|---|---|---|---|---|"]
+    for op, (k, d, i) in sorted(ops.items(), key=lambda x: -x[1][2]):
+        L.append(f"| `{op}` | {k} | {d:.1f} | {i:.1f} | {i / k:.2f} | {100 * i / wall:.1f}% |")
+    return "\n".join(L) + "\n"
+
+
 def table(r, label: str, machine: str) -> str:
     L = [f"### Decode profile: {label} (`tools/profile_decode.py`)", "",
          f"{datetime.date.today().isoformat()}, commit `{commit()}`, {machine}. torch.profiler (CUPTI kernel "
@@ -140,6 +212,12 @@ def table(r, label: str, machine: str) -> str:
     for n, t in sorted(r["by_kernel"].items(), key=lambda x: -x[1])[:16]:
         k = r["launches"][n]
         L.append(f"| `{n[:70]}` | {k:.0f} | {t:.1f} | {t / k:.2f} |")
+    if r.get("ops"):
+        L += ["", "Per op of the decode program: kernel time, and the increment — how much later each kernel ends than "
+              "every earlier one (the increments sum to the wall time; under PDL this, not the duration, is what a "
+              "launch adds to the step):", "", op_table(r["ops"], r["wall"]).rstrip("\n")]
+    elif r.get("ops_skipped"):
+        L += ["", f"(no per-op split: {r['ops_skipped']})"]
     return "\n".join(L) + "\n"
 
 
@@ -157,6 +235,12 @@ def main(argv=None) -> int:
     manifest = a.manifest or d / "manifest.json"
     ev, _ = profile(manifest, a.work / "kernels", d / "weights.safetensors", a.context, a.steps)
     r = breakdown(ev, a.steps)
+    m = json.loads(manifest.read_text())
+    calls, why = per_call(ev, decode_launches(m))
+    if calls is None:
+        r["ops_skipped"] = why
+    else:
+        r["ops"] = by_op(calls, m)
     import torch
 
     machine = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
