@@ -145,7 +145,8 @@ def decode_launches(manifest: dict) -> list[tuple[str, str]]:
 
 
 def per_call(ev, launches: list[tuple[str, str]]):
-    """The decode kernels of `ev` (after the last prefill kernel; copies and memsets left out) matched, in start
+    """The decode kernels of `ev` (from the first one named as the program's first launch after the last prefill
+    kernel; copies and memsets left out) matched, in start
     order, to `launches` repeated once per step: each kernel's name must be its launch's entry. Returns
     ({label: (µs of kernel time per token, µs of increment per token)}, None), or (None, why not) when the kernels
     do not match. A kernel's increment is how much later its end is than every earlier decode kernel's end (0 if
@@ -156,6 +157,9 @@ def per_call(ev, launches: list[tuple[str, str]]):
     per op name."""
     last_prefill = max((i for i, (n, _, _) in enumerate(ev) if is_prefill(n)), default=-1)
     dec = [e for e in ev[last_prefill + 1:] if not is_copy(e[0])]
+    if launches:  # the first decode step begins at its first launch (a prefill tail kernel may come before it)
+        first = launches[0][1]
+        dec = dec[next((i for i, e in enumerate(dec) if e[0] == first or e[0].startswith(first + "(")), len(dec)):]
     n = len(launches)
     if not n or len(dec) % n:
         return None, f"{len(dec)} decode kernels are not a whole number of steps of {n} launches"
