@@ -22,9 +22,10 @@ gate_up, down, lm_head; default all) launch that module (`manifest_variant`), fo
 
 Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical wherever checked; alone,
 with the best ring (C = 128, S = 2), qkv and o 0.7–0.9 µs per launch faster, down ~7 µs slower (a stage refilled
-only once read waits a whole copy); in the 4B program every form loses (o +0.13–0.29 ms/token: probably its
-low-register blocks crowding onto the SMs the attention leaves free) except qkv with C = 64, S = 2 (−0.010…−0.012,
-four calls), which costs 0.6B +0.043. Not in the generator.
+only once read waits a whole copy); in the 4B program every form loses (o +0.13–0.29 ms/token: o's own share of
+the step falls 1.5 µs per layer, the next GEMV's rises 6.2, NOTES.md 41) except qkv with C = 64, S = 2
+(−0.010…−0.012, four calls), which costs 0.6B +0.043. Not in the generator. Judge a variant in the program with
+tools/gpu/program_sweep.py and see where its time lands with tools/profile_decode.py's per-op split.
 """
 
 from __future__ import annotations

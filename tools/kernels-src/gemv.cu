@@ -353,8 +353,9 @@ __device__ __forceinline__ void warp_totals(float acc[R][M]) {
 // H200, session 13 (NOTES.md 39; tools/gpu/gemv_tma_probe.py): the M = 1 entries bit-identical to the default form's
 // (ksplit 1, 2, 4); alone, with the best ring (C = 128, S = 2), qkv and o 0.7-0.9 us per launch faster and down
 // ~7 us slower (the default ring C = 128, S = 3 is slower for every shape); in the 4B decode program every form
-// tried loses (o +0.13-0.29 ms/token; probably its ~45-register blocks crowding onto the SMs the attention leaves
-// free) but qkv at C = 64, S = 2 (-0.011), which costs 0.6B +0.043: not used by the generator.
+// tried loses (o +0.13-0.29 ms/token: o's own share of the step falls 1.5 us per layer but the next GEMV's,
+// gate_up's, rises 6.2 us; NOTES.md 41) but qkv at C = 64, S = 2 (-0.011), which costs 0.6B +0.043: not used by
+// the generator.
 #ifndef GEMV_TMA_C
 #define GEMV_TMA_C 128
 #endif
