@@ -61,7 +61,8 @@ def test_rope_cluster_attention_has_its_own_group():
     assert pd.group_of("qk_norm_rope_kv") == "qk-norm + rotary + KV write"
 
 
-MANIFEST = {  # a decode program of two layers of one GEMV and a two-launch attention, and an argmax
+MANIFEST = {  # a decode program of two layers of one GEMV and a two-launch attention, and an argmax (the extern
+    # gemm op is not called by it: test_per_op_split_refuses_a_profile_that_does_not_match adds a call)
     "ops": {"embedding": {"impl": {"launches": [{"entry": "embedding"}]}},
             "gemv": {"impl": {"launches": [{"entry": "kern_gemv_norm_m1"}]}},
             "attn": {"impl": {"launches": [{"entry": "paged_decode_attention"}, {"entry": "paged_decode_reduce"}]}},
@@ -87,14 +88,15 @@ def pdl_step(t0: float) -> list[tuple[str, float, float]]:
 
 
 def test_per_op_increments_sum_to_the_wall():
-    """Each kernel's increment is how much later it ends than every earlier one; per call, per op; the increments
-    of a step sum to its wall time, the durations (which include the PDL overlap) do not."""
+    """Each kernel's increment is how far it moves the latest end of the kernels before it; per call, per op; the
+    increments sum to the decode kernels' span (breakdown's wall less the trailing read-back copy), the durations
+    (which include the PDL overlap) do not; a prefill tail kernel before the first decode launch is left out of
+    both."""
     launches = pd.decode_launches(MANIFEST)
     assert launches == [("embed", "embedding"), ("l0.gemv", "kern_gemv_norm_m1"), ("l0.attn", "paged_decode_attention"),
                         ("l0.attn", "paged_decode_reduce"), ("l1.gemv", "kern_gemv_norm_m1"),
                         ("l1.attn", "paged_decode_attention"), ("l1.attn", "paged_decode_reduce"),
-                        ("argmax", "argmax_partial")]  # the extern GEMM launches no kernel
-    # a prefill tail kernel (qk_norm_rope_kv, not named as prefill) before the first decode step is left out
+                        ("argmax", "argmax_partial")]
     ev = [("nvjet_sm90_gemm", 0.0, 90.0), ("qk_norm_rope_kv", 90.0, 94.0)] + pdl_step(100.0) + pdl_step(200.0)
     calls, why = pd.per_call(ev, launches)
     assert why is None
@@ -102,20 +104,25 @@ def test_per_op_increments_sum_to_the_wall():
     assert calls["embed"] == pytest.approx((2, (2 + 202 - 129) / 2))
     assert calls["l0.gemv"] == pytest.approx((10, 9)) and calls["l1.gemv"] == pytest.approx((12, 11))
     assert calls["l0.attn"] == pytest.approx((5, 3)) and calls["argmax"] == pytest.approx((2, 1))
-    r = pd.breakdown(ev, steps_hint=2)
     ops = pd.by_op(calls, MANIFEST)
     assert ops["gemv"] == pytest.approx((2, 22, 20)) and ops["attn"] == pytest.approx((2, 10, 6))
     total = sum(i for _, i in calls.values())
-    assert total == pytest.approx((ev[-2][2] - ev[2][1]) / 2)
+    assert total == pytest.approx((229 - 100) / 2)  # step 2's argmax end minus step 1's embedding start
+    r = pd.breakdown(ev, steps_hint=2, first_entry="embedding")
+    assert r["wall"] == pytest.approx((230 - 100) / 2)  # to the read-back copy's end: 0.5 µs per token more
+    assert "qk_norm_rope_kv" not in r["by_kernel"]
+    assert "qk_norm_rope_kv" in pd.breakdown(ev, steps_hint=2)["by_kernel"]  # without the manifest: kept
     r["ops"] = ops
     text = pd.table(r, "pdl", "no GPU")
-    assert "| `gemv` | 2 | 22.0 | 20.0 | 10.00 |" in text and "increment" in text
+    assert "| `gemv` | 2 | 22.0 | 20.0 | 10.00 | 31.0% |" in text
+    assert f"| **{total:.1f}** | | 100% |" in text
 
 
 def test_per_op_split_refuses_a_profile_that_does_not_match():
+    """Each way the profile and the program can disagree is refused with its reason (no table of wrong numbers)."""
     launches = pd.decode_launches(MANIFEST)
     calls, why = pd.per_call(pdl_step(0.0)[:-3], launches)
-    assert calls is None and "not a whole number of steps of 8 launches" in why
+    assert calls is None and "6 decode kernels are 0 steps of 8 launches and 6 more: the profile ends mid-step" in why
     ev = pdl_step(0.0)
     ev[4] = ("kern_gemv_norm_m1_u5", ev[4][1], ev[4][2])  # another entry whose name contains the expected one
     calls, why = pd.per_call(ev, launches)
@@ -123,5 +130,17 @@ def test_per_op_split_refuses_a_profile_that_does_not_match():
     r = pd.breakdown(ev, steps_hint=1)
     r["ops_skipped"] = why
     assert "no per-op split" in pd.table(r, "x", "no GPU")
+    calls, why = pd.per_call(pdl_step(0.0)[1:], launches)  # no kernel named as the first launch
+    assert calls is None and "no kernel named `embedding` (the decode program's first launch, embed)" in why
+    assert pd.per_call([], launches)[0] is None
+    calls, why = pd.per_call(pdl_step(0.0), [])
+    assert calls is None and "launches no kernel" in why
+    with_gemm = {"ops": MANIFEST["ops"], "programs": {"decode": {"calls": MANIFEST["programs"]["decode"]["calls"]
+                                                                 + [{"label": "lm_head", "op": "gemm"}]}}}
+    calls, why = pd.per_call(pdl_step(0.0), pd.decode_launches(with_gemm))
+    assert calls is None and "extern (cuBLASLt) launches" in why
     with pytest.raises(SystemExit, match="no `decode` program"):
         pd.decode_launches({"ops": {}, "programs": {}})
+    with pytest.raises(SystemExit, match="none named `embedding`"):
+        pd.breakdown([("nvjet_sm90_gemm", 0.0, 1.0), ("kern_gemv_m1", 2.0, 3.0)], 1, first_entry="embedding")
+    assert pd.is_copy("memset (Device)") and pd.is_copy("Memcpy DtoH (Device -> Pinned)")

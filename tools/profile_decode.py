@@ -12,9 +12,10 @@ the kernels inside CUDA graph launches), and splits the decode steps' wall time 
 - each kernel's GPU time per token, grouped (GEMV = the decode GEMMs, attention, norms/rotary/KV,
   embedding, argmax, other), from CUPTI's start/end timestamps;
 - per op of the manifest's decode program (its calls' kernel launches matched to the profile in order): kernel
-  time and the increment, how much later each kernel ends than every earlier one — the increments sum to the wall
-  time, so under PDL, where a kernel starts early and its duration includes its wait, the increment is what a
-  launch adds to the step (a variant whose kernel is faster alone but whose neighbour ends later shows here);
+  time and the increment, how far each kernel moves the latest end of the kernels before it — the increments sum
+  to the decode kernels' span, so under PDL, where a kernel starts early and its duration includes its wait, they
+  split the step where durations cannot (an attribution of end times: a variant whose kernel is faster alone but
+  whose neighbour then ends later shows as exactly that);
 - the gaps: wall time per step (first decode kernel start to last decode kernel end, divided by
   the steps) minus the time covered by at least one kernel (the union of their intervals: under
   PDL kernels overlap, and their summed durations, which then include each one's wait, can
@@ -97,12 +98,28 @@ def profile(manifest: Path, kernels: Path, weights: Path, context: int, steps: i
     return ev, tokens
 
 
-def breakdown(ev, steps_hint: int):
-    """Per-token kernel time by group and kernel, wall per token and gap per token (µs)."""
+def is_named(name: str, entry: str) -> bool:
+    """Whether a CUPTI kernel name is the launch entry `entry` (exact: kern_gemv_norm_m1 is not ..._m1_u5)."""
+    return name == entry or name.startswith(entry + "(")
+
+
+def decode_events(ev, first_entry: str | None = None):
+    """The events of the decode steps: after the last prefill kernel, and from the first kernel named `first_entry`
+    (the decode program's first launch, when known: a prefill tail kernel not named as prefill, such as
+    qk_norm_rope_kv, may come before it). Copies are kept."""
     last_prefill = max((i for i, (n, _, _) in enumerate(ev) if is_prefill(n)), default=-1)
     dec = ev[last_prefill + 1:]
+    if first_entry is not None:
+        dec = dec[next((i for i, e in enumerate(dec) if is_named(e[0], first_entry)), len(dec)):]
+    return dec
+
+
+def breakdown(ev, steps_hint: int, first_entry: str | None = None):
+    """Per-token kernel time by group and kernel, wall per token and gap per token (µs), over `decode_events`."""
+    dec = decode_events(ev, first_entry)
     if not dec:
-        raise SystemExit("profile_decode: no decode kernels after the prefill kernels in the profile")
+        raise SystemExit("profile_decode: no decode kernels after the prefill kernels in the profile"
+                         + (f" (none named `{first_entry}`, the decode program's first launch)" if first_entry else ""))
     steps = sum(1 for n, _, _ in dec if "embedding" in n) or steps_hint
     wall = (dec[-1][2] - dec[0][1]) / steps
     by_kernel: dict[str, float] = defaultdict(float)
@@ -129,47 +146,49 @@ def breakdown(ev, steps_hint: int):
 
 def is_copy(name: str) -> bool:
     """A copy or memset in the CUPTI activity (torch names them `Memcpy ...` / `Memset ...`): not a launch."""
-    return name.startswith(("Memcpy", "Memset"))
+    return name.lower().startswith(("memcpy", "memset"))
 
 
-def decode_launches(manifest: dict) -> list[tuple[str, str]]:
-    """(call label, entry) of every kernel launch of one decode step, in program order: the manifest's decode
-    calls, each op's launches (an extern built-in such as cuBLASLt launches no kernel of the manifest's and is
-    skipped). Raises SystemExit when the manifest has no decode program."""
+def decode_launches(manifest: dict) -> list[tuple[str, str | None]]:
+    """(call label, entry) of every launch of one decode step, in program order: the manifest's decode calls, each
+    op's launches; an extern built-in (cuBLASLt) has entry None (its kernels are the library's, not named by the
+    manifest). Raises SystemExit when the manifest has no decode program."""
     try:
         calls = manifest["programs"]["decode"]["calls"]
     except KeyError:
         raise SystemExit("profile_decode: the manifest has no `decode` program") from None
-    return [(c.get("label", c["op"]), ln["entry"]) for c in calls
-            for ln in manifest["ops"][c["op"]]["impl"]["launches"] if "entry" in ln]
+    return [(c.get("label", c["op"]), ln.get("entry")) for c in calls for ln in manifest["ops"][c["op"]]["impl"]["launches"]]
 
 
-def per_call(ev, launches: list[tuple[str, str]]):
-    """The decode kernels of `ev` (from the first one named as the program's first launch after the last prefill
-    kernel; copies and memsets left out) matched, in start
-    order, to `launches` repeated once per step: each kernel's name must be its launch's entry. Returns
-    ({label: (µs of kernel time per token, µs of increment per token)}, None), or (None, why not) when the kernels
-    do not match. A kernel's increment is how much later its end is than every earlier decode kernel's end (0 if
-    not later; the first kernel's counts from its own start, so each step's first kernel carries the gap since the
-    previous step): the increments sum to the decode wall time, so each call's is what it adds to the step under
-    PDL overlap, where its duration (which includes its wait) does not say that. A call with several launches
-    (argmax: two) sums them; calls of the same op in different layers stay apart by label, and `by_op` sums them
-    per op name."""
-    last_prefill = max((i for i, (n, _, _) in enumerate(ev) if is_prefill(n)), default=-1)
-    dec = [e for e in ev[last_prefill + 1:] if not is_copy(e[0])]
-    if launches:  # the first decode step begins at its first launch (a prefill tail kernel may come before it)
-        first = launches[0][1]
-        dec = dec[next((i for i, e in enumerate(dec) if e[0] == first or e[0].startswith(first + "(")), len(dec)):]
+def per_call(ev, launches: list[tuple[str, str | None]]):
+    """The decode kernels of `ev` (`decode_events` from the program's first launch; copies and memsets left out)
+    matched, in start order, to `launches` repeated once per step: each kernel's name must be its launch's entry.
+
+    Returns ({label: (kernel µs per token, increment µs per token)}, None), or (None, why not) when they do not match.
+    A kernel's increment is how far it moves the latest end of the decode kernels before it (0 when it ends earlier;
+    the first kernel's counts from its own start, so each step's first kernel carries the gap since the previous
+    step): the increments of all kernels sum to (last kernel end − first kernel start) / steps, and split that time
+    by which launch's end defines it. Under PDL, where a kernel's duration includes its wait, this is the split that
+    adds up; it is an attribution of end times, not a counterfactual (a faster kernel may move time into its
+    neighbour's increment). A call with several launches (argmax: two) sums them; calls of one op in different
+    layers stay apart by label (`by_op` sums them per op)."""
+    if not launches or any(entry is None for _, entry in launches):
+        why = "launches no kernel" if not launches else "has extern (cuBLASLt) launches, whose kernels are not named"
+        return None, f"the decode program {why}: kernels cannot be matched to its launches"
+    dec = [e for e in decode_events(ev, launches[0][1]) if not is_copy(e[0])]
     n = len(launches)
-    if not n or len(dec) % n:
-        return None, f"{len(dec)} decode kernels are not a whole number of steps of {n} launches"
+    if not dec:
+        return None, f"no kernel named `{launches[0][1]}` (the decode program's first launch, {launches[0][0]}) after the prefill"
+    if len(dec) % n:
+        return None, (f"{len(dec)} decode kernels are {len(dec) // n} steps of {n} launches and {len(dec) % n} more: the "
+                      "profile ends mid-step or holds another program's kernels")
     steps = len(dec) // n
     dur: dict[str, float] = defaultdict(float)
     inc: dict[str, float] = defaultdict(float)
     end = dec[0][1]
     for i, (name, a, b) in enumerate(dec):
         label, entry = launches[i % n]
-        if name != entry and not name.startswith(entry + "("):  # exact: kern_gemv_norm_m1 is not ..._m1_u5
+        if not is_named(name, entry):
             return None, f"decode kernel {i} is `{name}`, the program's launch {i % n} ({label}) is `{entry}`"
         dur[label] += (b - a) / steps
         inc[label] += max(0.0, b - end) / steps
@@ -189,12 +208,15 @@ def by_op(calls: dict[str, tuple[float, float]], manifest: dict) -> dict[str, tu
     return {op: tuple(v) for op, v in out.items()}
 
 
-def op_table(ops: dict[str, tuple[int, float, float]], wall: float) -> str:
-    """Markdown rows of `by_op`: the increment per call is the op's cost to the step."""
-    L = ["| op | calls per token | kernel µs per token | increment µs per token | increment per call | share of wall |",
+def op_table(ops: dict[str, tuple[int, float, float]]) -> str:
+    """Markdown rows of `by_op`, largest increment first; shares are of the increments' sum (the decode kernels'
+    span per token), which the last row gives."""
+    total = sum(i for _, _, i in ops.values())
+    L = ["| op | calls per token | kernel µs per token | increment µs per token | increment µs per call | share |",
          "|---|---|---|---|---|---|"]
     for op, (k, d, i) in sorted(ops.items(), key=lambda x: -x[1][2]):
-        L.append(f"| `{op}` | {k} | {d:.1f} | {i:.1f} | {i / k:.2f} | {100 * i / wall:.1f}% |")
+        L.append(f"| `{op}` | {k} | {d:.1f} | {i:.1f} | {i / k:.2f} | {100 * i / total:.1f}% |")
+    L.append(f"| **sum: first kernel start to last kernel end, per token** | | | **{total:.1f}** | | 100% |")
     return "\n".join(L) + "\n"
 
 
@@ -217,9 +239,11 @@ def table(r, label: str, machine: str) -> str:
         k = r["launches"][n]
         L.append(f"| `{n[:70]}` | {k:.0f} | {t:.1f} | {t / k:.2f} |")
     if r.get("ops"):
-        L += ["", "Per op of the decode program: kernel time, and the increment — how much later each kernel ends than "
-              "every earlier one (the increments sum to the wall time; under PDL this, not the duration, is what a "
-              "launch adds to the step):", "", op_table(r["ops"], r["wall"]).rstrip("\n")]
+        L += ["", "Per op of the decode program: kernel time, and the increment — how far each kernel moves the latest "
+              "end of the kernels before it; the increments sum to the decode kernels' span (the wall above less the "
+              "read-back copy after the last kernel) and split it by whose end defines it (under PDL the durations "
+              "overlap and do not add up; an attribution, not a counterfactual):", "",
+              op_table(r["ops"]).rstrip("\n")]
     elif r.get("ops_skipped"):
         L += ["", f"(no per-op split: {r['ops_skipped']})"]
     return "\n".join(L) + "\n"
@@ -238,9 +262,11 @@ def main(argv=None) -> int:
     d = a.work / f"qwen3-{a.geometry}"
     manifest = a.manifest or d / "manifest.json"
     ev, _ = profile(manifest, a.work / "kernels", d / "weights.safetensors", a.context, a.steps)
-    r = breakdown(ev, a.steps)
     m = json.loads(manifest.read_text())
-    calls, why = per_call(ev, decode_launches(m))
+    launches = decode_launches(m)
+    first = launches[0][1] if launches and all(e is not None for _, e in launches) else None
+    r = breakdown(ev, a.steps, first)
+    calls, why = per_call(ev, launches)
     if calls is None:
         r["ops_skipped"] = why
     else:
