@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "tools" / "build_kernels.py"
 SRC = ROOT / "tools" / "kernels-src"
@@ -136,14 +139,6 @@ def _ptx(defines: tuple[str, ...]) -> str:
     return bk.cuda_ptx(replace(k, defines=k.defines + defines))
 
 
-def _entries(ptx: str) -> dict[str, list[str]]:
-    out = {}
-    for part in ptx.split(".entry ")[1:]:
-        name = part.split("(", 1)[0].strip()
-        out[name] = [ln.strip() for ln in part.split("\n}\n", 1)[0].splitlines()]
-    return out
-
-
 def test_default_module_ptx_has_no_prefetch():
     instances, load_geometry, bk = _catalog()
     k = next(k for k in instances([load_geometry("4b")]) if k.name == "kern_gemv_m1")
@@ -158,7 +153,7 @@ def test_pf_ptx_prefetch_point_and_hints(at):
     point 0 before it (and, as every GEMV, no store before the wait); every weight load (ld.global.nc with
     L1::no_allocate) carries the evict_first policy of createpolicy."""
     ptx = _ptx(() if at is None else (f"GEMV_PF_AT={at}",))
-    entries = _entries(ptx)
+    entries = ptx_entries(ptx)
     assert set(entries) == PF
     for name, lines in entries.items():
         wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
@@ -175,7 +170,7 @@ def test_pf_ptx_prefetch_point_and_hints(at):
 
 
 def test_pf_ptx_without_evict_first():
-    for name, lines in _entries(_ptx(("GEMV_PF_EVICT_FIRST=0",))).items():
+    for name, lines in ptx_entries(_ptx(("GEMV_PF_EVICT_FIRST=0",))).items():
         assert not [ln for ln in lines if "cache_hint" in ln or "createpolicy" in ln], name
         assert any(ln.startswith("cp.async.bulk.prefetch.L2.global") for ln in lines), name
 

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "kernels-src"
 EXAMPLE = ROOT / "examples" / "qwen3-4b.json"
@@ -84,16 +87,8 @@ def test_tma_module_has_the_default_abi(builds, build):
         assert tma.entries[name].grid_dep_wait is True, name
 
 
-def _entries(ptx: str) -> dict[str, list[str]]:
-    out = {}
-    for part in ptx.split(".entry ")[1:]:
-        name = part.split("(", 1)[0].strip()
-        out[name] = [ln.strip() for ln in part.split("\n}\n", 1)[0].splitlines()]
-    return out
-
-
 def test_tma_ptx_copies_before_the_wait(builds):
-    tma = _entries(builds["tma_ptx"].read_text())
+    tma = ptx_entries(builds["tma_ptx"].read_text())
     m1 = {n: lines for n, lines in tma.items() if re.search(r"_m1(_u5)?$", n)}
     assert len(m1) == 8
     for name, lines in m1.items():
