@@ -155,6 +155,21 @@ def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None, before_attentio
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
+def run_shape(g, name, x, nw, w, y, n, k, ks=1, pdl=False):
+    """The variant the decode program launches for shape `name` of `shapes()` (qkv, lm_head: norm; gate_up: norm +
+    SiLU-and-mul over its n/2 output columns; o, down: residual add into y), with the manifests' entry
+    (`gemv_entry`, BEFORE_ATTENTION); w [n, k], x [1, k], nw [k], y [1, n] bf16."""
+    before = BEFORE_ATTENTION[name]
+    if name in ("qkv", "lm_head"):
+        run_norm(g, x, nw, w, y, n, k, ks, pdl=pdl, before_attention=before)
+    elif name == "gate_up":
+        run_norm_silu(g, x, nw, w, y, n // 2, k, ks, pdl=pdl, before_attention=before)
+    elif name in ("o", "down"):
+        run_residual(g, x, w, y, n, k, ks, pdl=pdl, before_attention=before)
+    else:
+        raise ValueError(f"run_shape: no decode shape `{name}` (one of {', '.join(SHAPE_OPS)})")
+
+
 # The persistent forms (gemv_persist.cu): grid, rows_per_job and shared memory from tools/gemv_plan.py.
 #: Target chunks per ring slot of the persistent forms (tools/gemv_plan.py PIECE_CHUNKS unless swept).
 GEMVP_PIECE = [PIECE_CHUNKS]
@@ -348,14 +363,7 @@ def standalone(g, geom, bw):
         def ours():
             w = ws[it[0] % copies]
             it[0] += 1
-            ks = cur_ks[0]
-            before = BEFORE_ATTENTION[name]  # the entry the decode manifests launch for this shape
-            if name in ("qkv", "lm_head"):
-                run_norm(g, x, nw, w, y, n, k, ks, before_attention=before)
-            elif name == "gate_up":
-                run_norm_silu(g, x, nw, w, y, n // 2, k, ks, before_attention=before)
-            elif name in ("o", "down"):
-                run_residual(g, x, w, y, n, k, ks, before_attention=before)
+            run_shape(g, name, x, nw, w, y, n, k, cur_ks[0])
 
         def cublas():
             w = ws[it[0] % copies]

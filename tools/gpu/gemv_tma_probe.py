@@ -43,9 +43,11 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 torch = bg = None  # torch and tools/bench_gemv.py: imported by main() (the manifest rewrite needs neither)
 
+from manifest_variants import SHORT as VARIANT_OPS  # noqa: E402  (the decode ops' short names)
+
 WARPS, R = 8, 2
-SHORT = {"qkv": "gemv_norm_qkv", "o": "gemv_residual_o_proj", "gate_up": "gemv_norm_silu_gate_up",
-         "down": "gemv_residual_down_proj", "lm_head": "gemv_norm_lm_head"}
+#: The decode GEMV ops by short name: manifest_variants' names for them.
+SHORT = {s: VARIANT_OPS[s][0] for s in ("qkv", "o", "gate_up", "down", "lm_head")}
 GEMV_OPS = tuple(SHORT.values())
 
 
@@ -117,7 +119,7 @@ def chains(gs: dict, geom: str, rounds: int) -> tuple[dict[str, float], bool]:
     attn = torch.randn(1, sh["o"][1], device="cuda", dtype=torch.bfloat16)
     act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
     logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
-    ks = {nm: int(r) if (r := bg.rule_ksplit(nm, *sh[nm])) != "-" else 1 for nm in sh}
+    ks = {nm: int(bg.rule_ksplit(nm, *sh[nm])) for nm in sh}
     resid0 = resid.clone()
     graphs, outs = {}, {}
     for label, g in gs.items():
@@ -159,20 +161,12 @@ def per_shape(gs: dict, geom: str, rounds: int) -> None:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(torch.bfloat16)
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
-        r = bg.rule_ksplit(name, n, k)
-        ks = int(r) if r != "-" else 1
-        before = bg.BEFORE_ATTENTION[name]
+        ks = int(bg.rule_ksplit(name, n, k))
 
         def calls(g):
             def fn():
                 for i, w in enumerate(ws):
-                    pdl = i > 0
-                    if name in ("qkv", "lm_head"):
-                        bg.run_norm(g, x, nw, w, y, n, k, ks, pdl=pdl, before_attention=before)
-                    elif name == "gate_up":
-                        bg.run_norm_silu(g, x, nw, w, y, n // 2, k, ks, pdl=pdl, before_attention=before)
-                    else:
-                        bg.run_residual(g, x, w, y, n, k, ks, pdl=pdl, before_attention=before)
+                    bg.run_shape(g, name, x, nw, w, y, n, k, ks, pdl=i > 0)
             return fn
         graphs = {label: bg.capture(calls(g)) for label, g in gs.items()}
         times = {label: [] for label in graphs}
