@@ -684,7 +684,9 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
                           [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(M, k)); \
     }
 
-#ifndef GEMV_L2_PREFETCH
+#if defined(GEMV_NO_ENTRIES)
+// included by another source (gemv_mlp.cu) for its helpers: no entries of its own
+#elif !defined(GEMV_L2_PREFETCH)
 INSTANTIATE(1, 4, )
 INSTANTIATE(1, 5, _u5)
 INSTANTIATE(2, 2, )
