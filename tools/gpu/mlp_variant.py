@@ -29,10 +29,12 @@ def _launch(m: dict, op: str) -> dict:
     return m["ops"][op]["impl"]["launches"][0]
 
 
-def rewrite(m: dict, kernels: Path) -> dict:
-    """The decode program of manifest `m` with the one-launch MLP; raises ValueError naming what does not fit."""
+def rewrite(m: dict, kernels: Path, cubin_name: str = f"{MODULE}.cubin", down_prewait: bool = False) -> dict:
+    """The decode program of manifest `m` with the one-launch MLP from KDIR/cubin_name (built from gemv_mlp.cu;
+    down_prewait: built with -DMLP_DOWN_PREWAIT=1, which needs k·16 more bytes of dynamic shared memory); raises
+    ValueError naming what does not fit."""
     out = copy.deepcopy(m)
-    cubin = kernels / f"{MODULE}.cubin"
+    cubin = kernels / cubin_name
     if not cubin.is_file():
         raise ValueError(f"{cubin}: not found; build it from tools/kernels-src/gemv_mlp.cu")
     out["modules"][MODULE] = {"source": cubin.name, "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest()}
@@ -78,7 +80,7 @@ def rewrite(m: dict, kernels: Path) -> dict:
             "module": MODULE, "entry": "kern_mlp_m1",
             "params": ["in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", "in buffer<bf16>", acc_io,
                        "i32", "i32", "f32"],
-            "block": [256, 1, 1], "grid": [n // 8, 1, 1], "shared_mem": 2 * k, "pdl": True,
+            "block": [256, 1, 1], "grid": [n // 8, 1, 1], "shared_mem": (18 if down_prewait else 2) * k, "pdl": True,
             "args": [{"param": i} for i in range(5)] + [{"i32": n}, {"i32": k}, {"f32": eps}]}]}}
     el = copy.deepcopy(emb)
     el.update(module=MODULE, entry="kern_embedding_acc")
@@ -127,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("manifest", type=Path)
     ap.add_argument("--kernels", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cubin", default=f"{MODULE}.cubin", help="the gemv_mlp.cu build in KDIR (default: %(default)s)")
+    ap.add_argument("--down-prewait", action="store_true", help="the cubin was built with -DMLP_DOWN_PREWAIT=1")
     a = ap.parse_args(argv)
     from kern_verify.verify import verify_text
 
-    out = rewrite(json.loads(a.manifest.read_text()), a.kernels)
+    out = rewrite(json.loads(a.manifest.read_text()), a.kernels, a.cubin, a.down_prewait)
     text = json.dumps(out, indent=1)
     diags = verify_text(text, kernels_dir=a.kernels)
     for d in diags:

@@ -164,13 +164,51 @@ kern_embedding_acc(const long long *__restrict__ ids, const uint4 *__restrict__ 
 }
 
 // ---- the MLP ----------------------------------------------------------------------------------------------------
-extern "C" __global__ void __cluster_dims__(MLP_CLUSTER, 1, 1) __launch_bounds__(WARPS * 32)
+// Build options (experiments; the defaults are what the header describes):
+//   -DMLP_DOWN_PREWAIT=1  the CTA's down-weight runs go into shared memory through cp.async before griddepcontrol.wait
+//                         (with the gate/up stages), instead of into registers after the gate/up dot products
+//   -DMLP_RED=1           each row's partial goes to acc by its own red.global.add.u64 (fire and forget) instead of one
+//                         bulk reduction per CTA
+#ifndef MLP_DOWN_PREWAIT
+#define MLP_DOWN_PREWAIT 0
+#endif
+#ifndef MLP_RED
+#define MLP_RED 0
+#endif
+
+namespace {
+// The hook pdl_dot calls right after the first gate/up stages are issued (gemv.cu's `Pf` interface): with
+// MLP_DOWN_PREWAIT, this CTA's down-weight runs, one 16-byte cp.async per pass per thread, into `dst`.
+struct DownPrefetch {
+    static constexpr bool evict_first = false;
+    const uint4 *src;
+    uint4 *dst;
+    long stride;
+    int passes;
+    __device__ __forceinline__ unsigned long long policy() const { return 0; }
+    template <int POINT>
+    __device__ __forceinline__ void at() const {
+        if constexpr (POINT == 0 && MLP_DOWN_PREWAIT) {
+            for (int p = 0; p < passes; ++p)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                             :: "r"(static_cast<unsigned>(__cvta_generic_to_shared(dst + p * blockDim.x + threadIdx.x))),
+                                "l"(__cvta_generic_to_global(src + p * stride))
+                             : "memory");
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+    }
+};
+}  // namespace
+
+extern "C" __global__ void __cluster_dims__(MLP_CLUSTER, 1, 1) __launch_bounds__(WARPS * 32, 2)
 kern_mlp_m1(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,
             const __nv_bfloat16 *__restrict__ w_gu, const __nv_bfloat16 *__restrict__ w_down, long long *acc, int n,
             int k, float eps) {
     extern __shared__ __align__(16) unsigned char smem_x[];
     __shared__ __align__(16) __nv_bfloat16 hbuf[MLP_COLS];
+#if !MLP_RED
     __shared__ __align__(16) long long red[MLP_MAX_ROWS];
+#endif
     cg::cluster_group cluster = cg::this_cluster();
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -179,23 +217,27 @@ kern_mlp_m1(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict
     const int kv = k >> 3;
     __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem_x);
 
-    // gate/up: warp `warp` owns column j (kern_gemv_norm_silu_m1 with ksplit 1)
-    const long j = (long)blockIdx.x * WARPS + warp;
-    long rows[R] = {j, n + j};
-    float a[R][1];
-    pdl_dot<1, R, 5>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w_gu), rows, kv, 0, kv, lane,
-                     [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); }, a, NoL2Prefetch{}, 0);
-
     // this CTA's down rows: [rank·rows_per, +rows_per), 32 per pass; thread t loads 16 bytes (8 columns) of row
     // rank·rows_per + 32·p + t/8 at column 64·unit + 8·(t%8)
     const int rows_per = k / MLP_CLUSTER, passes = rows_per / 32;
     const int part = threadIdx.x & 7, rsub = threadIdx.x >> 3;
     const uint4 *wd = reinterpret_cast<const uint4 *>(w_down + ((long)rank * rows_per + rsub) * n + unit * MLP_COLS) + part;
     const long pass_stride = 32l * n / 8;  // 32 rows, in 16-byte vectors
+    uint4 *dsm = reinterpret_cast<uint4 *>(smem_x + 2 * k);  // MLP_DOWN_PREWAIT: passes x 256 vectors
+
+    // gate/up: warp `warp` owns column j (kern_gemv_norm_silu_m1 with ksplit 1)
+    const long j = (long)blockIdx.x * WARPS + warp;
+    long rows[R] = {j, n + j};
+    float a[R][1];
+    pdl_dot<1, R, 5>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w_gu), rows, kv, 0, kv, lane,
+                     [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); }, a, DownPrefetch{wd, dsm, pass_stride, passes}, 0);
+
+#if !MLP_DOWN_PREWAIT
     uint4 dw[MLP_BATCH];
 #pragma unroll
     for (int p = 0; p < MLP_BATCH; ++p)
         if (p < passes) dw[p] = ldg_stage_if<false>(wd + p * pass_stride, true, 0);
+#endif
 
     // the column's activation, HF's roundings (kern_gemv_norm_silu_m1), pushed to every CTA of the cluster
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every CTA has started: its smem may be written
@@ -206,25 +248,45 @@ kern_mlp_m1(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict
         for (int d = 0; d < MLP_CLUSTER; ++d) cluster.map_shared_rank(hbuf, d)[rank * WARPS + warp] = h;
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    uint4 hv = reinterpret_cast<const uint4 *>(hbuf)[part];  // activations 8·part … 8·part + 7 of the unit
+    const uint4 hv = reinterpret_cast<const uint4 *>(hbuf)[part];  // activations 8·part … 8·part + 7 of the unit
+#if MLP_DOWN_PREWAIT
+    asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's own runs (it reads only those)
+#endif
 
     for (int p0 = 0; p0 < passes; p0 += MLP_BATCH) {
+#if !MLP_DOWN_PREWAIT
         if (p0 > 0)
 #pragma unroll
             for (int p = 0; p < MLP_BATCH; ++p)
                 if (p0 + p < passes) dw[p] = ldg_stage_if<false>(wd + (p0 + p) * pass_stride, true, 0);
+#endif
 #pragma unroll
         for (int p = 0; p < MLP_BATCH; ++p) {
             if (p0 + p >= passes) break;
+#if MLP_DOWN_PREWAIT
+            const uint4 wv = dsm[(p0 + p) * blockDim.x + threadIdx.x];
+#else
+            const uint4 wv = dw[p];
+#endif
             float s = 0.f;
-            acc8(s, dw[p], hv);
+            acc8(s, wv, hv);
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             s += __shfl_xor_sync(0xffffffffu, s, 4);
-            if (part == 0) red[(p0 + p) * 32 + rsub] = __float2ll_rn(s * ACC_SCALE);
+            if (part == 0) {
+                const long long q = __float2ll_rn(s * ACC_SCALE);
+#if MLP_RED
+                asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;"
+                             :: "l"(acc + (long)rank * rows_per + (p0 + p) * 32 + rsub), "l"(q) : "memory");
+#else
+                red[(p0 + p) * 32 + rsub] = q;
+#endif
+            }
         }
     }
-    // one bulk reduction of the CTA's rows_per partials into acc (integer adds: any order gives the same sum)
+#if !MLP_RED
+    // one bulk reduction of the CTA's rows_per partials into acc (integer adds: any order gives the same sum); the
+    // CTA waits only until its shared memory has been read
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -233,6 +295,7 @@ kern_mlp_m1(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict
                         "r"(static_cast<unsigned>(__cvta_generic_to_shared(red))), "r"(rows_per * 8)
                      : "memory");
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     }
+#endif
 }
