@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kern_driver import KernDriverError, Runtime
-from kern_driver.testing import (CLUSTER16_CU, PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
+from kern_driver.testing import (CLUSTER16_CU, SMEM_CU, PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
                                  vadd_manifest, write_safetensors)
 
 pytestmark = pytest.mark.gpu
@@ -349,6 +349,29 @@ def test_pdl_takes_effect(tmp_path, pdl_cubin):
         np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
         g = rt.capture("main", n=n)
         assert g.programmatic_edges == 0
+
+
+# ---------------------------------------------------------------- static + dynamic shared memory over 48 KB
+
+
+def test_static_plus_dynamic_shared_memory_over_48kb_launches(tmp_path):
+    """8 KB of static shared memory and 46,080 bytes of dynamic: each below 48 KB, together above it. Runtime.load
+    raises the function's MAX_DYNAMIC_SHARED_SIZE_BYTES (without it the launch fails with CUDA_ERROR_INVALID_VALUE,
+    seen on the H200 with gemv_mlp.cu's MLP_DOWN_PREWAIT build in session 14)."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    cubin = build_cubin(SMEM_CU, tmp_path / "vadd_smem.cubin")
+    m = vadd_manifest(sha256(cubin), n_max=N_MAX, source="vadd_smem.cubin")
+    la = m["ops"]["add"]["impl"]["launches"][0]
+    la["entry"], la["shared_mem"] = "vadd_smem", 46080
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    w = np.random.default_rng(5).standard_normal(N_MAX).astype(np.float32)
+    write_safetensors(tmp_path / "w.safetensors", {"w": ("f32", w)})
+    with Runtime.load(tmp_path / "m.json", tmp_path, tmp_path / "w.safetensors") as rt:
+        x = np.random.default_rng(6).standard_normal(3000).astype(np.float32)
+        rt.write_input("x", x, prefix=True)
+        rt.run("main", n=3000)
+        np.testing.assert_array_equal(rt.read_output("out"), x + np.float32(2.0) * w[:3000])
 
 
 # ---------------------------------------------------------------- clusters of more than 8 CTAs

@@ -475,3 +475,29 @@ def test_load_refuses_a_graph_cache_that_holds_nothing(bad, monkeypatch):
     monkeypatch.setattr(R, "prepare", lambda *a, **k: pytest.fail("prepare must not run"))
     with pytest.raises(KernDriverError, match=r"max_graphs .*at least 1 graph"):
         Runtime.load("m.json", None, None, max_graphs=bad)
+
+
+# ---------------------------------------------------------------- shared-memory opt-in
+
+
+def test_shared_opt_in_counts_the_static_shared_memory():
+    """The 48 KB default covers static + dynamic (cuFuncSetAttribute): 8 KB static + 46,080 dynamic needs the
+    opt-in although the dynamic part alone is below 48 KB; exactly 48 KB in all does not."""
+    from kern_driver.runtime import shared_opt_ins
+
+    needs = {"a": (46080, "ops.mlp.impl.launches[0] (entry `kern_mlp_m1`)"), "b": (49152, "ops.b.impl.launches[0]"),
+             "c": (40960, "ops.c.impl.launches[0]"), "d": (0, "ops.d.impl.launches[0]")}
+    static = {"a": 8352, "b": 0, "c": 8192, "d": 49153}
+    got = shared_opt_ins(needs, static, 232448)
+    assert [(k, s) for k, s, _ in got] == [("a", 46080), ("d", 0)]
+    assert got[0][2] == needs["a"][1]
+
+
+def test_shared_opt_in_refuses_what_no_setting_can_run():
+    from kern_driver.runtime import shared_opt_ins
+
+    with pytest.raises(KernDriverError) as e:
+        shared_opt_ins({"a": (230000, "ops.attn.impl.launches[0] (entry `attn`)")}, {"a": 4096}, 232448)
+    msg = str(e.value)
+    assert "230000 bytes of dynamic" in msg and "4096 bytes of static" in msg and "232448" in msg
+    assert "ops.attn.impl.launches[0] (entry `attn`)" in msg and "E0094" in msg

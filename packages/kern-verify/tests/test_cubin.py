@@ -16,7 +16,9 @@ def test_nvcc_entries(nvcc_cubin):
     c = read_cubin(nvcc_cubin)
     assert c.arch == 90
     assert set(c.entries) == {"k_mix", "k_struct", "k_noparams", "_Z4cppkiPf", "k_mix_pdl", "k_mix_cluster2",
-                              "k_mix_cluster16", "k_mix_cluster_y2", "k_mix_cluster32"}
+                              "k_mix_cluster16", "k_mix_cluster_y2", "k_mix_cluster32", "k_mix_smem8k"}
+    # the section holds sm_90's 1 KB reserved for the system besides the 8 KB array (E0094 subtracts it)
+    assert c.entries["k_mix_smem8k"].static_shared_bytes == 9216 and c.entries["k_mix"].static_shared_bytes == 0
 
 
 def test_grid_dependency_wait_is_found_in_the_code(nvcc_cubin):

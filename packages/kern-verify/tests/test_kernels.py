@@ -249,3 +249,17 @@ def test_a_cluster_of_more_than_16_ctas_is_refused(doc, kdir):
     (d,) = check(doc, kernels_dir=kdir)
     assert (d.code, d.severity, d.location) == ("E0093", "error", "ops.mix.impl.launches[0].entry")
     assert "32 CTAs; sm_90 runs at most 16" in d.message
+
+
+def test_static_plus_dynamic_shared_memory_over_the_maximum_is_refused(doc, kdir):
+    """k_mix_smem8k declares 8 KB of __shared__ arrays: a launch may add at most 232448 - 8192 bytes of dynamic shared
+    memory (E0094 names both parts); E0034 alone would pass 229376."""
+    mix_launch(doc).update(entry="k_mix_smem8k", shared_mem=232448 - 8192)
+    assert check(doc, kernels_dir=kdir) == []
+    mix_launch(doc)["shared_mem"] = 229376
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.severity, d.location) == ("E0094", "error", "ops.mix.impl.launches[0].shared_mem")
+    assert "shared_mem 229376 bytes plus the kernel's 8192 bytes of static shared memory" in d.message
+    assert "at most 224256 bytes" in d.hint
+    mix_launch(doc).update(entry="k_mix", shared_mem=232448)  # no static shared memory: the whole maximum
+    assert check(doc, kernels_dir=kdir) == []

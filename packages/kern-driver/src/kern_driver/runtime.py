@@ -10,8 +10,9 @@ same way on any machine:
 3. initialize the device (one clear error when there is no GPU), load every
    module (`cuModuleLoadData`), resolve each launch's entry and compare its
    declared params with `cuFuncGetParamInfo` (`resolve.resolve_entries`);
-4. raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` where a launch needs
-   more than 48 KiB of dynamic shared memory;
+4. raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` where a launch's dynamic
+   shared memory and its kernel's static shared memory add up to more than 48 KiB
+   (`shared_opt_ins`);
 5. allocate the arena (zeroed) and, when the manifest uses a GEMM built-in,
    the cuBLASLt workspace; copy the weights; allocate pinned staging for the
    `input` and `output` buffers;
@@ -63,8 +64,37 @@ NUMPY_DTYPES: dict[str, Any] = {
     "fp8e4m3": np.uint8, "fp8e5m2": np.uint8,
 }
 
-#: Dynamic shared memory a kernel may use without opting in (CUDA C Programming Guide: 48 KB).
+#: Shared memory (static + dynamic) a block may use without opting in (CUDA C Programming Guide: 48 KB).
 SHARED_DEFAULT_LIMIT = 48 * 1024
+
+
+def shared_opt_ins(needs: dict[Any, tuple[int, str]], static: dict[Any, int], device_max: int
+                   ) -> list[tuple[Any, int, str]]:
+    """The functions whose `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` must be raised before they launch.
+
+    needs: function key -> (the largest dynamic shared memory any launch gives it, in bytes; where that launch is,
+    e.g. "ops.mlp.impl.launches[0] (entry `kern_mlp_m1`)"); static: function key -> its static shared memory in
+    bytes (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`); device_max: the device's per-block opt-in maximum
+    (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, 232,448 bytes on sm_90).
+
+    The attribute's default is 48 KB minus the static size, and the static size plus the attribute may not exceed
+    device_max (CUDA Driver API, cuFuncSetAttribute): so a launch needs the opt-in as soon as static + dynamic > 48 KB,
+    not only when the dynamic part alone is (a kernel with 8 KB of static arrays and 46 KB dynamic fails its launch
+    with CUDA_ERROR_INVALID_VALUE otherwise). Returns [(key, dynamic bytes to set, where)] in `needs` order.
+    Raises KernDriverError naming the launch when static + dynamic exceeds device_max (no setting can run it).
+    """
+    out = []
+    for key, (smem, where) in needs.items():
+        st = static.get(key, 0)
+        if st + smem > device_max:
+            raise KernDriverError(
+                f"{smem} bytes of dynamic shared memory plus the kernel's {st} bytes of static shared memory exceed "
+                f"this device's {device_max} bytes per block", where=where,
+                hint="lower the launch's `shared_mem` or the kernel's static arrays (sm_90: at most 232448 bytes "
+                     "per block in all; kern-verify E0094 checks this with --kernels)")
+        if st + smem > SHARED_DEFAULT_LIMIT:
+            out.append((key, smem, where))
+    return out
 
 LAUNCH_MODES = ("packed", "params")
 
@@ -304,20 +334,22 @@ class Runtime:
             self._modules[name] = cuda.module_load(img.data, f"modules.{name} ({img.path})")
         self.entries: dict[tuple[str, int], ResolvedEntry] = resolve_entries(m, _CudaModuleTable(self._modules))
 
-        # dynamic shared memory above the default 48 KB needs an opt-in per function
+        # static + dynamic shared memory above the default 48 KB needs an opt-in per function
         need: dict[Any, tuple[int, str]] = {}
         for (op, i), e in self.entries.items():
             smem = m.ops[op].impl.launches[i].shared_mem or 0
             key = int(e.handle)
-            if smem > need.get(key, (0, ""))[0]:
+            if smem > need.get(key, (-1, ""))[0]:
                 need[key] = (smem, f"ops.{op}.impl.launches[{i}] (entry `{e.entry}`)")
         handles = {int(e.handle): e.handle for e in self.entries.values()}
-        for key, (smem, where) in need.items():
-            if smem > SHARED_DEFAULT_LIMIT:
-                check(drv.cuFuncSetAttribute(handles[key], drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                      f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})", where,
-                      hint=f"this device allows at most {dev.max_shared_optin} bytes of shared memory per block "
-                      "(dynamic + the kernel's static shared memory)")
+        static = {key: check(drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                                    handles[key]), "cuFuncGetAttribute(SHARED_SIZE_BYTES)", where)
+                  for key, (_, where) in need.items()}
+        for key, smem, where in shared_opt_ins(need, static, dev.max_shared_optin):
+            check(drv.cuFuncSetAttribute(handles[key], drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                  f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem})", where,
+                  hint=f"this device allows at most {dev.max_shared_optin} bytes of shared memory per block "
+                  f"(dynamic + the kernel's {static[key]} bytes of static shared memory)")
 
         # a cluster of more than 8 CTAs (compiled in: __cluster_dims__) is non-portable; sm_90 runs up to 16 once
         # the function opts in (CUDA programming guide, "Thread Block Clusters"; cuFuncSetAttribute)

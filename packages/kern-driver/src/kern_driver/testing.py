@@ -114,6 +114,22 @@ extern "C" __global__ void __cluster_dims__(16, 1, 1) vadd16(const float* x, con
 """
 
 
+#: `vadd_smem`: vadd through shared memory: 8 KB of static shared memory plus the launch's dynamic shared memory
+#: (at least blockDim.x floats), both touched, so that static + dynamic may exceed 48 KB while each part stays below
+#: it (the launch then needs MAX_DYNAMIC_SHARED_SIZE_BYTES raised).
+SMEM_CU = r"""
+extern "C" __global__ void vadd_smem(const float* x, const float* y, float* out, int n, float alpha) {
+    __shared__ float st[2048];                      // 8 KB static
+    extern __shared__ float dyn[];                  // the launch's shared_mem
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    st[threadIdx.x] = i < n ? x[i] : 0.f;
+    dyn[threadIdx.x] = i < n ? y[i] : 0.f;
+    __syncthreads();
+    if (i < n) out[i] = st[threadIdx.x] + alpha * dyn[threadIdx.x];
+}
+"""
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

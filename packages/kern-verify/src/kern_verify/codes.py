@@ -319,6 +319,13 @@ _CODES: list[Code] = [
          "sm_90 schedules at most 16 CTAs per cluster (with the non-portable opt-in; 8 without), so every launch "
          "fails. Rebuild the kernel with a smaller cluster.",
          '__cluster_dims__(32, 1, 1)'),
+    Code("E0094", "error", "static plus dynamic shared memory over the per-block maximum",
+         "With `--kernels`, a launch's dynamic `shared_mem` plus the kernel's static shared memory (the cubin's "
+         "`.nv.shared.<entry>` section: its `__shared__` arrays) must fit sm_90's 232448 bytes (227 KiB) per block: "
+         "CUDA refuses to raise the function's MAX_DYNAMIC_SHARED_SIZE_BYTES past the maximum minus the static size "
+         "(cuFuncSetAttribute), so every launch would fail. (kern's runtime raises that attribute whenever static + "
+         "dynamic exceeds the 48 KB default, not only the dynamic part.)",
+         '"shared_mem": 229376    // the kernel also declares __shared__ float buf[2048] (8 KB)'),
     Code("E0099", "error", "internal verifier error",
          "The verifier itself failed on this input. This is a bug in kern-verify; please report it with "
          "the manifest.",

@@ -109,7 +109,8 @@ class KernelInfo:
             or the end of the last parameter when the attribute is absent).
         max_threads: `__launch_bounds__` maximum block [x, y, z], or None.
         required_block: `__reqntid__`/`.reqntid` block [x, y, z], or None.
-        static_shared_bytes: size of the `.nv.shared.<name>` section (0 when absent).
+        static_shared_bytes: size of the `.nv.shared.<name>` section (0 when absent; nvcc's sm_90 cubins count the
+            1 KB the GPU reserves per block in it: kernels.RESERVED_SHARED).
         registers: registers per thread from `EIATTR_REGCOUNT`, or None.
         grid_dep_wait: whether the entry's own code (`.text.<name>`) contains
             `griddepcontrol.wait` (SASS `ACQBULK`); None when the section is absent.

@@ -5,7 +5,8 @@ respects the kernel's launch bounds / required block (E0085); a cubin for anothe
 version warns (E0087); a `pdl` launch whose entry has no `griddepcontrol.wait` in its
 code warns (E0088); a literal grid axis that is not a multiple of the kernel's compiled
 thread-block cluster is an error (E0089), a cluster of more than 8 CTAs warns (E0092),
-one of more than 16 is an error (E0093).
+one of more than 16 is an error (E0093); dynamic plus the kernel's static shared memory over
+sm_90's 227 KiB per block is an error (E0094).
 `hf:` modules absent from DIR are skipped with a warning (E0086)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kern_schema import ExprError, ParamTypeError, Path, evaluate, to_text, vari
 
 from .context import Context
 from .cubin import Cubin, CubinError, layout_problems, params_from_manifest, read_cubin
+from .launches import MAX_SHARED
 
 
 #: The SM version the runtime targets (NVIDIA H200).
@@ -73,6 +75,7 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
                                   + ", ".join(f"{s.size}B@{s.offset}" for s in info.params))
             _block(ctx, lpath, launch.block, info, what)
             _cluster(ctx, lpath, launch.grid, info, what)
+            _shared(ctx, lpath, launch.shared_mem, info, what)
             if launch.pdl and info.grid_dep_wait is False:
                 ctx.r.add("E0088", lpath + ("pdl",),
                           f"{what}: `pdl` launch, but the entry's code has no griddepcontrol.wait (SASS ACQBULK)",
@@ -122,6 +125,27 @@ def _block(ctx: Context, lpath: Path, block, info, what: str) -> None:
         if threads > mx:
             ctx.r.add("E0085", lpath + ("block",), f"{what}: block {list(block)} has {threads} threads, the kernel's launch bounds allow {mx}",
                       f"use at most {mx} threads per block")
+
+
+#: Shared memory sm_90 reserves per block for the system (CUDA C++ Programming Guide, compute capability 9.0: 1 KB;
+#: cudaDevAttrReservedSharedMemoryPerBlock). nvcc's sm_90 cubins count it in `.nv.shared.<entry>` (an entry with 8 KB
+#: of __shared__ arrays has a 9,216-byte section; ptxas -v and CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES say 8,192), while
+#: the per-block maximum (232,448 bytes) excludes it.
+RESERVED_SHARED = 1024
+
+
+def _shared(ctx: Context, lpath: Path, shared_mem, info, what: str) -> None:
+    """E0094: the launch's dynamic shared memory plus the kernel's own static shared memory (its `.nv.shared.<entry>`
+    section less the reserved 1 KB it includes; never below 0, so a toolchain that leaves the reserved area out is
+    checked up to 1 KB leniently) above sm_90's per-block maximum (a dynamic size above it alone is E0034)."""
+    dyn = shared_mem or 0
+    static = max(0, info.static_shared_bytes - RESERVED_SHARED)
+    if static and 0 <= dyn <= MAX_SHARED < dyn + static:
+        ctx.r.add("E0094", lpath + ("shared_mem",),
+                  f"{what}: shared_mem {dyn} bytes plus the kernel's {static} bytes of static shared memory is "
+                  f"{dyn + static} bytes, over sm_90's {MAX_SHARED} per block",
+                  f"give the launch at most {MAX_SHARED - static} bytes of dynamic shared memory, or shrink the "
+                  "kernel's static arrays")
 
 
 #: The largest thread-block cluster sm_90 schedules (16 CTAs, with the non-portable opt-in; 8 without).

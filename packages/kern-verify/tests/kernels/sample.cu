@@ -44,3 +44,11 @@ K_MIX_CLUSTER(k_mix_cluster16, 16, 1, 1)
 K_MIX_CLUSTER(k_mix_cluster_y2, 1, 2, 1)
 K_MIX_CLUSTER(k_mix_cluster32, 32, 1, 1)
 #endif
+
+// k_mix with 8 KB of static shared memory (`.nv.shared.k_mix_smem8k`), for the static + dynamic limit (E0094)
+extern "C" __global__ void k_mix_smem8k(int a, long long b, float c, const float* p, unsigned char u, float* out) {
+  __shared__ float st[2048];
+  st[threadIdx.x] = a + b + c + p[0] + u;
+  __syncthreads();
+  out[threadIdx.x] = st[(threadIdx.x + 1) % blockDim.x];
+}
