@@ -4,9 +4,10 @@ Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_mlp_gpu.p
 gemv_mlp.cu is built here by nvcc (its default build and the MLP_DOWN_PREWAIT and MLP_RED ones); gemv.cu's entries
 come from the built index (the `ks` fixture). The Qwen3 4B and 0.6B MLP shapes, fresh random inputs each:
 
-- kern_mlp_m1 adds the MLP's down output into the fixed-point accumulator (value = acc · 2^-32): against float64 with
-  HF's roundings up to the activations, |acc·2^-32 − y| ≤ 1e-5·max|y| + 1e-6, starting from zero and from random
-  values (the adds are exact: the result minus the start); every build;
+- kern_mlp_m1 adds the MLP's down output into the fixed-point accumulator (value = acc · 2^-32): against float64 over
+  the activations gemv.cu's own gate/up launch computes, |acc·2^-32 − y| ≤ 1e-6·max|y| + 1e-7, and within 1e-2
+  (relative norm) of the float64 MLP with HF's roundings, starting from zero and from random values (the adds are
+  exact: the result minus the start); every build;
 - bf16(acc · 2^-32) against gemv.cu's two launches (kern_gemv_norm_silu_m1_u5, then kern_gemv_residual_m1 onto a
   zero residual): equal but for a few summation-order roundings (relative difference ≤ 2^-7);
 - kern_gemv_norm_acc_m1{,_u5}: bit-identical to kern_gemv_norm_m1{,_u5} on x' = bf16(x + bf16(acc · 2^-32)), output
@@ -105,16 +106,24 @@ def _reference(x, nw, wgu, wd, n):
 @pytest.mark.parametrize("build", list(BUILDS))
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("start", ["zero", "random"])
-def test_mlp_against_float64(mlp, build, n, k, start):
+def test_mlp_against_float64(ks, mlp, build, n, k, start):
+    """The down sum exactly as accumulated: against float64 over the activations gemv.cu's gate/up launch computes
+    (the MLP's gate/up is that code: same bits), to fp32 rounding; and the activations themselves against the
+    float64 reference (a bf16 rounding of gate, up or their product may flip where the fp32 sums differ from float64:
+    a one-ulp change of one activation moves y by ~1e-5, which is why the down sum is judged on the kernel's own)."""
     x, nw, wgu, wd = _mlp_inputs(n, k)
-    y = _reference(x, nw, wgu, wd, n)
+    act = torch.full((n,), float("nan"), dtype=BF, device=DEV)
+    ks.launch("kern_gemv_norm_silu_m1_u5", grid=(n // 8,), args=[x, nw, wgu, act, n, k, EPS, 1])
     acc0 = (torch.zeros(k, dtype=torch.int64, device=DEV) if start == "zero"
             else (torch.randn(k, device=DEV) * 3 * 2**32).to(torch.int64))
     acc = acc0.clone()
     mlp[build]("kern_mlp_m1", n // 8, BUILDS[build][1] * k, [x, nw, wgu, wd, acc, n, k, EPS])
     torch.cuda.synchronize()
+    y = wd.double() @ act.double()
     err = (_acc_value(acc - acc0) - y).abs().max().item()
-    assert err <= 1e-5 * y.abs().max().item() + 1e-6, (err, y.abs().max().item())
+    assert err <= 1e-6 * y.abs().max().item() + 1e-7, (err, y.abs().max().item())
+    y_ref = _reference(x, nw, wgu, wd, n)
+    assert ((_acc_value(acc - acc0) - y_ref).norm() / y_ref.norm()).item() < 1e-2
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
