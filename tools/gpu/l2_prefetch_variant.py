@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Rewrite decode GEMV ops of a Qwen3 manifest onto gemv.cu's L2-prefetch forms, prefetching chosen weight rows into L2
+before the PDL wait (experiment; NOTES.md 43 has what it measured).
+
+    python3 tools/gpu/l2_prefetch_variant.py MANIFEST --kernels KDIR --out OUT.json --prefetch OP:TARGET:FIRST_ROW:ROWS ...
+
+KDIR must hold gemv_pf0.cubin: gemv.cu built with `-DGEMV_L2_PREFETCH -DGEMV_PF_AT=0` (the `_pf` forms issue their
+prefetch right after their first weight stages, before griddepcontrol.wait). Each `--prefetch` moves every decode call
+of one op onto its `_pf` entry (same arithmetic, bit for bit) with the range [FIRST_ROW, FIRST_ROW + ROWS) of a
+weight as the range to prefetch, split over the launch's blocks (gemv.cu's header):
+
+- OP: `qkv` (gemv_norm_qkv on kern_gemv_norm_m1) or `o` (gemv_residual_o_proj on kern_gemv_residual_m1);
+- TARGET: `self` (the op's own weight in that layer) or `gate_up` (the same layer's gate_up weight).
+
+The result is verified with kern-verify against KDIR before it is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+MODULE = "gemv_pf0"
+OPS = {"qkv": ("gemv_norm_qkv", "kern_gemv_norm_m1", "kern_gemv_norm_m1_pf"),
+       "o": ("gemv_residual_o_proj", "kern_gemv_residual_m1", "kern_gemv_residual_m1_pf")}
+WEIGHTS = {"qkv": "self_attn.qkv_proj.weight", "o": "self_attn.o_proj.weight", "gate_up": "mlp.gate_up_proj.weight"}
+
+
+def parse_spec(spec: str) -> tuple[str, str, int, int]:
+    """`OP:TARGET:FIRST_ROW:ROWS` -> its parts; raises ValueError naming what is wrong."""
+    parts = spec.split(":")
+    if len(parts) != 4:
+        raise ValueError(f"`{spec}`: expected OP:TARGET:FIRST_ROW:ROWS")
+    op, target, first, rows = parts
+    if op not in OPS:
+        raise ValueError(f"`{spec}`: OP is one of {', '.join(OPS)}")
+    if target not in ("self", "gate_up"):
+        raise ValueError(f"`{spec}`: TARGET is `self` or `gate_up`")
+    if not (first.isdigit() and rows.isdigit() and int(rows) > 0):
+        raise ValueError(f"`{spec}`: FIRST_ROW and ROWS are integers, ROWS > 0")
+    return op, target, int(first), int(rows)
+
+
+def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
+    """Manifest `m` with each spec's op on the `_pf` entry of KDIR/gemv_pf0.cubin; raises ValueError."""
+    cubin = Path(kernels) / f"{MODULE}.cubin"
+    if not cubin.is_file():
+        raise ValueError(f"{cubin}: not found; build gemv.cu with -DGEMV_L2_PREFETCH -DGEMV_PF_AT=0")
+    out = copy.deepcopy(m)
+    out["modules"][MODULE] = {"source": cubin.name, "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest()}
+    seen = set()
+    for spec in specs:
+        key, target, first, rows = parse_spec(spec)
+        if key in seen:
+            raise ValueError(f"`{spec}`: op `{key}` is given twice")
+        seen.add(key)
+        op, base, entry = OPS[key]
+        ln = copy.deepcopy(m["ops"][op]["impl"]["launches"][0])
+        if ln.get("entry") != base:
+            raise ValueError(f"`{spec}`: op `{op}` launches {ln.get('entry')}, which has no `_pf` form here ({base} does)")
+        weight = WEIGHTS[key if target == "self" else target]
+        n_rows, k = m["buffers"][f"model.layers.0.{weight}"]["shape"]
+        if first + rows > n_rows:
+            raise ValueError(f"`{spec}`: rows {first}..{first + rows - 1} are past the weight's {n_rows} rows")
+        n_params = len(m["ops"][op]["params"])
+        ln.update(module=MODULE, entry=entry)
+        ln["params"] = [*ln["params"], "in buffer<bf16>", "u64"]
+        ln["args"] = [*ln["args"], {"param": n_params}, {"u64": rows * k * 2}]
+        new = f"{op}_pf"
+        out["ops"][new] = {"params": [*m["ops"][op]["params"], "in buffer<bf16>"], "impl": {"launches": [ln]}}
+        del out["ops"][op]
+        for c in out["programs"]["decode"]["calls"]:
+            if c["op"] == op:
+                layer = c["args"][2 if key == "qkv" else 1]["buf"].split(".")[2]  # the op's own weight names the layer
+                c["op"] = new
+                c["args"] = [*c["args"], {"buf": f"model.layers.{layer}.{weight}", "offset": first * k * 2}]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("manifest", type=Path)
+    ap.add_argument("--kernels", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--prefetch", action="append", required=True, metavar="OP:TARGET:FIRST_ROW:ROWS")
+    a = ap.parse_args(argv)
+    from kern_verify.verify import verify_text
+
+    try:
+        out = rewrite(json.loads(a.manifest.read_text()), a.kernels, a.prefetch)
+    except ValueError as e:
+        print(f"l2_prefetch_variant: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(out, indent=1)
+    errors = [str(d) for d in verify_text(text, kernels_dir=a.kernels) if d.severity == "error"]
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
+    a.out.write_text(text)
+    print(f"wrote {a.out}: {', '.join(a.prefetch)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
