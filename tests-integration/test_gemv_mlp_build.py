@@ -2,18 +2,23 @@
 it; NOTES.md 42 has what it measured): no GPU needed.
 
 - its entries and their ELF parameter tables: the norm_acc and residual_acc forms are gemv.cu's default tables with
-  the accumulator pointer added, kern_mlp_m1 is compiled for a cluster of 8 CTAs with at most 128 registers (two
-  CTAs per SM), every PDL entry waits (griddepcontrol.wait); the MLP_DOWN_PREWAIT and MLP_RED builds keep the ABI;
-- gemv.cu's GEMV_NO_ENTRIES guard: the including source gets none of gemv.cu's own entries;
+  the accumulator pointer added, kern_mlp_m1 (kern_mlp_m1_prewait in the MLP_DOWN_PREWAIT build) is compiled for a
+  cluster of 8 CTAs with at most 128 registers (two CTAs per SM); the MLP_RED build keeps the ABI;
+- the PDL contract in the PTX of every build: each entry but the embedding executes griddepcontrol.wait, and nothing
+  before it writes global memory (st.global, atom, red, cp.reduce); the embedding (launched without PDL) has no wait;
+- gemv.cu's GEMV_NO_ENTRIES guard: the including source gets none of gemv.cu's own entries, and gemv.cu's other
+  build forms are refused;
 - the rewrite: the 4B and 0.6B examples' decode programs onto the module verify against the built kernels (gate_up +
-  down become one call per layer, 183 -> 147 and 143 -> 115 decode calls, prefill untouched), and what it cannot
-  rewrite is refused by name.
+  down become one call per layer, 183 -> 147 and 143 -> 115 decode calls, prefill untouched; the prewait build gets
+  its larger shared memory from its entry), and what it cannot rewrite is refused by name, on the command line too.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,25 +36,33 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 import build_kernels as bk  # noqa: E402
 import mlp_variant  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+
 BUILDS = {"default": (), "pre": ("MLP_DOWN_PREWAIT=1",), "red": ("MLP_RED=1",)}
-ENTRIES = {"kern_mlp_m1", "kern_gemv_norm_acc_m1", "kern_gemv_norm_acc_m1_u5", "kern_gemv_residual_acc_m1",
-           "kern_embedding_acc"}
+COMMON = {"kern_gemv_norm_acc_m1", "kern_gemv_norm_acc_m1_u5", "kern_gemv_residual_acc_m1", "kern_embedding_acc"}
+MLP_ENTRY = {"default": "kern_mlp_m1", "pre": "kern_mlp_m1_prewait", "red": "kern_mlp_m1"}
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """gemv_mlp.cu's three builds and gemv.cu's default cubin, nvcc runs started together."""
+    """gemv_mlp.cu's three builds (cubin and PTX) and gemv.cu's default cubin, nvcc runs started together."""
     try:
         nvcc = bk._nvcc()
     except SystemExit:
         pytest.skip("nvcc not found")
     tmp = tmp_path_factory.mktemp("gemv_mlp")
     jobs = {}
+    ptx_flags = [f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx"]
     for name, defines in [*BUILDS.items(), ("gemv", ())]:
         src = "gemv.cu" if name == "gemv" else "gemv_mlp.cu"
-        out = tmp / f"{name}.cubin"
-        cmd = [nvcc, *bk.NVCC_FLAGS, *(f"-D{d}" for d in defines), "-o", str(out), src]
-        jobs[name] = (subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out)
+        for suffix, flags in (("cubin", bk.NVCC_FLAGS), ("ptx", ptx_flags)):
+            if name == "gemv" and suffix == "ptx":
+                continue
+            out = tmp / f"{name}.{suffix}"
+            cmd = [nvcc, *flags, *(f"-D{d}" for d in defines), "-o", str(out), src]
+            jobs[f"{name}.{suffix}"] = (subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.STDOUT), out)
     for name, (p, _) in jobs.items():
         log = p.communicate()[0].decode()
         assert p.returncode == 0, f"{name}: {log}"
@@ -58,9 +71,10 @@ def builds(tmp_path_factory):
 
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_entries_abi_cluster_and_waits(builds, build):
-    c = read_cubin(builds[build].read_bytes())
-    assert set(c.entries) == ENTRIES  # none of gemv.cu's own entries (GEMV_NO_ENTRIES)
-    g = read_cubin(builds["gemv"].read_bytes()).entries
+    c = read_cubin(builds[f"{build}.cubin"].read_bytes())
+    mlp = MLP_ENTRY[build]
+    assert set(c.entries) == COMMON | {mlp}  # none of gemv.cu's own entries (GEMV_NO_ENTRIES)
+    g = read_cubin(builds["gemv.cubin"].read_bytes()).entries
     e = c.entries
 
     def sizes(info):
@@ -74,16 +88,42 @@ def test_entries_abi_cluster_and_waits(builds, build):
     res = [s.size for s in g["kern_gemv_residual_m1"].params]  # (x, w, residual, n, k, ksplit)
     assert [s.size for s in e["kern_gemv_residual_acc_m1"].params] == [*res[:3], 8, *res[3:]]
     assert e["kern_gemv_residual_acc_m1"].grid_dep_wait is True
-    assert sizes(e["kern_mlp_m1"]) == [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8), (40, 4), (44, 4), (48, 4)]
-    assert e["kern_mlp_m1"].cluster == (8, 1, 1) and e["kern_mlp_m1"].grid_dep_wait is True
-    assert e["kern_mlp_m1"].registers is not None and e["kern_mlp_m1"].registers <= 128  # two 256-thread CTAs per SM
+    assert sizes(e[mlp]) == [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8), (40, 4), (44, 4), (48, 4)]
+    assert e[mlp].cluster == (8, 1, 1) and e[mlp].grid_dep_wait is True
+    assert e[mlp].registers is not None and e[mlp].registers <= 128  # two 256-thread CTAs per SM
     assert [s.size for s in e["kern_embedding_acc"].params] == [8, 8, 8, 8, 4, 4]
+    assert e["kern_embedding_acc"].grid_dep_wait is False
 
 
-def _kernels_with(built_kernels: Path, tmp: Path, cubin: Path) -> Path:
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_nothing_is_written_to_global_memory_before_the_wait(builds, build):
+    entries = ptx_entries(builds[f"{build}.ptx"].read_text())
+    assert set(entries) == COMMON | {MLP_ENTRY[build]}
+    for name, lines in entries.items():
+        waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
+        if name == "kern_embedding_acc":
+            assert not waits
+            continue
+        assert waits, name
+        early = [ln for ln in lines[:waits[0]] if re.search(r"\bst\.global|\batom\.|\bred\.|cp\.reduce", ln)]
+        assert not early, (name, early)
+    pre = entries[MLP_ENTRY[build]][:min(i for i, ln in enumerate(entries[MLP_ENTRY[build]])
+                                         if ln.startswith("griddepcontrol.wait"))]
+    assert any(ln.startswith("cp.async.cg.shared.global") for ln in pre) == (build == "pre")
+
+
+def test_other_gemv_forms_are_refused(builds):
+    r = subprocess.run([bk._nvcc(), *bk.NVCC_FLAGS, "-DGEMV_TIMELINE", "-o", os.devnull, "gemv_mlp.cu"], cwd=SRC,
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "build it without gemv.cu's GEMV_TIMELINE" in r.stdout + r.stderr
+
+
+def _kernels_with(built_kernels: Path, tmp: Path, builds: dict) -> Path:
+    """The built kernels plus gemv_mlp.cubin (default build) and gemv_mlp_pre.cubin (MLP_DOWN_PREWAIT)."""
     k = tmp / "kernels"
     shutil.copytree(built_kernels, k)
-    shutil.copy(cubin, k / "gemv_mlp.cubin")
+    shutil.copy(builds["default.cubin"], k / "gemv_mlp.cubin")
+    shutil.copy(builds["pre.cubin"], k / "gemv_mlp_pre.cubin")
     return k
 
 
@@ -91,7 +131,7 @@ def _kernels_with(built_kernels: Path, tmp: Path, cubin: Path) -> Path:
 def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry):
     from kern_verify.verify import verify_text
 
-    kernels = _kernels_with(built_kernels, tmp_path, builds["default"])
+    kernels = _kernels_with(built_kernels, tmp_path, builds)
     m = json.loads(EXAMPLES[geometry].read_text())
     out = mlp_variant.rewrite(m, kernels)
     text = json.dumps(out)
@@ -99,33 +139,74 @@ def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry):
     layers = sum(c["op"] == "gemv_norm_qkv" for c in m["programs"]["decode"]["calls"])
     calls = out["programs"]["decode"]["calls"]
     assert len(calls) == len(m["programs"]["decode"]["calls"]) - layers
-    assert [c["op"] for c in calls].count("mlp_fused") == layers
+    assert [c["op"] for c in calls].count("gemv_norm_mlp") == layers
     assert out["programs"]["prefill"] == m["programs"]["prefill"]
     assert "gemv_norm_silu_gate_up" not in out["ops"] and "gemv_residual_down_proj" not in out["ops"]
     assert out["buffers"]["mlp_acc"] == {"dtype": "i64", "shape": [m["buffers"]["residual"]["shape"][1]],
                                          "class": "workspace"}
-    mlp = out["ops"]["mlp_fused"]["impl"]["launches"][0]
+    mlp = out["ops"]["gemv_norm_mlp"]["impl"]["launches"][0]
     gu = m["ops"]["gemv_norm_silu_gate_up"]["impl"]["launches"][0]
     n, k = gu["args"][4]["i32"], gu["args"][5]["i32"]
-    assert mlp["grid"] == [n // 8, 1, 1] and mlp["shared_mem"] == 2 * k
+    assert mlp["grid"] == [n // 8, 1, 1] and mlp["shared_mem"] == 2 * k and mlp["pdl"] is True
     # layer 0's MLP reads layer 0's down weight; the step's embedding clears the accumulator
-    first = next(c for c in calls if c["op"] == "mlp_fused")
+    first = next(c for c in calls if c["op"] == "gemv_norm_mlp")
     assert first["args"][3] == {"buf": "model.layers.0.mlp.down_proj.weight"}
     assert calls[0]["op"] == "embedding_acc" and calls[0]["args"][-1] == {"buf": "mlp_acc"}
-    pre = mlp_variant.rewrite(m, _kernels_with(built_kernels, tmp_path / "pre", builds["pre"]), down_prewait=True)
-    assert pre["ops"]["mlp_fused"]["impl"]["launches"][0]["shared_mem"] == 18 * k
+    pre = mlp_variant.rewrite(m, kernels, "gemv_mlp_pre.cubin")
+    assert not [str(d) for d in verify_text(json.dumps(pre), kernels_dir=kernels) if d.severity == "error"]
+    launch = pre["ops"]["gemv_norm_mlp"]["impl"]["launches"][0]
+    assert (launch["entry"], launch["shared_mem"]) == ("kern_mlp_m1_prewait", 18 * k)
+
+
+def _mutated(m: dict, op: str, arg: int, value) -> dict:
+    bad = copy.deepcopy(m)
+    bad["ops"][op]["impl"]["launches"][0]["args"][arg] = value
+    return bad
 
 
 def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path):
     m = json.loads(EXAMPLES["4b"].read_text())
     with pytest.raises(ValueError, match="gemv_mlp.cubin: not found"):
         mlp_variant.rewrite(m, tmp_path)
-    kernels = _kernels_with(built_kernels, tmp_path, builds["default"])
-    bad = copy.deepcopy(m)
-    bad["ops"]["gemv_norm_silu_gate_up"]["impl"]["launches"][0]["args"][4] = {"i32": 9700}
-    with pytest.raises(ValueError, match="n % 64 == 0"):
-        mlp_variant.rewrite(bad, kernels)
+    kernels = _kernels_with(built_kernels, tmp_path, builds)
+    gu = "gemv_norm_silu_gate_up"
+    for bad, needle in [
+        (_mutated(m, gu, 4, {"i32": 9700}), "n % 64 == 0"),
+        (_mutated(m, gu, 5, {"i32": 2500}), "k % 256 == 0"),
+        (_mutated(m, gu, 5, {"i32": 8448}), "k <= 8192"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            mlp_variant.rewrite(bad, kernels)
     bad = copy.deepcopy(m)
     bad["ops"]["gemv_residual_o_proj"]["impl"]["launches"][0]["entry"] = "kern_gemv_residual_m1_u5"
-    with pytest.raises(ValueError, match="o_proj launches kern_gemv_residual_m1_u5"):
+    with pytest.raises(ValueError, match="op `gemv_residual_o_proj` launches `kern_gemv_residual_m1_u5`"):
         mlp_variant.rewrite(bad, kernels)
+    bad = copy.deepcopy(m)
+    bad["ops"]["embedding"]["impl"]["launches"][0]["pdl"] = True
+    with pytest.raises(ValueError, match="kern_embedding_acc never waits"):
+        mlp_variant.rewrite(bad, kernels)
+    bad = copy.deepcopy(m)
+    calls = bad["programs"]["decode"]["calls"]
+    i = next(i for i, c in enumerate(calls) if c["op"] == "gemv_residual_down_proj")
+    calls[i - 1], calls[i] = calls[i], calls[i - 1]
+    with pytest.raises(ValueError, match="not right after its gate_up call"):
+        mlp_variant.rewrite(bad, kernels)
+    with pytest.raises(ValueError, match="no op `gemv_norm_qkv`"):
+        mlp_variant.rewrite(mlp_variant.rewrite(m, kernels), kernels)
+    with pytest.raises(ValueError, match="not a gemv_mlp.cu build"):
+        mlp_variant.rewrite(m, kernels, "gemv.cubin")
+
+
+def test_command_line(builds, built_kernels, tmp_path, capsys):
+    kernels = _kernels_with(built_kernels, tmp_path, builds)
+    out = tmp_path / "m.json"
+    assert mlp_variant.main([str(EXAMPLES["0.6b"]), "--kernels", str(kernels), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["buffers"]["mlp_acc"]["shape"] == [1024]
+    for argv, needle in [
+        ([str(tmp_path / "none.json"), "--out", str(out)], "cannot read the manifest"),
+        ([str(EXAMPLES["4b"]), "--out", str(tmp_path / "no" / "m.json")], "no folder"),
+        ([str(EXAMPLES["4b"]), "--out", str(out), "--cubin", str(kernels / "gemv_mlp.cubin")], "not a path"),
+        ([str(out), "--out", str(tmp_path / "again.json")], "no op `gemv_norm_qkv`"),
+    ]:
+        assert mlp_variant.main([*argv, "--kernels", str(kernels)]) == 2
+        assert needle in capsys.readouterr().err

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -177,6 +178,54 @@ def read_manifest(path: str | Path) -> dict:
     if not isinstance(m, dict) or not isinstance(m.get("ops"), dict) or not isinstance(m.get("modules"), dict):
         raise VariantError(f"{path}: not a kern manifest (no `ops` / `modules` objects)")
     return m
+
+
+def pin_module(m: dict, name: str, kernels_dir: str | Path, file_name: str) -> None:
+    """Declares module `name` in manifest `m` (in place) as KDIR/file_name pinned by its sha256. file_name is a bare
+    file name in the kernels dir (module sources resolve against it). Raises VariantError naming the problem."""
+    if Path(file_name).name != file_name:
+        raise VariantError(f"`{file_name}`: give the cubin's file name in the kernels dir {kernels_dir}, not a path")
+    path = Path(kernels_dir) / file_name
+    if not path.is_file():
+        raise VariantError(f"{path}: not found")
+    m["modules"][name] = {"source": file_name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def prune(m: dict) -> None:
+    """Drops (in place) the ops no program calls and the modules no launch uses: the verifier refuses both (E0074,
+    E0073), and a rewrite that replaces ops leaves them behind."""
+    used = {c["op"] for p in m.get("programs", {}).values() for c in p.get("calls", [])}
+    for op in [op for op in m["ops"] if op not in used]:
+        del m["ops"][op]
+    mods = {ln.get("module") for o in m["ops"].values() for ln in o["impl"]["launches"]}
+    for mod in [mod for mod in m["modules"] if mod not in mods]:
+        del m["modules"][mod]
+
+
+def rewrite_main(prog: str, manifest: Path, kernels: Path, out: Path, rewrite) -> int:
+    """The command line of a manifest-rewriting tool: read `manifest` (read_manifest), `rewrite(m)` (a function
+    returning the new manifest dict; it raises VariantError, or ValueError, naming the problem), verify the result
+    against `kernels` and write it to `out` (whose folder must exist). Errors go to stderr as `PROG: error: ...`;
+    returns 0, or 1 when the result does not verify, or 2 when the input is refused."""
+    if out.is_dir() or not out.parent.is_dir():
+        print(f"{prog}: error: --out {out}: " + ("is a directory" if out.is_dir() else f"no folder {out.parent}"),
+              file=sys.stderr)
+        return 2
+    warnings: list[str] = []
+    try:
+        m = rewrite(read_manifest(manifest))
+        errors = verify(m, kernels, warnings)
+    except (VariantError, ValueError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"{prog}: {w}", file=sys.stderr)
+    if errors:
+        print(f"{prog}: error: the result does not verify:\n  " + "\n  ".join(errors), file=sys.stderr)
+        return 1
+    out.write_text(json.dumps(m, indent=1))
+    print(f"wrote {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """GPU numerical tests of gemv_mlp.cu, the one-launch decode MLP experiment (tools/gpu/mlp_variant.py; NOTES.md 42).
 Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_mlp_gpu.py
 
-gemv_mlp.cu is built here by nvcc (its default build and the MLP_DOWN_PREWAIT and MLP_RED ones); gemv.cu's entries
+gemv_mlp.cu is built here by nvcc (its default build, the MLP_DOWN_PREWAIT one with its kern_mlp_m1_prewait entry,
+and the MLP_RED one); gemv.cu's entries
 come from the built index (the `ks` fixture). The Qwen3 4B and 0.6B MLP shapes, fresh random inputs each:
 
 - kern_mlp_m1 adds the MLP's down output into the fixed-point accumulator (value = acc · 2^-32): against float64 over
@@ -9,7 +10,8 @@ come from the built index (the `ks` fixture). The Qwen3 4B and 0.6B MLP shapes, 
   (relative norm) of the float64 MLP with HF's roundings, starting from zero and from random values (the adds are
   exact: the result minus the start); every build;
 - bf16(acc · 2^-32) against gemv.cu's two launches (kern_gemv_norm_silu_m1_u5, then kern_gemv_residual_m1 onto a
-  zero residual): equal but for a few summation-order roundings (relative difference ≤ 2^-7);
+  zero residual): equal but for at most 1% of the outputs, each one bf16 rounding apart (relative difference
+  ≤ 2^-7; the two sum the same products in different orders);
 - kern_gemv_norm_acc_m1{,_u5}: bit-identical to kern_gemv_norm_m1{,_u5} on x' = bf16(x + bf16(acc · 2^-32)), output
   poisoned with NaN first;
 - kern_gemv_residual_acc_m1 (ksplit 1, 2): bit-identical to kern_gemv_residual_m1 on the residual after the MLP's
@@ -35,7 +37,9 @@ from cuda.bindings import driver as cu  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-6
 SHAPES = [(9728, 2560), (3072, 1024)]  # (intermediate n, hidden k): 4B, 0.6B
-BUILDS = {"default": ((), 2), "pre": (("MLP_DOWN_PREWAIT=1",), 18), "red": (("MLP_RED=1",), 2)}  # defines, smem / k
+#: build -> (defines, the MLP entry, its dynamic shared memory per element of k)
+BUILDS = {"default": ((), "kern_mlp_m1", 2), "pre": (("MLP_DOWN_PREWAIT=1",), "kern_mlp_m1_prewait", 18),
+          "red": (("MLP_RED=1",), "kern_mlp_m1", 2)}
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +59,7 @@ def mlp(ks, tmp_path_factory):
         pytest.skip("nvcc not found")
     tmp = tmp_path_factory.mktemp("gemv_mlp")
     out = {}
-    for name, (defines, _) in BUILDS.items():
+    for name, (defines, _, _) in BUILDS.items():
         cubin = tmp / f"{name}.cubin"
         subprocess.run([nvcc, *bk.NVCC_FLAGS, *(f"-D{d}" for d in defines), "-o", str(cubin), "gemv_mlp.cu"],
                        cwd=ROOT / "tools" / "kernels-src", check=True, capture_output=True)
@@ -117,7 +121,8 @@ def test_mlp_against_float64(ks, mlp, build, n, k, start):
     acc0 = (torch.zeros(k, dtype=torch.int64, device=DEV) if start == "zero"
             else (torch.randn(k, device=DEV) * 3 * 2**32).to(torch.int64))
     acc = acc0.clone()
-    mlp[build]("kern_mlp_m1", n // 8, BUILDS[build][1] * k, [x, nw, wgu, wd, acc, n, k, EPS])
+    _, entry, per_k = BUILDS[build]
+    mlp[build](entry, n // 8, per_k * k, [x, nw, wgu, wd, acc, n, k, EPS])
     torch.cuda.synchronize()
     y = wd.double() @ act.double()
     err = (_acc_value(acc - acc0) - y).abs().max().item()
@@ -138,8 +143,10 @@ def test_mlp_against_gemv_pair(ks, mlp, n, k):
     torch.cuda.synchronize()
     mine = _acc_value(acc).float().to(BF).float()
     assert not torch.isnan(res).any()
+    differ = mine != res.float()
     rel = ((mine - res.float()).abs() / res.float().abs().clamp_min(1e-30)).max().item()
-    assert rel <= 2**-7, rel
+    # the two sum the same products in different orders: a few outputs round to the neighbouring bf16, no more
+    assert differ.sum().item() <= max(1, k // 100) and rel <= 2**-7, (differ.sum().item(), rel)
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

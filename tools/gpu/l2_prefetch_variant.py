@@ -5,9 +5,11 @@ before the PDL wait (experiment; NOTES.md 43 has what it measured).
     python3 tools/gpu/l2_prefetch_variant.py MANIFEST --kernels KDIR --out OUT.json --prefetch OP:TARGET:FIRST_ROW:ROWS ...
 
 KDIR must hold gemv_pf0.cubin: gemv.cu built with `-DGEMV_L2_PREFETCH -DGEMV_PF_AT=0` (the `_pf` forms issue their
-prefetch right after their first weight stages, before griddepcontrol.wait). Each `--prefetch` moves every decode call
+prefetch right after their first weight stages, before griddepcontrol.wait; their own weight loads carry an
+L2::evict_first policy unless also built with -DGEMV_PF_EVICT_FIRST=0). Each `--prefetch` moves every decode call
 of one op onto its `_pf` entry (same arithmetic, bit for bit) with the range [FIRST_ROW, FIRST_ROW + ROWS) of a
-weight as the range to prefetch, split over the launch's blocks (gemv.cu's header):
+weight as the range to prefetch, split evenly over all the launch's blocks (gemv.cu's header), so the blocks that
+start late issue their share late too. ROWS = 0 is the control: the `_pf` form with nothing to prefetch.
 
 - OP: `qkv` (gemv_norm_qkv on kern_gemv_norm_m1) or `o` (gemv_residual_o_proj on kern_gemv_residual_m1);
 - TARGET: `self` (the op's own weight in that layer) or `gate_up` (the same layer's gate_up weight).
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from manifest_variants import VariantError, pin_module, rewrite_main  # noqa: E402
 
 MODULE = "gemv_pf0"
 OPS = {"qkv": ("gemv_norm_qkv", "kern_gemv_norm_m1", "kern_gemv_norm_m1_pf"),
@@ -40,18 +43,19 @@ def parse_spec(spec: str) -> tuple[str, str, int, int]:
         raise ValueError(f"`{spec}`: OP is one of {', '.join(OPS)}")
     if target not in ("self", "gate_up"):
         raise ValueError(f"`{spec}`: TARGET is `self` or `gate_up`")
-    if not (first.isdigit() and rows.isdigit() and int(rows) > 0):
-        raise ValueError(f"`{spec}`: FIRST_ROW and ROWS are integers, ROWS > 0")
+    if not (first.isdigit() and rows.isdigit()):
+        raise ValueError(f"`{spec}`: FIRST_ROW and ROWS are integers (ROWS = 0: the control, nothing prefetched)")
     return op, target, int(first), int(rows)
 
 
 def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
-    """Manifest `m` with each spec's op on the `_pf` entry of KDIR/gemv_pf0.cubin; raises ValueError."""
-    cubin = Path(kernels) / f"{MODULE}.cubin"
-    if not cubin.is_file():
-        raise ValueError(f"{cubin}: not found; build gemv.cu with -DGEMV_L2_PREFETCH -DGEMV_PF_AT=0")
+    """Manifest `m` with each spec's op on the `_pf` entry of KDIR/gemv_pf0.cubin; raises ValueError (VariantError)
+    naming what is wrong."""
+    if not (Path(kernels) / f"{MODULE}.cubin").is_file():
+        raise VariantError(f"{Path(kernels) / MODULE}.cubin: not found; build gemv.cu with -DGEMV_L2_PREFETCH "
+                           "-DGEMV_PF_AT=0")
     out = copy.deepcopy(m)
-    out["modules"][MODULE] = {"source": cubin.name, "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest()}
+    pin_module(out, MODULE, kernels, f"{MODULE}.cubin")
     seen = set()
     for spec in specs:
         key, target, first, rows = parse_spec(spec)
@@ -59,6 +63,8 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
             raise ValueError(f"`{spec}`: op `{key}` is given twice")
         seen.add(key)
         op, base, entry = OPS[key]
+        if op not in m["ops"]:
+            raise ValueError(f"`{spec}`: the manifest has no op `{op}` (a generated Qwen3 manifest is expected)")
         ln = copy.deepcopy(m["ops"][op]["impl"]["launches"][0])
         if ln.get("entry") != base:
             raise ValueError(f"`{spec}`: op `{op}` launches {ln.get('entry')}, which has no `_pf` form here ({base} does)")
@@ -85,24 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("manifest", type=Path)
     ap.add_argument("--kernels", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="the manifest to write (its folder must exist)")
     ap.add_argument("--prefetch", action="append", required=True, metavar="OP:TARGET:FIRST_ROW:ROWS")
     a = ap.parse_args(argv)
-    from kern_verify.verify import verify_text
-
-    try:
-        out = rewrite(json.loads(a.manifest.read_text()), a.kernels, a.prefetch)
-    except ValueError as e:
-        print(f"l2_prefetch_variant: {e}", file=sys.stderr)
-        return 2
-    text = json.dumps(out, indent=1)
-    errors = [str(d) for d in verify_text(text, kernels_dir=a.kernels) if d.severity == "error"]
-    if errors:
-        print("\n".join(errors), file=sys.stderr)
-        return 1
-    a.out.write_text(text)
-    print(f"wrote {a.out}: {', '.join(a.prefetch)}")
-    return 0
+    return rewrite_main("l2_prefetch_variant", a.manifest, a.kernels, a.out,
+                        lambda m: rewrite(m, a.kernels, a.prefetch))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@
 // split k. grid.x = ceil_div(n, 2·8/ksplit) for plain, norm and residual, and
 // ceil_div(n, 8/ksplit) for norm_silu (n = output columns); ksplit ∈ {1, 2, 4, 8}.
 // Dynamic shared memory: norm variants M·k·2 bytes, others 0.
+// -DGEMV_NO_ENTRIES: no entries at all, for a source that includes this one for its device helpers (gemv_mlp.cu).
 // An experiment build may set -DWARPS=W (block 32·W, 2·W/ksplit rows per block; ksplit must divide W): not indexed
 // by build_kernels.py. H200, session 13 (NOTES.md 40): 4 or 5 warps per block were slower in the 4B decode program
 // on every GEMV tried (+0.017…+0.051 ms/token).

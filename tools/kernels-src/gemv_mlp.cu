@@ -3,16 +3,21 @@
 // In the default decode program a layer's MLP is two launches, gate_up (RMS norm + gate/up GEMV + SiLU-and-mul)
 // then down (GEMV + residual add), and the down GEMV waits at a grid-wide boundary for all 9,728 activations.
 // Here a thread-block cluster of 8 CTAs owns 64 intermediate columns: each CTA computes 8 of them exactly as
-// kern_gemv_norm_silu_m1 does (one warp per column: its gate row and up row), pushes its 8 activations into every
-// CTA of the cluster (distributed shared memory), and after one cluster barrier CTA r multiplies the 64 activations
-// by its share of the down weight's 64 columns (rows [r·k/8, (r+1)·k/8) of W_down [k, n]: 128-byte runs, loads
-// issued before the barrier) and adds its k/8 partial sums into a fixed-point accumulator in global memory with one
-// bulk reduction (cp.reduce.async.bulk .add.u64). No kernel boundary between gate_up and down.
+// kern_gemv_norm_silu_m1_u5 does with ksplit 1 (one warp per column: its gate row and up row), pushes its 8
+// activations into every CTA of the cluster (distributed shared memory, after a cluster barrier wait whose arrive
+// each CTA made at entry, so that every CTA has started), and after a second cluster barrier (release/acquire) CTA r
+// multiplies the 64 activations by its share of the down weight's 64 columns (rows [r·k/8, (r+1)·k/8) of
+// W_down [k, n]: 128-byte runs, loads issued before the barriers) and adds its k/8 partial sums into a fixed-point
+// accumulator in global memory with one bulk reduction (cp.reduce.async.bulk .add.u64). No kernel boundary between
+// gate_up and down.
 //
 // The accumulator `acc` (i64 [k], fixed point with 32 fraction bits: value = acc · 2^-32) makes the sum over the
 // n/64 clusters exact and independent of their order (integer adds), so results are deterministic. Each partial
-// (64 products, fp32 in a fixed order) is rounded to the nearest 2^-32; it must stay below 2^31 in magnitude (a
-// down-projection partial of a bf16 model is many orders smaller; a larger one saturates and the sum is wrong).
+// (64 products, fp32 in a fixed order) is rounded to the nearest 2^-32 (cvt.rni.s64.f32). Limits, not checked: the
+// accumulated value (start + the sum of the partials) must stay within ±2^31 — beyond it the 64-bit adds wrap and
+// the result flips sign (a partial of 2^31 or more converts saturated, then wraps the same way); a NaN or infinite
+// partial converts to a finite integer, so the MLP does not propagate NaN/Inf as gemv.cu's forms do. A bf16 model's
+// down projections stay many orders below 2^31; this is an experiment (NOTES.md 42), not a default.
 // The down output is then bf16(acc · 2^-32), the rounding HF's bf16 down_proj applies to its fp32 result, and it
 // is added to the residual by the next layer's launches (deferred residual):
 //   kern_gemv_norm_acc_m1{,_u5}(x, acc, norm_w, w, y, n, k, eps, ksplit)   (the next qkv, and the final lm_head)
@@ -26,10 +31,13 @@
 // and kern_mlp_m1(x, norm_w, w_gu, w_down, acc, n, k, eps): x = the residual after o_proj; n intermediate columns
 // (n % 64 == 0), k hidden (k % 256 == 0, k ≤ 8192); w_gu [2n, k] (gate rows then up rows), w_down [k, n]; adds the
 // MLP's down output into acc (which must be zero). grid (n/8, 1, 1) in clusters of (8, 1, 1), block 256, dynamic
-// shared memory k·2 bytes.
+// shared memory k·2 bytes (the -DMLP_DOWN_PREWAIT=1 build names it kern_mlp_m1_prewait: k·18 bytes).
 //
 // PDL: every entry but the embedding issues weight loads, then griddepcontrol.wait, before reading anything a
 // previous launch wrote (gemv.cu's pdl_gate); they trigger their dependents as gemv.cu's default build does.
+#if defined(GEMV_TIMELINE) || defined(GEMV_TMA) || defined(GEMV_L2_PREFETCH)
+#error "gemv_mlp.cu: build it without gemv.cu's GEMV_TIMELINE, GEMV_TMA or GEMV_L2_PREFETCH (its entries use the default form)"
+#endif
 #define GEMV_NO_ENTRIES
 #include "gemv.cu"
 
@@ -200,8 +208,13 @@ struct DownPrefetch {
 };
 }  // namespace
 
+#if MLP_DOWN_PREWAIT
+#define MLP_ENTRY kern_mlp_m1_prewait  // its own name: it needs 18·k bytes of dynamic shared memory, not 2·k
+#else
+#define MLP_ENTRY kern_mlp_m1
+#endif
 extern "C" __global__ void __cluster_dims__(MLP_CLUSTER, 1, 1) __launch_bounds__(WARPS * 32, 2)
-kern_mlp_m1(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,
+MLP_ENTRY(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,
             const __nv_bfloat16 *__restrict__ w_gu, const __nv_bfloat16 *__restrict__ w_down, long long *acc, int n,
             int k, float eps) {
     extern __shared__ __align__(16) unsigned char smem_x[];

@@ -486,10 +486,12 @@ def test_shared_opt_in_counts_the_static_shared_memory():
     from kern_driver.runtime import shared_opt_ins
 
     needs = {"a": (46080, "ops.mlp.impl.launches[0] (entry `kern_mlp_m1`)"), "b": (49152, "ops.b.impl.launches[0]"),
-             "c": (40960, "ops.c.impl.launches[0]"), "d": (0, "ops.d.impl.launches[0]")}
-    static = {"a": 8352, "b": 0, "c": 8192, "d": 49153}
+             "c": (40960, "ops.c.impl.launches[0]"), "d": (16384, "ops.d.impl.launches[0]"),
+             "e": (8193, "ops.e.impl.launches[0]"), "f": (49153, "ops.f.impl.launches[0]")}
+    static = {"a": 8352, "b": 0, "c": 8192, "d": 40960, "e": 40960}  # "f": none (a kernel with no static arrays)
     got = shared_opt_ins(needs, static, 232448)
-    assert [(k, s) for k, s, _ in got] == [("a", 46080), ("d", 0)]
+    # b and c total exactly 48 KB: no opt-in; e is one byte over; f's dynamic part alone is
+    assert [(k, s) for k, s, _ in got] == [("a", 46080), ("d", 16384), ("e", 8193), ("f", 49153)]
     assert got[0][2] == needs["a"][1]
 
 
@@ -500,4 +502,4 @@ def test_shared_opt_in_refuses_what_no_setting_can_run():
         shared_opt_ins({"a": (230000, "ops.attn.impl.launches[0] (entry `attn`)")}, {"a": 4096}, 232448)
     msg = str(e.value)
     assert "230000 bytes of dynamic" in msg and "4096 bytes of static" in msg and "232448" in msg
-    assert "ops.attn.impl.launches[0] (entry `attn`)" in msg and "E0094" in msg
+    assert "ops.attn.impl.launches[0] (entry `attn`)" in msg and "at most 228352 bytes" in msg and "E0094" in msg

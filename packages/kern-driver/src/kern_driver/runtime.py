@@ -90,8 +90,8 @@ def shared_opt_ins(needs: dict[Any, tuple[int, str]], static: dict[Any, int], de
             raise KernDriverError(
                 f"{smem} bytes of dynamic shared memory plus the kernel's {st} bytes of static shared memory exceed "
                 f"this device's {device_max} bytes per block", where=where,
-                hint="lower the launch's `shared_mem` or the kernel's static arrays (sm_90: at most 232448 bytes "
-                     "per block in all; kern-verify E0094 checks this with --kernels)")
+                hint=f"give the launch at most {max(0, device_max - st)} bytes of `shared_mem`, or shrink the kernel's "
+                     "static arrays (kern-verify E0094 checks sm_90's limit with --kernels)")
         if st + smem > SHARED_DEFAULT_LIMIT:
             out.append((key, smem, where))
     return out

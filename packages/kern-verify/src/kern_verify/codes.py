@@ -320,8 +320,9 @@ _CODES: list[Code] = [
          "fails. Rebuild the kernel with a smaller cluster.",
          '__cluster_dims__(32, 1, 1)'),
     Code("E0094", "error", "static plus dynamic shared memory over the per-block maximum",
-         "With `--kernels`, a launch's dynamic `shared_mem` plus the kernel's static shared memory (the cubin's "
-         "`.nv.shared.<entry>` section: its `__shared__` arrays) must fit sm_90's 232448 bytes (227 KiB) per block: "
+         "With `--kernels`, a launch's dynamic `shared_mem` plus the kernel's static shared memory (its `__shared__` "
+         "arrays: the cubin's `.nv.shared.<entry>` section less the 1 KB per block sm_90 reserves for the system, "
+         "which nvcc's cubins count in it) must fit sm_90's 232448 bytes (227 KiB) per block: "
          "CUDA refuses to raise the function's MAX_DYNAMIC_SHARED_SIZE_BYTES past the maximum minus the static size "
          "(cuFuncSetAttribute), so every launch would fail. (kern's runtime raises that attribute whenever static + "
          "dynamic exceeds the 48 KB default, not only the dynamic part.)",
