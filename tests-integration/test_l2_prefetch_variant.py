@@ -69,15 +69,18 @@ def test_an_op_twice_and_a_missing_cubin_are_refused(kernels, tmp_path):
 
 def test_the_control_and_the_command_line(kernels, tmp_path, capsys):
     """ROWS = 0: the `_pf` form prefetching nothing (pf_bytes 0), the control of the experiment; the command line
-    writes what verifies and refuses bad input with exit status 2 and a message."""
+    writes what verifies and refuses bad input with exit status 1 (an --out without a folder: argparse's 2) and a message."""
     out = tmp_path / "m.json"
     assert l2.main([str(EXAMPLE), "--kernels", str(kernels), "--out", str(out), "--prefetch", "o:self:0:0"]) == 0
     ln = json.loads(out.read_text())["ops"]["gemv_residual_o_proj_pf"]["impl"]["launches"][0]
     assert ln["args"][-1] == {"u64": 0}
     for argv, needle in [
         ([str(tmp_path / "none.json"), "--out", str(out)], "cannot read the manifest"),
-        ([str(EXAMPLE), "--out", str(tmp_path / "no" / "m.json")], "no folder"),
         ([str(out), "--out", str(tmp_path / "again.json")], "no op `gemv_residual_o_proj`"),
     ]:
-        assert l2.main([*argv, "--kernels", str(kernels), "--prefetch", "o:self:0:1"]) == 2
+        assert l2.main([*argv, "--kernels", str(kernels), "--prefetch", "o:self:0:1"]) == 1
         assert needle in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's exit 2
+        l2.main([str(EXAMPLE), "--kernels", str(kernels), "--out", str(tmp_path / "no" / "m.json"), "--prefetch",
+                 "o:self:0:1"])
+    assert "no folder" in capsys.readouterr().err

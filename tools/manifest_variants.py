@@ -202,62 +202,53 @@ def prune(m: dict) -> None:
         del m["modules"][mod]
 
 
-def rewrite_main(prog: str, manifest: Path, kernels: Path, out: Path, rewrite) -> int:
-    """The command line of a manifest-rewriting tool: read `manifest` (read_manifest), `rewrite(m)` (a function
-    returning the new manifest dict; it raises VariantError, or ValueError, naming the problem), verify the result
-    against `kernels` and write it to `out` (whose folder must exist). Errors go to stderr as `PROG: error: ...`;
-    returns 0, or 1 when the result does not verify, or 2 when the input is refused."""
+def rewrite_main(ap: argparse.ArgumentParser, manifest: Path, kernels: Path, out: Path, rewrite, what: str) -> int:
+    """The command line of a manifest-rewriting tool (this one and tools/gpu's rewrites): refuse an `out` that is a
+    directory or has no folder (ap.error: exit 2), read `manifest` (read_manifest), `rewrite(m)` (returns the new
+    manifest dict; raises VariantError, or ValueError, naming the problem), verify the result against `kernels` and
+    write it to `out`. Errors go to stderr as `PROG: error: ...` and return 1 (input refused, or the result does not
+    verify); kern-verify's warnings are printed; `what` describes the rewrite in the last line. Returns 0 on success."""
     if out.is_dir() or not out.parent.is_dir():
-        print(f"{prog}: error: --out {out}: " + ("is a directory" if out.is_dir() else f"no folder {out.parent}"),
-              file=sys.stderr)
-        return 2
+        ap.error(f"--out {out}: " + ("is a directory" if out.is_dir() else f"no folder {out.parent}"))
+    prog = ap.prog.removesuffix(".py")
     warnings: list[str] = []
     try:
-        m = rewrite(read_manifest(manifest))
+        base = read_manifest(manifest)
+        m = rewrite(base)
         errors = verify(m, kernels, warnings)
     except (VariantError, ValueError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+        return 1
     for w in warnings:
         print(f"{prog}: {w}", file=sys.stderr)
     if errors:
         print(f"{prog}: error: the result does not verify:\n  " + "\n  ".join(errors), file=sys.stderr)
         return 1
+    if m == base:
+        print(f"{prog}: note: {what} changes nothing in {manifest}", file=sys.stderr)
     out.write_text(json.dumps(m, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {out}: {manifest.name} with {what}")
     return 0
+
+
+def rewrite_parser(description: str, variant_help: str) -> argparse.ArgumentParser:
+    """The arguments every manifest-rewriting tool takes: MANIFEST, --kernels KDIR, --out OUT.json."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("manifest", type=Path)
+    ap.add_argument("--kernels", required=True, type=Path, help=variant_help)
+    ap.add_argument("--out", required=True, type=Path, help="the manifest to write (its folder must exist)")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("manifest", type=Path)
-    ap.add_argument("--kernels", required=True, type=Path, help="the kernels dir the manifest was generated for")
+    ap = rewrite_parser(__doc__.split("\n\n")[0], "the kernels dir the manifest was generated for")
     ap.add_argument("--variant", required=True, action="append",
                     help="CHANGE[+CHANGE...], each OP.OPTION=VALUE (one variant: join changes with +)")
-    ap.add_argument("--out", required=True, type=Path, help="the variant manifest to write (its folder must exist)")
     a = ap.parse_args(argv)
     if len(a.variant) > 1:
         ap.error("one --variant per call; join changes with + (e.g. o.ksplit=2+attn.pdl=0)")
-    if a.out.is_dir() or not a.out.parent.is_dir():
-        ap.error(f"--out {a.out}: " + ("is a directory" if a.out.is_dir() else f"no folder {a.out.parent}"))
-    warnings: list[str] = []
-    try:
-        base = read_manifest(a.manifest)
-        m = apply(base, a.variant[0], load_index(a.kernels))
-        errors = verify(m, a.kernels, warnings)
-    except VariantError as e:
-        print(f"manifest_variants: error: {e}", file=sys.stderr)
-        return 1
-    for w in warnings:
-        print(f"manifest_variants: {w}", file=sys.stderr)
-    if errors:
-        print(f"manifest_variants: error: the variant does not verify:\n  " + "\n  ".join(errors), file=sys.stderr)
-        return 1
-    if m == base:
-        print(f"manifest_variants: note: `{a.variant[0]}` changes nothing in {a.manifest}", file=sys.stderr)
-    a.out.write_text(json.dumps(m, indent=1))
-    print(f"wrote {a.out}: {a.manifest.name} with {a.variant[0]}")
-    return 0
+    return rewrite_main(ap, a.manifest, a.kernels, a.out, lambda m: apply(m, a.variant[0], load_index(a.kernels)),
+                        f"`{a.variant[0]}`")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ The result is verified with kern-verify against KDIR before it is written.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from manifest_variants import VariantError, pin_module, rewrite_main  # noqa: E402
+from manifest_variants import VariantError, pin_module, rewrite_main, rewrite_parser  # noqa: E402
 
 MODULE = "gemv_pf0"
 OPS = {"qkv": ("gemv_norm_qkv", "kern_gemv_norm_m1", "kern_gemv_norm_m1_pf"),
@@ -88,14 +87,11 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("manifest", type=Path)
-    ap.add_argument("--kernels", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True, help="the manifest to write (its folder must exist)")
+    ap = rewrite_parser(__doc__.split("\n\n")[0], "the manifest's kernels dir, with gemv_pf0.cubin in it")
     ap.add_argument("--prefetch", action="append", required=True, metavar="OP:TARGET:FIRST_ROW:ROWS")
     a = ap.parse_args(argv)
-    return rewrite_main("l2_prefetch_variant", a.manifest, a.kernels, a.out,
-                        lambda m: rewrite(m, a.kernels, a.prefetch))
+    return rewrite_main(ap, a.manifest, a.kernels, a.out, lambda m: rewrite(m, a.kernels, a.prefetch),
+                        "prefetch " + ", ".join(a.prefetch))
 
 
 if __name__ == "__main__":

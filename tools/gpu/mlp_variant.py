@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from manifest_variants import VariantError, pin_module, prune, rewrite_main  # noqa: E402
+from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 ACC = "mlp_acc"
 MODULE = "gemv_mlp"
@@ -140,14 +140,12 @@ def rewrite(m: dict, kernels: Path, cubin_name: str = f"{MODULE}.cubin") -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("manifest", type=Path)
-    ap.add_argument("--kernels", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True, help="the manifest to write (its folder must exist)")
+    ap = rewrite_parser(__doc__.split("\n\n")[0], "the manifest's kernels dir, with the gemv_mlp.cu build in it")
     ap.add_argument("--cubin", default=f"{MODULE}.cubin", help="the gemv_mlp.cu build's file name in KDIR "
                     "(default: %(default)s)")
     a = ap.parse_args(argv)
-    return rewrite_main("mlp_variant", a.manifest, a.kernels, a.out, lambda m: rewrite(m, a.kernels, a.cubin))
+    return rewrite_main(ap, a.manifest, a.kernels, a.out, lambda m: rewrite(m, a.kernels, a.cubin),
+                        f"the one-launch MLP of {a.cubin}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@
 // MLP's down output into acc (which must be zero). grid (n/8, 1, 1) in clusters of (8, 1, 1), block 256, dynamic
 // shared memory k·2 bytes (the -DMLP_DOWN_PREWAIT=1 build names it kern_mlp_m1_prewait: k·18 bytes).
 //
+// The norm prologue and the residual epilogue below are near-copies of gemv.cu's norm_to_smem and gemv_rows with the
+// accumulator added, not parameterizations of them: gemv.cu's default cubin is pinned by sha256 in the committed
+// examples, and this experiment was measured in this form (NOTES.md 42).
+//
 // PDL: every entry but the embedding issues weight loads, then griddepcontrol.wait, before reading anything a
 // previous launch wrote (gemv.cu's pdl_gate); they trigger their dependents as gemv.cu's default build does.
 #if defined(GEMV_TIMELINE) || defined(GEMV_TMA) || defined(GEMV_L2_PREFETCH)
