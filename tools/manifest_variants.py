@@ -180,14 +180,15 @@ def read_manifest(path: str | Path) -> dict:
     return m
 
 
-def pin_module(m: dict, name: str, kernels_dir: str | Path, file_name: str) -> None:
+def pin_module(m: dict, name: str, kernels_dir: str | Path, file_name: str, how: str = "") -> None:
     """Declares module `name` in manifest `m` (in place) as KDIR/file_name pinned by its sha256. file_name is a bare
-    file name in the kernels dir (module sources resolve against it). Raises VariantError naming the problem."""
+    file name in the kernels dir (module sources resolve against it); `how` says how to build it when it is missing.
+    Raises VariantError naming the problem."""
     if Path(file_name).name != file_name:
         raise VariantError(f"`{file_name}`: give the cubin's file name in the kernels dir {kernels_dir}, not a path")
     path = Path(kernels_dir) / file_name
     if not path.is_file():
-        raise VariantError(f"{path}: not found")
+        raise VariantError(f"{path}: not found" + (f"; {how}" if how else ""))
     m["modules"][name] = {"source": file_name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
@@ -231,11 +232,12 @@ def rewrite_main(ap: argparse.ArgumentParser, manifest: Path, kernels: Path, out
     return 0
 
 
-def rewrite_parser(description: str, variant_help: str) -> argparse.ArgumentParser:
-    """The arguments every manifest-rewriting tool takes: MANIFEST, --kernels KDIR, --out OUT.json."""
+def rewrite_parser(description: str, kernels_help: str) -> argparse.ArgumentParser:
+    """The arguments every manifest-rewriting tool takes: MANIFEST, --kernels KDIR (described by kernels_help),
+    --out OUT.json."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("manifest", type=Path)
-    ap.add_argument("--kernels", required=True, type=Path, help=variant_help)
+    ap.add_argument("--kernels", required=True, type=Path, help=kernels_help)
     ap.add_argument("--out", required=True, type=Path, help="the manifest to write (its folder must exist)")
     return ap
 

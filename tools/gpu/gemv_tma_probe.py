@@ -31,7 +31,6 @@ tools/gpu/program_sweep.py and see where its time lands with tools/profile_decod
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import statistics
@@ -43,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 torch = bg = None  # torch and tools/bench_gemv.py: imported by main() (the manifest rewrite needs neither)
 
-from manifest_variants import SHORT as VARIANT_OPS  # noqa: E402  (the decode ops' short names)
+from manifest_variants import SHORT as VARIANT_OPS, pin_module, prune  # noqa: E402  (SHORT: the decode ops' short names)
 
 WARPS, R = 8, 2
 #: The decode GEMV ops by short name: manifest_variants' names for them.
@@ -200,10 +199,8 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
                              f"than sm_90's {SMEM_MAX}: build the module with a smaller GEMV_TMA_C or GEMV_TMA_S")
     if not (dst.exists() and dst.samefile(cubin)):
         shutil.copyfile(cubin, dst)
-    v["modules"][mod] = {"source": dst.name, "sha256": hashlib.sha256(dst.read_bytes()).hexdigest()}
-    used = {ln.get("module") for o in v["ops"].values() for ln in o["impl"]["launches"]}
-    for name in [n for n in v["modules"] if n not in used]:  # the verifier refuses an unused module
-        del v["modules"][name]
+    pin_module(v, mod, kernels, dst.name)
+    prune(v)  # the modules no launch uses any more (the verifier refuses them); no op goes unused here
     path = out / f"manifest-tma-{label}.json"
     path.write_text(json.dumps(v, indent=1))
     return path

@@ -66,7 +66,7 @@ def rewrite(m: dict, kernels: Path, cubin_name: str = f"{MODULE}.cubin") -> dict
     """The decode program of manifest `m` on the one-launch MLP of KDIR/cubin_name; raises VariantError naming what
     does not fit."""
     out = copy.deepcopy(m)
-    pin_module(out, MODULE, kernels, cubin_name)
+    pin_module(out, MODULE, kernels, cubin_name, how="build it from tools/kernels-src/gemv_mlp.cu")
     mlp_entry = _mlp_entry(Path(kernels), cubin_name)
     hidden = m["buffers"]["residual"]["shape"][1]
     out["buffers"][ACC] = {"dtype": "i64", "shape": [hidden], "class": "workspace"}
