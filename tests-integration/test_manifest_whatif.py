@@ -1,0 +1,71 @@
+"""CPU checks of tools/manifest_whatif.py (NOTES.md 45): the examples' decode programs without their attention verify
+against the built kernels, with the attention's output carried and prefill untouched; drops that would leave the
+manifest unloadable or unverifiable are refused by name."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import manifest_whatif as mw  # noqa: E402
+from manifest_variants import VariantError  # noqa: E402
+
+EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("0.6b", "4b")}
+
+
+@pytest.mark.parametrize("geometry", sorted(EXAMPLES))
+def test_no_attention_verifies(built_kernels, geometry):
+    from kern_verify.verify import verify_text
+
+    m = json.loads(EXAMPLES[geometry].read_text())
+    out, carried = mw.drop_ops(m, ["attn"])
+    assert carried == ["attn"] and out["buffers"]["attn"]["class"] == "carry"
+    assert m["buffers"]["attn"]["class"] == "workspace"  # the input manifest is not modified
+    assert not [str(d) for d in verify_text(json.dumps(out), kernels_dir=built_kernels) if d.severity == "error"]
+    before = m["programs"]["decode"]["calls"]
+    after = out["programs"]["decode"]["calls"]
+    assert len(before) - len(after) == {"0.6b": 28, "4b": 36}[geometry]  # one attention per layer
+    assert after == [c for c in before if c["op"] != "attention_decode_rope"]
+    assert "attention_decode_rope" not in out["ops"]  # pruned: no program calls it now
+    assert out["programs"]["prefill"] == m["programs"]["prefill"]
+
+
+def test_full_op_name_and_several_drops(built_kernels):
+    from kern_verify.verify import verify_text
+
+    m = json.loads(EXAMPLES["4b"].read_text())
+    out, carried = mw.drop_ops(m, ["attention_decode_rope", "embedding"])
+    assert carried == ["residual", "attn"]  # the embedding wrote layer 0's residual; now stale from the last step
+    assert not [str(d) for d in verify_text(json.dumps(out), kernels_dir=built_kernels) if d.severity == "error"]
+    assert {c["op"] for c in out["programs"]["decode"]["calls"]}.isdisjoint({"attention_decode_rope", "embedding"})
+
+
+@pytest.mark.parametrize("drop,program,needle", [
+    (["o"], "decode", "leaves 1 weight buffer(s) used by no call of any program (first: `model.layers.35.self_attn.o_proj"),
+    (["gate_up"], "decode", "leaves 2 weight buffer(s)"),  # layer 35's norm and gate_up: prefill ends at its KV
+    (["foo"], "decode", "program `decode` calls no op of that name"),
+    (["attn"], "nope", "--program nope: the manifest has no such program"),
+    ([], "decode", "nothing to drop"),
+])
+def test_refusals(drop, program, needle):
+    with pytest.raises(VariantError) as e:
+        mw.drop_ops(json.loads(EXAMPLES["4b"].read_text()), drop, program)
+    assert needle in str(e.value)
+
+
+def test_command_line(built_kernels, tmp_path, capsys):
+    out = tmp_path / "noattn.json"
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "attn", "--out", str(out)]) == 0
+    assert "now carried (stale contents): attn" in capsys.readouterr().out
+    assert json.loads(out.read_text())["buffers"]["attn"]["class"] == "carry"
+    # argmax is next_token's only writer: the verifier refuses the result, and nothing is written
+    bad = tmp_path / "noargmax.json"
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "argmax", "--out", str(bad)]) == 1
+    assert "does not verify" in capsys.readouterr().err and not bad.exists()
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "o", "--out", str(bad)]) == 1
+    assert "weights file would not load" in capsys.readouterr().err
