@@ -1,0 +1,269 @@
+// A decode-token megakernel probe (issue 9; NOTES.md 46; driven by tools/gpu/megakernel_probe.py): one persistent
+// launch per token runs a whole op list — the embedding, per layer the qkv GEMV (RMS norm prologue), the o GEMV with
+// the residual add (its input: the first 4,096 qkv outputs, standing in for the attention, as the no-attention
+// what-if of NOTES.md 45), gate_up with the norm and SiLU-and-mul, down with the residual add; then the final norm,
+// lm_head and the argmax — with the weight stream decoupled from the dependencies between ops.
+//
+// Why: in gemv.cu's five-launch layer every launch pays, after its PDL wait, dependent work (x, the norm, the FMAs
+// that gate the next loads) while the bus waits (NOTES.md 26–27, 45). Here a producer warp per SM streams that SM's
+// rows of every op, in op order, into a ring of shared-memory slots with the bulk-copy engine (cp.async.bulk, bytes
+// counted on an mbarrier). Weights depend on nothing, so the stream runs on across op boundaries while the consumer
+// warps wait for the previous op's output: the ring (NSLOT x SLOT_BYTES, 160 KB) is what the boundary can hide.
+//
+// Work split: block b of G owns items [n·b/G, n·(b+1)/G) of every op (rows; SiLU pairs for gate_up, whose weight is
+// stored pair-interleaved: gate row i, up row i, ...), streamed as chunks of `rpc` whole rows. Chunk c of a block
+// (counted across ops) goes to slot c % NSLOT and consumer warp c % NW; NSLOT is a multiple of NW, so each slot has
+// one consumer and its mbarrier waits are never a phase ahead. A warp sums each of its rows alone (lane-strided
+// 16-byte pieces, fp32, then a warp sum), so every value has one summation order: the same bits on every run.
+//
+// Dependencies: after its chunks of op j, every consumer thread fences, the consumer warps meet at a named barrier
+// and one thread adds 1 to counters[j]; op j + 1's consumers wait until counters[j] reaches G·epoch (epoch: the
+// launch's 1-based token number; counters are never reset), then read their input (ld.global.cg: other SMs wrote
+// it) into shared memory. All G blocks must be resident at once (one per SM: the host checks the occupancy).
+//
+// Numerics, as gemv.cu (HF bf16 Qwen3): xn = bf16(norm_w · bf16(x · rsqrt(mean(x²) + eps))); y = bf16(Σ xn·w);
+// residual = bf16(residual + y); act = bf16(bf16(silu(g)) · u); the argmax over bf16 logits, ties to the smaller
+// index. `mode` bit 0: consumers skip all math and waits (the stream alone); bit 1: no dependency waits.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define NW 8                            // consumer warps; warp NW is the producer
+#define THREADS ((NW + 1) * 32)
+#define NSLOT 8                         // a multiple of NW
+#define SLOT_BYTES 20480                // 4 rows of k = 2,560, 2 of 4,096, 1 of 9,728
+#define XS_BYTES 19456                  // the largest k (9,728) in bf16
+#define SMEM_BYTES (NSLOT * SLOT_BYTES + XS_BYTES)
+
+namespace {
+#include "../kernels-src/gemv_common.cuh"
+
+enum Kind { EMBED = 0, NORM = 1, NORM_SILU = 2, RESID = 3, LM_ARGMAX = 4 };
+
+struct Op {                              // 56 bytes, as megakernel_probe.py packs it
+    const __nv_bfloat16 *w;              // [rows, k] (NORM_SILU: 2n pair-interleaved rows; EMBED: the table)
+    const __nv_bfloat16 *x;              // input vector, k elements
+    const __nv_bfloat16 *norm_w;         // NORM, NORM_SILU, LM_ARGMAX
+    __nv_bfloat16 *y;                    // output, n elements (EMBED: hidden)
+    const __nv_bfloat16 *res;            // RESID: residual in (y may alias it)
+    int n, k, kind, rpc;                 // items, k, Kind, whole weight rows per chunk
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(ok) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    return ok != 0;
+}
+// A probe must not hang its GPU: a wait that outlasts ~seconds traps (the host sees a launch failure).
+#define SPIN_LIMIT (1u << 22)
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+    for (unsigned i = 0; !mbar_try_wait(bar, parity); ++i)
+        if (i == SPIN_LIMIT) __trap();
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(dst)), "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(NW * 32) : "memory"); }
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void item_range(const Op &op, int b, int G, int &i0, int &i1) {
+    i0 = (int)((long)op.n * b / G);
+    i1 = (int)((long)op.n * (b + 1) / G);
+}
+__device__ __forceinline__ int rows_of(const Op &op, int items) { return op.kind == NORM_SILU ? 2 * items : items; }
+__device__ __forceinline__ bool streams(const Op &op) { return op.kind != EMBED; }
+
+// The op's input into shared memory (bf16): x, or its RMS norm times norm_w; all NW·32 consumer threads.
+__device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red) {
+    const int t = threadIdx.x, kv = op.k >> 3;
+    const uint4 *x = reinterpret_cast<const uint4 *>(op.x);
+    if (op.kind == RESID) {
+        for (int v = t; v < kv; v += NW * 32) xs[v] = __ldcg(x + v);
+        return;
+    }
+    float ss = 0.f;
+    for (int v = t; v < kv; v += NW * 32) {
+        const uint4 xv = __ldcg(x + v);
+        xs[v] = xv;
+        const __nv_bfloat162 *q = reinterpret_cast<const __nv_bfloat162 *>(&xv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(q[i]);
+            ss = fmaf(f.x, f.x, ss);
+            ss = fmaf(f.y, f.y, ss);
+        }
+    }
+    ss = warp_sum(ss);
+    if ((t & 31) == 0) red[t >> 5] = ss;
+    consumers_sync();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) s += red[i];
+    const float inv = rsqrtf(s / (float)op.k + eps);
+    const uint4 *nw = reinterpret_cast<const uint4 *>(op.norm_w);
+    for (int v = t; v < kv; v += NW * 32) {
+        const uint4 wv = nw[v], xv = xs[v];
+        const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
+        const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&xv);
+        uint4 out;
+        __nv_bfloat16 *o = reinterpret_cast<__nv_bfloat16 *>(&out);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv)));
+        xs[v] = out;
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counters, float eps, long long *token,
+                      unsigned epoch, float *arg_val, int *arg_idx, int mode) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *ring = smem;
+    uint4 *xs = reinterpret_cast<uint4 *>(smem + NSLOT * SLOT_BYTES);
+    __shared__ __align__(8) uint64_t full[NSLOT], empty[NSLOT];
+    __shared__ float red[NW];
+    __shared__ float best_v[NW];
+    __shared__ int best_i[NW];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x, G = gridDim.x;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NSLOT; ++s) { mbar_init(&full[s], 1); mbar_init(&empty[s], 1); }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == NW) {  // the producer: every chunk of every op, in order
+        if (lane != 0) return;
+        unsigned c = 0;
+        for (int j = 0; j < num_ops; ++j) {
+            const Op op = ops[j];
+            if (!streams(op)) continue;
+            int i0, i1;
+            item_range(op, b, G, i0, i1);
+            const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0;
+            for (int r = 0; r < nr; r += op.rpc, ++c) {
+                const int rows = min(op.rpc, nr - r), slot = c % NSLOT;
+                const unsigned bytes = (unsigned)rows * op.k * 2;
+                if (c >= NSLOT) mbar_wait(&empty[slot], (c / NSLOT - 1) & 1);
+                mbar_expect_tx(&full[slot], bytes);
+                bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k, bytes, &full[slot]);
+            }
+        }
+        return;
+    }
+
+    // the consumers
+    unsigned c = 0;  // this block's chunk count across ops (the producer's numbering)
+    for (int j = 0; j < num_ops; ++j) {
+        const Op op = ops[j];
+        int i0, i1;
+        item_range(op, b, G, i0, i1);
+        const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0;
+        if (!(mode & 1)) {
+            if (j > 0 && !(mode & 2)) {
+                if (threadIdx.x == 0)
+                    for (unsigned i = 0; ld_acquire(counters + j - 1) < (unsigned)G * epoch; ++i) {
+                        __nanosleep(32);
+                        if (i == SPIN_LIMIT) __trap();
+                    }
+                consumers_sync();
+            }
+            if (op.kind == EMBED) {
+                const long long tok = __ldcg(token);
+                for (int i = i0 + threadIdx.x; i < i1; i += NW * 32) op.y[i] = op.w[tok * op.k + i];
+            } else {
+                input_to_smem(op, xs, eps, red);
+                consumers_sync();
+            }
+        }
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int r = 0; r < nr; r += op.rpc, ++c) {
+            if (c % NW != (unsigned)warp) continue;
+            const int rows = min(op.rpc, nr - r), slot = c % NSLOT;
+            mbar_wait(&full[slot], (c / NSLOT) & 1);
+            if (!(mode & 1)) {
+                const unsigned char *base = ring + slot * SLOT_BYTES;
+                const int kv = op.k >> 3;
+                float s[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    s[q] = 0.f;
+                    if (q < rows) {
+                        const uint4 *wr = reinterpret_cast<const uint4 *>(base + (size_t)q * op.k * 2);
+                        float a0 = 0.f, a1 = 0.f;
+                        int v = lane;
+                        for (; v + 32 < kv; v += 64) { acc8(a0, wr[v], xs[v]); acc8(a1, wr[v + 32], xs[v + 32]); }
+                        if (v < kv) acc8(a0, wr[v], xs[v]);
+                        s[q] = warp_sum(a0 + a1);
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[slot]);
+                if (lane == 0) {
+                    const int row = r0 + r;  // first weight row of the chunk
+                    if (op.kind == NORM) {
+                        for (int q = 0; q < rows; ++q) op.y[row + q] = tobf(s[q]);
+                    } else if (op.kind == RESID) {
+                        for (int q = 0; q < rows; ++q)
+                            op.y[row + q] = tobf(bf(__ldcg(op.res + row + q)) + bf(tobf(s[q])));
+                    } else if (op.kind == NORM_SILU) {
+                        for (int q = 0; q + 1 < rows; q += 2) {
+                            const float g = bf(tobf(s[q])), u = bf(tobf(s[q + 1]));
+                            op.y[(row + q) >> 1] = tobf(bf(tobf(silu(g))) * u);
+                        }
+                    } else {  // LM_ARGMAX: rows ascend within a warp, so `>` keeps the smaller index on ties
+                        for (int q = 0; q < rows; ++q) {
+                            const float l = bf(tobf(s[q]));
+                            if (l > bv) { bv = l; bi = row + q; }
+                        }
+                    }
+                }
+            } else {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[slot]);
+            }
+        }
+        if (mode & 1) continue;
+        if (op.kind == LM_ARGMAX) {
+            if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+            consumers_sync();
+            if (threadIdx.x == 0) {
+                for (int w = 1; w < NW; ++w)
+                    if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+                arg_val[b] = bv;
+                arg_idx[b] = bi;
+                __threadfence();
+                const unsigned done = atomicAdd(counters + j, 1u);
+                if (done == (unsigned)G * epoch - 1) {  // the last block: the argmax over all blocks
+                    __threadfence();
+                    for (int g = 0; g < G; ++g) {
+                        const float v = __ldcg(arg_val + g);
+                        const int i = __ldcg(arg_idx + g);
+                        if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+                    }
+                    *token = bi;
+                }
+            }
+        } else {
+            __threadfence();
+            consumers_sync();
+            if (threadIdx.x == 0) atomicAdd(counters + j, 1u);
+        }
+    }
+}

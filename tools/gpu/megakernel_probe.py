@@ -1,0 +1,277 @@
+"""A decode-token megakernel probe (issue 9; NOTES.md 46): can one persistent launch per token, whose weight stream does
+not stop at op boundaries, run the 4B decode GEMVs faster than the five-launch layer?
+
+Runs on the GPU machine (torch, cuda.bindings, nvcc):
+
+    python3 tools/gpu/megakernel_probe.py [--layers 36] [--iters 30] [--check-layers 2]
+
+tools/gpu/megakernel_probe.cu's kernel runs, per launch, one decode token of a random-weight Qwen3-4B without its
+attention (the o GEMV reads the first 4,096 qkv outputs, as the no-attention what-if of NOTES.md 45): the embedding,
+36 x [qkv with the norm, o + residual, gate_up with the norm and SiLU-and-mul, down + residual], the final norm,
+lm_head and the argmax, whose token feeds the next launch's embedding. Prints:
+
+- numerics: one launch over `--check-layers` layers with a separate output buffer per op, each op checked against
+  float64 on the inputs it read (bf16 outputs in ulps of the reference; the token's float64 logit against the
+  largest);
+- determinism: the tokens of 8 chained launches, twice from the same start;
+- ms per token (median of `--iters` back-to-back launches, CUDA events) for the full kernel, without the waits
+  between ops (mode 2: what the dependencies cost), and with the consumers doing nothing (mode 1: the weight stream
+  alone), beside the floor (weight bytes / the measured device-to-device copy bandwidth).
+
+Compare with kern-run's no-attention what-if (tools/manifest_whatif.py --drop attn under tools/gpu/program_sweep.py),
+2.339–2.358 ms/token in session 15. Nothing here is a provider kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_gemv import F32, I32, P, check, copy_bandwidth, cu, launch_function  # noqa: E402
+
+HIDDEN, QKV, ATTN, INTER, VOCAB = 2560, 6144, 4096, 9728, 151936  # Qwen3-4B
+EPS = 1e-6
+NW, NSLOT, SLOT_BYTES, XS_BYTES = 8, 8, 20480, 19456  # as megakernel_probe.cu
+THREADS = (NW + 1) * 32
+SMEM = NSLOT * SLOT_BYTES + XS_BYTES
+EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
+OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
+               ("n", "<i4"), ("k", "<i4"), ("kind", "<i4"), ("rpc", "<i4")])
+assert OP.itemsize == 56
+
+
+def rpc(k: int) -> int:
+    """Whole weight rows of k bf16 per ring slot (at most 4: the kernel's per-chunk row sums)."""
+    r = min(4, SLOT_BYTES // (2 * k))
+    assert r >= 1, k
+    return r
+
+
+class Model:
+    """Random bf16 Qwen3-4B weights without the attention's own (q/k norms): the tied embedding / lm_head table
+    [VOCAB, HIDDEN], per layer qkv [6144, 2560], o [2560, 4096], gate_up pair-interleaved [19456, 2560] (gate row i
+    then up row i), down [2560, 9728] and the two RMS norm weights, and the final norm."""
+
+    def __init__(self, layers: int, seed: int = 0):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+
+        def w(*shape, std=0.02):
+            return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16)
+
+        def nw():
+            return (1.0 + 0.1 * torch.randn(HIDDEN, generator=g, device="cuda")).to(torch.bfloat16)
+
+        self.table = w(VOCAB, HIDDEN, std=0.5)
+        self.layers = [dict(qkv=w(QKV, HIDDEN), o=w(HIDDEN, ATTN), gate_up=w(2 * INTER, HIDDEN),
+                            down=w(HIDDEN, INTER), in_norm=nw(), post_norm=nw()) for _ in range(layers)]
+        self.final_norm = nw()
+
+    def weight_bytes(self) -> int:
+        per = sum(t.numel() * 2 for l in self.layers for n, t in l.items() if not n.endswith("norm"))
+        return per + self.table.numel() * 2
+
+
+def op_list(m: Model, token_table: torch.Tensor, separate: bool):
+    """The op table (numpy OP records) and the buffers it writes: one per op when `separate` (for the numerics
+    check), else the decode program's reuse (residual in place, one qkv and one act buffer)."""
+    bf = dict(dtype=torch.bfloat16, device="cuda")
+    ops, bufs = [], []
+
+    def buf(n):
+        t = torch.full((n,), float("nan"), **bf)  # poisoned: every element must be written
+        bufs.append(t)
+        return t
+
+    def add(kind, w, x, norm_w, y, res, n, k):
+        ops.append((w.data_ptr(), 0 if x is None else x.data_ptr(), 0 if norm_w is None else norm_w.data_ptr(),
+                    0 if y is None else y.data_ptr(), 0 if res is None else res.data_ptr(), n, k, kind,
+                    rpc(k) if kind != EMBED else 1))
+
+    res = buf(HIDDEN)
+    add(EMBED, token_table, None, None, res, None, HIDDEN, HIDDEN)
+    qkv_s, act_s = (None, None) if separate else (buf(QKV), buf(INTER))
+    trace = [("embed", res)]
+    for l in m.layers:
+        qkv = buf(QKV) if separate else qkv_s
+        add(NORM, l["qkv"], res, l["in_norm"], qkv, None, QKV, HIDDEN)
+        res2 = buf(HIDDEN) if separate else res
+        add(RESID, l["o"], qkv, None, res2, res, HIDDEN, ATTN)
+        act = buf(INTER) if separate else act_s
+        add(NORM_SILU, l["gate_up"], res2, l["post_norm"], act, None, INTER, HIDDEN)
+        res3 = buf(HIDDEN) if separate else res2
+        add(RESID, l["down"], act, None, res3, res2, HIDDEN, INTER)
+        trace += [("qkv", qkv), ("o", res2), ("gate_up", act), ("down", res3)]
+        res = res3
+    add(LM_ARGMAX, token_table, res, m.final_norm, None, None, VOCAB, HIDDEN)
+    table = np.array(ops, dtype=OP)
+    return torch.from_numpy(table.view(np.uint8)).cuda(), len(ops), trace, bufs
+
+
+class Probe:
+    def __init__(self):
+        check(cu.cuInit(0))
+        torch.zeros(1, device="cuda")
+        src = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "mk.cubin"
+            nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+            subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v", "-o", str(out),
+                            str(src)], check=True)
+            self.module = check(cu.cuModuleLoadData(out.read_bytes()))
+        self.f = check(cu.cuModuleGetFunction(self.module, b"kern_megakernel_probe"))
+        check(cu.cuFuncSetAttribute(self.f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    SMEM))
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.f, THREADS, SMEM))
+        if per_sm < 1:
+            raise SystemExit(f"megakernel_probe: a {THREADS}-thread block with {SMEM} bytes of shared memory does not fit an SM")
+        self.grid = self.sms  # one block per SM: all resident at once (the kernel's waits need it)
+        self.counters = torch.zeros(4096, dtype=torch.int32, device="cuda")
+        self.arg_val = torch.zeros(self.grid, dtype=torch.float32, device="cuda")
+        self.arg_idx = torch.zeros(self.grid, dtype=torch.int32, device="cuda")
+        self.epoch = 0  # launches that advanced the counters
+
+    def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0):
+        if not mode & 1:
+            self.epoch += 1
+        args = ((ops.data_ptr(), P), (num_ops, I32), (self.counters.data_ptr(), P), (EPS, F32), (token.data_ptr(), P),
+                (max(self.epoch, 1), ctypes.c_uint), (self.arg_val.data_ptr(), P), (self.arg_idx.data_ptr(), P),
+                (mode, I32))
+        kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
+        launch_function(self.f, (self.grid, 1, 1), (THREADS, 1, 1), SMEM,
+                        cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
+
+
+def bf16_ulps(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|y − ref| in units of the bf16 spacing at |ref| (float64)."""
+    r = ref.double().abs().clamp_min(1e-30)
+    ulp = torch.pow(2.0, torch.floor(torch.log2(r)) - 7)
+    return (y.double() - ref.double()).abs() / ulp
+
+
+def norm_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """HF Qwen3RMSNorm in bf16: weight · bf16(x · rsqrt(mean(x²) + eps)), as float64."""
+    xf = x.float()
+    h = (xf * torch.rsqrt(xf.pow(2).mean() + EPS)).to(torch.bfloat16)
+    return (w * h).double()
+
+
+def check_numerics(probe: Probe, m: Model) -> bool:
+    token = torch.tensor([12345], dtype=torch.int64, device="cuda")
+    ops, n, trace, _ = op_list(m, m.table, separate=True)
+    probe.launch(ops, n, token)
+    torch.cuda.synchronize()
+    ok = True
+    res_in = None
+    worst = {}
+    for i, (name, y) in enumerate(trace):
+        if name == "embed":
+            ref = m.table[12345].double()
+        else:
+            l = m.layers[(i - 1) // 4]
+            if name == "qkv":
+                ref = l["qkv"].double() @ norm_ref(res_in, l["in_norm"])
+                qkv = y
+            elif name == "o":
+                ref = (res_in.double() + (l["o"].double() @ qkv[:ATTN].double()).to(torch.bfloat16).double())
+                res_mid = y
+            elif name == "gate_up":
+                gu = (l["gate_up"].double() @ norm_ref(res_mid, l["post_norm"])).to(torch.bfloat16)
+                g, u = gu[0::2].float(), gu[1::2].float()
+                ref = ((g / (1 + torch.exp(-g))).to(torch.bfloat16).double() * u.double())
+                act = y
+            else:
+                ref = (res_mid.double() + (l["down"].double() @ act.double()).to(torch.bfloat16).double())
+        if name in ("embed", "o", "down"):
+            res_in = y
+        ulps = bf16_ulps(y, ref)
+        bad = int(torch.isnan(y).sum())
+        w = worst.setdefault(name, [0.0, 0.0, 0.0, 0])
+        w[0] = max(w[0], float(ulps.max()))
+        w[1] = max(w[1], float((ulps > 0.51).double().mean()))
+        w[2] = max(w[2], float((ulps > 1.01).double().mean()))
+        w[3] += bad
+        # a flipped bf16 rounding inside (the dot before the residual add, g before SiLU) costs an ulp of the
+        # inner value: rare, but more than an ulp of the result where they cancel
+        if bad or float((ulps > 1.01).double().mean()) > 0.005:
+            ok = False
+    for name, (mx, half, one, bad) in worst.items():
+        print(f"  {name:8s} max {mx:.2f} ulp of the float64 reference; over half an ulp {100 * half:.2f}%, over one "
+              f"{100 * one:.3f}%; {bad} NaN")
+    logits = (m.table.double() @ norm_ref(res_in, m.final_norm)).to(torch.bfloat16).double()
+    tok = int(token.item())
+    top = float(logits.max())
+    gap = top - float(logits[tok])
+    print(f"  argmax   token {tok}: its logit {float(logits[tok]):.5f}, the largest {top:.5f} (token "
+          f"{int(logits.argmax())}), gap {gap:.2g}")
+    if gap > 0.01 * abs(top):
+        ok = False
+    return ok
+
+
+def chained_tokens(probe: Probe, ops, n, steps=8):
+    token = torch.tensor([777], dtype=torch.int64, device="cuda")
+    out = []
+    for _ in range(steps):
+        probe.launch(ops, n, token)
+        out.append(token.clone())
+    torch.cuda.synchronize()
+    return [int(t.item()) for t in out]
+
+
+def per_launch_ms(probe: Probe, ops, n, mode, iters):
+    token = torch.tensor([777], dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        probe.launch(ops, n, token, mode)
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    ev[0].record()
+    for i in range(iters):
+        probe.launch(ops, n, token, mode)
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--check-layers", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=30)
+    a = ap.parse_args(argv)
+    probe = Probe()
+    print(f"megakernel_probe: grid {probe.grid} x {THREADS} threads, {SMEM} bytes of shared memory, ring {NSLOT} x "
+          f"{SLOT_BYTES} bytes")
+    small = Model(a.check_layers, seed=1)
+    ok = check_numerics(probe, small)
+    print(f"numerics ({a.check_layers} layers): {'ok' if ok else 'FAILED'}")
+    del small
+    torch.cuda.empty_cache()
+    m = Model(a.layers, seed=2)
+    ops, n, _, _ = op_list(m, m.table, separate=False)
+    t1, t2 = chained_tokens(probe, ops, n), chained_tokens(probe, ops, n)
+    print(f"tokens of 8 chained launches: {t1} ({'the same' if t1 == t2 else 'DIFFER: ' + str(t2)} twice)")
+    bw = copy_bandwidth()
+    floor = m.weight_bytes() / bw * 1e3
+    print(f"{a.layers} layers, {m.weight_bytes() / 1e9:.3f} GB of weights; copy bandwidth {bw / 1e12:.3f} TB/s, "
+          f"floor {floor:.3f} ms")
+    print("| mode | ms per token | % of floor |")
+    print("|---|---:|---:|")
+    for mode, what in ((0, "full (waits between ops)"), (2, "no waits between ops"), (1, "weight stream only")):
+        ms = per_launch_ms(probe, ops, n, mode, a.iters)
+        print(f"| {what} | {ms:.3f} | {100 * floor / ms:.1f}% |")
+    return 0 if ok and t1 == t2 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
