@@ -173,7 +173,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         const Op op = ops[j];
         int i0, i1;
         item_range(op, b, G, i0, i1);
-        const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0;
+        const int r0 = rows_of(op, i0), nr = streams(op) ? rows_of(op, i1) - r0 : 0;  // EMBED streams nothing
         if (!(mode & 1)) {
             if (j > 0 && !(mode & 2)) {
                 if (threadIdx.x == 0)
