@@ -140,9 +140,13 @@ class Probe:
         self.counters = torch.zeros(4096, dtype=torch.int32, device="cuda")
         self.arg_val = torch.zeros(self.grid, dtype=torch.float32, device="cuda")
         self.arg_idx = torch.zeros(self.grid, dtype=torch.int32, device="cuda")
-        self.epoch = 0  # launches that advanced the counters
+        self.epoch = 0  # launches of the current op list that advanced the counters
+        self.ops_ptr = 0
 
     def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0):
+        if ops.data_ptr() != self.ops_ptr:  # another op list: its counters start from zero
+            self.counters.zero_()
+            self.epoch, self.ops_ptr = 0, ops.data_ptr()
         if not mode & 1:
             self.epoch += 1
         args = ((ops.data_ptr(), P), (num_ops, I32), (self.counters.data_ptr(), P), (EPS, F32), (token.data_ptr(), P),
