@@ -23,7 +23,8 @@
 //
 // Numerics, as gemv.cu (HF bf16 Qwen3): xn = bf16(norm_w · bf16(x · rsqrt(mean(x²) + eps))); y = bf16(Σ xn·w);
 // residual = bf16(residual + y); act = bf16(bf16(silu(g)) · u); the argmax over bf16 logits, ties to the smaller
-// index. `mode` bit 0: consumers skip all math and waits (the stream alone); bit 1: no dependency waits.
+// index. `mode` bit 0: consumers skip all math and waits (the stream alone); bit 1: no dependency waits; bit 2: no
+// input loads (xs keeps what it holds: with bit 1, the consumers' math alone).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -128,6 +129,40 @@ __device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red) {
     }
 }
 
+// s[q] = Σ w_q·xs over the chunk's ROWS rows (whole rows of k), on every lane: the rows share each x load and every
+// row has 4 / ROWS independent chains (lane-strided 16-byte pieces), so a warp keeps 4 FMA chains going.
+template <int ROWS>
+__device__ __forceinline__ void chunk_dot(const unsigned char *base, const uint4 *xs, int k, int lane, float *s) {
+    constexpr int UN = ROWS >= 3 ? 1 : 4 / ROWS;
+    const int kv = k >> 3;
+    float a[ROWS][UN];
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q)
+#pragma unroll
+        for (int u = 0; u < UN; ++u) a[q][u] = 0.f;
+    for (int v = lane; v < kv; v += 32 * UN) {
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+            const int vv = v + 32 * u;
+            if (UN == 1 || vv < kv) {
+                const uint4 xv = xs[vv];
+#pragma unroll
+                for (int q = 0; q < ROWS; ++q)
+                    acc8(a[q][u], reinterpret_cast<const uint4 *>(base + (size_t)q * k * 2)[vv], xv);
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        float t = 0.f;
+        if (q < ROWS) {
+#pragma unroll
+            for (int u = 0; u < UN; ++u) t += a[q][u];
+        }
+        s[q] = warp_sum(t);
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -183,7 +218,8 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     }
                 consumers_sync();
             }
-            if (op.kind == EMBED) {
+            if (mode & 4) {
+            } else if (op.kind == EMBED) {
                 const long long tok = __ldcg(token);
                 for (int i = i0 + threadIdx.x; i < i1; i += NW * 32) op.y[i] = op.w[tok * op.k + i];
             } else {
@@ -199,19 +235,12 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
             mbar_wait(&full[slot], (c / NSLOT) & 1);
             if (!(mode & 1)) {
                 const unsigned char *base = ring + slot * SLOT_BYTES;
-                const int kv = op.k >> 3;
                 float s[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    s[q] = 0.f;
-                    if (q < rows) {
-                        const uint4 *wr = reinterpret_cast<const uint4 *>(base + (size_t)q * op.k * 2);
-                        float a0 = 0.f, a1 = 0.f;
-                        int v = lane;
-                        for (; v + 32 < kv; v += 64) { acc8(a0, wr[v], xs[v]); acc8(a1, wr[v + 32], xs[v + 32]); }
-                        if (v < kv) acc8(a0, wr[v], xs[v]);
-                        s[q] = warp_sum(a0 + a1);
-                    }
+                switch (rows) {
+                    case 4: chunk_dot<4>(base, xs, op.k, lane, s); break;
+                    case 3: chunk_dot<3>(base, xs, op.k, lane, s); break;
+                    case 2: chunk_dot<2>(base, xs, op.k, lane, s); break;
+                    default: chunk_dot<1>(base, xs, op.k, lane, s); break;
                 }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[slot]);

@@ -16,7 +16,7 @@ lm_head and the argmax, whose token feeds the next launch's embedding. Prints:
 - determinism: the tokens of 8 chained launches, twice from the same start;
 - ms per token (median of `--iters` back-to-back launches, CUDA events) for the full kernel, without the waits
   between ops (mode 2: what the dependencies cost), and with the consumers doing nothing (mode 1: the weight stream
-  alone), beside the floor (weight bytes / the measured device-to-device copy bandwidth).
+  alone; mode 6: the math without the waits and the input loads), beside the floor (weight bytes / the measured device-to-device copy bandwidth).
 
 Compare with kern-run's no-attention what-if (tools/manifest_whatif.py --drop attn under tools/gpu/program_sweep.py),
 2.339–2.358 ms/token in session 15. Nothing here is a provider kernel.
@@ -271,7 +271,8 @@ def main(argv=None) -> int:
           f"floor {floor:.3f} ms")
     print("| mode | ms per token | % of floor |")
     print("|---|---:|---:|")
-    for mode, what in ((0, "full (waits between ops)"), (2, "no waits between ops"), (1, "weight stream only")):
+    for mode, what in ((0, "full (waits between ops)"), (2, "no waits between ops"),
+                       (6, "no waits, no input loads (the math alone)"), (1, "weight stream only")):
         ms = per_launch_ms(probe, ops, n, mode, a.iters)
         print(f"| {what} | {ms:.3f} | {100 * floor / ms:.1f}% |")
     return 0 if ok and t1 == t2 else 1
