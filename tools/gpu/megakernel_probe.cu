@@ -8,13 +8,15 @@
 // that gate the next loads) while the bus waits (NOTES.md 26–27, 45). Here a producer warp per SM streams that SM's
 // rows of every op, in op order, into a ring of shared-memory slots with the bulk-copy engine (cp.async.bulk, bytes
 // counted on an mbarrier). Weights depend on nothing, so the stream runs on across op boundaries while the consumer
-// warps wait for the previous op's output: the ring (NSLOT x SLOT_BYTES, 160 KB) is what the boundary can hide.
+// warps wait for the previous op's output: the ring (NW·S slots, 160 KB) is what the boundary can hide.
 //
 // Work split: block b of G owns items [n·b/G, n·(b+1)/G) of every op (rows; SiLU pairs for gate_up, whose weight is
-// stored pair-interleaved: gate row i, up row i, ...), streamed as chunks of `rpc` whole rows. Chunk c of a block
-// (counted across ops) goes to slot c % NSLOT and consumer warp c % NW; NSLOT is a multiple of NW, so each slot has
-// one consumer and its mbarrier waits are never a phase ahead. A warp sums each of its rows alone (lane-strided
-// 16-byte pieces, fp32, then a warp sum), so every value has one summation order: the same bits on every run.
+// stored pair-interleaved: gate row i, up row i, ...). It streams them as units: R whole rows per slot where a row
+// fits one (k = 2,560: 2 rows of a 10 KB slot), else one row in P pieces (k = 9,728: 2). Unit g of a block (counted
+// across ops) belongs to consumer warp g % NW, which has its own S slots and uses them in order, so each slot has one
+// consumer and no mbarrier wait is ever a phase ahead. A warp sums each of its rows alone (lane-strided 16-byte
+// pieces, fp32, a few chains, then a warp sum), so every value has one summation order: the same bits on every run.
+// Build macros: NW (consumer warps, 8), S (slots per warp, 2), SLOT_BYTES (10,240; ≥ two rows of k = 2,560).
 //
 // Dependencies: after its chunks of op j, every consumer thread fences, the consumer warps meet at a named barrier
 // and one thread adds 1 to counters[j]; op j + 1's consumers wait until counters[j] reaches G·epoch (epoch: the
@@ -28,10 +30,17 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#ifndef NW
 #define NW 8                            // consumer warps; warp NW is the producer
+#endif
+#ifndef S
+#define S 2                             // ring slots per consumer warp (its own FIFO)
+#endif
+#ifndef SLOT_BYTES
+#define SLOT_BYTES 10240                // 2 rows of k = 2,560, 1 of 4,096, half of 9,728
+#endif
 #define THREADS ((NW + 1) * 32)
-#define NSLOT 8                         // a multiple of NW
-#define SLOT_BYTES 20480                // 4 rows of k = 2,560, 2 of 4,096, 1 of 9,728
+#define NSLOT (NW * S)
 #define XS_BYTES 19456                  // the largest k (9,728) in bf16
 #define SMEM_BYTES (NSLOT * SLOT_BYTES + XS_BYTES)
 
@@ -46,7 +55,7 @@ struct Op {                              // 56 bytes, as megakernel_probe.py pac
     const __nv_bfloat16 *norm_w;         // NORM, NORM_SILU, LM_ARGMAX
     __nv_bfloat16 *y;                    // output, n elements (EMBED: hidden)
     const __nv_bfloat16 *res;            // RESID: residual in (y may alias it)
-    int n, k, kind, rpc;                 // items, k, Kind, whole weight rows per chunk
+    int n, k, kind, unused;              // items, k, Kind
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
@@ -129,37 +138,35 @@ __device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red) {
     }
 }
 
-// s[q] = Σ w_q·xs over the chunk's ROWS rows (whole rows of k), on every lane: the rows share each x load and every
-// row has 4 / ROWS independent chains (lane-strided 16-byte pieces), so a warp keeps 4 FMA chains going.
-template <int ROWS>
-__device__ __forceinline__ void chunk_dot(const unsigned char *base, const uint4 *xs, int k, int lane, float *s) {
-    constexpr int UN = ROWS >= 3 ? 1 : 4 / ROWS;
-    const int kv = k >> 3;
-    float a[ROWS][UN];
-#pragma unroll
-    for (int q = 0; q < ROWS; ++q)
-#pragma unroll
-        for (int u = 0; u < UN; ++u) a[q][u] = 0.f;
-    for (int v = lane; v < kv; v += 32 * UN) {
+// How op `op` streams: units of R whole rows (one slot each, P = 1) when a row fits a slot, else one row in P
+// pieces of at most SLOT_BYTES (one slot each). NORM_SILU units hold whole gate/up pairs (R even).
+struct Geo { int R, P, pv; };  // rows per unit, pieces per unit, 16-byte vectors per piece (P > 1)
+__device__ __forceinline__ Geo geo(const Op &op) {
+    const int row = op.k * 2;
+    if (row <= SLOT_BYTES) {
+        int r = min(4, SLOT_BYTES / row);
+        if (op.kind == NORM_SILU) r &= ~1;
+        return {r, 1, 0};
+    }
+    const int kv = op.k >> 3, p = (row + SLOT_BYTES - 1) / SLOT_BYTES;
+    return {1, p, (kv + p - 1) / p};
+}
+
+// a[q][u] += Σ w_q·x over `nvec` 16-byte vectors of ROWS rows (row q at q·row_vecs vectors from w), lane-strided,
+// 4 / ROWS chains per row, so a warp keeps about 4 FMA chains going; the rows share each x load.
+template <int ROWS, int UN>
+__device__ __forceinline__ void piece_dot(const uint4 *w, const uint4 *x, int nvec, int row_vecs, int lane,
+                                          float (&a)[4][4]) {
+    for (int v = lane; v < nvec; v += 32 * UN) {
 #pragma unroll
         for (int u = 0; u < UN; ++u) {
             const int vv = v + 32 * u;
-            if (UN == 1 || vv < kv) {
-                const uint4 xv = xs[vv];
+            if (UN == 1 || vv < nvec) {
+                const uint4 xv = x[vv];
 #pragma unroll
-                for (int q = 0; q < ROWS; ++q)
-                    acc8(a[q][u], reinterpret_cast<const uint4 *>(base + (size_t)q * k * 2)[vv], xv);
+                for (int q = 0; q < ROWS; ++q) acc8(a[q][u], w[q * row_vecs + vv], xv);
             }
         }
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        float t = 0.f;
-        if (q < ROWS) {
-#pragma unroll
-            for (int u = 0; u < UN; ++u) t += a[q][u];
-        }
-        s[q] = warp_sum(t);
     }
 }
 
@@ -182,28 +189,38 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
     }
     __syncthreads();
 
-    if (warp == NW) {  // the producer: every chunk of every op, in order
+    // Units are numbered across ops (g); unit g belongs to consumer warp g % NW, whose f-th piece goes to its slot
+    // w·S + f % S: every slot has one consumer, which uses its slots in order (its waits are never a phase ahead).
+    if (warp == NW) {  // the producer: every piece of every op, in order
         if (lane != 0) return;
-        unsigned c = 0;
+        unsigned f[NW];
+        for (int w = 0; w < NW; ++w) f[w] = 0;
+        unsigned g = 0;
         for (int j = 0; j < num_ops; ++j) {
             const Op op = ops[j];
             if (!streams(op)) continue;
             int i0, i1;
             item_range(op, b, G, i0, i1);
-            const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0;
-            for (int r = 0; r < nr; r += op.rpc, ++c) {
-                const int rows = min(op.rpc, nr - r), slot = c % NSLOT;
-                const unsigned bytes = (unsigned)rows * op.k * 2;
-                if (c >= NSLOT) mbar_wait(&empty[slot], (c / NSLOT - 1) & 1);
-                mbar_expect_tx(&full[slot], bytes);
-                bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k, bytes, &full[slot]);
+            const Geo q = geo(op);
+            const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0, kv = op.k >> 3;
+            for (int r = 0; r < nr; r += q.R, ++g) {
+                const int w = g % NW, rows = min(q.R, nr - r);
+                for (int p = 0; p < q.P; ++p) {
+                    const unsigned fw = f[w]++;
+                    const int slot = w * S + fw % S;
+                    const int v0 = q.P == 1 ? 0 : p * q.pv, nv = q.P == 1 ? rows * kv : min(q.pv, kv - v0);
+                    if (fw >= S) mbar_wait(&empty[slot], (fw / S - 1) & 1);
+                    mbar_expect_tx(&full[slot], (unsigned)nv * 16);
+                    bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
+                              &full[slot]);
+                }
             }
         }
         return;
     }
 
     // the consumers
-    unsigned c = 0;  // this block's chunk count across ops (the producer's numbering)
+    unsigned g = 0, f = 0;  // units of this block so far (the producer's numbering); pieces of this warp so far
     for (int j = 0; j < num_ops; ++j) {
         const Op op = ops[j];
         int i0, i1;
@@ -229,43 +246,55 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         }
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int r = 0; r < nr; r += op.rpc, ++c) {
-            if (c % NW != (unsigned)warp) continue;
-            const int rows = min(op.rpc, nr - r), slot = c % NSLOT;
-            mbar_wait(&full[slot], (c / NSLOT) & 1);
-            if (!(mode & 1)) {
-                const unsigned char *base = ring + slot * SLOT_BYTES;
-                float s[4];
-                switch (rows) {
-                    case 4: chunk_dot<4>(base, xs, op.k, lane, s); break;
-                    case 3: chunk_dot<3>(base, xs, op.k, lane, s); break;
-                    case 2: chunk_dot<2>(base, xs, op.k, lane, s); break;
-                    default: chunk_dot<1>(base, xs, op.k, lane, s); break;
-                }
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[slot]);
-                if (lane == 0) {
-                    const int row = r0 + r;  // first weight row of the chunk
-                    if (op.kind == NORM) {
-                        for (int q = 0; q < rows; ++q) op.y[row + q] = tobf(s[q]);
-                    } else if (op.kind == RESID) {
-                        for (int q = 0; q < rows; ++q)
-                            op.y[row + q] = tobf(bf(__ldcg(op.res + row + q)) + bf(tobf(s[q])));
-                    } else if (op.kind == NORM_SILU) {
-                        for (int q = 0; q + 1 < rows; q += 2) {
-                            const float g = bf(tobf(s[q])), u = bf(tobf(s[q + 1]));
-                            op.y[(row + q) >> 1] = tobf(bf(tobf(silu(g))) * u);
-                        }
-                    } else {  // LM_ARGMAX: rows ascend within a warp, so `>` keeps the smaller index on ties
-                        for (int q = 0; q < rows; ++q) {
-                            const float l = bf(tobf(s[q]));
-                            if (l > bv) { bv = l; bi = row + q; }
-                        }
+        const Geo q = geo(op);
+        const int kv = op.k >> 3;
+        for (int r = 0; r < nr; r += q.R, ++g) {
+            if (g % NW != (unsigned)warp) continue;
+            const int rows = min(q.R, nr - r);
+            float a[4][4] = {};
+            for (int p = 0; p < q.P; ++p, ++f) {
+                const int slot = warp * S + f % S;
+                mbar_wait(&full[slot], (f / S) & 1);
+                if (!(mode & 1)) {
+                    const uint4 *w = reinterpret_cast<const uint4 *>(ring + slot * SLOT_BYTES);
+                    if (q.P > 1) {
+                        const int v0 = p * q.pv;
+                        piece_dot<1, 4>(w, xs + v0, min(q.pv, kv - v0), 0, lane, a);
+                    } else if (rows == 4) {
+                        piece_dot<4, 1>(w, xs, kv, kv, lane, a);
+                    } else if (rows == 3) {
+                        piece_dot<3, 1>(w, xs, kv, kv, lane, a);
+                    } else if (rows == 2) {
+                        piece_dot<2, 2>(w, xs, kv, kv, lane, a);
+                    } else {
+                        piece_dot<1, 4>(w, xs, kv, kv, lane, a);
                     }
                 }
-            } else {
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[slot]);
+            }
+            if (mode & 1) continue;
+            float s[4];
+#pragma unroll
+            for (int qq = 0; qq < 4; ++qq) s[qq] = warp_sum(a[qq][0] + a[qq][1] + a[qq][2] + a[qq][3]);
+            if (lane == 0) {
+                const int row = r0 + r;  // first weight row of the unit
+                if (op.kind == NORM) {
+                    for (int qq = 0; qq < rows; ++qq) op.y[row + qq] = tobf(s[qq]);
+                } else if (op.kind == RESID) {
+                    for (int qq = 0; qq < rows; ++qq)
+                        op.y[row + qq] = tobf(bf(__ldcg(op.res + row + qq)) + bf(tobf(s[qq])));
+                } else if (op.kind == NORM_SILU) {
+                    for (int qq = 0; qq + 1 < rows; qq += 2) {
+                        const float gg = bf(tobf(s[qq])), u = bf(tobf(s[qq + 1]));
+                        op.y[(row + qq) >> 1] = tobf(bf(tobf(silu(gg))) * u);
+                    }
+                } else {  // LM_ARGMAX: rows ascend within a warp, so `>` keeps the smaller index on ties
+                    for (int qq = 0; qq < rows; ++qq) {
+                        const float l = bf(tobf(s[qq]));
+                        if (l > bv) { bv = l; bi = row + qq; }
+                    }
+                }
             }
         }
         if (mode & 1) continue;

@@ -42,20 +42,12 @@ from bench_gemv import F32, I32, P, check, copy_bandwidth, cu, launch_function  
 
 HIDDEN, QKV, ATTN, INTER, VOCAB = 2560, 6144, 4096, 9728, 151936  # Qwen3-4B
 EPS = 1e-6
-NW, NSLOT, SLOT_BYTES, XS_BYTES = 8, 8, 20480, 19456  # as megakernel_probe.cu
-THREADS = (NW + 1) * 32
-SMEM = NSLOT * SLOT_BYTES + XS_BYTES
+DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240}  # megakernel_probe.cu's build macros and their defaults
+XS_BYTES = 19456
 EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
 OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
-               ("n", "<i4"), ("k", "<i4"), ("kind", "<i4"), ("rpc", "<i4")])
+               ("n", "<i4"), ("k", "<i4"), ("kind", "<i4"), ("unused", "<i4")])
 assert OP.itemsize == 56
-
-
-def rpc(k: int) -> int:
-    """Whole weight rows of k bf16 per ring slot (at most 4: the kernel's per-chunk row sums)."""
-    r = min(4, SLOT_BYTES // (2 * k))
-    assert r >= 1, k
-    return r
 
 
 class Model:
@@ -95,8 +87,7 @@ def op_list(m: Model, token_table: torch.Tensor, separate: bool):
 
     def add(kind, w, x, norm_w, y, res, n, k):
         ops.append((w.data_ptr(), 0 if x is None else x.data_ptr(), 0 if norm_w is None else norm_w.data_ptr(),
-                    0 if y is None else y.data_ptr(), 0 if res is None else res.data_ptr(), n, k, kind,
-                    rpc(k) if kind != EMBED else 1))
+                    0 if y is None else y.data_ptr(), 0 if res is None else res.data_ptr(), n, k, kind, 0))
 
     res = buf(HIDDEN)
     add(EMBED, token_table, None, None, res, None, HIDDEN, HIDDEN)
@@ -119,29 +110,40 @@ def op_list(m: Model, token_table: torch.Tensor, separate: bool):
 
 
 class Probe:
-    def __init__(self):
+    """megakernel_probe.cu built with `defines` (NW consumer warps, S slots each of SLOT_BYTES), loaded, one block
+    per SM."""
+
+    def __init__(self, defines: dict[str, int]):
         check(cu.cuInit(0))
         torch.zeros(1, device="cuda")
+        self.cfg = {**DEFAULTS, **defines}
+        self.threads = (self.cfg["NW"] + 1) * 32
+        self.smem = self.cfg["NW"] * self.cfg["S"] * self.cfg["SLOT_BYTES"] + XS_BYTES
         src = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "mk.cubin"
             nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-            subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v", "-o", str(out),
-                            str(src)], check=True)
+            subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v",
+                            *(f"-D{k}={v}" for k, v in self.cfg.items()), "-o", str(out), str(src)], check=True)
             self.module = check(cu.cuModuleLoadData(out.read_bytes()))
         self.f = check(cu.cuModuleGetFunction(self.module, b"kern_megakernel_probe"))
         check(cu.cuFuncSetAttribute(self.f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    SMEM))
+                                    self.smem))
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
-        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.f, THREADS, SMEM))
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.f, self.threads, self.smem))
         if per_sm < 1:
-            raise SystemExit(f"megakernel_probe: a {THREADS}-thread block with {SMEM} bytes of shared memory does not fit an SM")
+            raise SystemExit(f"megakernel_probe: a {self.threads}-thread block with {self.smem} bytes of shared memory "
+                             "does not fit an SM")
         self.grid = self.sms  # one block per SM: all resident at once (the kernel's waits need it)
         self.counters = torch.zeros(4096, dtype=torch.int32, device="cuda")
         self.arg_val = torch.zeros(self.grid, dtype=torch.float32, device="cuda")
         self.arg_idx = torch.zeros(self.grid, dtype=torch.int32, device="cuda")
         self.epoch = 0  # launches of the current op list that advanced the counters
         self.ops_ptr = 0
+
+    def name(self) -> str:
+        c = self.cfg
+        return f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']}"
 
     def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0):
         if ops.data_ptr() != self.ops_ptr:  # another op list: its counters start from zero
@@ -153,7 +155,7 @@ class Probe:
                 (max(self.epoch, 1), ctypes.c_uint), (self.arg_val.data_ptr(), P), (self.arg_idx.data_ptr(), P),
                 (mode, I32))
         kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
-        launch_function(self.f, (self.grid, 1, 1), (THREADS, 1, 1), SMEM,
+        launch_function(self.f, (self.grid, 1, 1), (self.threads, 1, 1), self.smem,
                         cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
 
 
@@ -247,35 +249,50 @@ def per_launch_ms(probe: Probe, ops, n, mode, iters):
     return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters))
 
 
+def parse_config(text: str) -> dict[str, int]:
+    """`NW=8,S=2,SLOT_BYTES=10240` -> a dict of build macros (unknown names refused)."""
+    cfg = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        if name not in DEFAULTS or not value.isdigit():
+            raise SystemExit(f"megakernel_probe: `{part}`: expected NAME=INT with NAME in {', '.join(DEFAULTS)}")
+        cfg[name] = int(value)
+    return cfg
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--check-layers", type=int, default=2)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--config", action="append", default=[], metavar="NW=8,S=2,SLOT_BYTES=10240",
+                    help="a build of the kernel to time (repeatable; default: the defaults)")
     a = ap.parse_args(argv)
-    probe = Probe()
-    print(f"megakernel_probe: grid {probe.grid} x {THREADS} threads, {SMEM} bytes of shared memory, ring {NSLOT} x "
-          f"{SLOT_BYTES} bytes")
+    configs = [parse_config(c) for c in a.config] or [{}]
     small = Model(a.check_layers, seed=1)
-    ok = check_numerics(probe, small)
-    print(f"numerics ({a.check_layers} layers): {'ok' if ok else 'FAILED'}")
-    del small
-    torch.cuda.empty_cache()
     m = Model(a.layers, seed=2)
-    ops, n, _, _ = op_list(m, m.table, separate=False)
-    t1, t2 = chained_tokens(probe, ops, n), chained_tokens(probe, ops, n)
-    print(f"tokens of 8 chained launches: {t1} ({'the same' if t1 == t2 else 'DIFFER: ' + str(t2)} twice)")
     bw = copy_bandwidth()
     floor = m.weight_bytes() / bw * 1e3
     print(f"{a.layers} layers, {m.weight_bytes() / 1e9:.3f} GB of weights; copy bandwidth {bw / 1e12:.3f} TB/s, "
           f"floor {floor:.3f} ms")
-    print("| mode | ms per token | % of floor |")
-    print("|---|---:|---:|")
-    for mode, what in ((0, "full (waits between ops)"), (2, "no waits between ops"),
-                       (6, "no waits, no input loads (the math alone)"), (1, "weight stream only")):
-        ms = per_launch_ms(probe, ops, n, mode, a.iters)
-        print(f"| {what} | {ms:.3f} | {100 * floor / ms:.1f}% |")
-    return 0 if ok and t1 == t2 else 1
+    modes = ((0, "full"), (2, "no waits"), (6, "math alone"), (1, "stream alone"))
+    rows, ok_all = [], True
+    for cfg in configs:
+        probe = Probe(cfg)
+        print(f"{probe.name()}: grid {probe.grid} x {probe.threads} threads, {probe.smem} bytes of shared memory")
+        ok = check_numerics(probe, small)
+        ops, n, _, _ = op_list(m, m.table, separate=False)
+        t1, t2 = chained_tokens(probe, ops, n), chained_tokens(probe, ops, n)
+        print(f"  numerics ({a.check_layers} layers): {'ok' if ok else 'FAILED'}; tokens of 8 chained launches: {t1} "
+              f"({'the same' if t1 == t2 else 'DIFFER: ' + str(t2)} twice)")
+        ok_all &= ok and t1 == t2
+        rows.append((probe.name(), [per_launch_ms(probe, ops, n, mode, a.iters) for mode, _ in modes]))
+    print("\nms per token (median of back-to-back launches; in brackets % of the floor)\n")
+    print("| build | " + " | ".join(w for _, w in modes) + " |")
+    print("|---|" + "---:|" * len(modes))
+    for name, ms in rows:
+        print(f"| {name} | " + " | ".join(f"{t:.3f} ({100 * floor / t:.0f}%)" for t in ms) + " |")
+    return 0 if ok_all else 1
 
 
 if __name__ == "__main__":
