@@ -16,7 +16,9 @@
 // across ops) belongs to consumer warp g % NW, which has its own S slots and uses them in order, so each slot has one
 // consumer and no mbarrier wait is ever a phase ahead. A warp sums each of its rows alone (lane-strided 16-byte
 // pieces, fp32, a few chains, then a warp sum), so every value has one summation order: the same bits on every run.
-// Build macros: NW (consumer warps, 8), S (slots per warp, 2), SLOT_BYTES (10,240; ≥ two rows of k = 2,560).
+// Build macros: NW (consumer warps, 8), S (slots per warp, 2), SLOT_BYTES (10,240; ≥ two rows of k = 2,560),
+// INFLIGHT (copies issued but not landed, at most; default the whole ring: the more in flight, the longer every
+// dependent read after an op boundary queues behind them).
 //
 // Dependencies: after its chunks of op j, every consumer thread fences, the consumer warps meet at a named barrier
 // and one thread adds 1 to counters[j]; op j + 1's consumers wait until counters[j] reaches G·epoch (epoch: the
@@ -39,6 +41,10 @@
 #ifndef SLOT_BYTES
 #define SLOT_BYTES 10240                // 2 rows of k = 2,560, 1 of 4,096, half of 9,728
 #endif
+#ifndef INFLIGHT
+#define INFLIGHT (NW * S)               // copies the producer keeps issued but not landed (the whole ring: no limit)
+#endif
+#define RES_MAX 128                     // residual rows a block may own per op (RESID: prefetched with x)
 #define THREADS ((NW + 1) * 32)
 #define NSLOT (NW * S)
 #define XS_BYTES 19456                  // the largest k (9,728) in bf16
@@ -99,11 +105,12 @@ __device__ __forceinline__ int rows_of(const Op &op, int items) { return op.kind
 __device__ __forceinline__ bool streams(const Op &op) { return op.kind != EMBED; }
 
 // The op's input into shared memory (bf16): x, or its RMS norm times norm_w; all NW·32 consumer threads.
-__device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red) {
+__device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red, __nv_bfloat16 *res_s, int r0, int nr) {
     const int t = threadIdx.x, kv = op.k >> 3;
     const uint4 *x = reinterpret_cast<const uint4 *>(op.x);
-    if (op.kind == RESID) {
+    if (op.kind == RESID) {  // x, and this block's residual rows (read here, not in each row's epilogue)
         for (int v = t; v < kv; v += NW * 32) xs[v] = __ldcg(x + v);
+        for (int i = t; i < nr; i += NW * 32) res_s[i] = __ldcg(op.res + r0 + i);
         return;
     }
     float ss = 0.f;
@@ -180,6 +187,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
     uint4 *xs = reinterpret_cast<uint4 *>(smem + NSLOT * SLOT_BYTES);
     __shared__ __align__(8) uint64_t full[NSLOT], empty[NSLOT];
     __shared__ float red[NW];
+    __shared__ __nv_bfloat16 res_s[RES_MAX];
     __shared__ float best_v[NW];
     __shared__ int best_i[NW];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x, G = gridDim.x;
@@ -195,7 +203,8 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         if (lane != 0) return;
         unsigned f[NW];
         for (int w = 0; w < NW; ++w) f[w] = 0;
-        unsigned g = 0;
+        unsigned g = 0, issued = 0;
+        unsigned short hist[INFLIGHT];  // slot << 1 | phase parity of the last INFLIGHT copies
         for (int j = 0; j < num_ops; ++j) {
             const Op op = ops[j];
             if (!streams(op)) continue;
@@ -205,10 +214,15 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
             const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0, kv = op.k >> 3;
             for (int r = 0; r < nr; r += q.R, ++g) {
                 const int w = g % NW, rows = min(q.R, nr - r);
-                for (int p = 0; p < q.P; ++p) {
+                for (int p = 0; p < q.P; ++p, ++issued) {
                     const unsigned fw = f[w]++;
                     const int slot = w * S + fw % S;
                     const int v0 = q.P == 1 ? 0 : p * q.pv, nv = q.P == 1 ? rows * kv : min(q.pv, kv - v0);
+                    if (issued >= INFLIGHT) {  // the copy INFLIGHT back must have landed (its slot is not refilled yet)
+                        const unsigned short h = hist[issued % INFLIGHT];
+                        mbar_wait(&full[h >> 1], h & 1);
+                    }
+                    hist[issued % INFLIGHT] = (unsigned short)(slot << 1 | ((fw / S) & 1));
                     if (fw >= S) mbar_wait(&empty[slot], (fw / S - 1) & 1);
                     mbar_expect_tx(&full[slot], (unsigned)nv * 16);
                     bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
@@ -240,7 +254,8 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                 const long long tok = __ldcg(token);
                 for (int i = i0 + threadIdx.x; i < i1; i += NW * 32) op.y[i] = op.w[tok * op.k + i];
             } else {
-                input_to_smem(op, xs, eps, red);
+                if (op.kind == RESID && nr > RES_MAX) __trap();
+                input_to_smem(op, xs, eps, red, res_s, r0, nr);
                 consumers_sync();
             }
         }
@@ -283,7 +298,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     for (int qq = 0; qq < rows; ++qq) op.y[row + qq] = tobf(s[qq]);
                 } else if (op.kind == RESID) {
                     for (int qq = 0; qq < rows; ++qq)
-                        op.y[row + qq] = tobf(bf(__ldcg(op.res + row + qq)) + bf(tobf(s[qq])));
+                        op.y[row + qq] = tobf(bf(res_s[r + qq]) + bf(tobf(s[qq])));
                 } else if (op.kind == NORM_SILU) {
                     for (int qq = 0; qq + 1 < rows; qq += 2) {
                         const float gg = bf(tobf(s[qq])), u = bf(tobf(s[qq + 1]));
