@@ -204,7 +204,8 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         unsigned f[NW];
         for (int w = 0; w < NW; ++w) f[w] = 0;
         unsigned g = 0, issued = 0;
-        unsigned short hist[INFLIGHT];  // slot << 1 | phase parity of the last INFLIGHT copies
+        unsigned hist[INFLIGHT], fills[NSLOT];  // the last INFLIGHT copies (fill number · NSLOT + slot); fills per slot
+        for (int i = 0; i < NSLOT; ++i) fills[i] = 0;
         for (int j = 0; j < num_ops; ++j) {
             const Op op = ops[j];
             if (!streams(op)) continue;
@@ -218,11 +219,13 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     const unsigned fw = f[w]++;
                     const int slot = w * S + fw % S;
                     const int v0 = q.P == 1 ? 0 : p * q.pv, nv = q.P == 1 ? rows * kv : min(q.pv, kv - v0);
-                    if (issued >= INFLIGHT) {  // the copy INFLIGHT back must have landed (its slot is not refilled yet)
-                        const unsigned short h = hist[issued % INFLIGHT];
-                        mbar_wait(&full[h >> 1], h & 1);
+                    if (issued >= INFLIGHT) {  // the copy INFLIGHT back must have landed: wait for it, unless its
+                        const unsigned h = hist[issued % INFLIGHT];  // slot was refilled since (then it was consumed)
+                        const unsigned hs = h % NSLOT, hn = h / NSLOT;
+                        if (fills[hs] == hn + 1) mbar_wait(&full[hs], hn & 1);
                     }
-                    hist[issued % INFLIGHT] = (unsigned short)(slot << 1 | ((fw / S) & 1));
+                    hist[issued % INFLIGHT] = (fw / S) * NSLOT + slot;  // the slot's fill number and the slot
+                    fills[slot] = fw / S + 1;
                     if (fw >= S) mbar_wait(&empty[slot], (fw / S - 1) & 1);
                     mbar_expect_tx(&full[slot], (unsigned)nv * 16);
                     bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
