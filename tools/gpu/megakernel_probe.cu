@@ -18,7 +18,7 @@
 // pieces, fp32, a few chains, then a warp sum), so every value has one summation order: the same bits on every run.
 // Build macros: NW (consumer warps, 8), S (slots per warp, 2), SLOT_BYTES (10,240; ≥ two rows of k = 2,560),
 // INFLIGHT (copies issued but not landed, at most; default the whole ring: the more in flight, the longer every
-// dependent read after an op boundary queues behind them).
+// dependent read after an op boundary queues behind them), POLL_NS (32).
 //
 // Dependencies: after its chunks of op j, every consumer thread fences, the consumer warps meet at a named barrier
 // and one thread adds 1 to counters[j]; op j + 1's consumers wait until counters[j] reaches G·epoch (epoch: the
@@ -43,6 +43,9 @@
 #endif
 #ifndef INFLIGHT
 #define INFLIGHT (NW * S)               // copies the producer keeps issued but not landed (the whole ring: no limit)
+#endif
+#ifndef POLL_NS
+#define POLL_NS 32                      // sleep between polls of a dependency counter (all blocks poll one word)
 #endif
 #define RES_MAX 128                     // residual rows a block may own per op (RESID: prefetched with x)
 #define THREADS ((NW + 1) * 32)
@@ -247,7 +250,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
             if (j > 0 && !(mode & 2)) {
                 if (threadIdx.x == 0)
                     for (unsigned i = 0; ld_acquire(counters + j - 1) < (unsigned)G * epoch; ++i) {
-                        __nanosleep(32);
+                        __nanosleep(POLL_NS);
                         if (i == SPIN_LIMIT) __trap();
                     }
                 consumers_sync();

@@ -42,7 +42,7 @@ from bench_gemv import F32, I32, P, check, copy_bandwidth, cu, launch_function  
 
 HIDDEN, QKV, ATTN, INTER, VOCAB = 2560, 6144, 4096, 9728, 151936  # Qwen3-4B
 EPS = 1e-6
-DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 0}  # 0: INFLIGHT's own default (NW·S)  # megakernel_probe.cu's build macros and their defaults
+DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 0, "POLL_NS": 32}  # 0: INFLIGHT's own default (NW·S)  # megakernel_probe.cu's build macros and their defaults
 XS_BYTES = 19456
 EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
 OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
@@ -143,7 +143,8 @@ class Probe:
 
     def name(self) -> str:
         c = self.cfg
-        return f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT'] or c['NW'] * c['S']}"
+        return (f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT'] or c['NW'] * c['S']} "
+                f"POLL={c['POLL_NS']}")
 
     def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0):
         if ops.data_ptr() != self.ops_ptr:  # another op list: its counters start from zero
