@@ -28,7 +28,8 @@
 // Numerics, as gemv.cu (HF bf16 Qwen3): xn = bf16(norm_w · bf16(x · rsqrt(mean(x²) + eps))); y = bf16(Σ xn·w);
 // residual = bf16(residual + y); act = bf16(bf16(silu(g)) · u); the argmax over bf16 logits, ties to the smaller
 // index. `mode` bit 0: consumers skip all math and waits (the stream alone); bit 1: no dependency waits; bit 2: no
-// input loads (xs keeps what it holds: with bit 1, the consumers' math alone).
+// input loads (xs keeps what it holds: with bit 1, the consumers' math alone). `times` (or null): per block and op,
+// %globaltimer (ns) when the block finished the op, before it signals.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -94,6 +95,11 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
                  ::"r"(smem_u32(dst)), "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(NW * 32) : "memory"); }
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -184,7 +190,7 @@ __device__ __forceinline__ void piece_dot(const uint4 *w, const uint4 *x, int nv
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counters, float eps, long long *token,
-                      unsigned epoch, float *arg_val, int *arg_idx, int mode) {
+                      unsigned epoch, float *arg_val, int *arg_idx, int mode, unsigned long long *times) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *ring = smem;
     uint4 *xs = reinterpret_cast<uint4 *>(smem + NSLOT * SLOT_BYTES);
@@ -328,6 +334,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                 arg_val[b] = bv;
                 arg_idx[b] = bi;
                 __threadfence();
+                if (times) times[(size_t)b * num_ops + j] = globaltimer();
                 const unsigned done = atomicAdd(counters + j, 1u);
                 if (done == (unsigned)G * epoch - 1) {  // the last block: the argmax over all blocks
                     __threadfence();
@@ -342,7 +349,10 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         } else {
             __threadfence();
             consumers_sync();
-            if (threadIdx.x == 0) atomicAdd(counters + j, 1u);
+            if (threadIdx.x == 0) {
+                if (times) times[(size_t)b * num_ops + j] = globaltimer();
+                atomicAdd(counters + j, 1u);
+            }
         }
     }
 }

@@ -146,7 +146,7 @@ class Probe:
         return (f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT'] or c['NW'] * c['S']} "
                 f"POLL={c['POLL_NS']}")
 
-    def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0):
+    def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0, times: int = 0):
         if ops.data_ptr() != self.ops_ptr:  # another op list: its counters start from zero
             self.counters.zero_()
             self.epoch, self.ops_ptr = 0, ops.data_ptr()
@@ -154,7 +154,7 @@ class Probe:
             self.epoch += 1
         args = ((ops.data_ptr(), P), (num_ops, I32), (self.counters.data_ptr(), P), (EPS, F32), (token.data_ptr(), P),
                 (max(self.epoch, 1), ctypes.c_uint), (self.arg_val.data_ptr(), P), (self.arg_idx.data_ptr(), P),
-                (mode, I32))
+                (mode, I32), (times, P))
         kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
         launch_function(self.f, (self.grid, 1, 1), (self.threads, 1, 1), self.smem,
                         cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
@@ -250,6 +250,36 @@ def per_launch_ms(probe: Probe, ops, n, mode, iters):
     return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters))
 
 
+OP_NAMES = ["embed"] + ["qkv", "o", "gate_up", "down"] * 1000
+
+
+def timeline(probe: Probe, ops, n, layers: int) -> None:
+    """One launch with per-block, per-op finish stamps (mode 0, then mode 2): per op kind, µs per op on the critical
+    path (the last block's finish to the last block's finish), the median block's own time for it (from the previous
+    op's last finish), and the spread of the blocks' totals when nothing waits."""
+    times = torch.zeros(probe.grid * n, dtype=torch.int64, device="cuda")
+    token = torch.tensor([777], dtype=torch.int64, device="cuda")
+    for mode in (0, 2):
+        probe.launch(ops, n, token, mode)
+        probe.launch(ops, n, token, mode, times.data_ptr())
+        torch.cuda.synchronize()
+        t = (times.view(probe.grid, n).double() - float(times.min())) / 1e3  # µs
+        last = t.max(dim=0).values
+        if mode == 0:
+            crit, own = {}, {}
+            for j in range(1, n - 1):
+                name = OP_NAMES[j]
+                crit.setdefault(name, []).append(float(last[j] - last[j - 1]))
+                own.setdefault(name, []).append(float((t[:, j] - last[j - 1]).median()))
+            print("  timeline, waits on (µs per op): " + ", ".join(
+                f"{k} {statistics.mean(crit[k]):.2f} (median block {statistics.mean(own[k]):.2f})" for k in crit)
+                  + f"; lm_head+argmax {float(last[-1] - last[-2]):.1f}; total {float(last[-1]):.0f}")
+        else:
+            tot = t[:, -2] - t[:, 0]
+            print(f"  timeline, no waits: blocks finish the last layer after {float(tot.min()):.0f}–{float(tot.max()):.0f} µs "
+                  f"(median {float(tot.median()):.0f})")
+
+
 def parse_config(text: str) -> dict[str, int]:
     """`NW=8,S=2,SLOT_BYTES=10240` -> a dict of build macros (unknown names refused)."""
     cfg = {}
@@ -287,6 +317,7 @@ def main(argv=None) -> int:
         print(f"  numerics ({a.check_layers} layers): {'ok' if ok else 'FAILED'}; tokens of 8 chained launches: {t1} "
               f"({'the same' if t1 == t2 else 'DIFFER: ' + str(t2)} twice)")
         ok_all &= ok and t1 == t2
+        timeline(probe, ops, n, a.layers)
         rows.append((probe.name(), [per_launch_ms(probe, ops, n, mode, a.iters) for mode, _ in modes]))
     print("\nms per token (median of back-to-back launches; in brackets % of the floor)\n")
     print("| build | " + " | ".join(w for _, w in modes) + " |")
