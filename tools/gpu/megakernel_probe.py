@@ -34,17 +34,25 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from bench_gemv import F32, I32, P, check, copy_bandwidth, cu, launch_function  # noqa: E402
+try:
+    import torch
+    from bench_gemv import F32, I32, P, check, copy_bandwidth, cu, launch_function  # noqa: E402
+except ImportError:  # the CPU tests use the build and ABI helpers only
+    torch = None
 
 HIDDEN, QKV, ATTN, INTER, VOCAB = 2560, 6144, 4096, 9728, 151936  # Qwen3-4B
 EPS = 1e-6
 DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 0, "POLL_NS": 32}  # 0: INFLIGHT's own default (NW·S)  # megakernel_probe.cu's build macros and their defaults
 XS_BYTES = 19456
 EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
+SOURCE = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
+ENTRY = "kern_megakernel_probe"
+#: The entry's parameters, as Probe.launch passes them: (name, size in bytes).
+LAUNCH_PARAMS = (("ops", 8), ("num_ops", 4), ("counters", 8), ("eps", 4), ("token", 8), ("epoch", 4),
+                 ("arg_val", 8), ("arg_idx", 8), ("mode", 4), ("times", 8))
 OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
                ("n", "<i4"), ("k", "<i4"), ("kind", "<i4"), ("unused", "<i4")])
 assert OP.itemsize == 56
@@ -109,6 +117,23 @@ def op_list(m: Model, token_table: torch.Tensor, separate: bool):
     return torch.from_numpy(table.view(np.uint8)).cuda(), len(ops), trace, bufs
 
 
+def config(defines: dict[str, int]) -> dict[str, int]:
+    """The build macros with the defaults filled in."""
+    return {**DEFAULTS, **defines}
+
+
+def threads_and_smem(cfg: dict[str, int]) -> tuple[int, int]:
+    """Threads per block and dynamic shared memory (bytes) of a build `cfg` (megakernel_probe.cu's layout)."""
+    return (cfg["NW"] + 1) * 32, cfg["NW"] * cfg["S"] * cfg["SLOT_BYTES"] + XS_BYTES
+
+
+def nvcc_command(cfg: dict[str, int], out: Path, nvcc: str | None = None) -> list[str]:
+    """The nvcc command that builds `cfg` into the cubin `out`."""
+    nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    return [nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v",
+            *(f"-D{k}={v}" for k, v in cfg.items() if v), "-o", str(out), str(SOURCE)]
+
+
 class Probe:
     """megakernel_probe.cu built with `defines` (NW consumer warps, S slots each of SLOT_BYTES), loaded, one block
     per SM."""
@@ -116,17 +141,13 @@ class Probe:
     def __init__(self, defines: dict[str, int]):
         check(cu.cuInit(0))
         torch.zeros(1, device="cuda")
-        self.cfg = {**DEFAULTS, **defines}
-        self.threads = (self.cfg["NW"] + 1) * 32
-        self.smem = self.cfg["NW"] * self.cfg["S"] * self.cfg["SLOT_BYTES"] + XS_BYTES
-        src = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
+        self.cfg = config(defines)
+        self.threads, self.smem = threads_and_smem(self.cfg)
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "mk.cubin"
-            nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-            subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v",
-                            *(f"-D{k}={v}" for k, v in self.cfg.items() if v), "-o", str(out), str(src)], check=True)
+            subprocess.run(nvcc_command(self.cfg, out), check=True)
             self.module = check(cu.cuModuleLoadData(out.read_bytes()))
-        self.f = check(cu.cuModuleGetFunction(self.module, b"kern_megakernel_probe"))
+        self.f = check(cu.cuModuleGetFunction(self.module, ENTRY.encode()))
         check(cu.cuFuncSetAttribute(self.f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     self.smem))
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
