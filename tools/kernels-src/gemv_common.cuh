@@ -28,9 +28,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
-// Waits for the previous grid of a programmatic dependent launch (no-op otherwise).
+// Waits for the previous grid of a programmatic dependent launch (no-op otherwise). -DGEMV_NO_WAIT compiles the wait
+// out: a what-if build for timing only (the kernel reads its inputs before they are written; NOTES.md 47).
 __device__ __forceinline__ void griddep_wait() {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 && !defined(GEMV_NO_WAIT)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
