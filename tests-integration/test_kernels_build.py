@@ -534,3 +534,23 @@ def test_fused_is_the_two_launch_arithmetic(tmp_path):
     assert _layouts(fused, f"tt.func public @{FUSED}") == _layouts(s1, "tt.func public @paged_decode_attention")
     merge = _layouts(fused, "tt.func private @")
     assert merge and merge == _layouts(red, "tt.func public @paged_decode_reduce")
+
+
+def test_gemv_no_wait_build_drops_only_the_wait(built):
+    """-DGEMV_NO_WAIT (NOTES.md 47, a timing what-if): every gemv.cu entry, with the same params, and none of them
+    waits for its predecessor (no griddepcontrol.wait in its code), where every default entry does."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_kernels
+    finally:
+        sys.path.pop(0)
+    plain = read_cubin((built[0] / "gemv.cubin").read_bytes(), "gemv.cubin")
+    with tempfile.TemporaryDirectory() as t:
+        data = build_kernels.finish_cuda(build_kernels.start_cuda("gemv.cu", t, ("GEMV_NO_WAIT",), "nw.cubin"))
+    nowait = read_cubin(data, "nw.cubin")
+    assert set(nowait.entries) == set(plain.entries)
+    for e, k in plain.entries.items():
+        assert [(p.offset, p.size) for p in nowait.entries[e].params] == [(p.offset, p.size) for p in k.params]
+        assert k.grid_dep_wait is True and nowait.entries[e].grid_dep_wait is False, e

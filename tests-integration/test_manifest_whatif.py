@@ -69,3 +69,29 @@ def test_command_line(built_kernels, tmp_path, capsys):
     assert "does not verify" in capsys.readouterr().err and not bad.exists()
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "o", "--out", str(bad)]) == 1
     assert "weights file would not load" in capsys.readouterr().err
+
+
+def test_module_repointed(built_kernels, tmp_path, capsys):
+    """--module gemv=FILE: the gemv module loaded from another cubin of the kernels dir (here a copy of gemv.cubin,
+    as a what-if build would be), pinned by its sha256; with --drop too; bad specs refused by name."""
+    import hashlib
+    import shutil
+
+    k = tmp_path / "kernels"
+    shutil.copytree(built_kernels, k)
+    (k / "gemv_whatif.cubin").write_bytes((k / "gemv.cubin").read_bytes() + b"")
+    out = tmp_path / "w.json"
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--drop", "attn", "--module", "gemv=gemv_whatif.cubin",
+                    "--out", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert m["modules"]["gemv"] == {"source": "gemv_whatif.cubin",
+                                    "sha256": hashlib.sha256((k / "gemv_whatif.cubin").read_bytes()).hexdigest()}
+    assert m["buffers"]["attn"]["class"] == "carry"
+    capsys.readouterr()
+    for spec, needle in (("gemv", "expected NAME=FILE"), ("nope=gemv.cubin", "no module `nope`"),
+                         ("gemv=missing.cubin", "missing.cubin: not found")):
+        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", spec, "--out", str(out)]) == 1
+        assert needle in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--out", str(out)])
+    assert "nothing to change" in capsys.readouterr().err

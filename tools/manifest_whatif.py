@@ -2,7 +2,7 @@
 """What-if manifests for timing: one program with every call of some ops removed, so that the whole program's time
 says what those ops cost in it — an upper bound for any faster or fused form of them.
 
-    python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --drop attn [--drop OP ...] [--program decode] --out OUT.json
+    python3 tools/manifest_whatif.py MANIFEST --kernels KDIR [--drop OP ...] [--module NAME=FILE ...] [--program decode] --out OUT.json
 
 The result computes wrong values (whatever the dropped calls wrote is stale): time it, never use its tokens.
 tools/gpu/program_sweep.py times it beside the manifest (`--manifest-variant NAME=OUT.json`; it reports that the
@@ -12,6 +12,9 @@ tokens differ). NOTES.md 45 is the first use: the 4B decode program with no atte
   a full op name of the manifest; every call of it in `--program` (default `decode`) is removed.
 - A `workspace` buffer that the program now reads before writing it (the dropped op's output) becomes a `carry`
   (kern-verify's E0060 otherwise): it keeps whatever was last written there.
+- `--module NAME=FILE`: module NAME of the manifest loaded from KDIR/FILE instead (pinned by its sha256): a what-if
+  build with the same entries and params, e.g. gemv.cu built with -DGEMV_NO_WAIT (its kernels do not wait for their
+  predecessors; NOTES.md 47).
 - Refused, by name: an op the program does not call, a program the manifest lacks, and a drop that leaves weight
   buffers unused anywhere (kern-driver binds a checkpoint's tensors to weight buffers exactly, so the same
   weights file would no longer load; bound such an op another way, e.g. an empty kernel with its ABI).
@@ -26,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from manifest_variants import SHORT, VariantError, prune, rewrite_main, rewrite_parser  # noqa: E402
+from manifest_variants import SHORT, VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 
 def resolve_op(m: dict, name: str, program: str) -> str:
@@ -84,20 +87,39 @@ def drop_ops(m: dict, names: list[str], program: str = "decode") -> tuple[dict, 
     return out, carried
 
 
+def repoint_modules(m: dict, specs: list[str], kernels: Path) -> dict:
+    """Manifest `m` (not modified) with each `NAME=FILE` module loaded from KDIR/FILE. Raises VariantError."""
+    out = copy.deepcopy(m)
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise VariantError(f"--module {spec}: expected NAME=FILE (a module of the manifest, a cubin in {kernels})")
+        if name not in out["modules"]:
+            raise VariantError(f"--module {spec}: the manifest has no module `{name}` ({', '.join(out['modules'])})")
+        pin_module(out, name, kernels, file)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = rewrite_parser(__doc__.split("\n\n")[0], "the manifest's kernels dir (to verify the result)")
     ap.add_argument("--drop", action="append", default=[], metavar="OP", help="an op to remove (repeatable)")
+    ap.add_argument("--module", action="append", default=[], metavar="NAME=FILE",
+                    help="load module NAME from KDIR/FILE, a build with the same ABI (repeatable)")
     ap.add_argument("--program", default="decode", help="the program to remove its calls from (default: decode)")
     a = ap.parse_args(argv)
+    if not a.drop and not a.module:
+        ap.error("nothing to change: give --drop OP or --module NAME=FILE")
     carried: list[str] = []
 
     def rewrite(m: dict) -> dict:
-        out, c = drop_ops(m, a.drop, a.program)
-        carried.extend(c)
-        return out
+        out = m
+        if a.drop:
+            out, c = drop_ops(out, a.drop, a.program)
+            carried.extend(c)
+        return repoint_modules(out, a.module, a.kernels)
 
-    rc = rewrite_main(ap, a.manifest, a.kernels, a.out, rewrite,
-                      f"no `{a.program}` calls of {', '.join(a.drop)} (timing only: its values are wrong)")
+    what = ", ".join([f"no `{a.program}` calls of {', '.join(a.drop)}"] * bool(a.drop) + [f"module {s}" for s in a.module])
+    rc = rewrite_main(ap, a.manifest, a.kernels, a.out, rewrite, f"{what} (timing only: its values are wrong)")
     if rc == 0 and carried:
         print(f"now carried (stale contents): {', '.join(carried)}")
     return rc
