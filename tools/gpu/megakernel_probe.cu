@@ -29,7 +29,8 @@
 // residual = bf16(residual + y); act = bf16(bf16(silu(g)) · u); the argmax over bf16 logits, ties to the smaller
 // index. `mode` bit 0: consumers skip all math and waits (the stream alone); bit 1: no dependency waits; bit 2: no
 // input loads (xs keeps what it holds: with bit 1, the consumers' math alone). `times` (or null): per block and op,
-// %globaltimer (ns) when the block finished the op, before it signals.
+// %globaltimer (ns) when the block finished the op, before it signals. `trace` (or null): block 0's pieces (issued,
+// ready to its consumer, released; the op of each) and per op when its dependency and its input were ready.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -48,7 +49,8 @@
 #ifndef POLL_NS
 #define POLL_NS 32                      // sleep between polls of a dependency counter (all blocks poll one word)
 #endif
-#define RES_MAX 128                     // residual rows a block may own per op (RESID: prefetched with x)
+#define RES_MAX 128
+#define TMAXP 8192                      // pieces block 0 traces (`trace`: 4·TMAXP + 2048 u64)                     // residual rows a block may own per op (RESID: prefetched with x)
 #define THREADS ((NW + 1) * 32)
 #define NSLOT (NW * S)
 #define XS_BYTES 19456                  // the largest k (9,728) in bf16
@@ -190,7 +192,8 @@ __device__ __forceinline__ void piece_dot(const uint4 *w, const uint4 *x, int nv
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counters, float eps, long long *token,
-                      unsigned epoch, float *arg_val, int *arg_idx, int mode, unsigned long long *times) {
+                      unsigned epoch, float *arg_val, int *arg_idx, int mode, unsigned long long *times,
+                      unsigned long long *trace) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *ring = smem;
     uint4 *xs = reinterpret_cast<uint4 *>(smem + NSLOT * SLOT_BYTES);
@@ -239,6 +242,10 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     mbar_expect_tx(&full[slot], (unsigned)nv * 16);
                     bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
                               &full[slot]);
+                    if (trace && b == 0 && issued < TMAXP) {
+                        trace[issued] = globaltimer();
+                        trace[3 * TMAXP + issued] = j;
+                    }
                 }
             }
         }
@@ -246,7 +253,8 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
     }
 
     // the consumers
-    unsigned g = 0, f = 0;  // units of this block so far (the producer's numbering); pieces of this warp so far
+    unsigned g = 0, f = 0, pc = 0;  // units and pieces of this block so far (the producer's numbering); pieces of
+                                    // this warp so far
     for (int j = 0; j < num_ops; ++j) {
         const Op op = ops[j];
         int i0, i1;
@@ -261,6 +269,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     }
                 consumers_sync();
             }
+            if (trace && b == 0 && threadIdx.x == 0) trace[4 * TMAXP + j] = globaltimer();
             if (mode & 4) {
             } else if (op.kind == EMBED) {
                 const long long tok = __ldcg(token);
@@ -270,18 +279,21 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                 input_to_smem(op, xs, eps, red, res_s, r0, nr);
                 consumers_sync();
             }
+            if (trace && b == 0 && threadIdx.x == 0) trace[4 * TMAXP + 1024 + j] = globaltimer();
         }
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         const Geo q = geo(op);
         const int kv = op.k >> 3;
-        for (int r = 0; r < nr; r += q.R, ++g) {
+        for (int r = 0; r < nr; r += q.R, ++g, pc += q.P) {
             if (g % NW != (unsigned)warp) continue;
             const int rows = min(q.R, nr - r);
             float a[4][4] = {};
             for (int p = 0; p < q.P; ++p, ++f) {
                 const int slot = warp * S + f % S;
+                const unsigned pi = pc + p;  // the producer's number of this piece
                 mbar_wait(&full[slot], (f / S) & 1);
+                if (trace && b == 0 && lane == 0 && pi < TMAXP) trace[TMAXP + pi] = globaltimer();
                 if (!(mode & 1)) {
                     const uint4 *w = reinterpret_cast<const uint4 *>(ring + slot * SLOT_BYTES);
                     if (q.P > 1) {
@@ -299,6 +311,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                 }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[slot]);
+                if (trace && b == 0 && lane == 0 && pi < TMAXP) trace[2 * TMAXP + pi] = globaltimer();
             }
             if (mode & 1) continue;
             float s[4];

@@ -52,7 +52,8 @@ SOURCE = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
 ENTRY = "kern_megakernel_probe"
 #: The entry's parameters, as Probe.launch passes them: (name, size in bytes).
 LAUNCH_PARAMS = (("ops", 8), ("num_ops", 4), ("counters", 8), ("eps", 4), ("token", 8), ("epoch", 4),
-                 ("arg_val", 8), ("arg_idx", 8), ("mode", 4), ("times", 8))
+                 ("arg_val", 8), ("arg_idx", 8), ("mode", 4), ("times", 8), ("trace", 8))
+TMAXP = 8192  # pieces block 0 traces (megakernel_probe.cu)
 OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
                ("n", "<i4"), ("k", "<i4"), ("kind", "<i4"), ("unused", "<i4")])
 assert OP.itemsize == 56
@@ -167,7 +168,8 @@ class Probe:
         return (f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT'] or c['NW'] * c['S']} "
                 f"POLL={c['POLL_NS']}")
 
-    def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0, times: int = 0):
+    def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0, times: int = 0,
+               trace: int = 0):
         if ops.data_ptr() != self.ops_ptr:  # another op list: its counters start from zero
             self.counters.zero_()
             self.epoch, self.ops_ptr = 0, ops.data_ptr()
@@ -175,7 +177,7 @@ class Probe:
             self.epoch += 1
         args = ((ops.data_ptr(), P), (num_ops, I32), (self.counters.data_ptr(), P), (EPS, F32), (token.data_ptr(), P),
                 (max(self.epoch, 1), ctypes.c_uint), (self.arg_val.data_ptr(), P), (self.arg_idx.data_ptr(), P),
-                (mode, I32), (times, P))
+                (mode, I32), (times, P), (trace, P))
         kp = (tuple(a for a, _ in args), tuple(t for _, t in args))
         launch_function(self.f, (self.grid, 1, 1), (self.threads, 1, 1), self.smem,
                         cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
@@ -301,6 +303,34 @@ def timeline(probe: Probe, ops, n, layers: int) -> None:
                   f"(median {float(tot.median()):.0f})")
 
 
+def piece_timeline(probe: Probe, ops, n) -> None:
+    """Block 0's pieces in one launch (mode 0): per op kind, averaged over the layers, how many of the op's pieces
+    were issued before its dependency was met and how many were ready when its consumers came to them, the input
+    load, and the op's span (dependency met → last piece released) against the block's share of the stream."""
+    trace = torch.zeros(4 * TMAXP + 2048, dtype=torch.int64, device="cuda")
+    token = torch.tensor([777], dtype=torch.int64, device="cuda")
+    probe.launch(ops, n, token)
+    probe.launch(ops, n, token, 0, 0, trace.data_ptr())
+    torch.cuda.synchronize()
+    t = trace.cpu().double()
+    issue, ready, done, op_of = t[:TMAXP], t[TMAXP:2 * TMAXP], t[2 * TMAXP:3 * TMAXP], t[3 * TMAXP:4 * TMAXP]
+    dep, inp = t[4 * TMAXP:4 * TMAXP + 1024], t[4 * TMAXP + 1024:4 * TMAXP + 2048]
+    npieces = int((issue > 0).sum())
+    rows = {}
+    for j in range(1, n - 1):
+        sel = (op_of[:npieces] == j).nonzero().flatten()
+        if len(sel) == 0:
+            continue
+        r = rows.setdefault(OP_NAMES[j], [])
+        r.append((len(sel), int((issue[sel] < dep[j]).sum()), int((ready[sel] <= inp[j] + 50).sum()),
+                  (inp[j] - dep[j]) / 1e3, (done[sel].max() - dep[j]) / 1e3, (dep[j + 1] - dep[j]) / 1e3))
+    print("  block 0's pieces per op (mean over layers): pieces | issued before the dependency was met | ready "
+          "when the consumers came | input load µs | dependency → last release µs | dependency → next op's µs")
+    for k, r in rows.items():
+        m = [statistics.mean(x[i] for x in r) for i in range(6)]
+        print(f"    {k:8s} {m[0]:5.1f} | {m[1]:5.1f} | {m[2]:5.1f} | {m[3]:5.2f} | {m[4]:6.2f} | {m[5]:6.2f}")
+
+
 def parse_config(text: str) -> dict[str, int]:
     """`NW=8,S=2,SLOT_BYTES=10240` -> a dict of build macros (unknown names refused)."""
     cfg = {}
@@ -339,6 +369,7 @@ def main(argv=None) -> int:
               f"({'the same' if t1 == t2 else 'DIFFER: ' + str(t2)} twice)")
         ok_all &= ok and t1 == t2
         timeline(probe, ops, n, a.layers)
+        piece_timeline(probe, ops, n)
         rows.append((probe.name(), [per_launch_ms(probe, ops, n, mode, a.iters) for mode, _ in modes]))
     print("\nms per token (median of back-to-back launches; in brackets % of the floor)\n")
     print("| build | " + " | ".join(w for _, w in modes) + " |")
