@@ -323,7 +323,8 @@ def piece_timeline(probe: Probe, ops, n) -> None:
             continue
         r = rows.setdefault(OP_NAMES[j], [])
         r.append((len(sel), int((issue[sel] < dep[j]).sum()), int((ready[sel] <= inp[j] + 50).sum()),
-                  (inp[j] - dep[j]) / 1e3, (done[sel].max() - dep[j]) / 1e3, (dep[j + 1] - dep[j]) / 1e3))
+                  float(inp[j] - dep[j]) / 1e3, float(done[sel].max() - dep[j]) / 1e3,
+                  float(dep[j + 1] - dep[j]) / 1e3))
     print("  block 0's pieces per op (mean over layers): pieces | issued before the dependency was met | ready "
           "when the consumers came | input load µs | dependency → last release µs | dependency → next op's µs")
     for k, r in rows.items():
