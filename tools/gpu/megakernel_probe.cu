@@ -18,7 +18,8 @@
 // pieces, fp32, a few chains, then a warp sum), so every value has one summation order: the same bits on every run.
 // Build macros: NW (consumer warps, 8), S (slots per warp, 2), SLOT_BYTES (10,240; ≥ two rows of k = 2,560),
 // INFLIGHT (copies issued but not landed, at most; default the whole ring: the more in flight, the longer every
-// dependent read after an op boundary queues behind them), POLL_NS (32).
+// dependent read after an op boundary queues behind them), POLL_NS (32), PF_AHEAD (0: with N, each issued piece also
+// prefetches into L2 the piece N further on, so a boundary that fills the ring still keeps the bus busy).
 //
 // Dependencies: after its chunks of op j, every consumer thread fences, the consumer warps meet at a named barrier
 // and one thread adds 1 to counters[j]; op j + 1's consumers wait until counters[j] reaches G·epoch (epoch: the
@@ -50,6 +51,9 @@
 #define POLL_NS 32                      // sleep between polls of a dependency counter (all blocks poll one word)
 #endif
 #define RES_MAX 128
+#ifndef PF_AHEAD
+#define PF_AHEAD 0                      // the producer prefetches into L2 the piece this far past the one it issues
+#endif
 #define TMAXP 8192                      // pieces block 0 traces (`trace`: 4·TMAXP + 2048 u64)                     // residual rows a block may own per op (RESID: prefetched with x)
 #define THREADS ((NW + 1) * 32)
 #define NSLOT (NW * S)
@@ -188,6 +192,40 @@ __device__ __forceinline__ void piece_dot(const uint4 *w, const uint4 *x, int nv
     }
 }
 
+// The pieces of one block in the producer's order (ops, units, pieces), one at a time: the L2 prefetch's lookahead.
+struct Cursor {
+    const Op *ops;
+    int num_ops, b, G, j = 0, r = 0, p = 0, r0 = 0, nr = 0;
+    bool loaded = false;
+    Geo q{1, 1, 0};
+    __device__ bool next(const __nv_bfloat16 *&src, unsigned &bytes) {
+        for (;;) {
+            if (j >= num_ops) return false;
+            const Op &op = ops[j];
+            if (!loaded) {
+                if (!streams(op)) { ++j; continue; }
+                int i0, i1;
+                item_range(op, b, G, i0, i1);
+                r0 = rows_of(op, i0);
+                nr = rows_of(op, i1) - r0;
+                q = geo(op);
+                r = p = 0;
+                loaded = true;
+            }
+            if (r >= nr) { ++j; loaded = false; continue; }
+            const int kv = op.k >> 3, rows = min(q.R, nr - r);
+            const int v0 = q.P == 1 ? 0 : p * q.pv, nv = q.P == 1 ? rows * kv : min(q.pv, kv - v0);
+            src = op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8;
+            bytes = (unsigned)nv * 16;
+            if (++p >= q.P) { p = 0; r += q.R; }
+            return true;
+        }
+    }
+};
+__device__ __forceinline__ void prefetch_l2(const void *src, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(src)), "r"(bytes) : "memory");
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -216,6 +254,11 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         unsigned f[NW];
         for (int w = 0; w < NW; ++w) f[w] = 0;
         unsigned g = 0, issued = 0;
+        Cursor ahead{ops, num_ops, b, G};
+        const __nv_bfloat16 *pf_src;
+        unsigned pf_bytes;
+        bool pf_more = PF_AHEAD > 0;
+        for (int i = 0; i < PF_AHEAD && pf_more; ++i) pf_more = ahead.next(pf_src, pf_bytes);  // skip PF_AHEAD pieces
         unsigned hist[INFLIGHT], fills[NSLOT];  // the last INFLIGHT copies (fill number · NSLOT + slot); fills per slot
         for (int i = 0; i < NSLOT; ++i) fills[i] = 0;
         for (int j = 0; j < num_ops; ++j) {
@@ -242,6 +285,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     mbar_expect_tx(&full[slot], (unsigned)nv * 16);
                     bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
                               &full[slot]);
+                    if (pf_more && (pf_more = ahead.next(pf_src, pf_bytes))) prefetch_l2(pf_src, pf_bytes);
                     if (trace && b == 0 && issued < TMAXP) {
                         trace[issued] = globaltimer();
                         trace[3 * TMAXP + issued] = j;

@@ -45,7 +45,7 @@ except ImportError:  # the CPU tests use the build and ABI helpers only
 
 HIDDEN, QKV, ATTN, INTER, VOCAB = 2560, 6144, 4096, 9728, 151936  # Qwen3-4B
 EPS = 1e-6
-DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 0, "POLL_NS": 32}  # 0: INFLIGHT's own default (NW·S)  # megakernel_probe.cu's build macros and their defaults
+DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 0, "POLL_NS": 32, "PF_AHEAD": 0}  # 0: INFLIGHT's own default (NW·S)  # megakernel_probe.cu's build macros and their defaults
 XS_BYTES = 19456
 EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
 SOURCE = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
@@ -166,7 +166,7 @@ class Probe:
     def name(self) -> str:
         c = self.cfg
         return (f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT'] or c['NW'] * c['S']} "
-                f"POLL={c['POLL_NS']}")
+                f"POLL={c['POLL_NS']} PF_AHEAD={c['PF_AHEAD']}")
 
     def launch(self, ops: torch.Tensor, num_ops: int, token: torch.Tensor, mode: int = 0, times: int = 0,
                trace: int = 0):
