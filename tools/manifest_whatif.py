@@ -17,7 +17,8 @@ tokens differ). NOTES.md 45 is the first use: the 4B decode program with no atte
   predecessors; NOTES.md 47).
 - Refused, by name: an op the program does not call, a program the manifest lacks, and a drop that leaves weight
   buffers unused anywhere (kern-driver binds a checkpoint's tensors to weight buffers exactly, so the same
-  weights file would no longer load; bound such an op another way, e.g. an empty kernel with its ABI).
+  weights file would no longer load; bound such an op another way, e.g. `--module` onto a build of its kernel that
+  returns at once).
 
 The result is checked by kern-verify against KDIR before it is written; its errors refuse the what-if.
 """
@@ -79,7 +80,8 @@ def drop_ops(m: dict, names: list[str], program: str = "decode") -> tuple[dict, 
         raise VariantError(
             f"--drop {' '.join(names)}: leaves {len(orphans)} weight buffer(s) used by no call of any program "
             f"(first: `{orphans[0]}`); kern-driver binds the checkpoint's tensors to weight buffers exactly, so the "
-            "same weights file would not load. Bound this op another way (e.g. a kernel with its ABI that returns at once)")
+            "same weights file would not load. Bound this op another way (e.g. --module onto a build of its kernel that "
+            "returns at once)")
     carried = _reads_before_writes(out, out["programs"][program]["calls"])
     for b in carried:
         out["buffers"][b]["class"] = "carry"
