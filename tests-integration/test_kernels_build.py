@@ -211,9 +211,8 @@ def test_decode_attention_cuda_entries(built):
     assert 3 * split["shared_mem"] <= 228 * 1024 - 3 * 1024
 
 
-def _check_timeline_build(built, source: str, module: str, define: str, symbols: tuple[str, ...]):
-    """The `define` build of `source` exports the unmangled `symbols` its tools/gpu script reads with
-    cuModuleGetGlobal and keeps every entry and its params; the default `module` holds no trace of them."""
+def _variant_cubin(source: str, define: str) -> bytes:
+    """`source` built by tools/build_kernels.py's nvcc path with -D`define`."""
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tools"))
@@ -221,18 +220,28 @@ def _check_timeline_build(built, source: str, module: str, define: str, symbols:
         import build_kernels
     finally:
         sys.path.pop(0)
+    with tempfile.TemporaryDirectory() as t:
+        return build_kernels.finish_cuda(build_kernels.start_cuda(source, t, (define,), "variant.cubin"))
+
+
+def _assert_same_abi(plain, variant) -> None:
+    """Two parsed cubins export the same entries with the same parameter layouts."""
+    assert set(variant.entries) == set(plain.entries)
+    for e in plain.entries:
+        assert [(p.offset, p.size) for p in variant.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
+
+
+def _check_timeline_build(built, source: str, module: str, define: str, symbols: tuple[str, ...]):
+    """The `define` build of `source` exports the unmangled `symbols` its tools/gpu script reads with
+    cuModuleGetGlobal and keeps every entry and its params; the default `module` holds no trace of them."""
     a, _ = built
     data = (a / module).read_bytes()
     for sym in symbols:
         assert sym.encode() not in data, sym
-    with tempfile.TemporaryDirectory() as t:
-        tl = build_kernels.finish_cuda(build_kernels.start_cuda(source, t, (define,), "tl.cubin"))
+    tl = _variant_cubin(source, define)
     for sym in symbols:
         assert sym.encode() + b"\x00" in tl, sym
-    plain, timed = read_cubin(data, module), read_cubin(tl, "tl.cubin")
-    assert set(timed.entries) == set(plain.entries)
-    for e in plain.entries:
-        assert [(p.offset, p.size) for p in timed.entries[e].params] == [(p.offset, p.size) for p in plain.entries[e].params]
+    _assert_same_abi(read_cubin(data, module), read_cubin(tl, "tl.cubin"))
 
 
 def test_decode_attention_timeline_build_is_separate(built):
@@ -536,21 +545,11 @@ def test_fused_is_the_two_launch_arithmetic(tmp_path):
     assert merge and merge == _layouts(red, "tt.func public @paged_decode_reduce")
 
 
-def test_gemv_no_wait_build_drops_only_the_wait(built):
+def test_gemv_no_wait_build_drops_the_wait(built):
     """-DGEMV_NO_WAIT (NOTES.md 47, a timing what-if): every gemv.cu entry, with the same params, and none of them
     waits for its predecessor (no griddepcontrol.wait in its code), where every default entry does."""
-    import tempfile
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_kernels
-    finally:
-        sys.path.pop(0)
     plain = read_cubin((built[0] / "gemv.cubin").read_bytes(), "gemv.cubin")
-    with tempfile.TemporaryDirectory() as t:
-        data = build_kernels.finish_cuda(build_kernels.start_cuda("gemv.cu", t, ("GEMV_NO_WAIT",), "nw.cubin"))
-    nowait = read_cubin(data, "nw.cubin")
-    assert set(nowait.entries) == set(plain.entries)
+    nowait = read_cubin(_variant_cubin("gemv.cu", "GEMV_NO_WAIT"), "nw.cubin")
+    _assert_same_abi(plain, nowait)
     for e, k in plain.entries.items():
-        assert [(p.offset, p.size) for p in nowait.entries[e].params] == [(p.offset, p.size) for p in k.params]
         assert k.grid_dep_wait is True and nowait.entries[e].grid_dep_wait is False, e

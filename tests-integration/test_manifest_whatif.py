@@ -47,7 +47,8 @@ def test_full_op_name_and_several_drops(built_kernels):
 
 @pytest.mark.parametrize("drop,program,needle", [
     (["o"], "decode", "leaves 1 weight buffer(s) used by no call of any program (first: `model.layers.35.self_attn.o_proj"),
-    (["gate_up"], "decode", "leaves 2 weight buffer(s)"),  # layer 35's norm and gate_up: prefill ends at its KV
+    (["gate_up"], "decode", "leaves 2 weight buffer(s)"),
+    (["o"], "decode", "where no other op shares its module"),  # layer 35's norm and gate_up: prefill ends at its KV
     (["foo"], "decode", "program `decode` calls no op of that name"),
     (["attn"], "nope", "--program nope: the manifest has no such program"),
     ([], "decode", "nothing to drop"),
@@ -72,26 +73,44 @@ def test_command_line(built_kernels, tmp_path, capsys):
 
 
 def test_module_repointed(built_kernels, tmp_path, capsys):
-    """--module gemv=FILE: the gemv module loaded from another cubin of the kernels dir (here a copy of gemv.cubin,
-    as a what-if build would be), pinned by its sha256; with --drop too; bad specs refused by name."""
+    """--module gemv=FILE: the gemv module loaded from another cubin of the kernels dir (gemv.cu built with
+    -DGEMV_NO_WAIT: the same entries and params, other bytes), pinned by its sha256; with --drop too; bad specs, a
+    module the drop leaves unused and an unknown --program refused by name; nothing to change is a usage error."""
     import hashlib
     import shutil
 
+    import build_kernels as bk
+
     k = tmp_path / "kernels"
     shutil.copytree(built_kernels, k)
-    (k / "gemv_whatif.cubin").write_bytes((k / "gemv.cubin").read_bytes() + b"")
+    data = bk.finish_cuda(bk.start_cuda("gemv.cu", str(tmp_path), ("GEMV_NO_WAIT",), "gemv_nowait.cubin"))
+    (k / "gemv_nowait.cubin").write_bytes(data)
+    assert data != (k / "gemv.cubin").read_bytes()
     out = tmp_path / "w.json"
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--drop", "attn", "--module", "gemv=gemv_whatif.cubin",
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--drop", "attn", "--module", "gemv=gemv_nowait.cubin",
                     "--out", str(out)]) == 0
     m = json.loads(out.read_text())
-    assert m["modules"]["gemv"] == {"source": "gemv_whatif.cubin",
-                                    "sha256": hashlib.sha256((k / "gemv_whatif.cubin").read_bytes()).hexdigest()}
+    assert m["modules"]["gemv"] == {"source": "gemv_nowait.cubin", "sha256": hashlib.sha256(data).hexdigest()}
     assert m["buffers"]["attn"]["class"] == "carry"
     capsys.readouterr()
-    for spec, needle in (("gemv", "expected NAME=FILE"), ("nope=gemv.cubin", "no module `nope`"),
-                         ("gemv=missing.cubin", "missing.cubin: not found")):
-        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", spec, "--out", str(out)]) == 1
-        assert needle in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    bad = tmp_path / "bad.json"
+    for argv, needle in (
+            (["--module", "gemv"], "expected NAME=FILE"), (["--module", "nope=gemv.cubin"], "no module `nope`"),
+            (["--module", "gemv=missing.cubin"], "missing.cubin: not found"),
+            (["--drop", "attn", "--module", "decode_attention_pdl=decode_attention_pdl.cubin"],
+             "the drop leaves module `decode_attention_pdl` used by no launch"),
+            (["--program", "nope", "--module", "gemv=gemv_nowait.cubin"], "--program nope: the manifest has no such")):
+        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
+        assert needle in capsys.readouterr().err, argv
+        assert not bad.exists()
+    with pytest.raises(SystemExit) as e:
         mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--out", str(out)])
-    assert "nothing to change" in capsys.readouterr().err
+    assert e.value.code == 2 and "nothing to change" in capsys.readouterr().err
+
+
+def test_drop_of_a_buffers_only_writer_is_refused():
+    """Prefill's gemm calls are the only writers of buffers other calls read (e.g. `h`): dropping them would leave a
+    carry nothing fills."""
+    with pytest.raises(VariantError, match=r"--drop gemm: `prefill` would read buffer `\w+` that no call of any "
+                                           r"program writes any more"):
+        mw.drop_ops(json.loads(EXAMPLES["4b"].read_text()), ["gemm"], "prefill")

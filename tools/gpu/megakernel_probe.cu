@@ -50,15 +50,22 @@
 #ifndef POLL_NS
 #define POLL_NS 32                      // sleep between polls of a dependency counter (all blocks poll one word)
 #endif
-#define RES_MAX 128
 #ifndef PF_AHEAD
 #define PF_AHEAD 0                      // the producer prefetches into L2 the piece this far past the one it issues
 #endif
-#define TMAXP 8192                      // pieces block 0 traces (`trace`: 4·TMAXP + 2048 u64)                     // residual rows a block may own per op (RESID: prefetched with x)
+#define RES_MAX 128                     // residual rows a block may own per op (RESID: read with its input)
+#define TMAXP 8192                      // pieces block 0 traces (`trace`: 4·TMAXP + 2·MAX_OPS u64)
+#define MAX_OPS 1024                    // ops a list may hold (the trace's per-op slots)
 #define THREADS ((NW + 1) * 32)
 #define NSLOT (NW * S)
 #define XS_BYTES 19456                  // the largest k (9,728) in bf16
 #define SMEM_BYTES (NSLOT * SLOT_BYTES + XS_BYTES)
+static_assert(NW >= 1 && NW <= 16, "NW: 1..16 consumer warps");
+static_assert(S >= 1, "S: at least one slot per consumer warp");
+static_assert(SLOT_BYTES % 16 == 0, "SLOT_BYTES: bulk copies move multiples of 16 bytes");
+static_assert(SLOT_BYTES >= 2 * 2560 * 2, "SLOT_BYTES: a gate_up unit is a gate/up pair of k = 2,560 rows (10,240 bytes)");
+static_assert(INFLIGHT >= 1 && INFLIGHT <= NSLOT, "INFLIGHT: 1..NW*S copies in flight");
+static_assert(SMEM_BYTES <= 227 * 1024, "the ring and the input exceed sm_90's shared memory per block");
 
 namespace {
 #include "../kernels-src/gemv_common.cuh"
@@ -242,6 +249,9 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
     __shared__ int best_i[NW];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x, G = gridDim.x;
     if (threadIdx.x == 0) {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < SMEM_BYTES || num_ops > MAX_OPS) __trap();  // launched for another build, or too many ops
         for (int s = 0; s < NSLOT; ++s) { mbar_init(&full[s], 1); mbar_init(&empty[s], 1); }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -259,8 +269,10 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         unsigned pf_bytes;
         bool pf_more = PF_AHEAD > 0;
         for (int i = 0; i < PF_AHEAD && pf_more; ++i) pf_more = ahead.next(pf_src, pf_bytes);  // skip PF_AHEAD pieces
+#if INFLIGHT < NSLOT  // (the whole ring in flight needs no window: the slots' own waits bound it)
         unsigned hist[INFLIGHT], fills[NSLOT];  // the last INFLIGHT copies (fill number · NSLOT + slot); fills per slot
         for (int i = 0; i < NSLOT; ++i) fills[i] = 0;
+#endif
         for (int j = 0; j < num_ops; ++j) {
             const Op op = ops[j];
             if (!streams(op)) continue;
@@ -274,6 +286,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     const unsigned fw = f[w]++;
                     const int slot = w * S + fw % S;
                     const int v0 = q.P == 1 ? 0 : p * q.pv, nv = q.P == 1 ? rows * kv : min(q.pv, kv - v0);
+#if INFLIGHT < NSLOT
                     if (issued >= INFLIGHT) {  // the copy INFLIGHT back must have landed: wait for it, unless its
                         const unsigned h = hist[issued % INFLIGHT];  // slot was refilled since (then it was consumed)
                         const unsigned hs = h % NSLOT, hn = h / NSLOT;
@@ -281,6 +294,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     }
                     hist[issued % INFLIGHT] = (fw / S) * NSLOT + slot;  // the slot's fill number and the slot
                     fills[slot] = fw / S + 1;
+#endif
                     if (fw >= S) mbar_wait(&empty[slot], (fw / S - 1) & 1);
                     mbar_expect_tx(&full[slot], (unsigned)nv * 16);
                     bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
@@ -323,7 +337,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                 input_to_smem(op, xs, eps, red, res_s, r0, nr);
                 consumers_sync();
             }
-            if (trace && b == 0 && threadIdx.x == 0) trace[4 * TMAXP + 1024 + j] = globaltimer();
+            if (trace && b == 0 && threadIdx.x == 0) trace[4 * TMAXP + MAX_OPS + j] = globaltimer();
         }
         float bv = -INFINITY;
         int bi = 0x7fffffff;
@@ -403,11 +417,11 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                     *token = bi;
                 }
             }
-        } else {
-            __threadfence();
+        } else {  // the block's outputs of op j, released by thread 0 after the barrier (as a grid sync does)
             consumers_sync();
             if (threadIdx.x == 0) {
                 if (times) times[(size_t)b * num_ops + j] = globaltimer();
+                __threadfence();
                 atomicAdd(counters + j, 1u);
             }
         }
