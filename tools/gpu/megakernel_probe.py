@@ -72,10 +72,10 @@ OP_NAMES = ["embed"] + ["qkv", "o", "gate_up", "down"] * (MAX_OPS // 4)  # an op
 
 class Model:
     """Random bf16 Qwen3-4B weights without the attention's own (q/k norms): the tied embedding / lm_head table
-    [VOCAB, HIDDEN], per layer qkv [6144, 2560], o [2560, 4096], gate_up pair-interleaved [19456, 2560] (gate row i
+    [VOCAB, HIDDEN] (std `table_std`), per layer qkv [6144, 2560], o [2560, 4096], gate_up pair-interleaved [19456, 2560] (gate row i
     then up row i), down [2560, 9728] and the two RMS norm weights, and the final norm."""
 
-    def __init__(self, layers: int, seed: int = 0):
+    def __init__(self, layers: int, seed: int = 0, table_std: float = 0.5):
         g = torch.Generator(device="cuda").manual_seed(seed)
 
         def w(*shape, std=0.02):
@@ -84,7 +84,7 @@ class Model:
         def nw():
             return (1.0 + 0.1 * torch.randn(HIDDEN, generator=g, device="cuda")).to(torch.bfloat16)
 
-        self.table = w(VOCAB, HIDDEN, std=0.5)
+        self.table = w(VOCAB, HIDDEN, std=table_std)
         self.layers = [dict(qkv=w(QKV, HIDDEN), o=w(HIDDEN, ATTN), gate_up=w(2 * INTER, HIDDEN),
                             down=w(HIDDEN, INTER), in_norm=nw(), post_norm=nw()) for _ in range(layers)]
         self.final_norm = nw()
@@ -269,18 +269,41 @@ def op_candidates(name: str, dot: torch.Tensor, res: torch.Tensor | None) -> tup
     return out, g64 / (1 + torch.exp(-g64)) * u64
 
 
+def spacing(t: torch.Tensor) -> torch.Tensor:
+    """The bf16 spacing at |t| (float64)."""
+    return torch.pow(2.0, torch.floor(torch.log2(t.double().abs().clamp_min(1e-30))) - 7)
+
+
+#: A dot product's summation-order error, relative to Σ|w·x|: fp32 sums of 2,560–9,728 terms in another order land
+#: within ~2^-18 of float64 typically and 2^-12 at worst; a stale or misplaced slot is off by O(1).
+DOT_TOL = 2.0 ** -14
+
+
+def op_bound(name: str, dot: torch.Tensor, absdot: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """How far from `exact` (float64) an output may be where its dot cancels (|dot| ≪ Σ|w·x| = `absdot`): the dot's
+    summation-order error DOT_TOL·Σ|w·x| carried through the op, plus a bf16 spacing at each rounding."""
+    if name == "qkv":
+        return spacing(exact) + DOT_TOL * absdot
+    if name in ("o", "down"):
+        return spacing(exact) + spacing(dot) + DOT_TOL * absdot
+    g, u = dot[0::2], dot[1::2]
+    dg = spacing(g) + DOT_TOL * absdot[0::2]
+    du = spacing(u) + DOT_TOL * absdot[1::2]
+    silu = g / (1 + torch.exp(-g))
+    return spacing(exact) + 1.1 * u.abs() * dg + (silu.abs() + spacing(silu)) * du + u.abs() * spacing(silu)
+
+
 def ulps(y: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """|y − exact| in bf16 spacings at |exact| (float64)."""
-    spacing = torch.pow(2.0, torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
-    return (y.double() - exact).abs() / spacing
+    return (y.double() - exact).abs() / spacing(exact)
 
 
 def check_numerics(probe: Probe, m: Model) -> bool:
     """One launch over model `m` with an output buffer per op, each op checked on the inputs it read (teacher
-    forced): the embedding exactly; every output of qkv, o, gate_up and down one of `op_candidates` (no tolerance
-    beyond one bf16 step at each rounding); the token's logit (float64, rounded to bf16) within one bf16 spacing
-    of the largest. Prints per op kind the worst distance in ulps of float64 and the outputs that fail; returns
-    whether all passed."""
+    forced): the embedding exactly; every output of qkv, o, gate_up and down either one of `op_candidates` (one
+    bf16 step either side at each rounding) or, where its dot cancels, within `op_bound` of float64; the token's logit
+    (float64, rounded to bf16) within one bf16 spacing of the largest. Prints per op kind how many outputs pass each
+    way and the worst distance in ulps; returns whether every output passed."""
     token = torch.tensor([12345], dtype=torch.int64, device="cuda")
     ol = op_list(m, separate=True)
     probe.launch(ol, token)
@@ -288,38 +311,41 @@ def check_numerics(probe: Probe, m: Model) -> bool:
     ok, res_in, report = True, None, {}
     for i, (name, y) in enumerate(ol.trace):
         if name == "embed":
-            bad, worst = int((y != m.table[12345]).sum()), 0.0
+            rounded, bounded, bad, worst = int((y == m.table[12345]).sum()), 0, int((y != m.table[12345]).sum()), 0.0
         else:
             l = m.layers[(i - 1) // 4]
             if name == "qkv":
-                dot, res = l["qkv"].double() @ norm_ref(res_in, l["in_norm"]), None
+                w, x, res = l["qkv"].double(), norm_ref(res_in, l["in_norm"]), None
                 qkv = y
             elif name == "o":
-                dot, res = l["o"].double() @ qkv[:ATTN].double(), res_in
+                w, x, res = l["o"].double(), qkv[:ATTN].double(), res_in
                 res_mid = y
             elif name == "gate_up":
-                dot, res = l["gate_up"].double() @ norm_ref(res_mid, l["post_norm"]), None
+                w, x, res = l["gate_up"].double(), norm_ref(res_mid, l["post_norm"]), None
                 act = y
             else:
-                dot, res = l["down"].double() @ act.double(), res_mid
+                w, x, res = l["down"].double(), act.double(), res_mid
+            dot, absdot = w @ x, w.abs() @ x.abs()
             cands, exact = op_candidates(name, dot, res)
-            bad = int((~rounding_matches(y, cands)).sum())
-            worst = float(ulps(y, exact).max())
+            is_rounding = rounding_matches(y, cands)
+            within = (y.double() - exact).abs() <= op_bound(name, dot, absdot, exact)
+            rounded, bounded = int(is_rounding.sum()), int((~is_rounding & within).sum())
+            bad, worst = int((~is_rounding & ~within).sum()), float(ulps(y, exact).max())
         if name in ("embed", "o", "down"):
             res_in = y
-        r = report.setdefault(name, [0.0, 0, 0])
-        r[0], r[1], r[2] = max(r[0], worst), r[1] + bad, r[2] + y.numel()
+        r = report.setdefault(name, [0, 0, 0, 0.0])
+        r[0], r[1], r[2], r[3] = r[0] + rounded, r[1] + bounded, r[2] + bad, max(r[3], worst)
         ok &= bad == 0
-    for name, (worst, bad, total) in report.items():
-        print(f"  {name:8s} {total - bad} of {total} outputs a rounding of float64 (one bf16 step per rounding); "
-              f"largest distance from float64 without inner roundings {worst:.2f} ulp")
+    for name, (rounded, bounded, bad, worst) in report.items():
+        print(f"  {name:8s} {rounded} outputs a rounding of float64 (one bf16 step at each rounding), {bounded} within "
+              f"the cancellation bound, {bad} outside; largest distance from float64 {worst:.2f} ulp")
     logits = (m.table.double() @ norm_ref(res_in, m.final_norm)).to(torch.bfloat16).double()
     tok, top = int(token.item()), float(logits.max())
-    spacing = 2.0 ** (np.floor(np.log2(abs(top))) - 7)
+    space = 2.0 ** (np.floor(np.log2(abs(top))) - 7)
     gap = top - float(logits[tok])
     print(f"  argmax   token {tok}: its logit {float(logits[tok]):.5f}, the largest {top:.5f} (token "
-          f"{int(logits.argmax())}), gap {gap:.3g} (one bf16 spacing there: {spacing:.3g})")
-    return ok and gap <= spacing
+          f"{int(logits.argmax())}), gap {gap:.3g} (one bf16 spacing there: {space:.3g})")
+    return ok and gap <= space
 
 
 def chained_tokens(probe: Probe, ol: OpList, steps: int = 8) -> list[int]:
@@ -428,7 +454,7 @@ def main(argv=None) -> int:
     for what, layers in (("--layers", a.layers), ("--check-layers", a.check_layers)):
         if not 1 <= layers <= (MAX_OPS - 2) // 4:
             ap.error(f"{what} {layers}: 1..{(MAX_OPS - 2) // 4} (the kernel takes at most {MAX_OPS} ops)")
-    small = Model(a.check_layers, seed=1)
+    small = Model(a.check_layers, seed=1, table_std=0.02)  # a small table: the token's own row does not win the argmax
     m = Model(a.layers, seed=2)
     ol = op_list(m, separate=False)
     bw = copy_bandwidth()
