@@ -126,7 +126,9 @@ __device__ __forceinline__ void item_range(const Op &op, int b, int G, int &i0, 
 __device__ __forceinline__ int rows_of(const Op &op, int items) { return op.kind == NORM_SILU ? 2 * items : items; }
 __device__ __forceinline__ bool streams(const Op &op) { return op.kind != EMBED; }
 
-// The op's input into shared memory (bf16): x, or its RMS norm times norm_w; all NW·32 consumer threads.
+// The op's input into shared memory (bf16): x, or its RMS norm times norm_w; all NW·32 consumer threads. The norm
+// is gemv_persist.cu's norm_to_smem for NW·32 threads and a named barrier (that cubin is pinned by sha256, so the
+// shared helper was not factored out of it for an experiment).
 __device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red, __nv_bfloat16 *res_s, int r0, int nr) {
     const int t = threadIdx.x, kv = op.k >> 3;
     const uint4 *x = reinterpret_cast<const uint4 *>(op.x);

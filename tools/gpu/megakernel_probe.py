@@ -90,6 +90,7 @@ class Model:
         self.final_norm = nw()
 
     def weight_bytes(self) -> int:
+        """Bytes one token streams: every layer's four weights and the table (lm_head), norms excluded."""
         per = sum(t.numel() * 2 for l in self.layers for n, t in l.items() if not n.endswith("norm"))
         return per + self.table.numel() * 2
 
