@@ -5,6 +5,7 @@ manifest unloadable or unverifiable are refused by name."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,9 +47,12 @@ def test_full_op_name_and_several_drops(built_kernels):
 
 
 @pytest.mark.parametrize("drop,program,needle", [
-    (["o"], "decode", "leaves 1 weight buffer(s) used by no call of any program (first: `model.layers.35.self_attn.o_proj"),
+    (["o"], "decode", "leaves 1 weight buffer(s) that only the dropped calls read (first: `model.layers.35.self_attn.o_proj"),
     (["gate_up"], "decode", "leaves 2 weight buffer(s)"),
-    (["o"], "decode", "where no other op shares its module"),  # layer 35's norm and gate_up: prefill ends at its KV
+    (["o"], "decode", "bound this op's work with --module"),
+    (["gemm"], "decode", "program `decode` does not call it; prefill does (add --program prefill)"),
+    (["argmax"], "decode", "output buffer `next_token` would be used by no call"),
+    (["attention_prefill"], "prefill", "input buffer `cu_seqlens_q` would be used by no call"),  # layer 35's norm and gate_up: prefill ends at its KV
     (["foo"], "decode", "program `decode` calls no op of that name"),
     (["attn"], "nope", "--program nope: the manifest has no such program"),
     ([], "decode", "nothing to drop"),
@@ -64,10 +68,14 @@ def test_command_line(built_kernels, tmp_path, capsys):
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "attn", "--out", str(out)]) == 0
     assert "now carried (stale contents): attn" in capsys.readouterr().out
     assert json.loads(out.read_text())["buffers"]["attn"]["class"] == "carry"
-    # argmax is next_token's only writer: the verifier refuses the result, and nothing is written
+    # argmax is next_token's only writer: refused, and nothing is written
     bad = tmp_path / "noargmax.json"
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "argmax", "--out", str(bad)]) == 1
-    assert "does not verify" in capsys.readouterr().err and not bad.exists()
+    assert "output buffer `next_token`" in capsys.readouterr().err and not bad.exists()
+    # a repeated drop is one drop
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "attn", "--drop", "attn",
+                    "--out", str(out)]) == 0
+    assert "calls of attn (timing" in capsys.readouterr().out
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "o", "--out", str(bad)]) == 1
     assert "weights file would not load" in capsys.readouterr().err
 
@@ -114,3 +122,41 @@ def test_drop_of_a_buffers_only_writer_is_refused():
     with pytest.raises(VariantError, match=r"--drop gemm: `prefill` would read buffer `\w+` that no call of any "
                                            r"program writes any more"):
         mw.drop_ops(json.loads(EXAMPLES["4b"].read_text()), ["gemm"], "prefill")
+
+
+def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, capsys):
+    """A manifest kern-verify refuses (no traceback), --out onto the manifest, a --kernels that is not a directory,
+    abbreviated options, the same --module twice, and a --module cubin built for another architecture."""
+    import shutil
+
+    import build_kernels as bk
+
+    m = json.loads(EXAMPLES["4b"].read_text())
+    m["programs"]["decode"]["calls"][1]["op"] = "nosuchop"
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(m))
+    out = tmp_path / "w.json"
+    assert mw.main([str(broken), "--kernels", str(built_kernels), "--drop", "attn", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "kern-verify refuses the manifest itself" in err and "nosuchop" in err and "Traceback" not in err
+    for argv, needle in (
+            ([str(broken), "--kernels", str(built_kernels), "--drop", "attn", "--out", str(broken)], "the manifest itself"),
+            ([str(EXAMPLES["4b"]), "--kernels", str(tmp_path / "none"), "--drop", "attn", "--out", str(out)],
+             "not a directory (build one with tools/build_kernels.py"),
+            ([str(EXAMPLES["4b"]), "--kern", str(built_kernels), "--drop", "attn", "--out", str(out)], "required")):
+        with pytest.raises(SystemExit) as e:
+            mw.main(argv)
+        assert e.value.code == 2 and needle in capsys.readouterr().err, argv
+    assert not out.exists()
+    k = tmp_path / "kernels"
+    shutil.copytree(built_kernels, k)
+    for argv, needle in (
+            (["--module", "gemv=gemv.cubin", "--module", "gemv=gemv.cubin"], "module `gemv` is given twice"),
+            (["--module", "gemv=missing.cubin"], "build it there, e.g. cd tools/kernels-src && nvcc")):
+        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(out)]) == 1
+        assert needle in capsys.readouterr().err, argv
+    subprocess.run([bk._nvcc(), "-cubin", "-arch=sm_80", "-O3", "-std=c++17", "-o", str(k / "embedding_sm80.cubin"),
+                    "embedding.cu"], cwd=ROOT / "tools" / "kernels-src", check=True, capture_output=True)
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "embedding=embedding_sm80.cubin",
+                    "--out", str(out)]) == 1
+    assert "built for sm_80, module `embedding` for sm_90 (rebuild it with -arch=sm_90)" in capsys.readouterr().err

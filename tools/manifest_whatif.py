@@ -1,48 +1,83 @@
 #!/usr/bin/env python3
-"""What-if manifests for timing: one program with every call of some ops removed, so that the whole program's time
-says what those ops cost in it — an upper bound for any faster or fused form of them.
+"""What-if manifests for timing: a program with every call of some ops removed, or a module loaded from a what-if
+build, so that the whole program's time says what those ops (or that work) cost in it: an upper bound for any faster
+or fused form of them.
 
-    python3 tools/manifest_whatif.py MANIFEST --kernels KDIR [--drop OP ...] [--module NAME=FILE ...] [--program decode] --out OUT.json
+    python3 tools/manifest_whatif.py MANIFEST --kernels KDIR [--drop OP ...] [--module NAME=FILE ...]
+        [--program decode] --out OUT.json
 
-The result computes wrong values (whatever the dropped calls wrote is stale): time it, never use its tokens.
-tools/gpu/program_sweep.py times it beside the manifest (`--manifest-variant NAME=OUT.json`; it reports that the
-tokens differ). NOTES.md 45 is the first use: the 4B decode program with no attention at all.
+The result computes wrong values (whatever the dropped calls wrote is stale, a what-if build skips work): time it,
+never use its tokens.
 
-- OP: a short name of tools/manifest_variants.py (`attn`, `qkv`, `o`, `gate_up`, `down`, `lm_head`, `argmax`) or
-  a full op name of the manifest; every call of it in `--program` (default `decode`) is removed.
-- A `workspace` buffer that the program now reads before writing it (the dropped op's output) becomes a `carry`
-  (kern-verify's E0060 otherwise): it keeps whatever was last written there. A carry has memory of its own, outside
-  the workspace the runtime plans, so its address (not its size) may differ from the manifest's run.
-- `--module NAME=FILE`: module NAME of the manifest loaded from KDIR/FILE instead (pinned by its sha256): a what-if
-  build with the same entries and params, e.g. gemv.cu built with -DGEMV_NO_WAIT (its kernels do not wait for their
-  predecessors; NOTES.md 47).
-- Refused, by name: an op the program does not call, a program the manifest lacks, a drop that leaves weight
-  buffers unused anywhere (kern-driver binds a checkpoint's tensors to weight buffers exactly, so the same
-  weights file would no longer load; bound such an op another way, e.g. `--module` onto a build of its kernel that
-  returns at once, where no other op shares its module), a drop that leaves a buffer read with no call of any
-  program writing it, and a `--module` the drop leaves unused.
+--drop OP
+    OP is a short name of tools/manifest_variants.py for the decode program's ops (`attn`, `qkv`, `o`, `gate_up`,
+    `down`, `lm_head`, `argmax`) or any op name of the manifest; every call of it in `--program` (default `decode`) is
+    removed, and the ops and modules no call uses any more with them. A `workspace` buffer the program then reads
+    before writing it (the dropped op's output) becomes a `carry` (kern-verify's E0060 otherwise): it keeps whatever
+    was last written there, in memory of its own outside the runtime's workspace plan.
+    What can be dropped depends on the weights: kern-driver binds a checkpoint's tensors to the manifest's weight
+    buffers exactly, so a drop that leaves a weight used by no call of any program is refused (the weights file
+    would not load). In the Qwen3 examples prefill ends at the last layer's KV write (the last token's logits come
+    from the first decode step), so the last layer's o, gate_up, down and the lm_head weights are decode's alone:
+    from decode, `attn`, `qkv` and `embedding` can be dropped; bound the others with --module.
 
-The result is checked by kern-verify against KDIR before it is written; its errors refuse the what-if.
+--module NAME=FILE
+    Module NAME loaded from FILE in the --kernels dir instead (pinned by its sha256): a what-if build of the same
+    source with the same entries and params, e.g. gemv.cu built with -DGEMV_NO_WAIT (its kernels do not wait for
+    their predecessors; NOTES.md 47), which serves all five decode GEMV ops:
+
+        cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT -o KDIR/gemv_nowait.cubin gemv.cu
+        python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --module gemv=gemv_nowait.cubin --out OUT.json
+
+    (the flags are tools/build_kernels.py's NVCC_FLAGS). kern-verify then warns E0088 for each `pdl` launch of the
+    build (its code no longer waits): expected here. A build for another architecture than the module's is refused.
+
+Timing on the GPU (tools/gpu/program_sweep.py, one runtime per process): make the what-if from the layout
+tools/gpu/prepare.py writes, so that its weights and kernels are the ones timed:
+
+    python3 tools/gpu/prepare.py --work W --geometry 4b
+    python3 tools/manifest_whatif.py W/qwen3-4b/manifest.json --kernels W/kernels --drop attn --out W/noattn.json
+    python3 tools/gpu/program_sweep.py --work W --geometry 4b --manifest-variant noattn=W/noattn.json
+
+(a --module file must be in W/kernels). program_sweep reports the what-if's tokens as differing. NOTES.md 45 and 47
+are the first uses: the 4B decode program with no attention (2.339–2.358 ms/token against 2.467–2.482) and with GEMVs
+that do not wait (2.288; both 2.075).
+
+Refused, by name, before anything is written: a manifest kern-verify refuses (its first errors), an --out that is
+the manifest itself, a --kernels that is not a directory, an op the program does not call (the programs that do are
+named), a drop that leaves a weight unbound, a buffer read with no writer left, or an input or output no call uses
+any more, a --module spec that is malformed, names no module, gives no file, names a cubin for another architecture,
+or that the drop leaves unused, the same module given twice, and a result that does not verify.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from manifest_variants import SHORT, VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
+from manifest_variants import SHORT, VariantError, pin_module, prune, rewrite_main, rewrite_parser, verify  # noqa: E402
+
+#: How to build a what-if module into the kernels dir (the refusal of a missing --module file says it).
+BUILD_HINT = ("cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -D<MACRO> -o {kdir}/{file} <source>.cu "
+              "(tools/build_kernels.py's flags)")
 
 
 def resolve_op(m: dict, name: str, program: str) -> str:
-    """The manifest op that `name` (a SHORT name or a full op name) stands for in `program`. Raises VariantError."""
-    calls = {c["op"] for c in m["programs"][program]["calls"]}
+    """The manifest op that `name` (a SHORT name or a full op name) stands for in `program`. Raises VariantError
+    naming the programs that do call it, or the short names, when `program` does not."""
+    calls = {c.get("op") for c in m["programs"][program]["calls"]}
     for op in SHORT.get(name, (name,)):
         if op in calls:
             return op
-    known = ", ".join(sorted(calls))
-    raise VariantError(f"--drop {name}: program `{program}` calls no op of that name (it calls: {known})")
+    elsewhere = [p for p, v in m["programs"].items() if p != program and name in {c.get("op") for c in v["calls"]}]
+    if elsewhere:
+        raise VariantError(f"--drop {name}: program `{program}` does not call it; {', '.join(elsewhere)} does "
+                           f"(add --program {elsewhere[0]})")
+    raise VariantError(f"--drop {name}: program `{program}` calls no op of that name (its ops: "
+                       f"{', '.join(sorted(calls))}; short names for decode: {', '.join(SHORT)})")
 
 
 def _accesses(m: dict, call: dict) -> list[tuple[object, str]]:
@@ -74,32 +109,40 @@ def _reads_before_writes(m: dict, calls: list[dict]) -> list[str]:
 
 
 def drop_ops(m: dict, names: list[str], program: str = "decode") -> tuple[dict, list[str]]:
-    """Manifest `m` (not modified) without `program`'s calls of the ops `names` stand for, and the workspace
-    buffers made `carry` because the program now reads them first. Raises VariantError naming the problem."""
+    """Manifest `m` (not modified, already verified) without `program`'s calls of the ops `names` stand for, and
+    the workspace buffers made `carry` because the program now reads them first. Raises VariantError naming the
+    problem."""
     check_program(m, program)
     if not names:
         raise VariantError("nothing to drop: give --drop OP at least once")
-    ops = [resolve_op(m, n, program) for n in names]
+    ops = list(dict.fromkeys(resolve_op(m, n, program) for n in names))
+    what = f"--drop {' '.join(dict.fromkeys(names))}"
     out = copy.deepcopy(m)
     calls = out["programs"][program]["calls"]
     dropped = [c for c in calls if c["op"] in ops]
     out["programs"][program]["calls"] = [c for c in calls if c["op"] not in ops]
     used = {a["buf"] for p in out["programs"].values() for c in p["calls"] for a in c["args"]
             if isinstance(a, dict) and "buf" in a}
-    orphans = list(dict.fromkeys(a["buf"] for c in dropped for a in c["args"] if isinstance(a, dict) and "buf" in a
-                                 and out["buffers"][a["buf"]]["class"] == "weight" and a["buf"] not in used))
+    lost = list(dict.fromkeys(a["buf"] for c in dropped for a in c["args"] if isinstance(a, dict) and "buf" in a
+                              and a["buf"] not in used))
+    orphans = [b for b in lost if out["buffers"][b]["class"] == "weight"]
     if orphans:
         raise VariantError(
-            f"--drop {' '.join(names)}: leaves {len(orphans)} weight buffer(s) used by no call of any program "
-            f"(first: `{orphans[0]}`); kern-driver binds the checkpoint's tensors to weight buffers exactly, so the "
-            "same weights file would not load. Bound this op another way (e.g. --module onto a build of its kernel that "
-            "returns at once, where no other op shares its module)")
+            f"{what}: leaves {len(orphans)} weight buffer(s) that only the dropped calls read (first: `{orphans[0]}`); "
+            "kern-driver binds the checkpoint's tensors to weight buffers exactly, so the same weights file would not "
+            "load. Drop an op whose weights another program reads too, or bound this op's work with --module and a "
+            "what-if build of its kernel")
+    io = [b for b in lost if out["buffers"][b]["class"] in ("input", "output")]
+    if io:
+        cls = out["buffers"][io[0]]["class"]
+        raise VariantError(f"{what}: {cls} buffer `{io[0]}` would be used by no call (the dropped op was its only "
+                           f"user): a program must still {'read its inputs' if cls == 'input' else 'produce its outputs'}")
     carried = _reads_before_writes(out, out["programs"][program]["calls"])
     written = {b for p in out["programs"].values() for b in _writes(out, p["calls"])}
     unwritten = [b for b in carried if b not in written]
     if unwritten:
-        raise VariantError(f"--drop {' '.join(names)}: `{program}` would read buffer `{unwritten[0]}` that no call of "
-                           "any program writes any more (the dropped op was its only writer): nothing could fill it")
+        raise VariantError(f"{what}: `{program}` would read buffer `{unwritten[0]}` that no call of any program "
+                           "writes any more (the dropped op was its only writer): nothing could fill it")
     for b in carried:
         out["buffers"][b]["class"] = "carry"
     prune(out)
@@ -113,30 +156,56 @@ def check_program(m: dict, program: str) -> None:
 
 
 def repoint_modules(m: dict, specs: list[str], kernels: Path) -> dict:
-    """Manifest `m` (not modified) with each `NAME=FILE` module loaded from KDIR/FILE. Raises VariantError."""
+    """Manifest `m` (not modified) with each `NAME=FILE` module loaded from KDIR/FILE, which must be a cubin for the
+    module's architecture. Raises VariantError naming the spec at fault."""
+    from kern_verify.cubin import CubinError, read_cubin
+
     out = copy.deepcopy(m)
+    seen: set[str] = set()
     for spec in specs:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:
             raise VariantError(f"--module {spec}: expected NAME=FILE (a module of the manifest, a cubin in {kernels})")
         if name not in out["modules"]:
             raise VariantError(f"--module {spec}: the manifest has no module `{name}` ({', '.join(out['modules'])})")
-        pin_module(out, name, kernels, file)
+        if name in seen:
+            raise VariantError(f"--module {spec}: module `{name}` is given twice")
+        seen.add(name)
+        old = Path(kernels) / out["modules"][name]["source"]
+        pin_module(out, name, kernels, file, how="build it there, e.g. " + BUILD_HINT.format(kdir=kernels, file=file))
+        try:
+            new_arch = read_cubin((Path(kernels) / file).read_bytes(), file).arch
+            old_arch = read_cubin(old.read_bytes(), old.name).arch if old.is_file() else None
+        except (CubinError, OSError) as e:
+            raise VariantError(f"--module {spec}: {e}") from None
+        if old_arch is not None and new_arch != old_arch:
+            raise VariantError(f"--module {spec}: {file} is built for sm_{new_arch}, module `{name}` for sm_{old_arch} "
+                               f"(rebuild it with -arch=sm_{old_arch})")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = rewrite_parser(__doc__.split("\n\n")[0], "the manifest's kernels dir (to verify the result)")
+    ap = rewrite_parser(__doc__, "the manifest's kernels dir (to verify the result; --module files are read there)")
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
+    ap.allow_abbrev = False
     ap.add_argument("--drop", action="append", default=[], metavar="OP", help="an op to remove (repeatable)")
     ap.add_argument("--module", action="append", default=[], metavar="NAME=FILE",
-                    help="load module NAME from KDIR/FILE, a build with the same ABI (repeatable)")
+                    help="load module NAME from FILE in the --kernels dir, a build with the same ABI (repeatable)")
     ap.add_argument("--program", default="decode", help="the program to remove its calls from (default: decode)")
     a = ap.parse_args(argv)
     if not a.drop and not a.module:
         ap.error("nothing to change: give --drop OP or --module NAME=FILE")
+    if not a.kernels.is_dir():
+        ap.error(f"--kernels {a.kernels}: not a directory (build one with tools/build_kernels.py --out {a.kernels})")
+    if a.out.resolve() == a.manifest.resolve():
+        ap.error(f"--out {a.out}: that is the manifest itself; write the what-if elsewhere")
     carried: list[str] = []
 
     def rewrite(m: dict) -> dict:
+        errors = verify(m, a.kernels)
+        if errors:
+            raise VariantError(f"{a.manifest}: kern-verify refuses the manifest itself (first: {errors[0]}); fix it, "
+                               "or give the --kernels dir it was generated for")
         check_program(m, a.program)
         out = repoint_modules(m, a.module, a.kernels)
         if a.drop:
@@ -148,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     raise VariantError(f"--module {spec}: the drop leaves module `{name}` used by no launch")
         return out
 
-    what = ", ".join([f"no `{a.program}` calls of {', '.join(a.drop)}"] * bool(a.drop) + [f"module {s}" for s in a.module])
+    drops = ", ".join(dict.fromkeys(a.drop))
+    what = ", ".join([f"no `{a.program}` calls of {drops}"] * bool(a.drop) + [f"module {s}" for s in a.module])
     rc = rewrite_main(ap, a.manifest, a.kernels, a.out, rewrite, f"{what} (timing only: its values are wrong)")
     if rc == 0 and carried:
         print(f"now carried (stale contents): {', '.join(carried)}")
