@@ -32,6 +32,8 @@
 // input loads (xs keeps what it holds: with bit 1, the consumers' math alone). `times` (or null): per block and op,
 // %globaltimer (ns) when the block finished the op, before it signals. `trace` (or null): block 0's pieces (issued,
 // ready to its consumer, released; the op of each) and per op when its dependency and its input were ready.
+// `shares` (or null: equal shares): G + 1 ascending u32, block b owning [shares[b], shares[b + 1]) of shares[G] units
+// of every op.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -119,9 +121,12 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     return v;
 }
 
-__device__ __forceinline__ void item_range(const Op &op, int b, int G, int &i0, int &i1) {
-    i0 = (int)((long)op.n * b / G);
-    i1 = (int)((long)op.n * (b + 1) / G);
+// A block's share of every op: items [n·s0/total, n·s1/total) (uniform: s0 = b, s1 = b + 1, total = G; or a
+// prefix of per-block weights from the host, `shares`).
+struct Share { unsigned long long s0, s1, total; };
+__device__ __forceinline__ void item_range(const Op &op, const Share &sh, int &i0, int &i1) {
+    i0 = (int)((unsigned long long)op.n * sh.s0 / sh.total);
+    i1 = (int)((unsigned long long)op.n * sh.s1 / sh.total);
 }
 __device__ __forceinline__ int rows_of(const Op &op, int items) { return op.kind == NORM_SILU ? 2 * items : items; }
 __device__ __forceinline__ bool streams(const Op &op) { return op.kind != EMBED; }
@@ -204,7 +209,9 @@ __device__ __forceinline__ void piece_dot(const uint4 *w, const uint4 *x, int nv
 // The pieces of one block in the producer's order (ops, units, pieces), one at a time: the L2 prefetch's lookahead.
 struct Cursor {
     const Op *ops;
-    int num_ops, b, G, j = 0, r = 0, p = 0, r0 = 0, nr = 0;
+    int num_ops;
+    Share sh;
+    int j = 0, r = 0, p = 0, r0 = 0, nr = 0;
     bool loaded = false;
     Geo q{1, 1, 0};
     __device__ bool next(const __nv_bfloat16 *&src, unsigned &bytes) {
@@ -214,7 +221,7 @@ struct Cursor {
             if (!loaded) {
                 if (!streams(op)) { ++j; continue; }
                 int i0, i1;
-                item_range(op, b, G, i0, i1);
+                item_range(op, sh, i0, i1);
                 r0 = rows_of(op, i0);
                 nr = rows_of(op, i1) - r0;
                 q = geo(op);
@@ -240,7 +247,7 @@ __device__ __forceinline__ void prefetch_l2(const void *src, unsigned bytes) {
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counters, float eps, long long *token,
                       unsigned epoch, float *arg_val, int *arg_idx, int mode, unsigned long long *times,
-                      unsigned long long *trace) {
+                      unsigned long long *trace, const unsigned *shares) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *ring = smem;
     uint4 *xs = reinterpret_cast<uint4 *>(smem + NSLOT * SLOT_BYTES);
@@ -250,6 +257,9 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
     __shared__ float best_v[NW];
     __shared__ int best_i[NW];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x, G = gridDim.x;
+    const Share sh = shares ? Share{shares[b], shares[b + 1], shares[G]} : Share{(unsigned long long)b,
+                                                                                   (unsigned long long)b + 1,
+                                                                                   (unsigned long long)G};
     if (threadIdx.x == 0) {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -266,7 +276,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         unsigned f[NW];
         for (int w = 0; w < NW; ++w) f[w] = 0;
         unsigned g = 0, issued = 0;
-        Cursor ahead{ops, num_ops, b, G};
+        Cursor ahead{ops, num_ops, sh};
         const __nv_bfloat16 *pf_src;
         unsigned pf_bytes;
         bool pf_more = PF_AHEAD > 0;
@@ -279,7 +289,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
             const Op op = ops[j];
             if (!streams(op)) continue;
             int i0, i1;
-            item_range(op, b, G, i0, i1);
+            item_range(op, sh, i0, i1);
             const Geo q = geo(op);
             const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0, kv = op.k >> 3;
             for (int r = 0; r < nr; r += q.R, ++g) {
@@ -318,7 +328,7 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
     for (int j = 0; j < num_ops; ++j) {
         const Op op = ops[j];
         int i0, i1;
-        item_range(op, b, G, i0, i1);
+        item_range(op, sh, i0, i1);
         const int r0 = rows_of(op, i0), nr = streams(op) ? rows_of(op, i1) - r0 : 0;  // EMBED streams nothing
         if (!(mode & 1)) {
             if (j > 0 && !(mode & 2)) {

@@ -61,7 +61,7 @@ SHARED_PER_BLOCK = 227 * 1024  # sm_90's dynamic shared memory per block, at mos
 #: The entry's parameters in order, as Probe.launch passes them: (name, type).
 LAUNCH_PARAMS = (("ops", "ptr"), ("num_ops", "i32"), ("counters", "ptr"), ("eps", "f32"), ("token", "ptr"),
                  ("epoch", "u32"), ("arg_val", "ptr"), ("arg_idx", "ptr"), ("mode", "i32"), ("times", "ptr"),
-                 ("trace", "ptr"))
+                 ("trace", "ptr"), ("shares", "ptr"))
 CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int, "u32": ctypes.c_uint, "f32": ctypes.c_float}
 EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
 OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
@@ -210,11 +210,12 @@ class Probe:
         return (f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT']} POLL={c['POLL_NS']} "
                 f"PF_AHEAD={c['PF_AHEAD']}")
 
-    def launch(self, ol: OpList, token: torch.Tensor, mode: int = 0, times: int = 0, trace: int = 0) -> None:
+    def launch(self, ol: OpList, token: torch.Tensor, mode: int = 0, times: int = 0, trace: int = 0,
+               shares: int = 0) -> None:
         """Enqueue one token over op list `ol` on torch's current stream. token: i64[1] on the GPU, read by the
         embedding and overwritten by the argmax. mode: the kernel's bits (1: consumers idle, 2: no dependency
-        waits, 4: no input loads). times, trace: device addresses of the optional stamp buffers (0: none). A new
-        op list starts from zeroed counters."""
+        waits, 4: no input loads). times, trace: device addresses of the optional stamp buffers (0: none); shares:
+        of a u32[grid + 1] prefix of per-block weights (0: equal shares). A new op list starts from zeroed counters."""
         if ol is not self.current:
             self.counters.zero_()
             self.current, self.epoch = ol, 0
@@ -222,7 +223,7 @@ class Probe:
             self.epoch += 1
         values = {"ops": ol.ops.data_ptr(), "num_ops": ol.n, "counters": self.counters.data_ptr(), "eps": EPS,
                   "token": token.data_ptr(), "epoch": max(self.epoch, 1), "arg_val": self.arg_val.data_ptr(),
-                  "arg_idx": self.arg_idx.data_ptr(), "mode": mode, "times": times, "trace": trace}
+                  "arg_idx": self.arg_idx.data_ptr(), "mode": mode, "times": times, "trace": trace, "shares": shares}
         kp = (tuple(values[name] for name, _ in LAUNCH_PARAMS), tuple(CTYPES[t] for _, t in LAUNCH_PARAMS))
         launch_function(self.f, (self.grid, 1, 1), (self.threads, 1, 1), self.smem,
                         cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
@@ -402,6 +403,44 @@ def timeline(probe: Probe, ol: OpList) -> None:
                   f"{float(tot.max()):.0f} µs (median {float(tot.median()):.0f})")
 
 
+def block_spans(probe: Probe, ol: OpList, mode: int, shares: int = 0) -> torch.Tensor:
+    """µs from each block's embedding to its last layer's finish in one launch (per-op stamps), float64 [grid]."""
+    times = torch.zeros(probe.grid * ol.n, dtype=torch.int64, device="cuda")
+    token = torch.tensor([777], dtype=torch.int64, device="cuda")
+    probe.launch(ol, token, mode, 0, 0, shares)
+    probe.launch(ol, token, mode, times.data_ptr(), 0, shares)
+    torch.cuda.synchronize()
+    t = times.view(probe.grid, ol.n).double()
+    return (t[:, -2] - t[:, 0]) / 1e3
+
+
+def balanced(probe: Probe, ol: OpList, iters: int) -> tuple[float, float]:
+    """Rows per block in proportion to each block's speed, measured with no waits (its span over the layers):
+    prints the blocks' spans before and after, and returns ms per token (full, no waits) with those shares."""
+    span = block_spans(probe, ol, 2)
+    speed = 1.0 / span
+    prefix = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(speed / speed.sum(), 0)]) * (1 << 20)
+    shares = prefix.round().to(torch.int64).to(torch.int32).cuda()
+    after = block_spans(probe, ol, 2, shares.data_ptr())
+    print(f"  shares by measured speed: block spans without waits {float(span.min()):.0f}–{float(span.max()):.0f} µs "
+          f"→ {float(after.min()):.0f}–{float(after.max()):.0f} µs (shares {float(speed.min() / speed.mean()):.3f}–"
+          f"{float(speed.max() / speed.mean()):.3f} of the mean)")
+    token = torch.tensor([777], dtype=torch.int64, device="cuda")
+    out = []
+    for mode in (0, 2):
+        for _ in range(3):
+            probe.launch(ol, token, mode, 0, 0, shares.data_ptr())
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+        ev[0].record()
+        for i in range(iters):
+            probe.launch(ol, token, mode, 0, 0, shares.data_ptr())
+            ev[i + 1].record()
+        torch.cuda.synchronize()
+        out.append(statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters)))
+    print(f"  with those shares: full {out[0]:.3f}, no waits {out[1]:.3f} ms per token")
+    return out[0], out[1]
+
+
 def piece_timeline(probe: Probe, ol: OpList) -> None:
     """Block 0's pieces in one launch (mode 0): per op kind, averaged over the layers, how many of the op's pieces
     were issued before its dependency was met (the ring's fill at the boundary), the input load (µs), and the op's
@@ -474,6 +513,7 @@ def main(argv=None) -> int:
         ok_all &= ok and t1 == t2
         timeline(probe, ol)
         piece_timeline(probe, ol)
+        balanced(probe, ol, a.iters)
         rows.append((probe.name(), [per_launch_ms(probe, ol, mode, a.iters) for mode, _ in modes]))
     print(f"\nms per token (median of {a.iters} back-to-back launches; in brackets % of the floor)\n")
     print("| build | " + " | ".join(w for _, w in modes) + " |")
