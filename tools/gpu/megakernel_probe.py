@@ -411,14 +411,14 @@ def block_spans(probe: Probe, ol: OpList, mode: int, shares: int = 0) -> torch.T
     probe.launch(ol, token, mode, times.data_ptr(), 0, shares)
     torch.cuda.synchronize()
     t = times.view(probe.grid, ol.n).double()
-    return (t[:, -2] - t[:, 0]) / 1e3
+    return ((t[:, -2] - t[:, 0]) / 1e3).cpu()
 
 
 def balanced(probe: Probe, ol: OpList, iters: int) -> tuple[float, float]:
     """Rows per block in proportion to each block's speed, measured with no waits (its span over the layers):
     prints the blocks' spans before and after, and returns ms per token (full, no waits) with those shares."""
     span = block_spans(probe, ol, 2)
-    speed = 1.0 / span
+    speed = 1.0 / span.cpu()
     prefix = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(speed / speed.sum(), 0)]) * (1 << 20)
     shares = prefix.round().to(torch.int64).to(torch.int32).cuda()
     after = block_spans(probe, ol, 2, shares.data_ptr())
