@@ -18,10 +18,9 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 import build_kernels as bk  # noqa: E402
 import megakernel_probe as mp  # noqa: E402
 
-#: The builds NOTES.md 46 reports (the best: S=1, 20 KB slots, 2 in flight), the default, the L2-prefetch form and a
-#: run-time split of each op's tail.
+#: The builds NOTES.md 46 reports (the best: S=1, 20 KB slots, 2 in flight), the default, and the L2-prefetch form.
 CONFIGS = [{}, {"S": 1, "SLOT_BYTES": 20480, "INFLIGHT": 2}, {"S": 1, "SLOT_BYTES": 20480, "INFLIGHT": 2, "PF_AHEAD": 8},
-           {"NW": 16, "S": 1}, {"NW": 4, "S": 4}, {"S": 1, "SLOT_BYTES": 20480, "INFLIGHT": 2, "DYN_PCT": 10}]
+           {"NW": 16, "S": 1}, {"NW": 4, "S": 4}]
 SM90_SHARED_PER_BLOCK = 232448  # bytes a block may use on sm_90 (static + dynamic), as kern-verify's E0094
 
 
@@ -75,8 +74,7 @@ def test_op_record_matches_the_struct():
 @pytest.mark.parametrize("defines,needle", [
     ({"NW": 0}, "NW"), ({"NW": 17}, "NW"), ({"S": 0}, "S"), ({"SLOT_BYTES": 8192}, "SLOT_BYTES"),
     ({"SLOT_BYTES": 10248}, "SLOT_BYTES"), ({"INFLIGHT": 17}, "INFLIGHT"), ({"INFLIGHT": 0}, "INFLIGHT"),
-    ({"NW": 16, "S": 2}, "exceed 227 KB"), ({"RING": 3}, "unknown macro"), ({"DYN_PCT": 101}, "DYN_PCT"),
-    ({"CLAIM": 0}, "CLAIM"), ({"DYN_PCT": 10, "PF_AHEAD": 4}, "DYN_PCT with PF_AHEAD"),
+    ({"NW": 16, "S": 2}, "exceed 227 KB"), ({"RING": 3}, "unknown macro"),
 ])
 def test_config_refuses_what_the_kernel_does_not_accept(defines, needle):
     with pytest.raises(SystemExit, match=re.escape(needle)):
@@ -84,8 +82,7 @@ def test_config_refuses_what_the_kernel_does_not_accept(defines, needle):
 
 
 def test_config_defaults_and_parsing():
-    assert mp.config({}) == {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 16, "POLL_NS": 32, "PF_AHEAD": 0,
-                             "DYN_PCT": 0, "CLAIM": 2}
+    assert mp.config({}) == {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": 16, "POLL_NS": 32, "PF_AHEAD": 0}
     assert mp.config({"S": 1})["INFLIGHT"] == 8
     with pytest.raises(SystemExit, match="expected NAME=INT"):
         mp.parse_config("NW=8,RING=3")

@@ -19,10 +19,7 @@
 // Build macros: NW (consumer warps, 8), S (slots per warp, 2), SLOT_BYTES (10,240; ≥ two rows of k = 2,560),
 // INFLIGHT (copies issued but not landed, at most; default the whole ring: the more in flight, the longer every
 // dependent read after an op boundary queues behind them), POLL_NS (32), PF_AHEAD (0: with N, each issued piece also
-// prefetches into L2 the piece N further on, so a boundary that fills the ring still keeps the bus busy), DYN_PCT (0:
-// with N, the last N % of each op's units are claimed at run time, CLAIM (2) at a time, by the producers that have
-// issued their static share: the op's tail goes to whichever SMs are ahead). The producer tells each consumer what
-// a slot holds (a unit's piece, or the end of the op for that warp) in `meta`.
+// prefetches into L2 the piece N further on, so a boundary that fills the ring still keeps the bus busy).
 //
 // Dependencies: after its chunks of op j, every consumer thread fences, the consumer warps meet at a named barrier
 // and one thread adds 1 to counters[j]; op j + 1's consumers wait until counters[j] reaches G·epoch (epoch: the
@@ -55,12 +52,6 @@
 #ifndef POLL_NS
 #define POLL_NS 32                      // sleep between polls of a dependency counter (all blocks poll one word)
 #endif
-#ifndef DYN_PCT
-#define DYN_PCT 0                       // % of each op's units handed out at run time (claimed from a global counter)
-#endif
-#ifndef CLAIM
-#define CLAIM 2                         // units per claim
-#endif
 #ifndef PF_AHEAD
 #define PF_AHEAD 0                      // the producer prefetches into L2 the piece this far past the one it issues
 #endif
@@ -77,8 +68,6 @@ static_assert(SLOT_BYTES % 16 == 0, "SLOT_BYTES: bulk copies move multiples of 1
 static_assert(SLOT_BYTES >= 2 * 2560 * 2, "SLOT_BYTES: a gate_up unit is a gate/up pair of k = 2,560 rows (10,240 bytes)");
 static_assert(INFLIGHT >= 1 && INFLIGHT <= NSLOT, "INFLIGHT: 1..NW*S copies in flight");
 static_assert(SMEM_BYTES <= 227 * 1024, "the ring and the input exceed sm_90's shared memory per block");
-static_assert(DYN_PCT >= 0 && DYN_PCT <= 100 && CLAIM >= 1, "DYN_PCT: 0..100 %; CLAIM: at least 1 unit");
-static_assert(DYN_PCT == 0 || PF_AHEAD == 0, "the L2 lookahead follows the static split only");
 
 namespace {
 #include "../kernels-src/gemv_common.cuh"
@@ -199,23 +188,6 @@ __device__ __forceinline__ Geo geo(const Op &op) {
     return {1, p, (kv + p - 1) / p};
 }
 
-// How op `op` is split into units of q.R rows (memory rows; gate/up pairs for NORM_SILU): units [0, us) are split
-// statically over the blocks by `sh` (block's: [u0, u1)), units [us, ut) are claimed at run time (DYN_PCT of them,
-// ops whose rows fit a slot only).
-struct Split { int ut, us, u0, u1, rtot; };
-__device__ __forceinline__ Split split(const Op &op, const Geo &q, const Share &sh) {
-    Split p;
-    p.rtot = rows_of(op, op.n);
-    p.ut = (p.rtot + q.R - 1) / q.R;
-    p.us = q.P == 1 ? p.ut - p.ut * DYN_PCT / 100 : p.ut;
-    p.u0 = (int)((unsigned long long)p.us * sh.s0 / sh.total);
-    p.u1 = (int)((unsigned long long)p.us * sh.s1 / sh.total);
-    return p;
-}
-
-// What the producer put in a slot: a unit's piece (rows > 0) or the end of an op for this warp (rows == 0).
-struct Meta { int row, rows, p, pi; };
-
 // a[q][u] += Σ w_q·x over `nvec` 16-byte vectors of ROWS rows (row q at q·row_vecs vectors from w), lane-strided,
 // 4 / ROWS chains per row, so a warp keeps about 4 FMA chains going; the rows share each x load.
 template <int ROWS, int UN>
@@ -275,12 +247,11 @@ __device__ __forceinline__ void prefetch_l2(const void *src, unsigned bytes) {
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counters, float eps, long long *token,
                       unsigned epoch, float *arg_val, int *arg_idx, int mode, unsigned long long *times,
-                      unsigned long long *trace, const unsigned *shares, unsigned *claims, unsigned launch_no) {
+                      unsigned long long *trace, const unsigned *shares) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *ring = smem;
     uint4 *xs = reinterpret_cast<uint4 *>(smem + NSLOT * SLOT_BYTES);
     __shared__ __align__(8) uint64_t full[NSLOT], empty[NSLOT];
-    __shared__ Meta meta[NSLOT];
     __shared__ float red[NW];
     __shared__ __nv_bfloat16 res_s[RES_MAX];
     __shared__ float best_v[NW];
@@ -293,8 +264,6 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < SMEM_BYTES || num_ops > MAX_OPS) __trap();  // launched for another build, or too many ops
-        if (b == 0 && claims)  // the next launch's claim counters (this launch uses the other half)
-            for (int j = 0; j < num_ops; ++j) claims[((launch_no + 1) & 1) * MAX_OPS + j] = 0;
         for (int s = 0; s < NSLOT; ++s) { mbar_init(&full[s], 1); mbar_init(&empty[s], 1); }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -315,40 +284,32 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
 #if INFLIGHT < NSLOT  // (the whole ring in flight needs no window: the slots' own waits bound it)
         unsigned hist[INFLIGHT], fills[NSLOT];  // the last INFLIGHT copies (fill number · NSLOT + slot); fills per slot
         for (int i = 0; i < NSLOT; ++i) fills[i] = 0;
-        for (int i = 0; i < INFLIGHT; ++i) hist[i] = 0;
 #endif
-        // Slot for warp w's next entry: waits for the slot to be free and for the copy INFLIGHT back to have landed.
-        auto next_slot = [&](int w, unsigned &fw_out) -> int {
-            const unsigned fw = f[w]++;
-            const int slot = w * S + fw % S;
-#if INFLIGHT < NSLOT
-            if (issued >= INFLIGHT) {  // the entry INFLIGHT back must have landed: wait for it, unless its slot was
-                const unsigned h = hist[issued % INFLIGHT];  // refilled since (then it was consumed)
-                const unsigned hs = h % NSLOT, hn = h / NSLOT;
-                if (fills[hs] == hn + 1) mbar_wait(&full[hs], hn & 1);
-            }
-            hist[issued % INFLIGHT] = (fw / S) * NSLOT + slot;  // the slot's fill number and the slot
-            fills[slot] = fw / S + 1;
-#endif
-            if (fw >= S) mbar_wait(&empty[slot], (fw / S - 1) & 1);
-            fw_out = fw;
-            return slot;
-        };
         for (int j = 0; j < num_ops; ++j) {
             const Op op = ops[j];
             if (!streams(op)) continue;
+            int i0, i1;
+            item_range(op, sh, i0, i1);
             const Geo q = geo(op);
-            const Split sp = split(op, q, sh);
-            const int kv = op.k >> 3;
-            auto emit = [&](int u) {  // unit u: rows [u·R, ...) of the op, to warp g % NW, in its P pieces
-                const int w = g++ % NW, row = u * q.R, rows = min(q.R, sp.rtot - row);
+            const int r0 = rows_of(op, i0), nr = rows_of(op, i1) - r0, kv = op.k >> 3;
+            for (int r = 0; r < nr; r += q.R, ++g) {
+                const int w = g % NW, rows = min(q.R, nr - r);
                 for (int p = 0; p < q.P; ++p, ++issued) {
-                    unsigned fw;
-                    const int slot = next_slot(w, fw);
+                    const unsigned fw = f[w]++;
+                    const int slot = w * S + fw % S;
                     const int v0 = q.P == 1 ? 0 : p * q.pv, nv = q.P == 1 ? rows * kv : min(q.pv, kv - v0);
-                    meta[slot] = Meta{row, rows, p, (int)issued};
+#if INFLIGHT < NSLOT
+                    if (issued >= INFLIGHT) {  // the copy INFLIGHT back must have landed: wait for it, unless its
+                        const unsigned h = hist[issued % INFLIGHT];  // slot was refilled since (then it was consumed)
+                        const unsigned hs = h % NSLOT, hn = h / NSLOT;
+                        if (fills[hs] == hn + 1) mbar_wait(&full[hs], hn & 1);
+                    }
+                    hist[issued % INFLIGHT] = (fw / S) * NSLOT + slot;  // the slot's fill number and the slot
+                    fills[slot] = fw / S + 1;
+#endif
+                    if (fw >= S) mbar_wait(&empty[slot], (fw / S - 1) & 1);
                     mbar_expect_tx(&full[slot], (unsigned)nv * 16);
-                    bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)row * op.k + (size_t)v0 * 8, nv * 16,
+                    bulk_copy(ring + slot * SLOT_BYTES, op.w + (size_t)(r0 + r) * op.k + (size_t)v0 * 8, nv * 16,
                               &full[slot]);
                     if (pf_more && (pf_more = ahead.next(pf_src, pf_bytes))) prefetch_l2(pf_src, pf_bytes);
                     if (trace && b == 0 && issued < TMAXP) {
@@ -356,37 +317,19 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
                         trace[3 * TMAXP + issued] = j;
                     }
                 }
-            };
-            for (int u = sp.u0; u < sp.u1; ++u) emit(u);
-            if (sp.us < sp.ut) {  // the tail, claimed CLAIM units at a time; the next claim in flight meanwhile
-                unsigned *cl = claims + (launch_no & 1) * MAX_OPS + j;
-                unsigned c = atomicAdd(cl, CLAIM);
-                while (c < (unsigned)(sp.ut - sp.us)) {
-                    const unsigned nxt = atomicAdd(cl, CLAIM);
-                    for (int u = sp.us + (int)c; u < min(sp.us + (int)c + CLAIM, sp.ut); ++u) emit(u);
-                    c = nxt;
-                }
-            }
-            for (int w = 0; w < NW; ++w, ++issued) {  // each warp's end of op j
-                unsigned fw;
-                const int slot = next_slot(w, fw);
-                meta[slot] = Meta{0, 0, 0, -1};
-                mbar_arrive(&full[slot]);
             }
         }
         return;
     }
 
     // the consumers
-    unsigned f = 0;  // entries of this warp's FIFO so far
+    unsigned g = 0, f = 0, pc = 0;  // units and pieces of this block so far (the producer's numbering); pieces of
+                                    // this warp so far
     for (int j = 0; j < num_ops; ++j) {
         const Op op = ops[j];
         int i0, i1;
-        item_range(op, sh, i0, i1);  // EMBED: the block's slice of the row
-        const Geo q = geo(op);
-        const Split sp = split(op, q, sh);
-        // this block's static rows (its residual rows are read with the input)
-        const int r0 = sp.u0 * q.R, nr = streams(op) ? min(sp.u1 * q.R, sp.rtot) - r0 : 0;
+        item_range(op, sh, i0, i1);
+        const int r0 = rows_of(op, i0), nr = streams(op) ? rows_of(op, i1) - r0 : 0;  // EMBED streams nothing
         if (!(mode & 1)) {
             if (j > 0 && !(mode & 2)) {
                 if (threadIdx.x == 0)
@@ -410,64 +353,55 @@ kern_megakernel_probe(const Op *__restrict__ ops, int num_ops, unsigned *counter
         }
         float bv = -INFINITY;
         int bi = 0x7fffffff;
+        const Geo q = geo(op);
         const int kv = op.k >> 3;
-        float a[4][4] = {};
-        float resv[4] = {0.f, 0.f, 0.f, 0.f};
-        for (; streams(op); ++f) {  // this warp's entries of op j, up to its end marker
-            const int slot = warp * S + f % S;
-            mbar_wait(&full[slot], (f / S) & 1);
-            const Meta m = meta[slot];
-            if (m.rows == 0) {
+        for (int r = 0; r < nr; r += q.R, ++g, pc += q.P) {
+            if (g % NW != (unsigned)warp) continue;
+            const int rows = min(q.R, nr - r);
+            float a[4][4] = {};
+            for (int p = 0; p < q.P; ++p, ++f) {
+                const int slot = warp * S + f % S;
+                const unsigned pi = pc + p;  // the producer's number of this piece
+                mbar_wait(&full[slot], (f / S) & 1);
+                if (trace && b == 0 && lane == 0 && pi < TMAXP) trace[TMAXP + pi] = globaltimer();
+                if (!(mode & 1)) {
+                    const uint4 *w = reinterpret_cast<const uint4 *>(ring + slot * SLOT_BYTES);
+                    if (q.P > 1) {
+                        const int v0 = p * q.pv;
+                        piece_dot<1, 4>(w, xs + v0, min(q.pv, kv - v0), 0, lane, a);
+                    } else if (rows == 4) {
+                        piece_dot<4, 1>(w, xs, kv, kv, lane, a);
+                    } else if (rows == 3) {
+                        piece_dot<3, 1>(w, xs, kv, kv, lane, a);
+                    } else if (rows == 2) {
+                        piece_dot<2, 2>(w, xs, kv, kv, lane, a);
+                    } else {
+                        piece_dot<1, 4>(w, xs, kv, kv, lane, a);
+                    }
+                }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[slot]);
-                ++f;
-                break;
+                if (trace && b == 0 && lane == 0 && pi < TMAXP) trace[2 * TMAXP + pi] = globaltimer();
             }
-            if (trace && b == 0 && lane == 0 && m.pi < TMAXP) trace[TMAXP + m.pi] = globaltimer();
-            const bool dyn_res = op.kind == RESID && !(mode & 1) && (m.row < r0 || m.row >= r0 + nr);
-            if (m.p == 0) {
+            if (mode & 1) continue;
+            float s[4];
 #pragma unroll
-                for (int qq = 0; qq < 4; ++qq) a[qq][0] = a[qq][1] = a[qq][2] = a[qq][3] = 0.f;
-                if (dyn_res && lane == 0)  // a claimed unit's residual rows: read now, used after the dot
-                    for (int qq = 0; qq < m.rows; ++qq) resv[qq] = bf(__ldcg(op.res + m.row + qq));
-            }
-            if (!(mode & 1)) {
-                const uint4 *w = reinterpret_cast<const uint4 *>(ring + slot * SLOT_BYTES);
-                if (q.P > 1) {
-                    const int v0 = m.p * q.pv;
-                    piece_dot<1, 4>(w, xs + v0, min(q.pv, kv - v0), 0, lane, a);
-                } else if (m.rows == 4) {
-                    piece_dot<4, 1>(w, xs, kv, kv, lane, a);
-                } else if (m.rows == 3) {
-                    piece_dot<3, 1>(w, xs, kv, kv, lane, a);
-                } else if (m.rows == 2) {
-                    piece_dot<2, 2>(w, xs, kv, kv, lane, a);
-                } else {
-                    piece_dot<1, 4>(w, xs, kv, kv, lane, a);
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[slot]);
-            if (trace && b == 0 && lane == 0 && m.pi < TMAXP) trace[2 * TMAXP + m.pi] = globaltimer();
-            if ((mode & 1) || m.p != q.P - 1) continue;  // the unit's last piece: its epilogue
-            float sres[4];
-#pragma unroll
-            for (int qq = 0; qq < 4; ++qq) sres[qq] = warp_sum(a[qq][0] + a[qq][1] + a[qq][2] + a[qq][3]);
+            for (int qq = 0; qq < 4; ++qq) s[qq] = warp_sum(a[qq][0] + a[qq][1] + a[qq][2] + a[qq][3]);
             if (lane == 0) {
-                const int row = m.row, rows = m.rows;
+                const int row = r0 + r;  // first weight row of the unit
                 if (op.kind == NORM) {
-                    for (int qq = 0; qq < rows; ++qq) op.y[row + qq] = tobf(sres[qq]);
+                    for (int qq = 0; qq < rows; ++qq) op.y[row + qq] = tobf(s[qq]);
                 } else if (op.kind == RESID) {
                     for (int qq = 0; qq < rows; ++qq)
-                        op.y[row + qq] = tobf((dyn_res ? resv[qq] : bf(res_s[row - r0 + qq])) + bf(tobf(sres[qq])));
+                        op.y[row + qq] = tobf(bf(res_s[r + qq]) + bf(tobf(s[qq])));
                 } else if (op.kind == NORM_SILU) {
                     for (int qq = 0; qq + 1 < rows; qq += 2) {
-                        const float gg = bf(tobf(sres[qq])), u = bf(tobf(sres[qq + 1]));
+                        const float gg = bf(tobf(s[qq])), u = bf(tobf(s[qq + 1]));
                         op.y[(row + qq) >> 1] = tobf(bf(tobf(silu(gg))) * u);
                     }
-                } else {  // LM_ARGMAX: a warp's rows ascend (static units, then claims), so `>` keeps the smaller index
+                } else {  // LM_ARGMAX: rows ascend within a warp, so `>` keeps the smaller index on ties
                     for (int qq = 0; qq < rows; ++qq) {
-                        const float l = bf(tobf(sres[qq]));
+                        const float l = bf(tobf(s[qq]));
                         if (l > bv) { bv = l; bi = row + qq; }
                     }
                 }

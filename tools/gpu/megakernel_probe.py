@@ -54,15 +54,14 @@ EPS = 1e-6
 SOURCE = ROOT / "tools" / "gpu" / "megakernel_probe.cu"
 ENTRY = "kern_megakernel_probe"
 #: megakernel_probe.cu's build macros and their defaults (INFLIGHT None: NW·S, the whole ring).
-DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": None, "POLL_NS": 32, "PF_AHEAD": 0, "DYN_PCT": 0,
-            "CLAIM": 2}
+DEFAULTS = {"NW": 8, "S": 2, "SLOT_BYTES": 10240, "INFLIGHT": None, "POLL_NS": 32, "PF_AHEAD": 0}
 #: Constants the script shares with the .cu (tests-integration/test_megakernel_probe.py compares them).
 XS_BYTES, TMAXP, MAX_OPS = 19456, 8192, 1024
 SHARED_PER_BLOCK = 227 * 1024  # sm_90's dynamic shared memory per block, at most
 #: The entry's parameters in order, as Probe.launch passes them: (name, type).
 LAUNCH_PARAMS = (("ops", "ptr"), ("num_ops", "i32"), ("counters", "ptr"), ("eps", "f32"), ("token", "ptr"),
                  ("epoch", "u32"), ("arg_val", "ptr"), ("arg_idx", "ptr"), ("mode", "i32"), ("times", "ptr"),
-                 ("trace", "ptr"), ("shares", "ptr"), ("claims", "ptr"), ("launch_no", "u32"))
+                 ("trace", "ptr"), ("shares", "ptr"))
 CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int, "u32": ctypes.c_uint, "f32": ctypes.c_float}
 EMBED, NORM, NORM_SILU, RESID, LM_ARGMAX = range(5)
 OP = np.dtype([("w", "<u8"), ("x", "<u8"), ("norm_w", "<u8"), ("y", "<u8"), ("res", "<u8"),
@@ -156,8 +155,7 @@ def config(defines: dict[str, int]) -> dict[str, int]:
         ("NW", 1 <= cfg["NW"] <= 16), ("S", cfg["S"] >= 1),
         ("SLOT_BYTES", cfg["SLOT_BYTES"] % 16 == 0 and cfg["SLOT_BYTES"] >= 2 * 2560 * 2),
         ("INFLIGHT", 1 <= cfg["INFLIGHT"] <= cfg["NW"] * cfg["S"]), ("POLL_NS", cfg["POLL_NS"] >= 0),
-        ("PF_AHEAD", cfg["PF_AHEAD"] >= 0), ("DYN_PCT", 0 <= cfg["DYN_PCT"] <= 100), ("CLAIM", cfg["CLAIM"] >= 1),
-        ("DYN_PCT with PF_AHEAD", not (cfg["DYN_PCT"] and cfg["PF_AHEAD"]))) if not ok]
+        ("PF_AHEAD", cfg["PF_AHEAD"] >= 0)) if not ok]
     if not problems and threads_and_smem(cfg)[1] > SHARED_PER_BLOCK:
         problems = ["NW·S·SLOT_BYTES (the ring and the 19,456-byte input exceed 227 KB)"]
     if problems:
@@ -203,8 +201,6 @@ class Probe:
         self.counters = torch.zeros(MAX_OPS, dtype=torch.int32, device="cuda")
         self.arg_val = torch.zeros(self.grid, dtype=torch.float32, device="cuda")
         self.arg_idx = torch.zeros(self.grid, dtype=torch.int32, device="cuda")
-        self.claims = torch.zeros(2 * MAX_OPS, dtype=torch.int32, device="cuda")  # per op, two launches' worth
-        self.launches = 0
         self.current: OpList | None = None  # the op list the counters count for
         self.epoch = 0  # its launches that advanced the counters
 
@@ -212,7 +208,7 @@ class Probe:
         """The build's macros, for tables."""
         c = self.cfg
         return (f"NW={c['NW']} S={c['S']} SLOT={c['SLOT_BYTES']} INFLIGHT={c['INFLIGHT']} POLL={c['POLL_NS']} "
-                f"PF_AHEAD={c['PF_AHEAD']} DYN={c['DYN_PCT']}%/{c['CLAIM']}")
+                f"PF_AHEAD={c['PF_AHEAD']}")
 
     def launch(self, ol: OpList, token: torch.Tensor, mode: int = 0, times: int = 0, trace: int = 0,
                shares: int = 0) -> None:
@@ -227,9 +223,7 @@ class Probe:
             self.epoch += 1
         values = {"ops": ol.ops.data_ptr(), "num_ops": ol.n, "counters": self.counters.data_ptr(), "eps": EPS,
                   "token": token.data_ptr(), "epoch": max(self.epoch, 1), "arg_val": self.arg_val.data_ptr(),
-                  "arg_idx": self.arg_idx.data_ptr(), "mode": mode, "times": times, "trace": trace, "shares": shares,
-                  "claims": self.claims.data_ptr(), "launch_no": self.launches}
-        self.launches += 1
+                  "arg_idx": self.arg_idx.data_ptr(), "mode": mode, "times": times, "trace": trace, "shares": shares}
         kp = (tuple(values[name] for name, _ in LAUNCH_PARAMS), tuple(CTYPES[t] for _, t in LAUNCH_PARAMS))
         launch_function(self.f, (self.grid, 1, 1), (self.threads, 1, 1), self.smem,
                         cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
