@@ -131,9 +131,8 @@ __device__ __forceinline__ void item_range(const Op &op, const Share &sh, int &i
 __device__ __forceinline__ int rows_of(const Op &op, int items) { return op.kind == NORM_SILU ? 2 * items : items; }
 __device__ __forceinline__ bool streams(const Op &op) { return op.kind != EMBED; }
 
-// The op's input into shared memory (bf16): x, or its RMS norm times norm_w; all NW·32 consumer threads. The norm
-// is gemv_persist.cu's norm_to_smem for NW·32 threads and a named barrier (that cubin is pinned by sha256, so the
-// shared helper was not factored out of it for an experiment).
+// The op's input into shared memory (bf16): x, or its RMS norm times norm_w (gemv_common.cuh's steps); all NW·32
+// consumer threads, meeting at a named barrier.
 __device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red, __nv_bfloat16 *res_s, int r0, int nr) {
     const int t = threadIdx.x, kv = op.k >> 3;
     const uint4 *x = reinterpret_cast<const uint4 *>(op.x);
@@ -146,13 +145,7 @@ __device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red, __
     for (int v = t; v < kv; v += NW * 32) {
         const uint4 xv = __ldcg(x + v);
         xs[v] = xv;
-        const __nv_bfloat162 *q = reinterpret_cast<const __nv_bfloat162 *>(&xv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(q[i]);
-            ss = fmaf(f.x, f.x, ss);
-            ss = fmaf(f.y, f.y, ss);
-        }
+        sumsq8(ss, xv);
     }
     ss = warp_sum(ss);
     if ((t & 31) == 0) red[t >> 5] = ss;
@@ -162,16 +155,7 @@ __device__ void input_to_smem(const Op &op, uint4 *xs, float eps, float *red, __
     for (int i = 0; i < NW; ++i) s += red[i];
     const float inv = rsqrtf(s / (float)op.k + eps);
     const uint4 *nw = reinterpret_cast<const uint4 *>(op.norm_w);
-    for (int v = t; v < kv; v += NW * 32) {
-        const uint4 wv = nw[v], xv = xs[v];
-        const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
-        const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&xv);
-        uint4 out;
-        __nv_bfloat16 *o = reinterpret_cast<__nv_bfloat16 *>(&out);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv)));
-        xs[v] = out;
-    }
+    for (int v = t; v < kv; v += NW * 32) xs[v] = rms_scale8(xs[v], nw[v], inv);
 }
 
 // How op `op` streams: units of R whole rows (one slot each, P = 1) when a row fits a slot, else one row in P

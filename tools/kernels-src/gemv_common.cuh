@@ -1,5 +1,8 @@
-// Device helpers shared by the decode GEMV sources (gemv.cu, gemv_persist.cu): bf16 <-> fp32,
-// the 8-element dot step, the warp sum, SiLU and the programmatic-dependent-launch controls.
+// Device helpers shared by the decode GEMV sources (gemv.cu, gemv_persist.cu, gemv_mlp.cu, tools/gpu/megakernel_probe.cu):
+// bf16 <-> fp32, the 8-element dot step, the RMS norm's 8-element steps, the warp sum, SiLU and the
+// programmatic-dependent-launch controls. gemv.cu's own norm prologue keeps its inline form: written through
+// sumsq8/rms_scale8 its pinned default cubin (sha256 dd0c57b6…) compiles to other bytes; the other users' cubins
+// are byte-identical with them.
 // Included inside each source's anonymous namespace (internal linkage per module), after
 // <cuda_bf16.h>.
 #pragma once
@@ -18,6 +21,29 @@ __device__ __forceinline__ void acc8(float &s, const uint4 w, const uint4 x) {
         s = fmaf(wf.x, xf.x, s);
         s = fmaf(wf.y, xf.y, s);
     }
+}
+
+// ss += Σ x[i]² over the 8 bf16 of a 16-byte vector, in fp32, in element order (an RMS norm's sum of squares).
+__device__ __forceinline__ void sumsq8(float &ss, const uint4 x) {
+    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&x);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(p[i]);
+        ss = fmaf(f.x, f.x, ss);
+        ss = fmaf(f.y, f.y, ss);
+    }
+}
+
+// The 8 bf16 of x normalized: bf16(w · bf16(x · inv)) elementwise, HF Qwen3RMSNorm's roundings (inv = rsqrt(mean(x²)
+// + eps), w the norm weight).
+__device__ __forceinline__ uint4 rms_scale8(const uint4 x, const uint4 w, const float inv) {
+    const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&x);
+    const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&w);
+    uint4 out;
+    __nv_bfloat16 *op = reinterpret_cast<__nv_bfloat16 *>(&out);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) op[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv)));
+    return out;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

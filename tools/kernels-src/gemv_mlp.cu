@@ -82,13 +82,7 @@ __device__ __forceinline__ void norm_acc_to_smem(const __nv_bfloat16 *__restrict
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
         const uint4 xv = add_acc8(reinterpret_cast<const uint4 *>(x)[v], acc + 8l * v);
         reinterpret_cast<uint4 *>(xs)[v] = xv;
-        const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&xv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(p[i]);
-            ss = fmaf(f.x, f.x, ss);
-            ss = fmaf(f.y, f.y, ss);
-        }
+        sumsq8(ss, xv);
     }
     const float s = warp_sum(ss);
     if (lane == 0) partial[warp] = s;
@@ -99,12 +93,7 @@ __device__ __forceinline__ void norm_acc_to_smem(const __nv_bfloat16 *__restrict
     const float inv = rsqrtf(tot / (float)k + eps);
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
-        const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
-        uint4 xv = reinterpret_cast<const uint4 *>(xs)[v];
-        __nv_bfloat16 *xp = reinterpret_cast<__nv_bfloat16 *>(&xv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xp[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv)));
-        reinterpret_cast<uint4 *>(xs)[v] = xv;
+        reinterpret_cast<uint4 *>(xs)[v] = rms_scale8(reinterpret_cast<const uint4 *>(xs)[v], wv, inv);
     }
     __syncthreads();
 }

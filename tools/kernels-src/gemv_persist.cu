@@ -103,16 +103,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     float ss = 0.f;
-    for (int v = threadIdx.x; v < kv; v += THREADS) {
-        const uint4 xv = reinterpret_cast<const uint4 *>(x)[v];
-        const __nv_bfloat162 *q = reinterpret_cast<const __nv_bfloat162 *>(&xv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(q[i]);
-            ss = fmaf(f.x, f.x, ss);
-            ss = fmaf(f.y, f.y, ss);
-        }
-    }
+    for (int v = threadIdx.x; v < kv; v += THREADS) sumsq8(ss, reinterpret_cast<const uint4 *>(x)[v]);
     ss = warp_sum(ss);
     if (lane == 0) wsum[warp] = ss;
     __syncthreads();
@@ -123,13 +114,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     for (int v = threadIdx.x; v < kv; v += THREADS) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
         const uint4 xv = reinterpret_cast<const uint4 *>(x)[v];
-        const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
-        const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&xv);
-        uint4 out;
-        __nv_bfloat16 *op = reinterpret_cast<__nv_bfloat16 *>(&out);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) op[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv)));
-        xs[v] = out;
+        xs[v] = rms_scale8(xv, wv, inv);
     }
 }
 
