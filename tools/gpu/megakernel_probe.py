@@ -361,82 +361,69 @@ def chained_tokens(probe: Probe, ol: OpList, steps: int = 8) -> list[int]:
     return [int(t.item()) for t in out]
 
 
-def per_launch_ms(probe: Probe, ol: OpList, mode: int, iters: int) -> float:
-    """Median ms per launch (one token) of `iters` back-to-back launches in `mode`, between CUDA events, after 3."""
+def per_launch_ms(probe: Probe, ol: OpList, mode: int, iters: int, shares: int = 0) -> float:
+    """Median ms per launch (one token) of `iters` back-to-back launches in `mode` (with per-block `shares`, a
+    device address, or 0: equal), between CUDA events, after 3."""
     token = torch.tensor([777], dtype=torch.int64, device="cuda")
     for _ in range(3):
-        probe.launch(ol, token, mode)
+        probe.launch(ol, token, mode, 0, 0, shares)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     ev[0].record()
     for i in range(iters):
-        probe.launch(ol, token, mode)
+        probe.launch(ol, token, mode, 0, 0, shares)
         ev[i + 1].record()
     torch.cuda.synchronize()
     return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters))
 
 
-def timeline(probe: Probe, ol: OpList) -> None:
-    """One launch with per-block, per-op finish stamps (mode 0, then mode 2): per op kind, µs per op on the critical
-    path (the last block's finish to the last block's finish), the median block's own time for it (from the previous
-    op's last finish), and the spread of the blocks' totals when nothing waits."""
-    n = ol.n
-    times = torch.zeros(probe.grid * n, dtype=torch.int64, device="cuda")
-    token = torch.tensor([777], dtype=torch.int64, device="cuda")
-    for mode in (0, 2):
-        probe.launch(ol, token, mode)
-        probe.launch(ol, token, mode, times.data_ptr())
-        torch.cuda.synchronize()
-        t = (times.view(probe.grid, n).double() - float(times.min())) / 1e3  # µs
-        last = t.max(dim=0).values
-        if mode == 0:
-            crit, own = {}, {}
-            for j in range(1, n - 1):
-                name = OP_NAMES[j]
-                crit.setdefault(name, []).append(float(last[j] - last[j - 1]))
-                own.setdefault(name, []).append(float((t[:, j] - last[j - 1]).median()))
-            print("  timeline, waits on (µs per op): " + ", ".join(
-                f"{k} {statistics.mean(crit[k]):.2f} (median block {statistics.mean(own[k]):.2f})" for k in crit)
-                  + f"; lm_head+argmax {float(last[-1] - last[-2]):.1f}; total {float(last[-1]):.0f}")
-        else:
-            tot = t[:, -2] - t[:, 0]
-            print(f"  timeline, no waits: blocks finish the last layer after {float(tot.min()):.0f}–"
-                  f"{float(tot.max()):.0f} µs (median {float(tot.median()):.0f})")
-
-
-def block_spans(probe: Probe, ol: OpList, mode: int, shares: int = 0) -> torch.Tensor:
-    """µs from each block's embedding to its last layer's finish in one launch (per-op stamps), float64 [grid]."""
+def op_stamps(probe: Probe, ol: OpList, mode: int, shares: int = 0) -> torch.Tensor:
+    """Per block and op, µs (from the launch's first stamp) when the block finished the op, in one launch in `mode`
+    after an unstamped one: float64 [grid, ops] on the host."""
     times = torch.zeros(probe.grid * ol.n, dtype=torch.int64, device="cuda")
     token = torch.tensor([777], dtype=torch.int64, device="cuda")
     probe.launch(ol, token, mode, 0, 0, shares)
     probe.launch(ol, token, mode, times.data_ptr(), 0, shares)
     torch.cuda.synchronize()
-    t = times.view(probe.grid, ol.n).double()
-    return ((t[:, -2] - t[:, 0]) / 1e3).cpu()
+    return ((times.view(probe.grid, ol.n).double() - float(times.min())) / 1e3).cpu()
+
+
+def block_spans(probe: Probe, ol: OpList, mode: int, shares: int = 0) -> torch.Tensor:
+    """µs from each block's embedding to its last layer's finish in one launch, float64 [grid] on the host."""
+    t = op_stamps(probe, ol, mode, shares)
+    return t[:, -2] - t[:, 0]
+
+
+def timeline(probe: Probe, ol: OpList) -> None:
+    """Per-block, per-op finish stamps (mode 0, then mode 2): per op kind, µs per op on the critical path (the last
+    block's finish to the last block's finish), the median block's own time for it (from the previous op's last
+    finish), and the spread of the blocks' spans when nothing waits."""
+    t = op_stamps(probe, ol, 0)
+    last = t.max(dim=0).values
+    crit, own = {}, {}
+    for j in range(1, ol.n - 1):
+        name = OP_NAMES[j]
+        crit.setdefault(name, []).append(float(last[j] - last[j - 1]))
+        own.setdefault(name, []).append(float((t[:, j] - last[j - 1]).median()))
+    print("  timeline, waits on (µs per op): " + ", ".join(
+        f"{k} {statistics.mean(crit[k]):.2f} (median block {statistics.mean(own[k]):.2f})" for k in crit)
+          + f"; lm_head+argmax {float(last[-1] - last[-2]):.1f}; total {float(last[-1]):.0f}")
+    tot = block_spans(probe, ol, 2)
+    print(f"  timeline, no waits: blocks finish the last layer after {float(tot.min()):.0f}–"
+          f"{float(tot.max()):.0f} µs (median {float(tot.median()):.0f})")
 
 
 def balanced(probe: Probe, ol: OpList, iters: int) -> tuple[float, float]:
     """Rows per block in proportion to each block's speed, measured with no waits (its span over the layers):
     prints the blocks' spans before and after, and returns ms per token (full, no waits) with those shares."""
     span = block_spans(probe, ol, 2)
-    speed = 1.0 / span.cpu()
+    speed = 1.0 / span
     prefix = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(speed / speed.sum(), 0)]) * (1 << 20)
     shares = prefix.round().to(torch.int64).to(torch.int32).cuda()
     after = block_spans(probe, ol, 2, shares.data_ptr())
     print(f"  shares by measured speed: block spans without waits {float(span.min()):.0f}–{float(span.max()):.0f} µs "
           f"→ {float(after.min()):.0f}–{float(after.max()):.0f} µs (shares {float(speed.min() / speed.mean()):.3f}–"
           f"{float(speed.max() / speed.mean()):.3f} of the mean)")
-    token = torch.tensor([777], dtype=torch.int64, device="cuda")
-    out = []
-    for mode in (0, 2):
-        for _ in range(3):
-            probe.launch(ol, token, mode, 0, 0, shares.data_ptr())
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-        ev[0].record()
-        for i in range(iters):
-            probe.launch(ol, token, mode, 0, 0, shares.data_ptr())
-            ev[i + 1].record()
-        torch.cuda.synchronize()
-        out.append(statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters)))
+    out = [per_launch_ms(probe, ol, mode, iters, shares.data_ptr()) for mode in (0, 2)]
     print(f"  with those shares: full {out[0]:.3f}, no waits {out[1]:.3f} ms per token")
     return out[0], out[1]
 
