@@ -142,6 +142,22 @@ def test_grid_not_a_multiple_of_the_kernels_cluster_is_refused():
     assert "grid x = 3 (ceil_div(n, 256) with {'n': 700})" in msg and "for every var value" in msg
 
 
+def test_a_refused_refresh_does_not_leave_stale_parameters_behind():
+    """A refresh that fails half-way (scalars re-packed, then a grid refused) must not let the next refresh
+    with the previous values skip as "unchanged": it launched with the refused run's scalars (n = 700 here)."""
+    m = vadd_manifest("0" * 64)
+    m["ops"]["add"]["impl"]["launches"][0]["grid"] = [{"ceil_div": ["n", 256]}, 1, 1]
+    man = manifest(m)
+    table = FakeModuleTable({"vec": {"vadd": VADD_LAYOUT}}, {("vec", "vadd"): (2, 1, 1)})
+    sp = StagedProgram(resolve_program(man, "main", layout(man, 1024), BASE, resolve_entries(man, table)))
+    sp.refresh({"n": 512})
+    with pytest.raises(KernDriverError, match="not a multiple"):
+        sp.refresh({"n": 700})
+    assert sp.refresh({"n": 512}) is True
+    assert struct.unpack_from("<i", sp.param_bytes(0), 24)[0] == 512 and sp.grids[0] == (2, 1, 1)
+    assert sp.refresh({"n": 512}) is False
+
+
 def test_a_literal_grid_not_a_multiple_of_the_cluster_is_refused_at_staging():
     """A literal axis (kern-verify's E0089) fails when the program is staged, and says so without a var env."""
     m = vadd_manifest("0" * 64)

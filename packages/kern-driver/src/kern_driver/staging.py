@@ -238,15 +238,18 @@ class StagedProgram:
     def refresh(self, env: dict[str, int]) -> bool:
         """Re-evaluate the var-dependent slots and grids for `env` (var name → value).
 
-        Returns False (and does nothing) when `env` equals the previous refresh's values
-        for every var the program uses.
+        Returns False (and does nothing) when `env` equals the previous successful refresh's
+        values for every var the program uses.
 
         Raises:
             KernDriverError: a value does not fit its parameter type, or a grid is out of range.
+                The slots already re-packed are then left half-updated, so the next refresh
+                re-packs everything whatever its values (none is skipped as "unchanged").
         """
         key = {k: env[k] for k in self.vars if k in env}
         if key == self.env:
             return False
+        self.env = None  # until every slot and grid is consistent with `key`
         for d in self.dyn:
             try:
                 v = evaluate(d.expr, env)
