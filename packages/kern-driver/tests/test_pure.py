@@ -335,6 +335,33 @@ def test_gemm_steps_resolve_pointers_and_shape_exprs():
     assert steps[1].var_names == {"m"} and "call `proj_acc`" in steps[1].where()
 
 
+def test_a_failed_gemm_planning_is_not_skipped_on_a_retry_with_the_same_values():
+    """`_prepare` plans a program's GEMMs after a refresh; when planning fails for some m, a second run with
+    the same m must fail again, not find the refresh "unchanged" and launch the previous m's plans."""
+    from kern_driver.runtime import Runtime, _Program
+
+    class Lt:  # cuBLASLt's planning: no algorithm for m = 3
+        def plan(self, m, n, k, a, w, c, where):
+            if m == 3:
+                raise KernDriverError("no cuBLASLt algorithm", where=where)
+            return ("plan", m, n, k)
+
+    man = manifest(gemm_manifest(13, 64))
+    lay = layout(man, 1)
+    prog = _Program("mm_acc", StagedProgram(resolve_program(man, "mm_acc", lay, BASE, {})), {"m"})
+    rt = Runtime.__new__(Runtime)
+    rt._cublas = Lt()
+    rt._regions = sorted((BASE + r.offset, BASE + r.offset + r.nbytes, r) for r in lay.regions() if r.nbytes)
+    rt._region_starts = [t[0] for t in rt._regions]
+    rt._prepare(prog, {"m": 2})
+    assert [g[0] for g in prog.gemms.values()] == [("plan", 2, 13, 64)] * 2
+    for _ in range(2):
+        with pytest.raises(KernDriverError, match="no cuBLASLt algorithm"):
+            rt._prepare(prog, {"m": 3})
+    rt._prepare(prog, {"m": 2})
+    assert [g[0] for g in prog.gemms.values()] == [("plan", 2, 13, 64)] * 2
+
+
 # ---------------------------------------------------------------- layout
 
 

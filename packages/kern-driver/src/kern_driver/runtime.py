@@ -477,10 +477,19 @@ class Runtime:
             prog.gemms[i] = (gp, a, w, c, s.extern.endswith("_acc"))  # type: ignore[arg-type]
 
     def _prepare(self, prog: _Program, env: dict[str, int]) -> None:
-        """Refresh var-dependent parameters, grids and GEMM plans (host only)."""
+        """Refresh var-dependent parameters, grids and GEMM plans (host only).
+
+        When the GEMM planning fails (an operand past its buffer, no cuBLASLt algorithm), the program's
+        plans and staged values are dropped, so that a retry with the same values fails the same way
+        instead of launching the plans of an earlier run's shapes."""
         if prog.staged.refresh(env) or (self._cublas is not None and len(prog.gemms) != sum(1 for s in prog.steps if s.extern)):
             if self._cublas is not None:
-                self._plan_gemms(prog, env)
+                try:
+                    self._plan_gemms(prog, env)
+                except BaseException:
+                    prog.gemms.clear()
+                    prog.staged.env = None
+                    raise
 
     def _enqueue(self, prog: _Program, capturing: bool = False) -> None:
         launch = drv.cuLaunchKernel
