@@ -160,3 +160,63 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "embedding=embedding_sm80.cubin",
                     "--out", str(out)]) == 1
     assert "built for sm_80, module `embedding` for sm_90 (rebuild it with -arch=sm_90)" in capsys.readouterr().err
+
+
+def test_op_module_repoints_one_op(built_kernels, tmp_path, capsys):
+    """--op-module down=FILE: only the down-proj's launches load the what-if build (a new module `gemv__<op>`), the
+    other four GEMV ops keep `gemv`; several ops, a module-level --module beside it, and a --drop together; the
+    result verifies. Refused by name: a malformed spec, an op the program does not call, a built-in op, an op given
+    twice or also dropped, a missing file, a cubin for another architecture."""
+    import hashlib
+    import shutil
+
+    import build_kernels as bk
+
+    k = tmp_path / "kernels"
+    shutil.copytree(built_kernels, k)
+    data = bk.finish_cuda(bk.start_cuda("gemv.cu", str(tmp_path), ("GEMV_NO_WAIT",), "gemv_nowait.cubin"))
+    (k / "gemv_nowait.cubin").write_bytes(data)
+    base = json.loads(EXAMPLES["4b"].read_text())
+    out = tmp_path / "w.json"
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "down=gemv_nowait.cubin",
+                    "--out", str(out)]) == 0
+    assert "op `gemv_residual_down_proj` now loads module `gemv__gemv_residual_down_proj`" in capsys.readouterr().out
+    m = json.loads(out.read_text())
+    pin = {"source": "gemv_nowait.cubin", "sha256": hashlib.sha256(data).hexdigest()}
+    assert m["modules"]["gemv__gemv_residual_down_proj"] == pin and m["modules"]["gemv"] == base["modules"]["gemv"]
+    for op, impl in m["ops"].items():
+        mods = {ln.get("module") for ln in impl["impl"]["launches"]}
+        want = {"gemv__gemv_residual_down_proj"} if op == "gemv_residual_down_proj" else \
+            {ln.get("module") for ln in base["ops"][op]["impl"]["launches"]}
+        assert mods == want, op
+    # everything but the module names is the input manifest's
+    for ln in m["ops"]["gemv_residual_down_proj"]["impl"]["launches"]:
+        ln["module"] = "gemv"
+    del m["modules"]["gemv__gemv_residual_down_proj"]
+    assert m == base
+    # two ops, with --drop: verifies (rewrite_main verifies before writing)
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "o=gemv_nowait.cubin", "--op-module",
+                    "gemv_norm_qkv=gemv_nowait.cubin", "--drop", "attn", "--out", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert {"gemv__gemv_residual_o_proj", "gemv__gemv_norm_qkv", "gemv"} <= set(m["modules"])
+    # every gemv op repointed: the shared module is pruned
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down", "lm_head")
+                    for a in ("--op-module", f"{op}=gemv_nowait.cubin")], "--out", str(out)]) == 0
+    assert "gemv" not in json.loads(out.read_text())["modules"]
+    capsys.readouterr()
+    subprocess.run([bk._nvcc(), "-cubin", "-arch=sm_80", "-O3", "-std=c++17", "-o", str(k / "gemv_sm80.cubin"),
+                    "embedding.cu"], check=True, cwd=ROOT / "tools" / "kernels-src")
+    bad = tmp_path / "bad.json"
+    for argv, needle in (
+            (["--op-module", "down"], "--op-module down: expected OP=FILE"),
+            (["--op-module", "gemm=gemv_nowait.cubin"], "--op-module gemm: program `decode` does not call it; "
+                                                       "prefill does"),
+            (["--op-module", "gemm=gemv_nowait.cubin", "--program", "prefill"], "no module (a built-in"),
+            (["--op-module", "down=gemv_nowait.cubin", "--op-module", "gemv_residual_down_proj=gemv_nowait.cubin"],
+             "op `gemv_residual_down_proj` is given twice"),
+            (["--op-module", "attn=gemv_nowait.cubin", "--drop", "attn"], "--drop removes every `decode` call"),
+            (["--op-module", "down=missing.cubin"], "missing.cubin: not found"),
+            (["--op-module", "down=gemv_sm80.cubin"], "built for sm_80, module `gemv` for sm_90")):
+        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
+        assert needle in capsys.readouterr().err, argv
+        assert not bad.exists()

@@ -4,7 +4,7 @@ build, so that the whole program's time says what those ops (or that work) cost 
 or fused form of them.
 
     python3 tools/manifest_whatif.py MANIFEST --kernels KDIR [--drop OP ...] [--module NAME=FILE ...]
-        [--program decode] --out OUT.json
+        [--op-module OP=FILE ...] [--program decode] --out OUT.json
 
 The result computes wrong values (whatever the dropped calls wrote is stale, a what-if build skips work): time it,
 never use its tokens.
@@ -31,6 +31,15 @@ never use its tokens.
 
     (the flags are tools/build_kernels.py's NVCC_FLAGS). kern-verify then warns E0088 for each `pdl` launch of the
     build (its code no longer waits): expected here. A build for another architecture than the module's is refused.
+
+--op-module OP=FILE
+    The same for one op: OP's launches load a new module `MODULE__OP` from FILE, the other ops of the module keep
+    theirs. OP is named as for --drop (resolved in --program); the op changes in every program that calls it (the
+    tool says which). This splits a whole-module bound by op, e.g. which GEMVs' waits the 0.19 ms of NOTES.md 47 are:
+
+        python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --op-module down=gemv_nowait.cubin --out OUT.json
+
+    Refused: an op whose launches use no module (a built-in) or two, an op given twice or also dropped.
 
 Timing on the GPU (tools/gpu/program_sweep.py, one runtime per process): make the what-if from the layout
 tools/gpu/prepare.py writes, so that its weights and kernels are the ones timed:
@@ -65,18 +74,19 @@ BUILD_HINT = ("cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -D
               "(tools/build_kernels.py's flags)")
 
 
-def resolve_op(m: dict, name: str, program: str) -> str:
+def resolve_op(m: dict, name: str, program: str, option: str = "--drop") -> str:
     """The manifest op that `name` (a SHORT name or a full op name) stands for in `program`. Raises VariantError
-    naming the programs that do call it, or the short names, when `program` does not."""
+    naming the programs that do call it, or the short names, when `program` does not (the message starts with
+    `option NAME`)."""
     calls = {c.get("op") for c in m["programs"][program]["calls"]}
     for op in SHORT.get(name, (name,)):
         if op in calls:
             return op
     elsewhere = [p for p, v in m["programs"].items() if p != program and name in {c.get("op") for c in v["calls"]}]
     if elsewhere:
-        raise VariantError(f"--drop {name}: program `{program}` does not call it; {', '.join(elsewhere)} does "
+        raise VariantError(f"{option} {name}: program `{program}` does not call it; {', '.join(elsewhere)} does "
                            f"(add --program {elsewhere[0]})")
-    raise VariantError(f"--drop {name}: program `{program}` calls no op of that name (its ops: "
+    raise VariantError(f"{option} {name}: program `{program}` calls no op of that name (its ops: "
                        f"{', '.join(sorted(calls))}; short names for decode: {', '.join(SHORT)})")
 
 
@@ -158,8 +168,6 @@ def check_program(m: dict, program: str) -> None:
 def repoint_modules(m: dict, specs: list[str], kernels: Path) -> dict:
     """Manifest `m` (not modified) with each `NAME=FILE` module loaded from KDIR/FILE, which must be a cubin for the
     module's architecture. Raises VariantError naming the spec at fault."""
-    from kern_verify.cubin import CubinError, read_cubin
-
     out = copy.deepcopy(m)
     seen: set[str] = set()
     for spec in specs:
@@ -171,17 +179,65 @@ def repoint_modules(m: dict, specs: list[str], kernels: Path) -> dict:
         if name in seen:
             raise VariantError(f"--module {spec}: module `{name}` is given twice")
         seen.add(name)
-        old = Path(kernels) / out["modules"][name]["source"]
-        pin_module(out, name, kernels, file, how="build it there, e.g. " + BUILD_HINT.format(kdir=kernels, file=file))
-        try:
-            new_arch = read_cubin((Path(kernels) / file).read_bytes(), file).arch
-            old_arch = read_cubin(old.read_bytes(), old.name).arch if old.is_file() else None
-        except (CubinError, OSError) as e:
-            raise VariantError(f"--module {spec}: {e}") from None
-        if old_arch is not None and new_arch != old_arch:
-            raise VariantError(f"--module {spec}: {file} is built for sm_{new_arch}, module `{name}` for sm_{old_arch} "
-                               f"(rebuild it with -arch=sm_{old_arch})")
+        _pin_build(out, name, name, file, kernels, f"--module {spec}")
     return out
+
+
+def _pin_build(m: dict, module: str, new: str, file: str, kernels: Path, what: str) -> None:
+    """Declares module `new` in `m` (in place) as KDIR/file, a what-if build of module `module`: refused (VariantError
+    starting with `what`) when the file is missing or not a cubin, or built for another architecture than `module`'s
+    cubin."""
+    from kern_verify.cubin import CubinError, read_cubin
+
+    old = Path(kernels) / m["modules"][module]["source"]
+    pin_module(m, new, kernels, file, how="build it there, e.g. " + BUILD_HINT.format(kdir=kernels, file=file))
+    try:
+        new_arch = read_cubin((Path(kernels) / file).read_bytes(), file).arch
+        old_arch = read_cubin(old.read_bytes(), old.name).arch if old.is_file() else None
+    except (CubinError, OSError) as e:
+        raise VariantError(f"{what}: {e}") from None
+    if old_arch is not None and new_arch != old_arch:
+        raise VariantError(f"{what}: {file} is built for sm_{new_arch}, module `{module}` for sm_{old_arch} "
+                           f"(rebuild it with -arch=sm_{old_arch})")
+
+
+def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = "decode") -> tuple[dict, list[str]]:
+    """Manifest `m` (not modified) with the launches of each `OP=FILE`'s op loaded from KDIR/FILE instead of their
+    module: a new module `MODULE__OP` (pinned by its sha256) for that op alone, so that one op of a shared module (the
+    five decode GEMVs share `gemv`) runs a what-if build while the others keep theirs. OP is resolved in `program` as
+    --drop's names are; the op changes in every program that calls it. Returns the manifest and one note per spec
+    naming the op, its new module and the other programs it changes in. Raises VariantError naming the spec at fault:
+    malformed, an op the program does not call, an op whose launches use no module (a built-in) or several, an op given
+    twice, a FILE that is missing or for another architecture."""
+    out = copy.deepcopy(m)
+    seen: set[str] = set()
+    notes: list[str] = []
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise VariantError(f"--op-module {spec}: expected OP=FILE (an op of `{program}`, a cubin in {kernels})")
+        op = resolve_op(out, name, program, "--op-module")
+        if op in seen:
+            raise VariantError(f"--op-module {spec}: op `{op}` is given twice")
+        seen.add(op)
+        launches = out["ops"][op]["impl"]["launches"]
+        mods = list(dict.fromkeys(ln["module"] for ln in launches if ln.get("module")))
+        if len(mods) != 1:
+            raise VariantError(f"--op-module {spec}: op `{op}`'s launches use " + (
+                f"modules {', '.join(mods)}; one cubin can stand for one module (build a what-if of each and use "
+                f"--module)" if mods else "no module (a built-in such as cuBLASLt): there is no cubin to replace"))
+        new = f"{mods[0]}__{op}"
+        if new in out["modules"]:
+            raise VariantError(f"--op-module {spec}: the manifest already has a module `{new}`")
+        _pin_build(out, mods[0], new, file, kernels, f"--op-module {spec}")
+        for ln in launches:
+            if ln.get("module") == mods[0]:
+                ln["module"] = new
+        others = [p for p, v in out["programs"].items() if p != program and op in {c["op"] for c in v["calls"]}]
+        notes.append(f"op `{op}` now loads module `{new}` ({file})"
+                     + (f"; it changes in {', '.join(others)} too" if others else ""))
+    prune(out)
+    return out, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,15 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop", action="append", default=[], metavar="OP", help="an op to remove (repeatable)")
     ap.add_argument("--module", action="append", default=[], metavar="NAME=FILE",
                     help="load module NAME from FILE in the --kernels dir, a build with the same ABI (repeatable)")
-    ap.add_argument("--program", default="decode", help="the program to remove its calls from (default: decode)")
+    ap.add_argument("--op-module", action="append", default=[], metavar="OP=FILE",
+                    help="load op OP's launches from FILE in the --kernels dir (a new module for that op alone; "
+                         "repeatable)")
+    ap.add_argument("--program", default="decode",
+                    help="the program to remove calls from and to resolve OP names in (default: decode)")
     a = ap.parse_args(argv)
-    if not a.drop and not a.module:
-        ap.error("nothing to change: give --drop OP or --module NAME=FILE")
+    if not a.drop and not a.module and not a.op_module:
+        ap.error("nothing to change: give --drop OP, --module NAME=FILE or --op-module OP=FILE")
     if not a.kernels.is_dir():
         ap.error(f"--kernels {a.kernels}: not a directory (build one with tools/build_kernels.py --out {a.kernels})")
     if a.out.resolve() == a.manifest.resolve():
         ap.error(f"--out {a.out}: that is the manifest itself; write the what-if elsewhere")
     carried: list[str] = []
+    notes: list[str] = []
 
     def rewrite(m: dict) -> dict:
         errors = verify(m, a.kernels)
@@ -208,7 +269,15 @@ def main(argv: list[str] | None = None) -> int:
                                "or give the --kernels dir it was generated for")
         check_program(m, a.program)
         out = repoint_modules(m, a.module, a.kernels)
+        if a.op_module:
+            out, n = repoint_op_modules(out, a.op_module, a.kernels, a.program)
+            notes.extend(n)
         if a.drop:
+            dropped = {resolve_op(out, d, a.program) for d in a.drop}
+            for spec in a.op_module:
+                op = resolve_op(out, spec.partition("=")[0], a.program, "--op-module")
+                if op in dropped:
+                    raise VariantError(f"--op-module {spec}: --drop removes every `{a.program}` call of `{op}`")
             out, c = drop_ops(out, a.drop, a.program)
             carried.extend(c)
             for spec in a.module:
@@ -218,10 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     drops = ", ".join(dict.fromkeys(a.drop))
-    what = ", ".join([f"no `{a.program}` calls of {drops}"] * bool(a.drop) + [f"module {s}" for s in a.module])
+    what = ", ".join([f"no `{a.program}` calls of {drops}"] * bool(a.drop) + [f"module {s}" for s in a.module]
+                     + [f"op module {s}" for s in a.op_module])
     rc = rewrite_main(ap, a.manifest, a.kernels, a.out, rewrite, f"{what} (timing only: its values are wrong)")
-    if rc == 0 and carried:
-        print(f"now carried (stale contents): {', '.join(carried)}")
+    if rc == 0:
+        for n in notes:
+            print(n)
+        if carried:
+            print(f"now carried (stale contents): {', '.join(carried)}")
     return rc
 
 
