@@ -487,6 +487,19 @@ def test_unverifiable_manifest_is_refused_with_the_diagnostics(vadd_dir):
     assert "does not verify" in msg and "unused" in msg
 
 
+def test_a_manifest_as_dict_or_json_str_is_one_clear_error(vadd_dir):
+    """A dict raised a TypeError from os.fspath; a JSON str was opened as a path and the whole text came back
+    as the 'file name' of an OSError."""
+    text = (vadd_dir / "vadd.json").read_text()
+    with pytest.raises(KernDriverError, match="not dict") as e:
+        prepare(json.loads(text), vadd_dir, vadd_dir / "w.safetensors")
+    assert "json.dumps(d).encode()" in e.value.hint
+    with pytest.raises(KernDriverError, match="a str that holds JSON text, not a path") as e:
+        prepare(text, vadd_dir, vadd_dir / "w.safetensors")
+    assert len(str(e.value)) < 300 and "text.encode()" in e.value.hint
+    assert prepare(text.encode(), vadd_dir, vadd_dir / "w.safetensors").bindings  # as bytes it loads
+
+
 def test_bf16_helpers_round_to_nearest_even():
     x = np.array([1.0, 1.00390625, 1.01171875, -2.5, 3.0e38], dtype=np.float32)
     assert list(from_bf16(to_bf16(x))) == [1.0, 1.0, 1.015625, -2.5, from_bf16(to_bf16(np.float32(3.0e38)))[0]]

@@ -126,6 +126,14 @@ def _decode(manifest: Any) -> tuple[Manifest, str | None, str | None]:
     """(Manifest, source text or None, manifest directory or None)."""
     if isinstance(manifest, Manifest):
         return manifest, None, None
+    if isinstance(manifest, str) and manifest.lstrip().startswith("{"):
+        raise KernDriverError(
+            "the manifest is a str that holds JSON text, not a path",
+            hint="pass the JSON as bytes (text.encode()), or the manifest file's path, or a kern_schema.Manifest")
+    if not isinstance(manifest, (str, bytes, bytearray, memoryview, os.PathLike)):
+        raise KernDriverError(
+            f"the manifest must be a path, JSON bytes or a kern_schema.Manifest, not {type(manifest).__name__}",
+            hint="for a dict: json.dumps(d).encode(), or kern_schema.load(json.dumps(d).encode())")
     try:
         if isinstance(manifest, (bytes, bytearray, memoryview)):
             text = bytes(manifest).decode("utf-8")
