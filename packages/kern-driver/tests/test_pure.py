@@ -7,7 +7,9 @@ import struct
 
 import numpy as np
 import pytest
-from kern_schema import SCALARS, load
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kern_schema import DTYPES, SCALARS, load
 from kern_verify import verify
 from kern_verify.cubin import ParamSlot
 
@@ -380,6 +382,49 @@ def test_layout_aligns_every_region_and_places_states_after_the_arena():
     assert lay.total_bytes >= regs[-1].offset + regs[-1].nbytes and lay.total_bytes % 256 == 0
     with pytest.raises(KernDriverError, match="capacity_tokens must be a positive integer"):
         layout(man, 0)
+
+
+def test_layout_capacity_accepts_numpy_ints_and_refuses_an_arena_past_int64():
+    """capacity_tokens=np.int64(...) was refused as "not a positive integer" (the vars accept numpy ints);
+    a capacity of 2**62 tokens planned a 10^23-byte arena without a word, left to fail inside the bindings."""
+    d = vadd_manifest("0" * 64)
+    d["states"] = {"kv": {"bytes_per_token": 114688}}
+    man = manifest(d)
+    assert layout(man, np.int64(16)).states["kv"].nbytes == 16 * 114688
+    with pytest.raises(KernDriverError, match="the arena would take") as e:
+        layout(man, 2**62)
+    assert "`kv`" in str(e.value) and "capacity_tokens=4,611,686,018,427,387,904" in str(e.value)
+    with pytest.raises(KernDriverError, match="positive integer"):
+        layout(man, np.float64(16.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bufs=st.lists(st.tuples(st.sampled_from(sorted(DTYPES)), st.lists(st.one_of(st.integers(0, 70), st.just("n")),
+                                                                      max_size=3)), min_size=1, max_size=6),
+    states=st.lists(st.tuples(st.integers(1, 5000), st.sampled_from([1, 2, 64, 256, 512, 4096, 65536])), max_size=3),
+    n_max=st.integers(1, 3000), capacity=st.integers(1, 70),
+)
+def test_layout_property_regions_are_aligned_disjoint_and_sized(bufs, states, n_max, capacity):
+    """Any mix of dtypes, var dims and state alignments: every region at a multiple of 256 (states: of their
+    align too), its bytes = dtype size x dims at the var maxima, no two regions overlapping, all inside the arena."""
+    d = vadd_manifest("0" * 64, n_max=n_max)
+    for i, (dt, shape) in enumerate(bufs):
+        d["buffers"][f"b{i}"] = {"dtype": dt, "shape": shape, "class": "workspace"}
+    d["states"] = {f"s{i}": {"bytes_per_token": bpt, "align": al} for i, (bpt, al) in enumerate(states)}
+    lay = layout(manifest(d), capacity)
+    for i, (dt, shape) in enumerate(bufs):
+        r = lay.buffers[f"b{i}"]
+        assert r.shape == tuple(n_max if x == "n" else x for x in shape)
+        assert r.nbytes == DTYPES[dt] * int(np.prod(r.shape, dtype=object))
+    for i, (bpt, al) in enumerate(states):
+        r = lay.states[f"s{i}"]
+        assert r.offset % max(256, al) == 0 and r.nbytes >= bpt * capacity
+    regs = [r for r in lay.regions() if r.nbytes]
+    assert all(r.offset % 256 == 0 for r in lay.regions())
+    for r1, r2 in zip(regs, regs[1:]):
+        assert r1.offset + r1.nbytes <= r2.offset, (r1, r2)
+    assert lay.total_bytes % 256 == 0 and all(r.offset + r.nbytes <= lay.total_bytes for r in regs)
 
 
 # ---------------------------------------------------------------- vars

@@ -22,6 +22,10 @@ from .errors import KernDriverError
 #: Alignment of every region in the arena, bytes (`cuMemAlloc` itself aligns to ≥ 256).
 ALIGN = 256
 
+#: Largest arena `layout` plans, bytes (int64, the verifier's bound on one buffer; device addresses are
+#: packed as u64 and sizes go to cuMemAlloc as size_t).
+ARENA_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class Region:
@@ -84,9 +88,16 @@ def _align(x: int, a: int) -> int:
 def layout(manifest: Manifest, capacity_tokens: int) -> Layout:
     """kern-verify's plan for `capacity_tokens`, with the states placed after the arena.
 
+    Args:
+        capacity_tokens: tokens every `bytes_per_token` state holds (an int ≥ 1; numpy integers are accepted).
+
     Raises:
-        KernDriverError: capacity_tokens < 1, or the plan fails (an unverified manifest).
+        KernDriverError: capacity_tokens < 1 or not an integer; the plan fails (an unverified manifest);
+            the arena would exceed `ARENA_MAX` bytes (int64, as kern-verify bounds each buffer: a
+            capacity far too large), naming each state's size.
     """
+    if type(capacity_tokens).__module__ == "numpy" and hasattr(capacity_tokens, "__index__"):
+        capacity_tokens = int(capacity_tokens)  # np.int64 from a config array: an int like the vars
     if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 1:
         raise KernDriverError(
             f"capacity_tokens must be a positive integer, got {capacity_tokens!r}",
@@ -111,4 +122,11 @@ def layout(manifest: Manifest, capacity_tokens: int) -> Layout:
         lay.states[st.name] = Region("state", st.name, "state", off, st.nbytes, "u8", (st.nbytes,))
         end = off + st.nbytes
     lay.total_bytes = _align(end, ALIGN)
+    if lay.total_bytes > ARENA_MAX:
+        sizes = ", ".join(f"`{r.name}` {r.nbytes:,} B" for r in lay.states.values())
+        raise KernDriverError(
+            f"memory plan: the arena would take {lay.total_bytes:,} bytes, more than any device address space "
+            f"(int64 max {ARENA_MAX:,}); states at capacity_tokens={capacity_tokens:,}: {sizes or '(none)'}",
+            hint="pass the most tokens the states must really hold (e.g. capacity_tokens=4096)",
+        )
     return lay
