@@ -138,3 +138,22 @@ def test_output_into_a_closed_pipe_ends_without_a_traceback(tmp_path):
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_readme_code_table_matches_the_registry():
+    """Every code in the README's table exists with that severity and title, and vice versa."""
+    import re
+    from pathlib import Path
+
+    from kern_verify import CODES
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    rows = {m[0]: (m[1], m[2].strip()) for m in re.findall(r"^\| `(E\d{4})` \| [^|]+ \| (\w+) \| ([^|]+) \|$", readme, re.M)}
+    assert rows == {c.code: (c.severity, c.title) for c in CODES.values()}
+
+
+def test_unknown_buffer_class_is_refused_with_a_suggestion():
+    d = fixture("launch")
+    d["buffers"]["x"]["class"] = "workspce"
+    (diag,) = check(d)
+    assert diag.code == "E0022" and "`workspce`" in diag.message and diag.hint == "did you mean `workspace`?"

@@ -78,6 +78,7 @@ CASES = [
     ("dim-unknown-var", "launch", lambda d: d["buffers"]["x"]["shape"].__setitem__(0, "tokenz"),
      [("E0015", "buffers.x.shape[0]")]),
     ("dim-zero", "launch", lambda d: d["buffers"]["x"]["shape"].__setitem__(1, 0), [("E0015", "buffers.x.shape[1]")]),
+    ("buffer-class", "launch", lambda d: d["buffers"]["x"].update({"class": "scratch"}), [("E0022", "buffers.x.class")]),
     ("size-overflow", "gemm", lambda d: d["buffers"]["model.layers.0.self_attn.qkv_proj.weight"].update(shape=[2**40, 2**40]),
      [("E0016", 'buffers["model.layers.0.self_attn.qkv_proj.weight"].shape')]),
     ("module-absolute", "launch", lambda d: d["modules"]["vllm_layernorm"].update(source="/opt/k/layernorm.cubin"),

@@ -3,11 +3,11 @@
 Codes are stable: a code, once published, keeps its meaning (new rules get new
 codes). `kern-verify --explain CODE` prints the description and the example.
 Numbering follows DESIGN §3: E00xx decoding, E001x declarations (groups 1–4),
-E002x type strings and expressions, E003x launches (group 5), E004x impl
-against interface (group 6), E005x calls (group 7), E006x program dataflow
-(group 8), E007x unused declarations (group 9), E008x cubin checks
-(`--kernels`), E009x launch attributes (programmatic dependent launch, `pdl`),
-E0099 internal errors.
+E002x type strings and expressions (and E0022, the buffer class: E001x was
+full), E003x launches (group 5), E004x impl against interface (group 6), E005x
+calls (group 7), E006x program dataflow (group 8), E007x unused declarations
+(group 9), E008x cubin checks (`--kernels`), E009x launch attributes
+(programmatic dependent launch, `pdl`), E0099 internal errors.
 """
 
 from __future__ import annotations
@@ -105,6 +105,11 @@ _CODES: list[Code] = [
          "Its vars must be declared, a ceil_div divisor must be a positive integer, and nothing else "
          "(add, control flow) exists.",
          '"grid": [{"ceil_div": ["tokens", 0]}, 1, 1]'),
+    Code("E0022", "error", "unknown buffer class",
+         "A buffer's `class` is not one of input, output, weight, workspace, carry. The class decides who "
+         "writes the buffer and when (the dataflow rules of group 8, the memory plan, weight binding), so a "
+         "buffer of another class would escape every one of those checks.",
+         '"buffers": {"x": {"dtype": "bf16", "shape": [4], "class": "scratch"}}    // workspace?'),
     # --- launches (group 5) -------------------------------------------------------
     Code("E0030", "error", "unknown module",
          "A launch names a module that is not declared in `modules`.",

@@ -1,7 +1,7 @@
 """Rules on declarations (DESIGN §3 groups 1–4), module sources and type strings.
 
 - schema version (E0010); var bounds (E0011); states (E0012, E0013);
-- buffer and scratch dtype, dims, int64 overflow (E0014–E0016);
+- buffer and scratch dtype, dims, int64 overflow (E0014–E0016); buffer class (E0022);
 - module source paths and sha256 (E0017–E0019);
 - every interface and launch parameter type string parses (E0020).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from kern_schema import DTYPES, SCHEMA_VERSION, ParamTypeError, Path, parse_param_type
+from kern_schema import BUFFER_CLASSES, DTYPES, SCHEMA_VERSION, ParamTypeError, Path, parse_param_type
 from kern_schema.dtypes import INT64_MAX
 
 from .context import Context, suggest
@@ -31,6 +31,9 @@ def check_declarations(ctx: Context) -> None:
     _states(ctx)
     for name, b in m.buffers.items():
         check_tensor(ctx, ("buffers", name), f"buffer `{name}`", b.dtype, b.shape)
+        if b.class_ not in BUFFER_CLASSES:
+            r.add("E0022", ("buffers", name, "class"), f"buffer `{name}` has unknown class `{b.class_}`",
+                  suggest(b.class_, BUFFER_CLASSES, "classes: " + ", ".join(BUFFER_CLASSES)))
     _modules(ctx)
     _types(ctx)
 
