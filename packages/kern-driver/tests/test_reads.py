@@ -229,3 +229,50 @@ def test_a_closed_runtime_refuses_both(rt):
     for call in (lambda: rt.write_input_from("token_ids", "next_token"), lambda: rt.read_output_async("next_token")):
         with pytest.raises(KernDriverError, match="this Runtime is closed"):
             call()
+
+
+# -- read_output before any run, and the vars it shapes its result with -----------------------------------
+
+
+@pytest.fixture
+def rt_runs(rt):
+    """`rt` with two programs: `decode` writes next_token and logits, `prefill` writes neither."""
+    from types import SimpleNamespace as NS
+
+    from kern_driver.runtime import _Program
+
+    rt.manifest = NS(buffers={"logits": NS(shape=["tokens", 151936]), "next_token": NS(shape=[1]),
+                              "big": NS(shape=[4096])},
+                     vars={"tokens": NS(max=2048)})
+    rt._programs = {"prefill": _Program("prefill", None, {"tokens"}),
+                    "decode": _Program("decode", None, {"tokens"}, writes={"next_token", "logits", "token_ids"})}
+    rt._written, rt._last_env = {}, {}
+    rt._read = lambda r, name, shape, dt, n: (shape, dt, n)  # the copy back needs a GPU
+    return rt
+
+
+def test_read_output_before_any_run_that_writes_it_is_refused(rt_runs):
+    """It returned the arena's zeros (a token id 0) as if a run had produced them."""
+    rt = rt_runs
+    for read in (rt.read_output, rt.read_output_async):
+        with pytest.raises(KernDriverError, match="output `next_token` has not been written: no run since load of a "
+                                                  r"program that writes it \(`decode`\)") as e:
+            read("next_token")
+        assert "rt.run" in e.value.hint
+    rt._ran(rt._programs["prefill"], {"tokens": 512})  # runs, but does not write it
+    with pytest.raises(KernDriverError, match="has not been written"):
+        rt.read_output("next_token")
+    with pytest.raises(KernDriverError, match=r"\(none does\)"):
+        rt.read_output("big")
+    rt._ran(rt._programs["decode"], {"tokens": 1})
+    assert rt.read_output("next_token")[0] == (1,)
+
+
+def test_read_output_has_the_shape_of_the_run_that_wrote_it(rt_runs):
+    """decode (tokens=1) wrote logits, then prefill (tokens=512) ran: read_output gave 512 rows, 511 of them
+    never written by any run. read_buffer keeps the last run's vars, as documented."""
+    rt = rt_runs
+    rt._ran(rt._programs["decode"], {"tokens": 1})
+    rt._ran(rt._programs["prefill"], {"tokens": 512})
+    assert rt.read_output("logits") == ((1, 151936), np.dtype(np.uint16), 2 * 151936)
+    assert rt.read_buffer("logits")[0] == (512, 151936)

@@ -362,6 +362,20 @@ def resolve_program(
     return steps
 
 
+def written_buffers(manifest: Manifest, program: str) -> set[str]:
+    """The buffers `program` writes: every `{"buf": ...}` call argument bound to an `out` or `inout`
+    parameter of its op's interface."""
+    out: set[str] = set()
+    for call in manifest.programs[program].calls:
+        op = manifest.ops.get(call.op)
+        if op is None:
+            continue
+        for a, t in zip(call.args, op.params):
+            if a.kind == "buf" and parse_param_type(t).writes:
+                out.add(a.buf)  # type: ignore[arg-type]
+    return out
+
+
 def program_vars(steps: list[Step]) -> set[str]:
     """Every var a program's launches depend on (the vars `run` requires)."""
     out: set[str] = set()

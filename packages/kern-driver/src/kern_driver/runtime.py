@@ -51,7 +51,7 @@ from kern_verify import Plan
 
 from .plan import Layout, Region, layout as make_layout
 from .reads import AsyncReads, PendingRead
-from .resolve import EXTERNS, ResolvedEntry, Step, check_vars, resolve_entries, resolve_program
+from .resolve import EXTERNS, ResolvedEntry, Step, check_vars, resolve_entries, resolve_program, written_buffers
 from .staging import StagedProgram, extern_values
 from .weights import Binding, TensorRef, bind, read_headers, weight_paths
 
@@ -238,6 +238,7 @@ class _Program:
     staged: StagedProgram
     required: set[str]
     items: list[tuple] = field(default_factory=list)
+    writes: set[str] = field(default_factory=set)  # buffers bound to an out/inout param of some call
     gemms: dict[int, tuple[GemmPlan, int, int, int, bool]] = field(default_factory=dict)
 
     @property
@@ -324,6 +325,7 @@ class Runtime:
         self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self._programs: dict[str, _Program] = {}
         self._last_env: dict[str, int] = {}
+        self._written: dict[str, dict[str, int]] = {}  # buffer -> the vars of the last run that wrote it
         self._dev = cuda.Device(device)
         self._closed = False
         try:
@@ -409,7 +411,7 @@ class Runtime:
             steps = resolve_program(m, name, p, self._arena, self.entries)
             staged = StagedProgram(steps)
             staged.make_configs(self._stream)  # CUlaunchConfig of each pdl launch, once
-            prog = _Program(name, staged, set(staged.vars))
+            prog = _Program(name, staged, set(staged.vars), writes=written_buffers(m, name))
             self._programs[name] = prog
             self._build_items(prog)
             if self._cublas is not None and not any(s.var_names for s in steps if s.extern):
@@ -577,7 +579,6 @@ class Runtime:
         """
         prog = self._program(program)
         env = check_vars(self.manifest, prog.required, vars, f"run({program!r})")
-        self._last_env = env
         if graph:
             key = (program, tuple(sorted(env.items())))
             g = self._graphs.get(key)
@@ -589,6 +590,14 @@ class Runtime:
             return
         self._prepare(prog, env)
         self._enqueue(prog)
+        self._ran(prog, env)
+
+    def _ran(self, prog: _Program, env: dict[str, int]) -> None:
+        """Record an enqueued run: its vars shape `read_buffer`, and each buffer it writes is readable
+        by `read_output` with these vars."""
+        self._last_env = dict(env)
+        for b in prog.writes:
+            self._written[b] = self._last_env
 
     def capture(self, program: str, **vars: int) -> Graph:
         """Capture `program` for these var values into a CUDA graph (also cached for
@@ -657,7 +666,7 @@ class Runtime:
         r = drv.cuGraphLaunch(g._exec, self._stream)
         if r[0] != SUCCESS:
             raise_error(r[0], "cuGraphLaunch", where=f"graph of program `{g.program}` {g.vars}")
-        self._last_env = dict(g.vars)
+        self._ran(self._programs[g.program], g.vars)
         if self.debug:
             check(drv.cuStreamSynchronize(self._stream), "graph execution", f"graph of program `{g.program}` {g.vars}",
                   hint="replay the program eagerly with debug=True to find the faulting launch")
@@ -748,22 +757,18 @@ class Runtime:
 
         The returned `PendingRead`'s `result()` waits for that copy only (an event recorded behind it),
         so the host can enqueue the next run first and collect this one's output while the GPU runs it.
-        The shape is the buffer's with the vars of the last `run`, as `read_output`'s. Each output gets
+        The shape is the buffer's with the vars of the last run that wrote it, as `read_output`'s. Each output gets
         up to `reads.SLOTS` (4) pinned host buffers of its full size (at the var maxima), allocated as
         reads need them; with every slot pending, a read first resolves the oldest (its value is kept).
         `close()` resolves every pending read.
 
         Raises:
-            KernDriverError: unknown buffer, or not an `output`; a failed launch before the oldest read
-                when that read must be resolved to free its slot; a failed pinned allocation or event.
+            KernDriverError: unknown buffer, or not an `output`; no run since load has written it; a failed
+                launch before the oldest read when that read must be resolved to free its slot; a failed
+                pinned allocation or event.
         """
-        self._alive()
-        r = self.layout.buffers.get(name)
-        if r is None or r.cls != "output":
-            outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
-            what = f"unknown buffer `{name}`" if r is None else f"buffer `{name}` is {a_class(r.cls)} buffer, not an output"
-            raise KernDriverError(f"read_output_async: {what}", hint=f"outputs: {', '.join(outs) or '(none)'}")
-        shape, dt, n = self._host_view(r, name)
+        r, env = self._output(name, "read_output_async")
+        shape, dt, n = self._host_view(r, name, env=env)
 
         def copy(host_ptr: int) -> None:
             check(drv.cuMemcpyDtoHAsync(host_ptr, self._arena + r.offset, n, self._stream),
@@ -771,21 +776,42 @@ class Runtime:
 
         return self._reads.enqueue(name, r.nbytes, n, shape, dt, copy, self._stream)
 
-    def _shape_now(self, r: Region, name: str) -> tuple[int, ...]:
-        decl = self.manifest.buffers[name].shape
-        return tuple(self._last_env.get(d, self.manifest.vars[d].max) if isinstance(d, str) else int(d) for d in decl)
+    def _output(self, name: str, what: str) -> tuple[Region, dict[str, int]]:
+        """Output buffer `name`'s region and the vars of the last run that wrote it, or a refusal naming
+        what is wrong (unknown, not an output, not written by any run since load)."""
+        self._alive()
+        r = self.layout.buffers.get(name)
+        outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
+        if r is None or r.cls != "output":
+            bad = f"unknown buffer `{name}`" if r is None else f"buffer `{name}` is {a_class(r.cls)} buffer, not an output"
+            raise KernDriverError(f"{what}: {bad}", hint=f"outputs: {', '.join(outs) or '(none)'}; read_buffer reads any buffer")
+        env = self._written.get(name)
+        if env is None:
+            writers = [p for p, prog in self._programs.items() if name in prog.writes]
+            raise KernDriverError(
+                f"{what}: output `{name}` has not been written: no run since load of a program that writes it "
+                f"({', '.join(f'`{p}`' for p in writers) or 'none does'})",
+                hint="run the program first (rt.run(...)); read_buffer reads a buffer whatever it holds")
+        return r, env
 
-    def _host_view(self, r: Region, name: str, full: bool = False) -> tuple[tuple[int, ...], np.dtype, int]:
-        """(shape, numpy dtype, bytes) of buffer `name` as a read copies it back: the vars of the last `run`
-        (`full`: the allocation at the var maxima)."""
-        shape = r.shape if full else self._shape_now(r, name)
+    def _shape_now(self, r: Region, name: str, env: dict[str, int] | None = None) -> tuple[int, ...]:
+        decl = self.manifest.buffers[name].shape
+        env = self._last_env if env is None else env
+        return tuple(env.get(d, self.manifest.vars[d].max) if isinstance(d, str) else int(d) for d in decl)
+
+    def _host_view(self, r: Region, name: str, full: bool = False, env: dict[str, int] | None = None
+                   ) -> tuple[tuple[int, ...], np.dtype, int]:
+        """(shape, numpy dtype, bytes) of buffer `name` as a read copies it back: the vars of `env`, by default
+        those of the last `run` (`full`: the allocation at the var maxima)."""
+        shape = r.shape if full else self._shape_now(r, name, env)
         dt = np.dtype(NUMPY_DTYPES[r.dtype])
         return shape, dt, int(np.prod(shape, dtype=np.int64)) * dt.itemsize
 
     def read_buffer(self, name: str, *, full: bool = False) -> np.ndarray:
         """Synchronize and copy buffer `name` back (any class: for debugging and op-by-op
-        comparison). The shape is the declared one with each var at its value in the last
-        `run` (the maximum when the last run did not set it, or with `full=True`).
+        comparison), whatever it holds (zeros before any run writes it). The shape is the declared one
+        with each var at its value in the last `run` (the maximum when the last run did not set it, or
+        with `full=True`).
 
         Returns a new numpy array (bf16 as np.uint16 bits, fp8 as np.uint8).
 
@@ -796,7 +822,9 @@ class Runtime:
         r = self.layout.buffers.get(name)
         if r is None:
             raise KernDriverError(f"unknown buffer `{name}`", hint=f"buffers: {', '.join(self.layout.buffers)}")
-        shape, dt, n = self._host_view(r, name, full)
+        return self._read(r, name, *self._host_view(r, name, full))
+
+    def _read(self, r: Region, name: str, shape: tuple[int, ...], dt: np.dtype, n: int) -> np.ndarray:
         out = np.empty(shape, dtype=dt)
         if n:
             stage = self._stage_out.get(name)
@@ -809,15 +837,18 @@ class Runtime:
         return out
 
     def read_output(self, name: str) -> np.ndarray:
-        """`read_buffer` for an `output` buffer (refuses other classes)."""
-        self._alive()
-        r = self.layout.buffers.get(name)
-        if r is None or r.cls != "output":
-            outs = [n for n, b in self.layout.buffers.items() if b.cls == "output"]
-            what = "unknown buffer" if r is None else f"buffer `{name}` is {a_class(r.cls)} buffer, not an output;"
-            raise KernDriverError(f"{what} `{name}`" if r is None else what,
-                                  hint=f"outputs: {', '.join(outs) or '(none)'}; read_buffer reads any buffer")
-        return self.read_buffer(name)
+        """Synchronize and copy output `name` back. The shape is the declared one with each var at its
+        value in the last run that wrote the output (a later run of a program that does not write it
+        changes nothing), e.g. `[tokens, vocab]` logits of the last decode.
+
+        Returns a new numpy array (bf16 as np.uint16 bits, fp8 as np.uint8).
+
+        Raises:
+            KernDriverError: unknown buffer or not an `output`; no run since load has written it (its bytes
+                would be the arena's zeros); a failed earlier launch (reported by the sync).
+        """
+        r, env = self._output(name, "read_output")
+        return self._read(r, name, *self._host_view(r, name, env=env))
 
     def read_state(self, name: str) -> np.ndarray:
         """Synchronize and copy state `name` back as raw bytes (np.uint8)."""
