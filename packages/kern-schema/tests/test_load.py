@@ -313,7 +313,10 @@ def test_huge_integers(small):
 def test_too_long_integer_literal_is_a_clean_error(small):
     text = to_bytes(small).decode().replace('"max": 64', '"max": ' + "9" * 5000)
     (issue,) = issues_of(text)
-    assert issue.kind in ("json", "invalid")
+    # valid JSON: an out-of-range value at its path, not "not valid JSON" with Python's advice
+    assert issue.kind == "invalid" and issue.path == ("vars", "tokens", "max")
+    assert issue.message == "integer `999999999999...999999` (5000 digits) is out of range"
+    assert (issue.position.line, issue.position.col) == line_col(text, text.index("9" * 5000))
 
 
 @pytest.mark.parametrize("text, line, col, fragment", [

@@ -120,6 +120,16 @@ def test_cli_decode_errors_exit_1(capsys, tmp_path):
     assert code == 1 and "E0003" in out
 
 
+def test_cli_integer_of_thousands_of_digits_is_a_value_error_not_bad_json(capsys, tmp_path):
+    d = fixture("launch")
+    d["vars"]["tokens"]["max"] = 7
+    p = tmp_path / "m.json"
+    p.write_text(text_of(d).replace('"max": 7', '"max": ' + "9" * 5000))
+    code, out, _ = run(capsys, p)
+    assert code == 1 and "error[E0005]" in out and "vars.tokens.max" in out
+    assert "set_int_max_str_digits" not in out
+
+
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_every_code_explains(code, capsys):
     rc, out, _ = run(capsys, "--explain", code)

@@ -98,8 +98,15 @@ class _NotJSONConstant(Exception):
 
 
 class _OutOfRange(str):
-    """A JSON number too large for a float64 (e.g. `1e400`), kept as its text so that the
-    localizer can report it with its path."""
+    """A JSON number too large for a float64 (e.g. `1e400`), or an integer with more digits
+    than Python converts (`sys.get_int_max_str_digits()`, 4300), kept as its text so that
+    the localizer can report it with its path."""
+
+    def describe(self) -> str:
+        if any(c in self for c in ".eE"):
+            return f"number `{self}` is out of range (not a finite float64)"
+        shown = self if len(self) <= 24 else f"{self[:12]}...{self[-6:]}"
+        return f"integer `{shown}` ({len(self.lstrip('-'))} digits) is out of range"
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -116,6 +123,15 @@ def _parse_constant(name: str) -> Any:
 def _parse_float(s: str) -> Any:
     f = float(s)
     return f if math.isfinite(f) else _OutOfRange(s)
+
+
+#: Integers up to this many digits are converted (Python's default conversion limit is
+#: 4300 digits; no manifest value comes near: int64 has 19).
+_MAX_INT_DIGITS = 4000
+
+
+def _parse_int(s: str) -> Any:
+    return int(s) if len(s) <= _MAX_INT_DIGITS else _OutOfRange(s)
 
 
 def _read(src: str | os.PathLike[str] | bytes) -> bytes:
@@ -147,8 +163,8 @@ def _scan_position(text: str) -> Position | None:
 def parse_json(text: str | bytes) -> Any:
     """Parse JSON text into plain dicts/lists, refusing duplicated keys and NaN/Infinity.
 
-    Numbers too large for a float64 (`1e400`) are kept as an `_OutOfRange` marker that
-    `convert` reports with its path.
+    Numbers too large for a float64 (`1e400`) and integers of thousands of digits are kept
+    as an `_OutOfRange` marker that `convert` reports with its path.
 
     Raises:
         ManifestDecodeError: invalid JSON, NaN/Infinity (kind "json", with line/column),
@@ -158,7 +174,7 @@ def parse_json(text: str | bytes) -> Any:
     text = _text(text)
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_parse_constant,
-                          parse_float=_parse_float)
+                          parse_float=_parse_float, parse_int=_parse_int)
     except _DuplicateKey:
         sm = SourceMap.build(text)
         issues = [
@@ -182,7 +198,7 @@ def parse_json(text: str | bytes) -> Any:
         ) from None
     except RecursionError:
         raise ManifestDecodeError([DecodeIssue("json", (), "not valid JSON: nested too deeply")]) from None
-    except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
+    except ValueError as e:  # pragma: no cover - defensive: json.loads raising another ValueError
         raise ManifestDecodeError([DecodeIssue("json", (), f"not valid JSON: {e}")]) from None
 
 
@@ -319,7 +335,7 @@ def _localize(obj: Any, tp: Any, path: Path) -> typing.Iterator[DecodeIssue]:
     (e.g. an argument with two forms is reported at the argument).
     """
     if isinstance(obj, _OutOfRange):
-        yield DecodeIssue("invalid", path, f"number `{obj}` is out of range (not a finite float64)")
+        yield DecodeIssue("invalid", path, obj.describe())
         return
     try:
         msgspec.convert(obj, tp, strict=True)
