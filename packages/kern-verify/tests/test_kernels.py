@@ -263,3 +263,19 @@ def test_static_plus_dynamic_shared_memory_over_the_maximum_is_refused(doc, kdir
     assert "at most 224256 bytes" in d.hint
     mix_launch(doc).update(entry="k_mix", shared_mem=232448)  # no static shared memory: the whole maximum
     assert check(doc, kernels_dir=kdir) == []
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_refused_module_path_is_never_opened(tmp_path, where):
+    """A source refused by E0017 (absolute, `..`) is not read from disk: one diagnostic, and no file outside the
+    kernels directory is hashed or parsed."""
+    from verify_helpers import fixture
+
+    kernels = tmp_path / "k"
+    kernels.mkdir()
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"not a cubin")
+    d = fixture("launch")
+    src = str(outside) if where == "absolute" else "../secret.bin"
+    d["modules"]["vllm_layernorm"]["source"] = src
+    assert found(check(d, kernels_dir=kernels)) == [("E0017", "modules.vllm_layernorm.source")]

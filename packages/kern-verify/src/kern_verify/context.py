@@ -56,6 +56,9 @@ class Context:
     #: section ("vars", "ops", ...) -> undeclared name -> the sites that refer to it, so
     #: that an unused declaration can say which misspelled reference may have meant it.
     unknown: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: modules whose `source` is refused (E0017: absolute, `..`, empty, malformed hf:): the
+    #: cubin checks do not read them (a path outside the kernels directory is never opened).
+    bad_sources: set[str] = field(default_factory=set)
     #: program -> index of its first call whose accesses are unknown (unknown op, wrong
     #: arity, malformed param type): dataflow conclusions after it are withheld.
     incomplete_from: dict[str, int] = field(default_factory=dict)

@@ -114,6 +114,7 @@ def _modules(ctx: Context) -> None:
         if src.startswith("hf:"):
             parts = src[3:].split("/")
             if len(parts) < 3 or any(p in ("", ".", "..") for p in parts):
+                ctx.bad_sources.add(name)
                 ctx.r.add("E0017", path + ("source",), f"module `{name}`: `{src}` is not of the form hf:org/repo/path",
                           "write hf:<org>/<repo>/<path inside the repo>")
             if mod.sha256 is None:
@@ -122,11 +123,14 @@ def _modules(ctx: Context) -> None:
         else:
             parts = src.replace("\\", "/").split("/")
             if not src:
+                ctx.bad_sources.add(name)
                 ctx.r.add("E0017", path + ("source",), f"module `{name}` has an empty source", "give the cubin's path relative to the kernels directory")
             elif src.startswith(("/", "\\")) or _DRIVE.match(src):
+                ctx.bad_sources.add(name)
                 ctx.r.add("E0017", path + ("source",), f"module `{name}`: `{src}` is an absolute path",
                           "module paths are relative to the manifest's kernel directory")
             elif ".." in parts:
+                ctx.bad_sources.add(name)
                 ctx.r.add("E0017", path + ("source",), f"module `{name}`: `{src}` leaves the kernels directory (`..`)",
                           "module paths stay inside the manifest's kernel directory")
             if mod.sha256 is None:

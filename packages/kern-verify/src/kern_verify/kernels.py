@@ -39,6 +39,8 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
     parsed cubins by module name."""
     cubins: dict[str, Cubin] = {}
     for name, mod in ctx.m.modules.items():
+        if name in ctx.bad_sources:
+            continue  # E0017: never open a path the manifest may not name
         c = _module(ctx, kernels_dir, name, mod.source, mod.sha256)
         if c is not None:
             cubins[name] = c
