@@ -504,8 +504,30 @@ def test_weights_across_files_and_duplicates(vadd_dir):
     write_safetensors(vadd_dir / "empty.safetensors", {})
     p = prepare(vadd_dir / "vadd.json", vadd_dir, [vadd_dir / "w.safetensors", vadd_dir / "empty.safetensors"])
     assert len(p.bindings) == 1
+    write_safetensors(vadd_dir / "w2.safetensors", {"w": ("f32", np.zeros(64, np.float32))})
     with pytest.raises(KernDriverError, match="tensor `w` is in two weights files"):
-        prepare(vadd_dir / "vadd.json", vadd_dir, [vadd_dir / "w.safetensors", vadd_dir / "w.safetensors"])
+        prepare(vadd_dir / "vadd.json", vadd_dir, [vadd_dir / "w.safetensors", vadd_dir / "w2.safetensors"])
+
+
+def test_weights_argument_forms(vadd_dir):
+    """The same file twice was reported as 'tensor `w` is in two weights files: X and X'; a generator of paths
+    and a non-path item raised TypeErrors from Path()/os.fspath."""
+    w = vadd_dir / "w.safetensors"
+    with pytest.raises(KernDriverError, match=r"weights file .*w.safetensors is listed twice \(also as"):
+        prepare(vadd_dir / "vadd.json", vadd_dir, [w, f"{vadd_dir}/./w.safetensors"])
+    assert len(prepare(vadd_dir / "vadd.json", vadd_dir, (p for p in [w])).bindings) == 1
+    with pytest.raises(KernDriverError, match=r"weights: list item 3 \(int\) is not a path"):
+        prepare(vadd_dir / "vadd.json", vadd_dir, [w, 3])
+    with pytest.raises(KernDriverError, match="weights: expected a path, a list of paths or None, not int"):
+        prepare(vadd_dir / "vadd.json", vadd_dir, 3)
+
+
+def test_a_kernels_dir_that_is_not_a_directory_is_one_error(vadd_dir):
+    """It gave one 'Not a directory' / 'No such file' line per module."""
+    for bad, needle in ((vadd_dir / "w.safetensors", "is not a directory"), (vadd_dir / "nope", "does not exist")):
+        with pytest.raises(KernDriverError, match=f"kernels directory .* {needle}") as e:
+            prepare(vadd_dir / "vadd.json", bad, vadd_dir / "w.safetensors")
+        assert "modules." not in str(e.value)
 
 
 def test_malformed_safetensors(tmp_path):

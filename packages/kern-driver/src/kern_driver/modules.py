@@ -40,6 +40,10 @@ def read_modules(manifest: Manifest, kernels_dir: str | os.PathLike[str]) -> dic
             forbidden path, fetched from `hf:`, or whose sha256 differs from the pin.
     """
     root = Path(kernels_dir)
+    if manifest.modules and not root.is_dir():
+        raise KernDriverError(
+            f"kernels directory {root} " + ("is not a directory" if root.exists() else "does not exist"),
+            hint="pass the folder the manifest's module paths are relative to (e.g. tools/build_kernels.py --out DIR)")
     out: dict[str, ModuleImage] = {}
     problems: list[str] = []
     for name, mod in manifest.modules.items():

@@ -131,10 +131,17 @@ def read_headers(paths: list[str | os.PathLike[str]]) -> dict[str, TensorRef]:
     """`read_header` over several files (a sharded checkpoint).
 
     Raises:
-        KernDriverError: as `read_header`, or a tensor name present in two files.
+        KernDriverError: as `read_header`, a file listed twice, or a tensor name present in two files.
     """
     out: dict[str, TensorRef] = {}
+    seen: dict[str, str] = {}
     for p in paths:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise KernDriverError(f"weights file {os.fspath(p)} is listed twice" + (
+                f" (also as {seen[real]})" if seen[real] != os.fspath(p) else ""),
+                hint="name each safetensors file once")
+        seen[real] = os.fspath(p)
         for name, ref in read_header(p).items():
             if name in out:
                 raise KernDriverError(
@@ -147,12 +154,26 @@ def read_headers(paths: list[str | os.PathLike[str]]) -> dict[str, TensorRef]:
 
 def weight_paths(weights: str | os.PathLike[str] | list | tuple | None) -> list[str]:
     """Normalize the `weights` argument of `Runtime.load`: a file, a directory (every
-    `*.safetensors` in it, sorted), a list of files, or None (no weights)."""
+    `*.safetensors` in it, sorted), a list (or any iterable) of files, or None (no weights).
+
+    Raises:
+        KernDriverError: a directory with no `*.safetensors` file; an argument (or a list item) that is
+            not a path.
+    """
     if weights is None:
         return []
-    if isinstance(weights, (list, tuple)):
-        return [os.fspath(w) for w in weights]
-    p = Path(weights)
+    if not isinstance(weights, (str, bytes, os.PathLike)):
+        try:
+            items = list(weights)
+        except TypeError:
+            raise KernDriverError(f"weights: expected a path, a list of paths or None, not {type(weights).__name__}",
+                                  hint="pass the safetensors file, a folder of them, or a list of files") from None
+        bad = [w for w in items if not isinstance(w, (str, bytes, os.PathLike))]
+        if bad:
+            raise KernDriverError(f"weights: list item {bad[0]!r} ({type(bad[0]).__name__}) is not a path",
+                                  hint="pass the safetensors files as paths")
+        return [os.fsdecode(w) for w in items]
+    p = Path(os.fsdecode(weights))
     if p.is_dir():
         files = sorted(str(f) for f in p.glob("*.safetensors"))
         if not files:
