@@ -147,6 +147,11 @@ def test_block_differs_from_reqntid(doc, kdir):
     assert "[128, 1, 1]" in d.hint
 
 
+def test_block_outside_cuda_limits_is_one_error_not_also_a_kernel_mismatch(doc, kdir):
+    add_launch(doc)["block"] = [2048, 1, 1]
+    assert found(check(doc, kernels_dir=kdir)) == [("E0032", "ops.add.impl.launches[0].block[0]")]
+
+
 def test_block_over_launch_bounds(tmp_path, nvcc_cubin, doc):
     (tmp_path / "cuda").mkdir()
     (tmp_path / "cuda" / "sample.cubin").write_bytes(nvcc_cubin)

@@ -157,3 +157,19 @@ def test_unknown_buffer_class_is_refused_with_a_suggestion():
     d["buffers"]["x"]["class"] = "workspce"
     (diag,) = check(d)
     assert diag.code == "E0022" and "`workspce`" in diag.message and diag.hint == "did you mean `workspace`?"
+
+
+def test_scratch_read_before_written_is_reported_once_per_scratch():
+    """Both launches read `partial` before anything writes it (the writer declared `in`): one E0044, at the first."""
+    d = fixture("scratch")
+    d["ops"]["paged_attention"]["impl"]["launches"][0]["params"][3] = "in buffer<f32>"
+    assert found(check(d)) == [("E0044", "ops.paged_attention.impl.launches[0].args[3]")]
+
+
+def test_misspelled_scratch_is_one_error_not_also_a_read_before_write():
+    """The writer names `partal`: E0043 with a suggestion, and no E0044 for the reader of `partial`."""
+    d = fixture("scratch")
+    d["ops"]["paged_attention"]["impl"]["launches"][0]["args"][3] = {"scratch": "partal"}
+    (diag,) = check(d)
+    assert (diag.code, diag.location) == ("E0043", "ops.paged_attention.impl.launches[0].args[3].scratch")
+    assert diag.hint == "did you mean `partial`?"

@@ -19,7 +19,7 @@ from kern_schema import ExprError, ParamTypeError, Path, evaluate, to_text, vari
 
 from .context import Context
 from .cubin import Cubin, CubinError, layout_problems, params_from_manifest, read_cubin
-from .launches import MAX_SHARED
+from .launches import BLOCK_MAX, MAX_SHARED
 
 
 #: The SM version the runtime targets (NVIDIA H200).
@@ -116,8 +116,9 @@ def _module(ctx: Context, kernels_dir, name: str, source: str, sha: str | None) 
 
 
 def _block(ctx: Context, lpath: Path, block, info, what: str) -> None:
-    if block is None or len(block) != 3:
-        return
+    if block is None or len(block) != 3 or not all(1 <= b <= hi for b, hi in zip(block, BLOCK_MAX)) \
+            or block[0] * block[1] * block[2] > 1024:
+        return  # outside CUDA's limits: E0032 says so, whatever the kernel allows
     threads = block[0] * block[1] * block[2]
     if info.required_block is not None and tuple(block) != tuple(info.required_block):
         ctx.r.add("E0085", lpath + ("block",), f"{what}: block {list(block)}, but the kernel requires {list(info.required_block)}",

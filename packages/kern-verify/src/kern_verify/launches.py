@@ -42,6 +42,9 @@ class _Flow:
     # a launch whose params are unknown (unknown extern, malformed types): its accesses are
     # unknown, so the "never written" / "read before written" conclusions are withheld
     incomplete: bool = False
+    # a launch names an undeclared scratch (E0043): which scratch it meant is unknown, so no
+    # scratch is reported as read before written
+    unknown_scratch: bool = False
 
 
 def check_ops(ctx: Context) -> None:
@@ -63,10 +66,11 @@ def _op(ctx: Context, oname: str, op: Op) -> None:
         for kind, key, reads, _, path in flow.pending:
             if not reads:
                 continue
-            if kind == "scratch" and key not in flow.written_scratch and not flow.incomplete:
+            if kind == "scratch" and key not in flow.written_scratch and not flow.incomplete and not flow.unknown_scratch:
                 ctx.r.add("E0044", path, f"op `{oname}` launch {li} reads scratch `{key}` before any launch wrote it",
                           "scratch starts uninitialised: write it in an earlier launch (check the launch order and the "
                           "directions of the launch params)")
+                flow.written_scratch.add(key)  # reported once: later reads follow from the same mistake
             if kind == "param":
                 ip = iface[key]  # type: ignore[index]
                 if ip is not None and ip.direction == "out" and key not in flow.written_params and not flow.incomplete:
@@ -237,6 +241,7 @@ def _launch_arg(ctx: Context, oname: str, op: Op, iface: list[ParamType | None],
         if sc is None:
             r.add("E0043", path + ("scratch",), f"{what}: scratch `{name}` is not declared in op `{oname}`",
                   suggest(name, op.impl.scratch, "declare it in impl.scratch"))  # type: ignore[arg-type]
+            flow.unknown_scratch = True
             return
         flow.used_scratch.add(name)  # type: ignore[arg-type]
         off = arg.offset or 0
