@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fake_runtime import VOCAB, ContractError, FakeRuntime, info, manifest_json, reference_generate
-from kern_run.generator import KernRunError, ManifestInfo, Qwen3Session, generate
+from kern_run.generator import KernRunError, ManifestInfo, Qwen3Session, check_request, generate
 
 
 def session(tokens_max=2048, capacity=4096, graph=True):
@@ -270,5 +270,19 @@ def test_manifest_info_read_errors(tmp_path):
         ManifestInfo.read(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{ not json")
-    with pytest.raises(KernRunError, match="cannot read manifest"):
+    with pytest.raises(KernRunError, match=r"manifest .*bad.json is not JSON: Expecting property name enclosed in "
+                                           r"double quotes at line 1 column 3 \(is it the manifest file\?"):
         ManifestInfo.read(bad)
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe{")
+    with pytest.raises(KernRunError, match="cannot read manifest .*bin.json"):
+        ManifestInfo.read(binary)
+    with pytest.raises(KernRunError, match="cannot read manifest"):
+        ManifestInfo.read(tmp_path)  # a directory
+
+
+def test_capacity_error_says_token_once():
+    """One prompt token is `1 token`, not `1 tokens`."""
+    info = ManifestInfo(tokens_max=64, max_pages=8, vocab_size=100, rope_positions=128, model="x")
+    with pytest.raises(KernRunError, match=r"prompt \(1 token\) \+ steps \(200\) = 201 tokens exceeds"):
+        check_request(info, 128, [1], 200)

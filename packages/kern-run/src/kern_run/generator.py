@@ -110,7 +110,10 @@ class ManifestInfo:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             raise KernRunError(f"manifest not found: {path}") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except json.JSONDecodeError as e:
+            raise KernRunError(f"manifest {path} is not JSON: {e.msg} at line {e.lineno} column {e.colno} "
+                               "(is it the manifest file? `kern-verify` checks one)") from None
+        except (OSError, UnicodeDecodeError) as e:
             raise KernRunError(f"cannot read manifest {path}: {e}") from None
         return cls.from_json(doc, source=str(path))
 
@@ -151,7 +154,8 @@ def check_request(info: ManifestInfo, capacity: int, prompt_ids: Sequence[int], 
     need = len(prompt_ids) + steps
     if need > capacity:
         raise KernRunError(
-            f"prompt ({len(prompt_ids)} tokens) + steps ({steps}) = {need} tokens exceeds the capacity of "
+            f"prompt ({len(prompt_ids)} token{'s' * (len(prompt_ids) != 1)}) + steps ({steps}) = {need} tokens "
+            f"exceeds the capacity of "
             f"{capacity} tokens (raise --capacity, at most {info.max_positions} for this manifest)"
         )
 
