@@ -62,6 +62,7 @@ def test_pack_f32_is_ieee_single():
 @pytest.mark.parametrize("name,value,needle", [
     ("i32", 2**31, "does not fit `i32`"), ("u8", -1, "does not fit `u8`"), ("i32", 1.5, "integer `i32`"),
     ("f32", 1e39, "overflows `f32`"), ("i64", True, "integer `i64`"),
+    ("f64", 10**400, "does not fit `f64`"), ("f32", "0.5", "does not fit `f32`"),  # were OverflowError / ValueError
 ])
 def test_pack_scalar_refuses(name, value, needle):
     with pytest.raises(KernDriverError) as e:

@@ -32,6 +32,7 @@ as for `cuLaunchKernel`.
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +65,8 @@ def scalar_struct(t: ScalarType) -> struct.Struct:
 def pack_scalar(buf: Any, offset: int, t: ScalarType, value: int | float, where: str) -> None:
     """Write `value` as type `t` at `buf[offset:]` (little-endian).
 
-    Integers must be integral and within the type's range; floats must be finite within
-    the type's range (`f32` is rounded to the nearest IEEE single).
+    Integers must be integral and within the type's range; a finite float must be within the
+    type's range (`f32` is rounded to the nearest IEEE single); inf and NaN pass as they are.
 
     Raises:
         KernDriverError: the value does not fit the type (the message names both).
@@ -73,7 +74,12 @@ def pack_scalar(buf: Any, offset: int, t: ScalarType, value: int | float, where:
     if t.is_float:
         if isinstance(value, bool):
             raise KernDriverError(f"a boolean for a `{t.name}` parameter", where=where)
-        v = float(value)
+        try:
+            if not isinstance(value, numbers.Real):
+                raise TypeError
+            v = float(value)
+        except (OverflowError, TypeError):
+            raise KernDriverError(f"value {value!r:.60} does not fit `{t.name}`", where=where) from None
         if math.isfinite(v) and not t.lo <= v <= t.hi:
             raise KernDriverError(f"value {value!r} overflows `{t.name}`", where=where)
         scalar_struct(t).pack_into(buf, offset, v)
