@@ -173,3 +173,11 @@ def test_misspelled_scratch_is_one_error_not_also_a_read_before_write():
     (diag,) = check(d)
     assert (diag.code, diag.location) == ("E0043", "ops.paged_attention.impl.launches[0].args[3].scratch")
     assert diag.hint == "did you mean `partial`?"
+
+
+def test_impl_writing_an_in_param_is_one_error_not_also_dataflow_follow_ons():
+    """op `embed` declares its output `in` while the kernel writes it: E0037 only, not also
+    E0060 at every later reader of `h` (the call's accesses are unknown)."""
+    d = fixture("carry")
+    d["ops"]["embed"]["params"][2] = "in buffer<bf16>"
+    assert found(check(d)) == [("E0037", "ops.embed.impl.launches[0].args[2]")]

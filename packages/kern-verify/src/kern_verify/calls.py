@@ -68,7 +68,7 @@ def check_calls(ctx: Context) -> list[Access]:
                     ctx.r.add("E0051", cpath + ("args",),
                               f"{what}: {len(call.args)} args, op `{call.op}` takes {len(iface)}",
                               "op params: " + ", ".join(ctx.m.ops[call.op].params))
-            if iface is None or len(call.args) != len(iface) or None in iface:
+            if iface is None or len(call.args) != len(iface) or None in iface or call.op in ctx.unsound_ops:
                 ctx.incomplete_from.setdefault(pname, ci)
             for ai, arg in enumerate(call.args):
                 pt = iface[ai] if iface is not None and ai < len(iface) else None

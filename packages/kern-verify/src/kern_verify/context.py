@@ -56,11 +56,14 @@ class Context:
     #: section ("vars", "ops", ...) -> undeclared name -> the sites that refer to it, so
     #: that an unused declaration can say which misspelled reference may have meant it.
     unknown: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: ops whose impl writes an interface param declared `in` (E0037): the interface's
+    #: directions are wrong or the launch's are, so a call's accesses are unknown.
+    unsound_ops: set[str] = field(default_factory=set)
     #: modules whose `source` is refused (E0017: absolute, `..`, empty, malformed hf:): the
     #: cubin checks do not read them (a path outside the kernels directory is never opened).
     bad_sources: set[str] = field(default_factory=set)
     #: program -> index of its first call whose accesses are unknown (unknown op, wrong
-    #: arity, malformed param type): dataflow conclusions after it are withheld.
+    #: arity, malformed param type, an op in `unsound_ops`): dataflow conclusions after it are withheld.
     incomplete_from: dict[str, int] = field(default_factory=dict)
 
     @classmethod

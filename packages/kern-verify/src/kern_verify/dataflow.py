@@ -7,7 +7,7 @@ argument reads then writes): no read of a `workspace` buffer before a write
 some call (E0062). Inputs, weights and carries count as written on entry.
 
 A call whose accesses are unknown (unknown op, wrong arity, malformed param type;
-reported by the call rules) may have written anything: reads after it are not
+reported by the call rules; or an op whose impl writes an `in` param, E0037) may have written anything: reads after it are not
 reported, nor (anywhere) never-written outputs — one mistake, one diagnostic.
 """
 

@@ -233,6 +233,7 @@ def _launch_arg(ctx: Context, oname: str, op: Op, iface: list[ParamType | None],
         if pt.writes and ip.direction == "in":
             r.add("E0037", path, f"{what}: the kernel writes interface param {i}, declared `{ip}`",
                   f"declared `{ip}` but the kernel writes it: make the interface param `out` or `inout`")
+            ctx.unsound_ops.add(oname)
         flow.pending.append(("param", i, pt.reads, pt.writes, path))
         return
     if kind == "scratch":
