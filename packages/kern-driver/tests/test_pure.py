@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -599,6 +600,22 @@ def test_load_refuses_a_graph_cache_that_holds_nothing(bad, monkeypatch):
     monkeypatch.setattr(R, "prepare", lambda *a, **k: pytest.fail("prepare must not run"))
     with pytest.raises(KernDriverError, match=r"max_graphs .*at least 1 graph"):
         Runtime.load("m.json", None, None, max_graphs=bad)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"device": "cuda:0"}, "device 'cuda:0': expected a CUDA device index"),
+    ({"device": -1}, "device -1"), ({"device": 1.0}, "device 1.0"),
+    ({"workspace_bytes": -5}, "workspace_bytes -5: expected a byte count"), ({"workspace_bytes": 2.0**25}, "workspace_bytes"),
+])
+def test_load_refuses_a_bad_device_or_workspace_before_reading_anything(kw, needle, monkeypatch):
+    """device='cuda:0' (or a torch.device) failed inside the bindings after the whole prepare; a float
+    workspace_bytes only inside cuMemAlloc, and only for manifests with a GEMM."""
+    import kern_driver.runtime as R
+    from kern_driver.runtime import Runtime
+
+    monkeypatch.setattr(R, "prepare", lambda *a, **k: pytest.fail("prepare must not run"))
+    with pytest.raises(KernDriverError, match=re.escape(needle)):
+        Runtime.load("m.json", None, None, **kw)
 
 
 # ---------------------------------------------------------------- shared-memory opt-in

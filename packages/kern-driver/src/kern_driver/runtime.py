@@ -291,7 +291,9 @@ class Runtime:
                 captured later, other runtimes' too), and its mechanism (the driver's or the GPU's) is not known.
 
         Raises:
-            KernDriverError: any load check fails (see the module docstring); no GPU.
+            KernDriverError: any load check fails (see the module docstring); no GPU; an argument of the
+                wrong type or range (device, launch_mode, workspace_bytes, max_graphs, capacity_tokens),
+                before anything is read.
         """
         if launch_mode not in LAUNCH_MODES:
             raise KernDriverError(f"launch_mode {launch_mode!r}: expected one of {LAUNCH_MODES}")
@@ -299,6 +301,14 @@ class Runtime:
             raise KernDriverError(f"max_graphs {max_graphs!r}: the graph cache must hold at least 1 graph (a graph "
                                   "captured by run(..., graph=True) is cached before it is replayed)",
                                   hint="pass max_graphs=1 or more, or run(..., graph=False) to launch eagerly")
+        if type(device).__module__ == "numpy" and hasattr(device, "__index__"):
+            device = int(device)
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise KernDriverError(f"device {device!r}: expected a CUDA device index, an int ≥ 0",
+                                  hint="e.g. device=0 (for torch.device('cuda:1') pass its .index, 1)")
+        if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, int) or workspace_bytes < 0:
+            raise KernDriverError(f"workspace_bytes {workspace_bytes!r}: expected a byte count, an int ≥ 0",
+                                  hint=f"the default is {DEFAULT_WORKSPACE} (32 MiB)")
         prep = prepare(manifest, kernels_dir, weights, capacity_tokens=capacity_tokens, verify=verify)
         rt = cls.__new__(cls)
         rt._init(prep, device, debug, launch_mode, workspace_bytes, max_graphs, prime_graphs)
