@@ -544,6 +544,11 @@ def test_malformed_safetensors(tmp_path):
     p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
     with pytest.raises(KernDriverError, match="outside the file"):
         read_header(p)
+    for shape in ([2.5], ["2"], [True, 2]):  # were read as [2] and bound to a [2] weight
+        h = json.dumps({"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 8]}}).encode()
+        p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+        with pytest.raises(KernDriverError, match="tensor `t` has a malformed header entry"):
+            read_header(p)
 
 
 def test_unverifiable_manifest_is_refused_with_the_diagnostics(vadd_dir):

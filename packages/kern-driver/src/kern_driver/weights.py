@@ -102,10 +102,17 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, TensorRef]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        def ints(xs: object) -> tuple[int, ...]:  # JSON integers only: a 2.5 or "64" is a malformed header, not 2 or 64
+            if not isinstance(xs, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs):
+                raise ValueError
+            return tuple(xs)
+
         try:
             tag = info["dtype"]
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
+            shape = ints(info["shape"])
+            begin, end = ints(info["data_offsets"])
+            if not isinstance(tag, str):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise KernDriverError(f"weights file {path}: tensor `{name}` has a malformed header entry: {info!r}") from None
         dtype = SAFETENSORS_DTYPES.get(tag, tag)
