@@ -181,3 +181,31 @@ def test_impl_writing_an_in_param_is_one_error_not_also_dataflow_follow_ons():
     d = fixture("carry")
     d["ops"]["embed"]["params"][2] = "in buffer<bf16>"
     assert found(check(d)) == [("E0037", "ops.embed.impl.launches[0].args[2]")]
+
+
+def test_var_too_wide_for_a_scalar_type_is_one_diagnostic_per_type():
+    """`tokens` max 2^31 passed to two i32 params: one E0053 with a note naming the other site."""
+    d = fixture("carry")
+    d["vars"]["tokens"]["max"] = 2**31
+    diags = [x for x in check(d) if x.code == "E0053" and x.location.endswith(".var")]
+    (diag,) = diags
+    assert diag.location == "programs.prefill.calls[0].args[3].var" and len(diag.folded) == 1
+    assert "pass var `tokens` to i32 params: `kv` arg 3" in diag.notes[-1].message
+
+
+def test_refused_var_bounds_are_one_error_not_also_their_consequences():
+    """tokens max 2^63 (E0011): no E0016 sizes, E0053 ranges or E0033 grids computed from it."""
+    d = fixture("carry")
+    d["vars"]["tokens"]["max"] = 2**63
+    assert found(check(d)) == [("E0011", "vars.tokens.max")]
+    d = fixture("launch")
+    d["vars"]["tokens"].update(min=3000, max=2048)
+    assert found(check(d)) == [("E0011", "vars.tokens")]
+
+
+def test_grids_zero_at_the_var_minima_fold_by_var():
+    d = fixture("carry")
+    d["vars"]["tokens"]["min"] = 0
+    (diag,) = check(d)
+    assert (diag.code, diag.location) == ("E0033", "ops.embed.impl.launches[0].grid[0]")
+    assert "computed from `tokens`, is < 1 at the var minima: `fill_kv` launch 0" in diag.notes[-1].message

@@ -33,6 +33,8 @@ def check_scalar_arg(ctx: Context, arg: Arg, path: Path, pt: ParamType, what: st
                       fold=Fold(("var", name), f"uses of the undeclared var `{name}`", site_of(what)))
             return
         ctx.used_vars.add(name)  # type: ignore[arg-type]
+        if name in ctx.bad_vars:
+            return  # E0011: its bounds are refused
         rng_desc = f"var `{name}` ranges over [{rng[0]}, {rng[1]}]"
     elif kind == "expr":
         b = ctx.expr_bounds(arg.expr, path + ("expr",), site_of(what))  # type: ignore[arg-type]
@@ -62,5 +64,8 @@ def check_scalar_arg(ctx: Context, arg: Arg, path: Path, pt: ParamType, what: st
                   "vars and expressions are integers: make the param an integer type")
         return
     if not st.contains(*rng):
+        # one var too wide for one type is one cause, however many sites pass it
+        fold = Fold(("range", arg.var, st.name), f"sites pass var `{arg.var}` to {st.name} params",
+                    site_of(what)) if kind == "var" else None
         ctx.r.add("E0053", vpath, f"{what}: {rng_desc}, which does not fit {st.name} [{_fmt(st.lo)}, {_fmt(st.hi)}]",
-                  "widen the param type (e.g. i32/i64), or narrow the var bounds")
+                  "widen the param type (e.g. i32/i64), or narrow the var bounds", fold=fold)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kern_schema import DTYPES, Arg, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, format_path, parse_param_type
+from kern_schema import DTYPES, Arg, Expr, ExprError, Manifest, ParamType, ParamTypeError, Path, bounds, format_path, parse_param_type, variables
 from kern_schema.expr import ExprNode
 from kern_schema.dtypes import INT64_MAX
 
@@ -51,6 +51,9 @@ class Context:
     used_buffers: set[str] = field(default_factory=set)
     used_modules: set[str] = field(default_factory=set)
     used_ops: set[str] = field(default_factory=set)
+    #: vars whose bounds are refused (E0011): checks at their bounds (sizes, scalar ranges,
+    #: grids) would only repeat that error, so they are skipped.
+    bad_vars: set[str] = field(default_factory=set)
     #: buffer name -> bytes at the var maxima (None when unresolvable), filled lazily.
     buffer_bytes: dict[str, int | None] = field(default_factory=dict)
     #: section ("vars", "ops", ...) -> undeclared name -> the sites that refer to it, so
@@ -81,11 +84,14 @@ class Context:
 
     def expr_bounds(self, e: Expr, path: Path, site: str | None = None) -> tuple[int, int] | None:
         """[lo, hi] of `e` over the var ranges, marking its vars used; reports E0021 and
-        returns None when the expression is malformed (unknown var, divisor ≤ 0). The
+        returns None when the expression is malformed (unknown var, divisor ≤ 0) or uses a
+        var whose bounds are refused (E0011, reported once, by decls). The
         diagnostic keeps `path` and points at the offending token inside the expression;
         uses of one unknown var are folded (`site` names this use in the fold note)."""
         try:
             self._mark_expr_vars(e)
+            if self.bad_vars and any(v in self.bad_vars for v in variables(e)):
+                return None  # E0011 reported: its bounds mean nothing
             return bounds(e, self.ranges)
         except ExprError as err:
             sub, bad = _bad_token(e, self.ranges)

@@ -49,6 +49,8 @@ def _vars(ctx: Context) -> None:
             ctx.r.add("E0011", path + ("max",), f"var `{name}` has max {v.max} > 2^63−1", "vars are 64-bit signed values")
         if v.min > v.max:
             ctx.r.add("E0011", path, f"var `{name}` has min {v.min} > max {v.max}", "swap them or fix one bound")
+        if v.min < 0 or v.max < 1 or v.max > INT64_MAX or v.min > v.max:
+            ctx.bad_vars.add(name)
 
 
 def _states(ctx: Context) -> None:
@@ -96,6 +98,9 @@ def check_tensor(ctx: Context, path: Path, what: str, dtype: str, shape: list[in
                 ok = False
                 continue
             ctx.used_vars.add(d)
+            if d in ctx.bad_vars:
+                ok = False  # E0011: no size at bounds that are refused
+                continue
             d = rng[1]
         elif d < 1:
             r.add("E0015", path + ("shape", i), f"{what}: dim {i} is {d}", "a dim is a positive integer or a var name")

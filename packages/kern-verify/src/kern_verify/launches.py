@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kern_schema import DTYPES, Arg, Launch, Op, ParamType, Path
+from kern_schema import DTYPES, Arg, Launch, Op, ParamType, Path, variables
 
 from .args import check_scalar_arg
 from .context import Context, arg_kind, parse_type, suggest
 from .decls import check_tensor
+from .diagnostic import Fold
 from .externs import EXTERNS
 
 MAX_SHARED = 232448
@@ -186,12 +187,22 @@ def _grid(ctx: Context, path: Path, grid: list, what: str) -> None:
         if b is None:
             continue
         lo, hi = b
+        # grids driven by the same vars out of range share a cause (a var's min 0, its max too large): folded
+        vs = tuple(sorted(set(variables(e))))
+        site = f"`{path[1]}` launch {path[4]}"
         if lo < 1:
             ctx.r.add("E0033", path + (i,), f"{what}: grid.{'xyz'[i]} is {lo} at the var minima",
-                      "a grid dimension must be at least 1 for every allowed var value (raise the var's min, or use ceil_div)")
+                      "a grid dimension must be at least 1 for every allowed var value (raise the var's min, or use ceil_div)",
+                      fold=Fold(("min", vs), f"launches whose grid, computed from {_names(vs)}, is < 1 at the var minima", site) if vs else None)
         if hi > GRID_MAX[i]:
             ctx.r.add("E0033", path + (i,), f"{what}: grid.{'xyz'[i]} reaches {hi} at the var maxima, over the CUDA limit {GRID_MAX[i]}",
-                      "lower the var maxima or launch more work per block")
+                      "lower the var maxima or launch more work per block",
+                      fold=Fold(("max", i, vs), f"launches whose grid.{'xyz'[i]}, computed from {_names(vs)}, is over the CUDA limit at the var maxima",
+                                site) if vs else None)
+
+
+def _names(vs: tuple[str, ...]) -> str:
+    return ", ".join(f"`{v}`" for v in vs)
 
 
 def _launch_arg(ctx: Context, oname: str, op: Op, iface: list[ParamType | None], arg: Arg, path: Path,
