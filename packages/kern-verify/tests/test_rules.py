@@ -213,6 +213,10 @@ CASES = [
      [("E0055", "programs.decode.calls[0].args[1].offset")]),
     ("buf-offset-oob", "scratch", lambda d: call(d, "decode")["args"][0].update(offset=64 * 32 * 128 * 2),
      [("E0056", "programs.decode.calls[0].args[0].offset")]),
+    ("state-offset-oob-per-seq", "carry", lambda d: call(d, "prefill", 1)["args"][2].update(offset=256),
+     [("E0056", "programs.prefill.calls[1].args[2].offset")]),
+    ("state-offset-over-int64", "carry", lambda d: call(d, "prefill", 1)["args"][1].update(offset=2**64),
+     [("E0056", "programs.prefill.calls[1].args[1].offset")]),
     ("duplicate-label", "carry", lambda d: call(d, "prefill", 1).update(label="embed"),
      [("E0057", "programs.prefill.calls[1].label")]),
     # --- group 8: dataflow ---

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kern_schema import DTYPES, Arg, ParamType, Path
+from kern_schema.dtypes import INT64_MAX
 
 from .args import check_scalar_arg
 from .context import Context, arg_kind, site_of, suggest
@@ -143,6 +144,8 @@ def _arg(ctx: Context, arg: Arg, path: Path, pt: ParamType | None, what: str, op
         if off < 0 or off % STATE_OFFSET_ALIGN:
             r.add("E0055", path + ("offset",), f"{what}: offset {off} into state `{name}` is not a non-negative multiple of {STATE_OFFSET_ALIGN}",
                   f"state offsets are multiples of {STATE_OFFSET_ALIGN} bytes")
+        else:
+            _state_offset(ctx, path, name, off, what)  # type: ignore[arg-type]
         if pt is not None and pt.kind != "ptr":
             r.add("E0052", path, f"{what}: state `{name}` passed to op `{op}` param `{pt}`",
                   "a state binds only to a `ptr` param (`in ptr`, `out ptr`, `inout ptr`)", span=path + ("state",))
@@ -184,3 +187,22 @@ def _buf_offset(ctx: Context, arg: Arg, path: Path, name: str, what: str) -> Non
     if nb is not None and off >= nb:
         ctx.r.add("E0056", opath, f"{what}: offset {off} is outside buffer `{name}` ({b.dtype} {b.shape}: {nb} bytes at the var maxima)",
                   "the offset must be less than the buffer's size; check the buffer's shape")
+
+
+def _state_offset(ctx: Context, path: Path, name: str, off: int, what: str) -> None:
+    """E0056 for a state offset past the state: a per-sequence state's size is known
+    (`seqs.max × bytes_per_seq`); a per-token state's depends on the capacity, so its
+    offsets are only held to what a device address can add (int64)."""
+    st = ctx.m.states[name]
+    size = None
+    if st.bytes_per_seq is not None and st.bytes_per_token is None and "seqs" in ctx.ranges \
+            and "seqs" not in ctx.bad_vars and st.bytes_per_seq > 0:
+        size = ctx.ranges["seqs"][1] * st.bytes_per_seq
+    if size is not None and off >= size:
+        ctx.r.add("E0056", path + ("offset",),
+                  f"{what}: offset {off} is outside state `{name}` ({st.bytes_per_seq} bytes per sequence × "
+                  f"seqs.max {ctx.ranges['seqs'][1]} = {size} bytes)",
+                  "the offset must be less than the state's size; check `bytes_per_seq` and the offset")
+    elif off > INT64_MAX:
+        ctx.r.add("E0056", path + ("offset",), f"{what}: offset {off} into state `{name}` is over 2^63−1 bytes",
+                  "a state offset is a byte count inside the state: check the value")

@@ -207,7 +207,9 @@ _CODES: list[Code] = [
          '{"buf": "qkv", "offset": 3}    // qkv is bf16'),
     Code("E0056", "error", "offset out of bounds",
          "A buffer offset must be inside the buffer: 0 ≤ offset < its size in bytes at the var maxima "
-         "(the allocated size).",
+         "(the allocated size). A state offset must be inside the state: below seqs.max × bytes_per_seq for "
+         "a per-sequence state; a per-token state's size depends on the capacity, so only offsets over 2^63−1 "
+         "are refused there.",
          '{"buf": "x", "offset": 8192}    // x is bf16 [2048] = 4096 bytes'),
     Code("E0057", "error", "duplicate call label",
          "Call labels are unique within their program: diagnostics, profiles and op-by-op comparisons name "
