@@ -147,6 +147,32 @@ def test_malformed_line_in_the_middle_is_an_error(fixtures, tmp_path):
         list(iter_launches(d))
 
 
+@pytest.mark.parametrize("field, damage, says", [
+    ("hex", lambda h: "zz" + h[2:], r"matching regex .* at `\$\.params\[0\]\.hex`"),
+    ("hex", lambda h: h[:-2], r"14 hex digits, but a 8-byte parameter has 16 .* at `\$\.params\[0\]`"),
+    ("extra_hex", lambda h: h[:-1], r"extra_hex has an odd number of hex digits"),
+])
+def test_damaged_hex_is_a_format_error_naming_the_line(fixtures, tmp_path, field, damage, says):
+    """A damaged ``hex`` / ``extra_hex`` is caught when the line is read (file, line, field), not as a
+    ``ValueError`` from ``bytes.fromhex`` in whatever reads the value later (kern-mine's pointers), nor
+    read silently as another value (a hex string of the wrong length)."""
+    d = tmp_path / "cap"
+    shutil.copytree(fixtures / "capture_torch", d)
+    lines = (d / "launches.jsonl").read_bytes().splitlines(keepends=True)
+    recs = [msgspec.json.decode(line) for line in lines]
+    i = next(k for k, r in enumerate(recs)
+             if (r.get("extra_hex") if field == "extra_hex" else r["params"] and r["params"][0]["size"] == 8))
+    r = recs[i]
+    if field == "hex":
+        r["params"][0]["hex"] = damage(r["params"][0]["hex"])
+    else:
+        r["extra_hex"] = damage(r["extra_hex"])
+    lines[i] = msgspec.json.encode(r) + b"\n"
+    (d / "launches.jsonl").write_bytes(b"".join(lines))
+    with pytest.raises(CaptureFormatError, match=rf"launches.jsonl:{i + 1}: .*{says}"):
+        list(iter_launches(d))
+
+
 def test_error_capture_raises_unless_allowed(fixtures):
     with pytest.raises(CaptureError, match="already has a subscriber"):
         Capture.open(fixtures / "capture_error")

@@ -259,3 +259,31 @@ def test_report_says_how_many_candidates_are_only_in_the_json(standard):
     assert "      (3 more in --json)" in text
     rows = [line for line in text.splitlines() if line.startswith("      site ")]
     assert len(rows) == CANDIDATES_SHOWN
+
+
+# --- a damaged parameter inside a line -----------------------------------------------------
+
+
+def _damage_line(standard, tmp_path, lineno, old, new):
+    d = tmp_path / "damaged"
+    d.mkdir()
+    lines = (standard[0] / "launches.jsonl").read_bytes().split(b"\n")
+    assert old in lines[lineno - 1]
+    lines[lineno - 1] = lines[lineno - 1].replace(old, new, 1)
+    (d / "launches.jsonl").write_bytes(b"\n".join(lines))
+    return d
+
+
+@pytest.mark.parametrize("new, says", [
+    (b'"hex":"zz', "Expected `str` matching regex"),   # not hex digits: once a traceback from bytes.fromhex
+    (b'"hex":"00', "hex digits, but a "),              # one byte more than the parameter's size: once read silently
+])
+def test_damaged_param_hex_names_the_line(standard, tmp_path, capsys, new, says):
+    lines = (standard[0] / "launches.jsonl").read_bytes().split(b"\n")
+    n = next(i for i, line in enumerate(lines, 1) if b'"hex":"' in line and i > 40)
+    d = _damage_line(standard, tmp_path, n, b'"hex":"', new)
+    for argv, prefix in (([str(d)], "kern-mine"), (["trim", str(d), str(tmp_path / "o")], "kern-mine trim")):
+        assert main(argv) == 1
+        line = _one_line(capsys.readouterr().err)
+        assert line.startswith(f"{prefix}: error: malformed capture: {d / 'launches.jsonl'}:{n}: ") and says in line
+        assert "$.params[" in line

@@ -29,7 +29,7 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -59,6 +59,12 @@ ERROR_FILE = "error.json"
 INFO_FILE = "capture.json"
 
 
+#: Raw bytes as the capture writes them: hex digits (an even number of them: ``__post_init__``).
+#: Checked at decode time, so a damaged ``hex``/``extra_hex`` is a ``CaptureFormatError`` naming
+#: the file, line and field, not a ``ValueError`` from ``bytes.fromhex`` deep inside a reader.
+HexBytes = Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]*$")]
+
+
 class AllocRange(msgspec.Struct, frozen=True):
     """A device allocation, as returned by ``cuMemGetAddressRange``."""
 
@@ -86,9 +92,15 @@ class ParamRecord(msgspec.Struct, frozen=True):
 
     offset: int
     size: int
-    hex: str
+    hex: HexBytes
     alloc: AllocRange | None = None
     host: bool = False
+
+    def __post_init__(self) -> None:
+        # "" is what the library writes for a NULL kernelParams[i] (nothing to read)
+        if self.hex and len(self.hex) != 2 * self.size:
+            raise ValueError(f"hex has {len(self.hex)} hex digits, but a {self.size}-byte parameter has {2 * self.size} "
+                             "(the record was edited or damaged)")
 
     @property
     def raw(self) -> bytes:
@@ -175,8 +187,13 @@ class LaunchRecord(msgspec.Struct, frozen=True):
     result: int | None = None
     num_regs: int | None = None
     static_shared_mem: int | None = None
-    extra_hex: str | None = None
+    extra_hex: HexBytes | None = None
     func: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.extra_hex is not None and len(self.extra_hex) % 2:
+            raise ValueError(f"extra_hex has an odd number of hex digits ({len(self.extra_hex)}): "
+                             "the record was edited or damaged")
 
     @property
     def flat(self) -> bool:
