@@ -350,3 +350,19 @@ def test_parse_json_returns_plain_data(small):
 def test_dump_of_loaded_manifest_is_loadable(small):
     m = decode(to_bytes(small))
     assert decode(dump(m)) == m
+
+
+def test_expression_messages_name_the_form_with_its_article(small):
+    """`{"div": ...}` and a one-element `ceil_div`: the message says "an expression object"
+    (not the class name `a ExprNode`) and "got 1" once."""
+    launch = small["ops"]["scale"]["impl"]["launches"][0]
+    launch["grid"][0] = {"div": ["tokens", 4]}
+    (issue,) = issues_of(to_bytes(small))
+    assert issue.message == "unknown field `div` (an expression object has: ceil_div, mul)"
+    launch["grid"][0] = {"ceil_div": ["tokens"]}
+    (issue,) = issues_of(to_bytes(small))
+    assert issue.message == "Expected `array` of length 2, got 1"
+    small["ops"]["scale"]["nope"] = 1
+    launch["grid"][0] = 1
+    (issue,) = issues_of(to_bytes(small))
+    assert "(an Op has: params, impl)" in issue.message

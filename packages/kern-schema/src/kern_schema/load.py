@@ -304,6 +304,16 @@ def _json_kind(obj: Any) -> str:
     return "object"
 
 
+#: How messages name a struct whose class name means nothing to a manifest's author.
+_STRUCT_NAMES = {"ExprNode": "expression object"}
+
+
+def _a(tp: type) -> str:
+    """`a Launch`, `an Op`, `an expression object`: a struct named with its article."""
+    name = _STRUCT_NAMES.get(tp.__name__, tp.__name__)
+    return ("an " if name[0].lower() in "aeiou" else "a ") + name
+
+
 def _struct_issues(obj: dict[str, Any], tp: type[msgspec.Struct], path: Path) -> list[DecodeIssue]:
     fields = {f.encode_name: f for f in msgspec.structs.fields(tp)}
     issues: list[DecodeIssue] = []
@@ -314,14 +324,14 @@ def _struct_issues(obj: dict[str, Any], tp: type[msgspec.Struct], path: Path) ->
             hint = f"; did you mean `{close[0]}`?" if close else ""
             issues.append(DecodeIssue(
                 "unknown_field", path + (key,),
-                f"unknown field `{key}` (a {tp.__name__} has: {', '.join(fields)}){hint}",
+                f"unknown field `{key}` ({_a(tp)} has: {', '.join(fields)}){hint}",
             ))
         else:
             issues.extend(_localize(value, f.type, path + (key,)))
     for name, f in fields.items():
         if f.required and name not in obj:
             issues.append(DecodeIssue(
-                "missing_field", path, f"missing required field `{name}` (a {tp.__name__} needs: "
+                "missing_field", path, f"missing required field `{name}` ({_a(tp)} needs: "
                 + ", ".join(n for n, g in fields.items() if g.required) + ")",
             ))
     return issues
@@ -393,9 +403,9 @@ def _explain(message: str, obj: Any, tp: Any) -> str:
     """Make msgspec's message about `obj` more helpful: drop `| null` (an optional field is
     never usefully null), name the struct, show the offending scalar."""
     if message.startswith("Expected `object`") and _is_struct(tp):
-        return f"expected an object (a {tp.__name__}), got {_json_kind(obj)}"
+        return f"expected an object ({_a(tp)}), got {_json_kind(obj)}"
     message = message.replace(" | null`", "`")
-    if message.startswith("Expected `array` of length") and isinstance(obj, list):
+    if message.startswith("Expected `array` of length") and isinstance(obj, list) and ", got" not in message:
         return f"{message}, got {len(obj)} entries"
     if message.startswith("Expected") and isinstance(obj, (bool, int, float, str)):
         shown = json.dumps(obj) if not isinstance(obj, int) or abs(obj) < 10**40 else f"{obj:.3e}"
