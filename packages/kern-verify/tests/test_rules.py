@@ -219,6 +219,7 @@ CASES = [
      [("E0056", "programs.prefill.calls[1].args[1].offset")]),
     ("duplicate-label", "carry", lambda d: call(d, "prefill", 1).update(label="embed"),
      [("E0057", "programs.prefill.calls[1].label")]),
+    ("empty-label", "carry", lambda d: call(d, "prefill", 1).update(label=" "), [("E0058", "programs.prefill.calls[1].label")]),
     # --- group 8: dataflow ---
     ("workspace-read-first", "carry", lambda d: call(d, "decode")["args"].__setitem__(0, {"buf": "h"}),
      [("E0060", "programs.decode.calls[0].args[0]")]),

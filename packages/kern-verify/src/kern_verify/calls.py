@@ -1,5 +1,6 @@
-"""Rules on program calls (DESIGN §3 group 7): op exists (E0050), labels unique (E0057),
-argument count (E0051), each argument against its op param (E0040, E0052–E0056).
+"""Rules on program calls (DESIGN §3 group 7): op exists (E0050), labels unique (E0057)
+and not empty (E0058), argument count (E0051), each argument against its op param (E0040,
+E0052–E0056).
 
 `check_calls` returns every buffer access (program, call, arg, buffer, reads, writes)
 for the dataflow rules of group 8.
@@ -51,7 +52,11 @@ def check_calls(ctx: Context) -> list[Access]:
         for ci, call in enumerate(prog.calls):
             cpath: Path = ("programs", pname, "calls", ci)
             what = f"call `{call.label}`"
-            if call.label in labels:
+            if not call.label.strip():
+                ctx.r.add("E0058", cpath + ("label",), f"call {ci} of program `{pname}` (op `{call.op}`) has an empty label",
+                          "label every call with what it is, e.g. `l3.qkv_proj`")
+                what = f"call {ci} (op `{call.op}`)"
+            elif call.label in labels:
                 ctx.r.add("E0057", cpath + ("label",),
                           f"{what}: label already used by calls[{labels[call.label]}] of program `{pname}`",
                           "give every call of a program a distinct label, e.g. `l3.qkv_proj`")

@@ -215,6 +215,10 @@ _CODES: list[Code] = [
          "Call labels are unique within their program: diagnostics, profiles and op-by-op comparisons name "
          "calls by label.",
          '[{"label": "l0.norm", ...}, {"label": "l0.norm", ...}]'),
+    Code("E0058", "error", "empty call label",
+         "A call label is empty or only whitespace. Diagnostics, profiles and op-by-op comparisons name calls "
+         "by label, so every call needs one that says which call it is (e.g. `l3.qkv_proj`).",
+         '{"label": "", "op": "rms_norm", "args": [...]}'),
     # --- program dataflow (group 8) ----------------------------------------------
     Code("E0060", "error", "workspace read before written",
          "A call reads a workspace buffer (its op param is `in` or `inout`) before any earlier call of "
