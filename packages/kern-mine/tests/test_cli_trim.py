@@ -130,3 +130,84 @@ def test_unobserved_fields_are_counted_and_explained(standard):
     assert "fields: 3 fit, 2 underdetermined, 1 unobserved, 0 unfit" in text
     assert "?(unobserved) = never seen in a pass with a known token count" in text
     assert "?(unobserved)" in next(line for line in text.splitlines() if line.strip().startswith(f"{r2.sites[0].id} "))
+
+
+# --- where trim may write, and what it keeps ------------------------------------------------
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_trim_refuses_its_own_input_directory(standard, tmp_path, capsys):
+    """OUT = IN used to write launches.jsonl.gz into the capture, then die copying modules.jsonl onto itself."""
+    src = tmp_path / "cap"
+    src.mkdir()
+    (src / "launches.jsonl").write_bytes((standard[0] / "launches.jsonl").read_bytes())
+    (src / "modules.jsonl").write_text("")
+    for argv in (["trim", str(src), str(src)], ["trim", str(src / "launches.jsonl"), str(src) + "/"]):
+        assert main(argv) == 2
+        assert "OUT is the capture being trimmed; give another directory" in _one_error(capsys)
+    assert sorted(p.name for p in src.iterdir()) == ["launches.jsonl", "modules.jsonl"]  # untouched
+
+
+def test_trim_refuses_a_file_and_an_untrimmed_capture_as_out(standard, tmp_path, capsys):
+    d, _, _ = standard
+    (tmp_path / "file").write_text("x")
+    assert main(["trim", str(d), str(tmp_path / "file")]) == 2  # was a FileExistsError traceback
+    assert _one_error(capsys).endswith("file: exists and is not a directory; give a new or empty directory for OUT")
+    assert main(["trim", str(d), str(tmp_path / "file" / "sub")]) == 2
+    assert _one_error(capsys).endswith("file/sub: Not a directory")
+    # another capture's directory: its launches.jsonl would shadow the trimmed file (read first), and
+    # its modules.jsonl was silently replaced by ours
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "launches.jsonl").write_text("{}\n")
+    (other / "modules.jsonl").write_text("theirs\n")
+    (other / "module_3.cubin").write_bytes(b"\x7fELF")
+    assert main(["trim", str(d), str(other)]) == 2
+    line = _one_error(capsys)
+    assert "holds an untrimmed capture (launches.jsonl, module_3.cubin)" in line and "mix two captures" in line
+    assert not (other / "launches.jsonl.gz").exists() and (other / "modules.jsonl").read_text() == "theirs\n"
+
+
+def test_trim_replaces_an_earlier_trim_without_stale_files(standard, tmp_path):
+    d, _, r = standard
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / "README.md").write_text("kept")
+    (out / "modules.jsonl").write_text("from an earlier trim of another capture\n")
+    trim(d, out)  # the standard capture has no modules.jsonl: the earlier one must not stay
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "launches.jsonl.gz"]
+    trim(d, out)  # again: replaced
+    r2 = mine(out)
+    r2.capture = r.capture
+    assert to_json(r2) == to_json(r)
+
+
+def test_trim_max_bytes_must_be_positive(standard, tmp_path, capsys):
+    for value in ("0", "-1", "x"):
+        try:
+            main(["trim", str(standard[0]), str(tmp_path / "o"), "--max-bytes", value])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"--max-bytes {value} accepted")
+        assert "kern-mine trim: error: argument --max-bytes: " in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_trim_keeps_the_result_of_a_failed_launch(standard, tmp_path):
+    """`result` is dropped as mining never reads it, but a non-zero one says the launch failed: keep it."""
+    src = tmp_path / "cap"
+    src.mkdir()
+    lines = (standard[0] / "launches.jsonl").read_bytes().split(b"\n")
+    recs = [json.loads(x) for x in lines if x]
+    for k, rec in enumerate(recs):
+        rec["result"] = 1 if k == 5 else 0
+    (src / "launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    trim(src, tmp_path / "t")
+    out = [json.loads(x) for x in gzip.decompress((tmp_path / "t" / "launches.jsonl.gz").read_bytes()).splitlines()]
+    assert out[5]["result"] == 1 and all("result" not in x for k, x in enumerate(out) if k != 5)
