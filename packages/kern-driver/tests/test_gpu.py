@@ -83,6 +83,8 @@ def test_graph_replay_equals_eager_bit_for_bit_and_inputs_stay_outside(vdir):
         assert len(rt.graphs) == 1  # run(graph=True) reused the captured graph
         with pytest.raises(KernDriverError, match="replay with n=5 is refused"):
             g.replay(n=5)
+        with pytest.raises(KernDriverError, match="has no var `m`"):
+            g.replay(m=5)
         assert "graph: main {'n': 777}" in rt.describe()
 
 

@@ -52,7 +52,7 @@ def program(name: str, *pdl: bool, extern_pdl: bool = False) -> SimpleNamespace:
     steps = [SimpleNamespace(pdl=p, extern=None) for p in pdl]
     steps.append(SimpleNamespace(pdl=extern_pdl, extern=object()))  # a cuBLASLt step never counts
     pdl_steps = [i for i, s in enumerate(steps) if s.extern is None and s.pdl]  # as StagedProgram.pdl_steps
-    return SimpleNamespace(name=name, steps=steps, staged=SimpleNamespace(pdl_steps=pdl_steps))
+    return SimpleNamespace(name=name, steps=steps, staged=SimpleNamespace(pdl_steps=pdl_steps), required=set())
 
 
 SYNC = ("synchronize", "uploading the prime_graphs throwaway of program `decode` with {'tokens': 1}")

@@ -649,3 +649,18 @@ def test_shared_opt_in_refuses_what_no_setting_can_run():
     msg = str(e.value)
     assert "230000 bytes of dynamic" in msg and "4096 bytes of static" in msg and "232448" in msg
     assert "ops.attn.impl.launches[0] (entry `attn`)" in msg and "at most 228352 bytes" in msg and "E0094" in msg
+
+
+def test_graph_replay_refuses_unknown_and_changed_vars():
+    """Graph.replay with a var the graph was not captured with names it as unknown (it used to read as a value
+    mismatch, `replay with foo=1 is refused`); a changed value is refused as before; nothing reaches the driver."""
+    from kern_driver.graphs import Graph
+
+    g = object.__new__(Graph)  # no CUDA graph: replay must refuse before touching the runtime
+    g.program, g.vars, g._exec, g._rt = "decode", {"tokens": 1}, object(), None
+    with pytest.raises(KernDriverError, match=r"graph of program `decode` has no var `foo` \(it was captured with "
+                                              r"\{'tokens': 1\}\)") as e:
+        g.replay(foo=1)
+    assert "pass only the vars the graph was captured with" in str(e.value)
+    with pytest.raises(KernDriverError, match="replay with tokens=2 is refused"):
+        g.replay(tokens=2)

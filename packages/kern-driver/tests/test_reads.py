@@ -276,3 +276,36 @@ def test_read_output_has_the_shape_of_the_run_that_wrote_it(rt_runs):
     rt._ran(rt._programs["prefill"], {"tokens": 512})
     assert rt.read_output("logits") == ((1, 151936), np.dtype(np.uint16), 2 * 151936)
     assert rt.read_buffer("logits")[0] == (512, 151936)
+
+
+def test_a_var_the_program_does_not_use_makes_no_new_graph(rt_runs, monkeypatch):
+    """run(graph=True) keyed its graph cache on every var given, so a var only `read_output` needs (here `tokens`,
+    which decode's launches do not use) captured one graph per value; now the key is the vars the launches use, and
+    the run still records the given values for read_output's shapes."""
+    from collections import OrderedDict
+
+    import kern_driver.runtime as runtime_mod
+    from kern_driver.graphs import Graph
+    from kern_driver.runtime import _Program
+
+    rt = rt_runs
+    rt._programs["decode"] = _Program("decode", None, {"pos"}, writes={"logits"})
+    rt.manifest.vars.update(pos=type(rt.manifest.vars["tokens"])(max=4096))
+    rt.manifest.vars["tokens"].min = rt.manifest.vars["pos"].min = 0
+    rt._graphs, rt.max_graphs, rt.prime_graphs, rt.debug, rt._stream = OrderedDict(), 4, False, False, None
+    captured = []
+
+    def instantiate(prog, env):
+        captured.append(dict(env))
+        g = object.__new__(Graph)
+        g.program, g.vars, g._exec = prog.name, dict(env), object()
+        return g
+
+    rt._instantiate = instantiate
+    monkeypatch.setattr(runtime_mod.drv, "cuGraphLaunch", lambda ex, stream: (runtime_mod.SUCCESS,), raising=False)
+    rt.run("decode", graph=True, pos=7, tokens=1)
+    rt.run("decode", graph=True, pos=7, tokens=3)  # same launches: the same graph
+    assert captured == [{"pos": 7, "tokens": 1}] and len(rt._graphs) == 1
+    assert rt.read_output("logits")[0] == (3, 151936)  # shaped by this run's tokens, not the captured one
+    rt.run("decode", graph=True, pos=8, tokens=3)  # a var the launches use: a new graph
+    assert captured[-1] == {"pos": 8, "tokens": 3} and len(rt._graphs) == 2

@@ -60,14 +60,18 @@ class Graph:
         """Enqueue one replay on the runtime's stream (asynchronous).
 
         Raises:
-            KernDriverError: `vars` names a value other than the captured one, the graph
-                was destroyed, or cuGraphLaunch failed.
+            KernDriverError: `vars` names a var the graph was not captured with or a value
+                other than the captured one, the graph was destroyed, or cuGraphLaunch failed.
         """
         if self._exec is None:
             raise KernDriverError(f"graph of program `{self.program}` {self.vars} was destroyed (runtime closed or cache evicted)",
                                   hint="capture it again with rt.capture(...) or use rt.run(program, graph=True, ...)")
         for k, v in vars.items():
-            if self.vars.get(k) != v:
+            if k not in self.vars:
+                raise KernDriverError(
+                    f"graph of program `{self.program}` has no var `{k}` (it was captured with {self.vars})",
+                    hint="pass only the vars the graph was captured with, or none: a replay uses the captured values")
+            if self.vars[k] != v:
                 raise KernDriverError(
                     f"graph of program `{self.program}` was captured with {self.vars}; replay with {k}={v} is refused",
                     hint="grids and scalar arguments are frozen in a graph: capture one per set of var values "

@@ -578,9 +578,10 @@ class Runtime:
 
         Args:
             program: a program name.
-            graph: replay a CUDA graph captured once per (program, var values) instead of
-                launching eagerly (the first call for new values captures; the cache keeps
-                `max_graphs` graphs).
+            graph: replay a CUDA graph captured once per (program, values of the vars its
+                launches use) instead of launching eagerly (the first call for new values
+                captures; the cache keeps `max_graphs` graphs). Other declared vars may be
+                given (they shape `read_output`) and make no new graph.
             vars: the values of the vars the program uses, each within its bounds.
 
         Raises:
@@ -590,17 +591,23 @@ class Runtime:
         prog = self._program(program)
         env = check_vars(self.manifest, prog.required, vars, f"run({program!r})")
         if graph:
-            key = (program, tuple(sorted(env.items())))
+            key = self._graph_key(prog, env)
             g = self._graphs.get(key)
             if g is None:
                 g = self._capture(prog, env)
             else:
                 self._graphs.move_to_end(key)
-            self._replay(g)
+            self._replay(g, env)
             return
         self._prepare(prog, env)
         self._enqueue(prog)
         self._ran(prog, env)
+
+    @staticmethod
+    def _graph_key(prog: _Program, env: dict[str, int]) -> tuple[str, tuple[tuple[str, int], ...]]:
+        """The graph cache's key: the program and the values of the vars its launches use. A var the program does not
+        use (given for `read_output`'s shapes, say) changes nothing in its graph, so it makes no new one."""
+        return prog.name, tuple(sorted((k, v) for k, v in env.items() if k in prog.required))
 
     def _ran(self, prog: _Program, env: dict[str, int]) -> None:
         """Record an enqueued run: its vars shape `read_buffer`, and each buffer it writes is readable
@@ -632,10 +639,11 @@ class Runtime:
                 throwaway.destroy()
             self.primed = prog.name
         graph = self._instantiate(prog, env)
-        old = self._graphs.pop(graph.key, None)
+        key = self._graph_key(prog, env)
+        old = self._graphs.pop(key, None)
         if old is not None:
             old.destroy()
-        self._graphs[graph.key] = graph
+        self._graphs[key] = graph
         while len(self._graphs) > self.max_graphs:
             _, ev = self._graphs.popitem(last=False)
             try:
@@ -671,12 +679,13 @@ class Runtime:
             raise
         return Graph(self, prog.name, env, g, ex, len(prog.items))
 
-    def _replay(self, g: Graph) -> None:
+    def _replay(self, g: Graph, env: dict[str, int] | None = None) -> None:
+        """Launch `g`; `env` (default: the captured values) is what the run records for `read_output`'s shapes."""
         self._alive()
         r = drv.cuGraphLaunch(g._exec, self._stream)
         if r[0] != SUCCESS:
             raise_error(r[0], "cuGraphLaunch", where=f"graph of program `{g.program}` {g.vars}")
-        self._ran(self._programs[g.program], g.vars)
+        self._ran(self._programs[g.program], g.vars if env is None else env)
         if self.debug:
             check(drv.cuStreamSynchronize(self._stream), "graph execution", f"graph of program `{g.program}` {g.vars}",
                   hint="replay the program eagerly with debug=True to find the faulting launch")
