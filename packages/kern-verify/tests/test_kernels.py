@@ -131,6 +131,16 @@ def test_declared_i32_where_kernel_has_8_bytes(doc, kdir):
     assert "op `mix` launch 0 (`k_mix`)" in d.message and "param 1" in d.message and "8 bytes" in d.message
 
 
+def test_a_dropped_param_is_one_diagnostic_naming_where_the_lists_part(doc, kdir):
+    """k_mix's first param (i32) left out: the count differs and every later slot shifts; one E0084."""
+    launch = mix_launch(doc)
+    del launch["params"][0]
+    del launch["args"][0]
+    (d,) = check(doc, kernels_dir=kdir)
+    assert (d.code, d.location) == ("E0084", "ops.mix.impl.launches[0].params")
+    assert "declares 5 params, the kernel has 6; they first differ at param 0 (`i64`): declared 8 bytes" in d.message
+
+
 def test_triton_hidden_params_forgotten(doc, kdir):
     launch = add_launch(doc)
     launch["params"] = launch["params"][:5]

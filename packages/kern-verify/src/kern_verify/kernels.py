@@ -66,7 +66,14 @@ def check_kernels(ctx: Context, kernels_dir: str | os.PathLike[str]) -> dict[str
                 if declared is not None:
                     n_decl, n_act = len(declared), len(info.params)
                     triton = n_act == n_decl + 2 and all(s.size == 8 for s in info.params[-2:])
-                    for idx, msg in layout_problems(declared, info.params):
+                    problems = layout_problems(declared, info.params)
+                    if problems and problems[0][0] is None and len(problems) > 1:
+                        # a param missing or extra: the positions after it differ as a consequence; one
+                        # diagnostic, saying where the lists first part
+                        first_idx, first = problems[1]
+                        first = first.replace(f"param {first_idx}:", f"param {first_idx} (`{launch.params[first_idx]}`):", 1)
+                        problems = [(None, f"{problems[0][1]}; they first differ at {first}")]
+                    for idx, msg in problems:
                         if idx is None and triton:
                             msg += " (Triton kernels carry two hidden trailing 8-byte params, global and profile scratch: declare them `in ptr` and pass {\"i64\": 0})"
                         p = lpath + ("params",) if idx is None else lpath + ("params", idx)
