@@ -347,6 +347,85 @@ def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> 
     assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels, pdl=True, decode_attention="rope-cluster"))
 
 
+# ------------------------------------------------------------------ the CLI's answers to bad input
+
+
+def _cli_error(capsys, argv: list[str], code: int = 1) -> str:
+    """gen.main's exit code and its one stderr line (no traceback; argparse's usage line aside)."""
+    try:
+        rc = gen.main(argv)
+    except SystemExit as e:  # argparse
+        rc = e.code
+    assert rc == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_cli_out_path_errors(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    """--out a directory was an IsADirectoryError traceback that left OUT.tmp behind; under a file, a FileExistsError."""
+    k = ["--preset", "0.6b", "--kernels", str(fake_kernels)]
+    line = _cli_error(capsys, [*k, "--out", str(tmp_path)])
+    assert line == f"gen_qwen3: error: --out {tmp_path}: a directory; give the manifest's file name (e.g. " \
+                   f"{tmp_path / 'qwen3-0.6b.json'})"
+    assert not Path(str(tmp_path) + ".tmp").exists()
+    (tmp_path / "f").write_text("x")
+    line = _cli_error(capsys, [*k, "--out", str(tmp_path / "f" / "sub" / "m.json")])
+    assert line == f"gen_qwen3: error: --out {tmp_path / 'f' / 'sub' / 'm.json'}: {tmp_path / 'f'} is a file, not a directory"
+    # a missing directory is made
+    assert gen.main([*k, "--out", str(tmp_path / "new" / "dir" / "m.json")]) == 0
+    assert [p.name for p in (tmp_path / "new" / "dir").iterdir()] == ["m.json"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_cli_max_positions_must_be_positive(fake_kernels: Path, tmp_path: Path, capsys, value: str) -> None:
+    """0 was silently the config's default, -5 wrote a manifest with a [-5, 128] rotary table (rc 0)."""
+    line = _cli_error(capsys, ["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(tmp_path / "m.json"),
+                               "--max-positions", value])
+    assert line == f"gen_qwen3: error: --max-positions {value}: must be >= 1 (omit it for the config's " \
+                   "max_position_embeddings, 40960)"
+    assert not (tmp_path / "m.json").exists()
+    assert _build("0.6b", fake_kernels, max_positions=1).buffers["rope.cos_sin"].shape == [1, 128]
+
+
+def test_cli_empty_model_label_is_refused(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    """--model "" was silently replaced by the default label."""
+    line = _cli_error(capsys, ["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(tmp_path / "m.json"),
+                               "--model", ""])
+    assert line == "gen_qwen3: error: --model '': an empty label (omit it for 'qwen3-0.6b')"
+
+
+def test_cli_cuda_attention_contradicting_decode_attention(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    """--cuda-attention --decode-attention triton silently took the last one given."""
+    base = ["--preset", "0.6b", "--kernels", str(fake_kernels), "--no-pdl"]
+    for flags in (["--cuda-attention", "--decode-attention", "triton"], ["--decode-attention", "cluster", "--cuda-attention"]):
+        line = _cli_error(capsys, [*base, "--out", str(tmp_path / "x.json"), *flags], code=2)
+        assert "--cuda-attention (= --decode-attention cuda) contradicts --decode-attention " in line
+    assert not (tmp_path / "x.json").exists()
+    assert gen.main([*base, "--out", str(tmp_path / "a.json"), "--cuda-attention", "--decode-attention", "cuda"]) == 0
+    assert gen.main([*base, "--out", str(tmp_path / "b.json"), "--decode-attention", "cuda"]) == 0
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_cli_damaged_kernel_index(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    """A cut-short or foreign index.json was a JSONDecodeError / AttributeError traceback; --kernels naming
+    the index file itself, a NotADirectoryError."""
+    d = tmp_path / "k"
+    d.mkdir()
+    text = (fake_kernels / "index.json").read_text()
+    argv = ["--preset", "0.6b", "--kernels", str(d), "--out", str(tmp_path / "m.json")]
+    for content, says in ((text[:1000], "not JSON (Expecting"), ("[]", "not a kernel index (a JSON list, not an object)"),
+                          ('{"format": 1, "target": "sm_90"}', "no `kernels` object"),
+                          ('{"format": 1, "target": "sm_90", "kernels": {"x": 3}}', "kernel `x` is not an object")):
+        (d / "index.json").write_text(content)
+        line = _cli_error(capsys, argv)
+        assert line.startswith(f"gen_qwen3: error: {d / 'index.json'}: {says}"), line
+        assert line.endswith(f"rebuild it with tools/build_kernels.py --out {d}")
+    line = _cli_error(capsys, [*argv[:3], str(fake_kernels / "index.json"), *argv[4:]])
+    assert line == f"gen_qwen3: error: {fake_kernels / 'index.json'}: a file; --kernels is the kernels directory " \
+                   f"({fake_kernels})"
+
+
 # ------------------------------------------------------------------ the exporter writes what the manifest binds
 
 

@@ -168,16 +168,28 @@ class Kernel:
 def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str, Kernel]:
     """Read DIR/index.json. With `check_files`, each module must exist with the index's sha256."""
     d = Path(kernels_dir)
+    if d.is_file():
+        raise GenError(f"{d}: a file; --kernels is the kernels directory"
+                       + (f" ({d.parent})" if d.name == "index.json" else " (holding index.json)"))
     path = d / "index.json"
+    rebuild = f"rebuild it with tools/build_kernels.py --out {d}"
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise GenError(f"{path}: no kernel index (build one with tools/build_kernels.py --out {d})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GenError(f"{path}: not JSON ({e}); damaged or cut short? {rebuild}") from None
+    if not isinstance(raw, dict):
+        raise GenError(f"{path}: not a kernel index (a JSON {type(raw).__name__}, not an object); {rebuild}")
     if raw.get("format") != 1 or raw.get("target") != "sm_90":
         raise GenError(f"{path}: format {raw.get('format')!r} target {raw.get('target')!r}; expected 1, sm_90")
+    if not isinstance(raw.get("kernels"), dict):
+        raise GenError(f"{path}: no `kernels` object; {rebuild}")
     out: dict[str, Kernel] = {}
     hashes: dict[str, str] = {}
     for name, e in raw["kernels"].items():
+        if not isinstance(e, dict):
+            raise GenError(f"{path}: kernel `{name}` is not an object; {rebuild}")
         try:
             k = Kernel(name=name, module=e["module"], sha256=e["sha256"], entry=e["entry"],
                        params=tuple(e["params"]), param_names=tuple(e["param_names"]),
@@ -926,7 +938,12 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     decode_attention = decode_attention or ("triton" if fused_attention else DEFAULT_DECODE_ATTENTION)
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
-    positions = max_positions or cfg.max_position_embeddings
+    if max_positions is not None and max_positions < 1:  # 0 once meant the default, -5 a [-5, 128] table
+        raise GenError(f"--max-positions {max_positions}: must be >= 1 (omit it for the config's "
+                       f"max_position_embeddings, {cfg.max_position_embeddings})")
+    if model is not None and not model.strip():
+        raise GenError(f"--model {model!r}: an empty label (omit it for {cfg.name!r})")
+    positions = max_positions if max_positions is not None else cfg.max_position_embeddings
     layout = layout or make_layout(cfg)
     b = ManifestBuilder(cfg, index)
     declare_buffers(b, positions)
@@ -1260,10 +1277,21 @@ def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chun
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
                        pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention, gemv=gemv)
     data = ks.dump(m)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(out) + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(out)
+    out = Path(out)
+    if out.is_dir():
+        raise GenError(f"--out {out}: a directory; give the manifest's file name (e.g. {out / (m.model + '.json')})")
+    if blocker := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
+        raise GenError(f"--out {out}: {blocker} is a file, not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as e:
+        raise GenError(f"--out {out}: cannot write it: {e.strerror or e} ({e.filename})") from None
     return m
 
 
@@ -1292,12 +1320,16 @@ def main(argv: list[str] | None = None) -> int:
                          "(decode_attention.cu, one launch), triton (attention.py); or rope-cluster (one launch "
                          "that also does qk_norm_rope_kv's decode work: op attention_decode_rope); default "
                          f"{DEFAULT_DECODE_ATTENTION} (triton with --fused-attention)")
-    ap.add_argument("--cuda-attention", dest="decode_attention", action="store_const", const="cuda",
-                    help="= --decode-attention cuda")
+    ap.add_argument("--cuda-attention", action="store_true", help="= --decode-attention cuda")
     ap.add_argument("--gemv", choices=GEMV_IMPLS, default=DEFAULT_GEMV,
                     help="the decode GEMV impls: gemv (gemv.cu, the faster on the H200), persistent "
                          f"(gemv_persist.cu, one block per SM); default {DEFAULT_GEMV}")
     a = ap.parse_args(argv)
+    if a.cuda_attention:
+        if a.decode_attention not in (None, "cuda"):
+            ap.error(f"--cuda-attention (= --decode-attention cuda) contradicts --decode-attention "
+                     f"{a.decode_attention}: give one of them")
+        a.decode_attention = "cuda"
     try:
         cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
