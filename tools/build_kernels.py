@@ -228,12 +228,22 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
     return index
 
 
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:  # 0 silently meant the default, -1 one job
+        raise argparse.ArgumentTypeError(f"must be >= 1 (omit it for one per CPU), got {n}")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="kernels directory to write")
     ap.add_argument("--geometry", action="append", default=None,
                     help="preset (0.6b 1.7b 4b 8b 14b 32b) or HF config.json; repeatable (default: 0.6b, 4b)")
-    ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel Triton compiles (default: CPUs)")
+    ap.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel Triton compiles (>= 1; default: CPUs)")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="also build the PDL forms of the decode-path kernels (NAME_pdl, which gen_qwen3.py's "
                          "default --pdl manifests launch; default: on; --no-pdl builds only the base set)")
@@ -245,6 +255,15 @@ def main(argv=None) -> int:
                          "two extra params pf_ptr, pf_bytes; for tools/bench_pdl.py --l2-prefetch)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
+    for spec in a.geometry or DEFAULT_GEOMETRIES:  # before anything is compiled or written
+        try:
+            load_geometry(spec)
+        except ValueError as e:
+            ap.error(f"--geometry: {e}")
+    if a.out.exists() and not a.out.is_dir():
+        ap.error(f"--out {a.out}: exists and is not a directory")
+    if blocker := next((p for p in a.out.parents if p.exists() and not p.is_dir()), None):
+        ap.error(f"--out {a.out}: {blocker} is a file, not a directory")
     idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet, pdl=a.pdl,
                 fused_attention=a.fused_attention, l2_prefetch=a.l2_prefetch)
     modules = len({k["module"] for k in idx["kernels"].values()})
