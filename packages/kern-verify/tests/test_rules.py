@@ -241,6 +241,8 @@ CASES = [
     ("unused-module", "launch", lambda d: d["modules"].update(old={"source": "old.cubin", "sha256": "0" * 64}),
      [("E0073", "modules.old")]),
     ("unused-op", "launch", lambda d: d["ops"].update(rms_norm2=d["ops"]["rms_norm"]), [("E0074", "ops.rms_norm2")]),
+    ("empty-program", "carry", lambda d: d["programs"].update(warmup={"calls": []}),
+     [("E0075", "programs.warmup.calls")]),
     # --- launch attributes: programmatic dependent launch ---
     ("pdl-on-extern", "gemm", lambda d: launch(d, "gemm").update(pdl=True), [("E0090", "ops.gemm.impl.launches[0].pdl")]),
     ("pdl-first-launch-of-program (warning)", "carry", lambda d: launch(d, "embed").update(pdl=True),
@@ -354,3 +356,39 @@ def test_verify_decoded_manifest_without_source():
     (diag,) = verify(decode(text_of(d)))
     assert diag.code == "E0055" and diag.line is None
     assert verify(decode(text_of(fixture("scratch")))) == []
+
+
+@pytest.mark.parametrize("fix", NAMES)
+def test_no_calls_at_all_is_one_cause(fix):
+    """`"programs": {}` (or every program's calls empty) gave one E0070-E0074 per declaration (~257 on the Qwen3-4B
+    example) and nothing naming the empty programs; now E0075 says it, and the unused declarations of each kind are
+    folded into one diagnostic that names the cause and lists the rest."""
+    for mutate in (lambda d: d.update(programs={}),
+                   lambda d: [p.update(calls=[]) for p in d["programs"].values()]):
+        d = fixture(fix)
+        kinds = {"ops": "E0074", "buffers": "E0072"}  # modules stay used: declared ops name them
+        mutate(d)
+        diags = check(d)
+        e75 = [x for x in diags if x.code == "E0075"]
+        assert e75 and all(x.severity == "error" for x in e75)
+        assert len(e75) == (1 if not d["programs"] else len(d["programs"]))
+        unused = [x for x in diags if x.code in ("E0070", "E0071", "E0072", "E0073", "E0074")]
+        assert len({x.code for x in unused}) == len(unused), "one diagnostic per kind"
+        for section, code in kinds.items():
+            if d[section]:
+                (x,) = [u for u in unused if u.code == code]
+                assert any("no program has a call (E0075)" in n.message for n in x.notes), x
+                assert len(x.folded) == len(d[section]) - 1
+        assert {x.code for x in diags} <= {"E0075", "E0070", "E0071", "E0072", "E0073", "E0074"}, diags
+
+
+def test_no_program_message_and_hint():
+    d = fixture("launch")
+    d["programs"] = {}
+    (x,) = [y for y in check(d) if y.code == "E0075"]
+    assert x.location == "programs" and "declares no program" in x.message and "prefill" in x.hint
+    d = fixture("carry")
+    d["programs"]["decode"]["calls"] = []
+    (x,) = [y for y in check(d) if y.code == "E0075"]
+    assert x.message == "program `decode` has no calls: running it would do nothing"
+    assert x.hint == "add its calls, or remove `decode` from `programs`"

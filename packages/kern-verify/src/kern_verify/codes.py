@@ -255,6 +255,11 @@ _CODES: list[Code] = [
          "An op that no call of any program names: its modules would be loaded and checked for nothing. "
          "Remove it, or call it.",
          '"ops": {"gelu": {...}}    // no call uses gelu'),
+    Code("E0075", "error", "program with no calls",
+         "A program whose `calls` list is empty, or a manifest with no program at all: running it would do nothing, "
+         "and every declaration a call would use is unused (those errors are then folded into one per kind). Add "
+         "the calls, or remove the program.",
+         '"programs": {"decode": {"calls": []}}'),
     # --- cubin checks (--kernels) -------------------------------------------------
     Code("E0080", "error", "module file missing",
          "With `--kernels DIR`, each local module's `source` must be a readable file under DIR.",
