@@ -309,3 +309,30 @@ def test_a_var_the_program_does_not_use_makes_no_new_graph(rt_runs, monkeypatch)
     assert rt.read_output("logits")[0] == (3, 151936)  # shaped by this run's tokens, not the captured one
     rt.run("decode", graph=True, pos=8, tokens=3)  # a var the launches use: a new graph
     assert captured[-1] == {"pos": 8, "tokens": 3} and len(rt._graphs) == 2
+
+
+def test_vars_named_like_runs_keywords_go_in_a_mapping(rt_runs):
+    """A manifest var named `graph` or `program` could not be passed (`run(prog, graph=2)` set the graph flag and
+    the var was then missing); `run` and `capture` take the values as a positional mapping too, and refuse a var
+    given both ways or a second argument that is not a mapping."""
+    from types import SimpleNamespace as NS
+
+    from kern_driver.runtime import _Program
+
+    rt = rt_runs
+    rt.manifest.vars.update(graph=NS(min=0, max=8), program=NS(min=0, max=8))
+    rt.manifest.vars["tokens"].min = 1
+    rt._programs["odd"] = _Program("odd", None, {"graph", "program", "tokens"})
+    seen = []
+    rt._prepare = lambda prog, env: seen.append(env)
+    rt._enqueue = lambda prog: None
+    rt.run("odd", {"graph": 2, "program": 3}, tokens=4)
+    assert seen == [{"graph": 2, "program": 3, "tokens": 4}]
+    with pytest.raises(KernDriverError, match=r"missing var\(s\) graph, program"):
+        rt.run("odd", tokens=4)  # no way to pass them by keyword: the message names them
+    with pytest.raises(KernDriverError, match="run\\('odd'\\): var `tokens` given both in the mapping and as a keyword"):
+        rt.run("odd", {"graph": 2, "program": 3, "tokens": 4}, tokens=4)
+    with pytest.raises(KernDriverError, match="the second argument must be a mapping of var values, got int 2"):
+        rt.run("odd", 2)
+    with pytest.raises(KernDriverError, match="capture\\('odd'\\): var `graph` given both"):
+        rt.capture("odd", {"graph": 1}, graph=1)

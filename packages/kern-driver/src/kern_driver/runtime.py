@@ -34,6 +34,7 @@ import bisect
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,20 @@ class _Program:
     @property
     def steps(self) -> list[Step]:
         return self.staged.steps
+
+
+def _merge_vars(values: Mapping[str, int] | None, kw: dict[str, int], what: str) -> dict[str, int]:
+    """`run`'s and `capture`'s var values: the positional mapping and the keyword arguments together. Raises
+    KernDriverError for a mapping that is not one, or a var given both ways."""
+    if values is None:
+        return kw
+    if not isinstance(values, Mapping):
+        raise KernDriverError(f"{what}: the second argument must be a mapping of var values, got "
+                              f"{type(values).__name__} {values!r}", hint="e.g. rt.run(\"decode\", {\"tokens\": 1})")
+    both = sorted(set(values) & set(kw))
+    if both:
+        raise KernDriverError(f"{what}: var `{both[0]}` given both in the mapping and as a keyword argument")
+    return {**values, **kw}
 
 
 class Runtime:
@@ -573,7 +588,8 @@ class Runtime:
         """The vars `run(program, ...)` requires."""
         return set(self._program(program).required)
 
-    def run(self, program: str, *, graph: bool = False, **vars: int) -> None:
+    def run(self, program: str, values: Mapping[str, int] | None = None, /, *, graph: bool = False,
+            **vars: int) -> None:
         """Enqueue `program` on the runtime's stream (asynchronous; `read_output` synchronizes).
 
         Args:
@@ -583,13 +599,16 @@ class Runtime:
                 captures; the cache keeps `max_graphs` graphs). Other declared vars may be
                 given (they shape `read_output`) and make no new graph.
             vars: the values of the vars the program uses, each within its bounds.
+            values: the same as a mapping, for a var whose name is not a Python keyword argument of `run` (a var
+                named `graph` or `program`: `rt.run("decode", {"graph": 2})`); a var given both ways is refused.
 
         Raises:
-            KernDriverError: unknown program, missing/unknown var, value out of bounds,
+            KernDriverError: unknown program, missing/unknown var, value out of bounds, a var given twice,
                 a failed launch (naming program, call label, launch index).
         """
         prog = self._program(program)
-        env = check_vars(self.manifest, prog.required, vars, f"run({program!r})")
+        env = check_vars(self.manifest, prog.required, _merge_vars(values, vars, f"run({program!r})"),
+                         f"run({program!r})")
         if graph:
             key = self._graph_key(prog, env)
             g = self._graphs.get(key)
@@ -616,15 +635,16 @@ class Runtime:
         for b in prog.writes:
             self._written[b] = self._last_env
 
-    def capture(self, program: str, **vars: int) -> Graph:
+    def capture(self, program: str, values: Mapping[str, int] | None = None, /, **vars: int) -> Graph:
         """Capture `program` for these var values into a CUDA graph (also cached for
-        `run(..., graph=True)`). Replaying it with other values is refused.
+        `run(..., graph=True)`). Replaying it with other values is refused. `values`: as `run`'s.
 
         Raises:
             KernDriverError: as `run`, or a capture/instantiation failure.
         """
         prog = self._program(program)
-        env = check_vars(self.manifest, prog.required, vars, f"capture({program!r})")
+        env = check_vars(self.manifest, prog.required, _merge_vars(values, vars, f"capture({program!r})"),
+                         f"capture({program!r})")
         return self._capture(prog, env)
 
     def _capture(self, prog: _Program, env: dict[str, int]) -> Graph:
