@@ -61,3 +61,28 @@ def test_malformed_types_say_what_is_wrong(text, fragment):
 def test_non_string_is_refused():
     with pytest.raises(ParamTypeError, match="must be a string, got int"):
         parse_param_type(3)  # type: ignore[arg-type]
+
+
+def test_json_schema_pattern_accepts_what_the_parser_accepts():
+    """The published JSON Schema's param-type pattern and parse_param_type agree: the pattern refused
+    `"out  buffer<i64>"` (two spaces), which the verifier accepts. Checked on every well-formed type with
+    whitespace variants, and on near misses."""
+    import itertools
+    import re
+
+    from kern_schema.dtypes import DTYPES, SCALARS
+    from kern_schema.manifest import _PARAM_TYPE_PATTERN
+
+    pat = re.compile(_PARAM_TYPE_PATTERN)
+    good = [*SCALARS, *(f"{d} {t}" for d in ("in", "out", "inout") for t in ("ptr", *(f"buffer<{x}>" for x in DTYPES)))]
+    near = ["buffer<bf16>", "ptr", "int", "in", "in buffer<bf17>", "in buffer< bf16>", "inbuffer<bf16>", "in ptr x",
+            "In ptr", "out buffer<bf16> ,", "f 32", ""]
+    for text, (pre, mid, post) in itertools.product(good + near, [("", " ", ""), (" ", "  ", "\t"), ("\n", "\t ", " ")]):
+        t = pre + text.replace(" ", mid) + post
+        try:
+            parse_param_type(t)
+            ok = True
+        except ParamTypeError:
+            ok = False
+        assert bool(pat.fullmatch(t)) == ok, repr(t)
+    assert all(pat.fullmatch(g) for g in good)

@@ -23,7 +23,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from .dtypes import DTYPES
+from .dtypes import DTYPES, SCALARS
 from .expr import Expr
 
 SCHEMA_VERSION = 4
@@ -48,9 +48,11 @@ KERNEL_LAUNCH_FIELDS: tuple[str, ...] = ("module", "entry", "params", "block", "
 
 Number = int | float
 
+#: The param type grammar as a JSON Schema pattern: what `kern_schema.params.parse_param_type` accepts, whitespace
+#: around and between the words included (it splits on whitespace); a test checks the two agree.
 _PARAM_TYPE_PATTERN = (
-    r"^(?:(?:in|out|inout) (?:ptr|buffer<(?:" + "|".join(DTYPES) + r")>)"
-    r"|i8|u8|i16|u16|i32|u32|i64|u64|f32|f64)$"
+    r"^\s*(?:(?:in|out|inout)\s+(?:ptr|buffer<(?:" + "|".join(DTYPES) + r")>)"
+    r"|" + "|".join(SCALARS) + r")\s*$"
 )
 _NAME = Meta(description="A name declared in this manifest.")
 ParamTypeStr = Annotated[
