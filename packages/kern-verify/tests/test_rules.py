@@ -241,6 +241,8 @@ CASES = [
     ("unused-module", "launch", lambda d: d["modules"].update(old={"source": "old.cubin", "sha256": "0" * 64}),
      [("E0073", "modules.old")]),
     ("unused-op", "launch", lambda d: d["ops"].update(rms_norm2=d["ops"]["rms_norm"]), [("E0074", "ops.rms_norm2")]),
+    ("op-without-launches", "scratch", lambda d: d["ops"]["paged_attention"]["impl"].update(launches=[]),
+     [("E0048", "ops.paged_attention.impl.launches"), ("E0073", "modules.attn")]),  # no E0042 per param, no E0045
     ("empty-program", "carry", lambda d: d["programs"].update(warmup={"calls": []}),
      [("E0075", "programs.warmup.calls")]),
     # --- launch attributes: programmatic dependent launch ---

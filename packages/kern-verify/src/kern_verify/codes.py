@@ -181,6 +181,11 @@ _CODES: list[Code] = [
          "An `inout` interface param that no launch writes (or reads) could be `in` (or `out`); "
          "the dataflow checks of every caller are then stricter.",
          'op params ["inout buffer<bf16>"], every launch reads it only'),
+    Code("E0048", "error", "op with no launches",
+         "An op whose impl has an empty `launches` list: a call of it would do nothing, and none of its interface "
+         "params or scratch could be used (those errors are not reported separately). Give it its launches, or "
+         "remove the op.",
+         '"ops": {"rms_norm": {"params": [...], "impl": {"launches": []}}}'),
     # --- calls (group 7) --------------------------------------------------------
     Code("E0050", "error", "unknown op",
          "A call names an op that is not declared in `ops`.",

@@ -6,7 +6,7 @@ shared memory (E0034), argument count (E0035) and each argument against its laun
 param (E0036–E0040, E0053), extern name and signature (E0039).
 Impl: no write through an `in` param (E0037), `out` params written (E0041) and not
 read before (E0046), every interface param used (E0042), scratch fits (E0043), is
-written before read (E0044) and used (E0045); over-wide directions warn (E0047).
+written before read (E0044) and used (E0045); over-wide directions warn (E0047); an impl has a launch (E0048).
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ def _op(ctx: Context, oname: str, op: Op) -> None:
     impl = op.impl
     for sname, sc in impl.scratch.items():
         check_tensor(ctx, base + ("impl", "scratch", sname), f"op `{oname}` scratch `{sname}`", sc.dtype, sc.shape)
+    if not impl.launches:
+        ctx.r.add("E0048", base + ("impl", "launches"), f"op `{oname}` has no launches: a call of it would do nothing",
+                  "give its impl the kernel launches (or the built-in) that compute it, or remove the op")
+        return  # its params and scratch are unused as a consequence: E0042 / E0045 would only repeat it
     flow = _Flow()
     for li, launch in enumerate(impl.launches):
         _launch(ctx, oname, op, iface, li, launch, flow)
