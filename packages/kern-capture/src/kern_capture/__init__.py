@@ -12,6 +12,7 @@ Capturing: ``kern-capture run --out dump/ -- python my_program.py``.
 
 __version__ = "0.1.0"
 
+from kern_capture.checks import CaptureChecks, LaunchChecker  # noqa: E402
 from kern_capture.records import (  # noqa: E402
     AllocRange,
     Capture,
@@ -28,8 +29,10 @@ from kern_capture.records import (  # noqa: E402
 __all__ = [
     "AllocRange",
     "Capture",
+    "CaptureChecks",
     "CaptureError",
     "CaptureFormatError",
+    "LaunchChecker",
     "LaunchRecord",
     "ModuleRecord",
     "ParamRecord",

@@ -201,6 +201,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
         _err(f"malformed capture: {exc}")
         return EXIT_USAGE
     rc = EXIT_CAPTURE_FAILED if s.failed else 0
+    for w in s.warnings():
+        print(f"kern-capture: warning: {w}", file=sys.stderr)
     text = json.dumps(s.to_json(), indent=1) if args.json else format_summary(s, max_grids=args.max_grids)
     try:
         print(text)

@@ -29,9 +29,12 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from kern_capture.checks import LaunchChecker
 
 __all__ = [
     "AllocRange",
@@ -191,6 +194,13 @@ class LaunchRecord(msgspec.Struct, frozen=True):
     func: int | None = None
 
     def __post_init__(self) -> None:
+        # CUDA takes grid, block and shared memory as unsigned: a negative value was never launched
+        if min(self.grid) < 0 or min(self.block) < 0 or self.shared_mem < 0:
+            what = ", ".join(f"{k} {list(v) if isinstance(v, tuple) else v}"
+                             for k, v in (("grid", self.grid), ("block", self.block), ("shared_mem", self.shared_mem))
+                             if (min(v) if isinstance(v, tuple) else v) < 0)
+            raise ValueError(f"{what}: negative, impossible for a launch (CUDA takes them unsigned): "
+                             "the record was edited or damaged")
         if self.extra_hex is not None and len(self.extra_hex) % 2:
             raise ValueError(f"extra_hex has an odd number of hex digits ({len(self.extra_hex)}): "
                              "the record was edited or damaged")
@@ -285,11 +295,15 @@ _launch_decoder = msgspec.json.Decoder(LaunchRecord)
 _module_decoder = msgspec.json.Decoder(ModuleRecord)
 
 
-def _iter_lines(path: Path, decoder: msgspec.json.Decoder, strict: bool) -> Iterator[Any]:
+def _iter_lines(path: Path, decoder: msgspec.json.Decoder, strict: bool,
+                checker: LaunchChecker | None = None) -> Iterator[Any]:
     # A crashed target may leave a truncated last line: it is dropped unless
-    # strict. A malformed line elsewhere is always an error. A missing file
+    # strict. A malformed line elsewhere is always an error, and so is a last
+    # line that is complete JSON but not a valid record (a cut-short line is
+    # never complete JSON: its closing brace is missing). A missing file
     # yields nothing (callers that need it check first). ``*.gz`` is streamed
-    # through gzip.
+    # through gzip. ``checker`` sees every record with its line number, and the
+    # dropped line.
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         f = opener(path, "rb")
@@ -314,11 +328,17 @@ def _iter_lines(path: Path, decoder: msgspec.json.Decoder, strict: bool) -> Iter
             if not line.strip():
                 continue
             try:
-                yield decoder.decode(line)
+                rec = decoder.decode(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 # only the last line can lack its newline: a truncated write
-                if line.endswith(b"\n") or strict:
+                if line.endswith(b"\n") or strict or isinstance(exc, msgspec.ValidationError):
                     raise CaptureFormatError(f"{path}:{lineno}: {exc}") from exc
+                if checker is not None:
+                    checker.truncated(lineno)
+                continue
+            if checker is not None:
+                checker.add(rec, lineno)
+            yield rec
 
 
 def launches_path(dir: str | os.PathLike[str]) -> Path:
@@ -341,18 +361,22 @@ def launches_path(dir: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"{d}: neither {LAUNCHES_FILE} nor {LAUNCHES_GZ_FILE} is there; {why}")
 
 
-def iter_launches(dir: str | os.PathLike[str], strict: bool = False) -> Iterator[LaunchRecord]:
+def iter_launches(dir: str | os.PathLike[str], strict: bool = False,
+                  checker: LaunchChecker | None = None) -> Iterator[LaunchRecord]:
     """Stream the launches of a capture directory, in record order.
 
     Reads ``launches.jsonl``, else ``launches.jsonl.gz`` (a trimmed capture),
     streamed either way. A truncated last line (the target crashed mid-write) is
     skipped unless ``strict``. Any other malformed line raises
-    ``CaptureFormatError``.
+    ``CaptureFormatError``, and so does an impossible record (a negative grid,
+    block or shared memory size). ``checker`` (``kern_capture.checks.LaunchChecker``,
+    made for ``launches_path(dir)``) sees each record and the dropped line: what is
+    suspicious (failed launches, seq, pid, time) is counted there.
 
     Raises:
         FileNotFoundError: at the call, when the directory holds neither file.
     """
-    return _iter_lines(launches_path(dir), _launch_decoder, strict)
+    return _iter_lines(launches_path(dir), _launch_decoder, strict, checker)
 
 
 def iter_modules(dir: str | os.PathLike[str], strict: bool = False) -> Iterator[ModuleRecord]:
@@ -419,8 +443,8 @@ class Capture:
         modules = {m.module_id: m for m in iter_modules(d)}
         return cls(d, modules, info, error)
 
-    def launches(self, strict: bool = False) -> Iterator[LaunchRecord]:
-        """Stream the launches (a fresh iterator each call).
+    def launches(self, strict: bool = False, checker: LaunchChecker | None = None) -> Iterator[LaunchRecord]:
+        """Stream the launches (a fresh iterator each call); ``checker``: see ``iter_launches``.
 
         A failed capture (``error.json``) without a launch file has none; any
         other capture without ``launches.jsonl``/``launches.jsonl.gz`` raises
@@ -429,7 +453,7 @@ class Capture:
         if self.error is not None and not any((self.dir / n).is_file()
                                               for n in (LAUNCHES_FILE, LAUNCHES_GZ_FILE)):
             return iter(())
-        return iter_launches(self.dir, strict=strict)
+        return iter_launches(self.dir, strict=strict, checker=checker)
 
     def __iter__(self) -> Iterator[LaunchRecord]:
         return self.launches()

@@ -6,7 +6,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kern_capture.records import Capture, LaunchRecord
+import msgspec
+
+from kern_capture.checks import CaptureChecks, LaunchChecker
+from kern_capture.records import LAUNCHES_FILE, Capture, LaunchRecord, launches_path
 
 __all__ = ["KernelSummary", "CaptureSummary", "summarize", "format_summary"]
 
@@ -93,6 +96,12 @@ class CaptureSummary:
     unresolved_modules: int
     error: dict[str, Any] | None
     subcaptures: list[CaptureSummary] = field(default_factory=list)
+    checks: CaptureChecks = field(default_factory=CaptureChecks)
+
+    def warnings(self) -> list[str]:
+        """The warnings of this capture's launches file (``kern_capture.checks``), then of each
+        ``pid<N>/`` sub-capture's."""
+        return self.checks.warnings("summarising") + [w for s in self.subcaptures for w in s.warnings()]
 
     @property
     def failed(self) -> bool:
@@ -109,6 +118,7 @@ class CaptureSummary:
             "unresolved_modules": self.unresolved_modules,
             "error": self.error,
             "kernels": [k.to_json() for k in self.kernels],
+            "checks": msgspec.to_builtins(self.checks),
             "subcaptures": [s.to_json() for s in self.subcaptures],
         }
 
@@ -118,7 +128,12 @@ def summarize(cap: Capture) -> CaptureSummary:
     kernels: dict[tuple[str, int | None], KernelSummary] = {}
     n = 0
     unresolved = 0
-    for launch in cap.launches():
+    try:
+        source = launches_path(cap.dir)
+    except FileNotFoundError:  # a failed capture without a launch file: no launches
+        source = cap.dir / LAUNCHES_FILE
+    checker = LaunchChecker(source)
+    for launch in cap.launches(checker=checker):
         n += 1
         if launch.module_id is None:
             unresolved += 1
@@ -138,6 +153,7 @@ def summarize(cap: Capture) -> CaptureSummary:
         unresolved_modules=unresolved,
         error=cap.error,
         subcaptures=[summarize(s) for s in cap.subcaptures()],
+        checks=checker.result(),
     )
 
 
@@ -160,6 +176,8 @@ def format_summary(s: CaptureSummary, max_grids: int = 6) -> str:
     )
     if s.unresolved_modules:
         lines.append(f"  {_n(s.unresolved_modules, 'launch')} with no module id")
+    for w in s.checks.warnings("summarising"):
+        lines.append(f"  warning: {w}")
     if s.kernels:
         lines.append("")
         lines.append(f"  {'count':>7}  {'abi':<8}  {'module':>6}  {'params':>6}  kernel")
