@@ -5,8 +5,12 @@ Records are ``kern_capture.records.LaunchRecord`` (the capture's contract).
 ``kern-mine trim`` writes); a path to either file is accepted too (its
 directory is the capture). A truncated last line (the target crashed while
 writing it) is dropped and reported (``CaptureData.truncated_line``); any
-other malformed line, and a gzip file that is cut short or damaged, is a
-``CaptureFormatError``. A directory holding ``error.json`` (kern-capture
+other malformed line, an impossible record (negative grid, block or shared
+memory: ``LaunchRecord``), and a gzip file that is cut short or damaged, is a
+``CaptureFormatError``. What is suspicious (failed launches, seq not
+increasing, a second pid, time going back within a thread) is counted in
+``CaptureData.checks`` (``kern_capture.checks``, shared with ``kern-capture
+summary``). A directory holding ``error.json`` (kern-capture
 writes it when the capture could not start, e.g. another CUPTI subscriber)
 raises ``CaptureError`` with its content; a launches file without a launch,
 ``NoLaunchesError``.
@@ -17,10 +21,11 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+from kern_capture.checks import CaptureChecks, LaunchChecker
 from kern_capture.records import ERROR_FILE, LAUNCHES_FILE, CaptureError, CaptureFormatError, LaunchRecord, read_error
 
 __all__ = ["CaptureData", "CaptureError", "NoLaunchesError", "load_capture", "launches_path", "capture_error_text",
@@ -43,19 +48,20 @@ class CaptureData:
 
     ``truncated_line``: the 1-based number of the last line when it was cut short
     (no newline, not a record: the target crashed or was still writing) and dropped;
-    None when the file ended cleanly."""
+    None when the file ended cleanly. ``checks``: what reading the file noticed
+    (``kern_capture.checks``)."""
 
     dir: Path
     source: Path
     launches: list[LaunchRecord]
     truncated_line: int | None = None
+    checks: CaptureChecks = field(default_factory=CaptureChecks)
 
     def truncation_warning(self) -> str | None:
         """One line saying which line was dropped (None when none was)."""
         if self.truncated_line is None:
             return None
-        return (f"{self.source}:{self.truncated_line}: last line cut short (the target crashed or was still "
-                f"writing?); dropped, mining the {len(self.launches)} launches before it")
+        return CaptureChecks(str(self.source), len(self.launches), self.truncated_line).truncation_warning("mining")
 
 
 def capture_error_text(err: dict) -> str:
@@ -134,19 +140,25 @@ def load_capture(dir: str | os.PathLike[str]) -> CaptureData:
     out: list[LaunchRecord] = []
     last = len(lines) - 1
     truncated = None
+    checker = LaunchChecker(path)
     for lineno, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            out.append(_decoder.decode(line))
+            rec = _decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            if lineno == last:  # no newline after it: a truncated write
+            # no newline after it and not complete JSON (a valid JSON line that is no valid record,
+            # e.g. a negative grid, is an error wherever it is): a truncated write
+            if lineno == last and not isinstance(exc, msgspec.ValidationError):
                 truncated = lineno + 1
+                checker.truncated(truncated)
                 break
             hint = (f" (gzip data: rename it to {LAUNCHES_FILE}{GZ_SUFFIX})"
                     if lineno == 0 and data[:2] == GZ_MAGIC else "")
             raise CaptureFormatError(f"{path}:{lineno + 1}: {exc}{hint}") from exc
-    cap = CaptureData(path.parent, path, out, truncated)
+        out.append(rec)
+        checker.add(rec, lineno + 1)
+    cap = CaptureData(path.parent, path, out, truncated, checker.result())
     if not out:
         why = (f"its only line, line {truncated}, is cut short (the target crashed or was still writing?)"
                if truncated else "the file is empty (the target launched no kernel, or it was cut short)")

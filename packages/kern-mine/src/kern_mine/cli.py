@@ -12,7 +12,7 @@ from . import __version__
 from .capture import load_capture
 from .mine import MineOptions, mine_launches
 from .reference import TokensMaxError
-from .report import MineReport, render_text, to_json
+from .report import FAILED_CONSEQUENCE, MineReport, render_text, to_json
 
 __all__ = ["main"]
 
@@ -63,10 +63,10 @@ def _mine_main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         cap = load_capture(a.capture)
-        if (warn := cap.truncation_warning()) is not None:
+        for warn in cap.checks.warnings("mining", FAILED_CONSEQUENCE):
             print(f"kern-mine: warning: {warn}", file=sys.stderr)
         report = mine_launches(cap.launches, a.capture, MineOptions(gap_ms=a.gap_ms, tokens_max=a.tokens_max),
-                               truncated_last_line=cap.truncated_line is not None)
+                               truncated_last_line=cap.truncated_line is not None, checks=cap.checks)
     except (FileNotFoundError, CaptureError, TokensMaxError) as e:
         print(f"kern-mine: error: {e}", file=sys.stderr)
         return 2

@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+from kern_capture.checks import CaptureChecks, check_launches
 from kern_capture.records import LaunchRecord
 
 from .capture import load_capture
@@ -51,10 +53,35 @@ class MineOptions:
 def mine(dir: str | os.PathLike[str], options: MineOptions = MineOptions()) -> MineReport:
     """Mine a capture directory (``launches.jsonl`` or ``launches.jsonl.gz``, or a path to either file).
 
-    A truncated last line is dropped and flagged (``summary.truncated_last_line``); see
+    A truncated last line is dropped and flagged (``summary.truncated_last_line``); what reading
+    the file noticed is in ``checks`` (failed launches, seq, pid, time: ``kern_capture.checks``); see
     ``capture.load_capture`` for the errors, ``reference.choose_reference`` for ``tokens_max``."""
     cap = load_capture(dir)
-    return mine_launches(cap.launches, str(dir), options, truncated_last_line=cap.truncated_line is not None)
+    return mine_launches(cap.launches, str(dir), options, truncated_last_line=cap.truncated_line is not None,
+                         checks=cap.checks)
+
+
+def _set_aside_failed(launches: list[LaunchRecord], passes: list[Pass]) -> None:
+    """A pass holding a failed launch (non-zero ``result``: the kernel did not run) is made
+    irregular, so nothing it launched reaches the shapes, sites, token reference, fits or
+    pointers; its count goes in ``Pass.extra["failed"]`` and its note names the first one."""
+    failed = [i for i, r in enumerate(launches) if r.result]
+    if not failed or not passes:
+        return
+    starts = [p.start for p in passes]
+    by_pass: dict[int, list[int]] = {}
+    for i in failed:
+        k = bisect.bisect_right(starts, i) - 1
+        if k >= 0 and passes[k].start <= i < passes[k].end:
+            by_pass.setdefault(k, []).append(i)
+    for k, idx in by_pass.items():
+        p = passes[k]
+        r = launches[idx[0]]
+        p.extra["failed"] = len(idx)
+        p.regular = False
+        why = (f"{len(idx)} failed launch{'es' if len(idx) > 1 else ''} (non-zero CUDA result; the first: launch "
+               f"{idx[0]} {_short(r.symbol)}, result {r.result}): left out of fitting")
+        p.note = why if p.note is None else f"{why}; {p.note}"
 
 
 def _classify_windows(passes: list[Pass], n_windows: int) -> list[bool]:
@@ -77,10 +104,17 @@ def _classify_windows(passes: list[Pass], n_windows: int) -> list[bool]:
 
 
 def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions = MineOptions(),
-                  truncated_last_line: bool = False) -> MineReport:
+                  truncated_last_line: bool = False, checks: CaptureChecks | None = None) -> MineReport:
     """Mine launches already in memory (record order). ``truncated_last_line``: the capture's last
-    line was cut short and dropped (reported in the summary)."""
+    line was cut short and dropped (reported in the summary). ``checks``: what reading the file
+    noticed (``CaptureData.checks``); None: checked here, each launch's line taken as its index + 1.
+
+    A failed launch (non-zero ``result``) keeps its index (the launch ranges stay line numbers),
+    but the pass holding it is irregular: left out of shapes, sites, reference, fits, pointers."""
     n = len(launches)
+    if checks is None:
+        checks = check_launches(launches, name)
+    truncated_last_line = truncated_last_line or checks.truncated_line is not None
     t = np.fromiter((r.t_ns for r in launches), np.int64, n)
     ws = split_windows(t, options.gap_ms)
     kid_list, kernels = kernel_keys(launches)
@@ -92,6 +126,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         flat = np.fromiter((r.params is not None for r in launches), bool, n)
         split = split_passes(kid, t, ws.ranges, flat)
         passes = split.passes
+        _set_aside_failed(launches, passes)
     shapes = assign_shapes(passes, kid)
 
     words = Words(launches, AllocIndex(launches))
@@ -138,7 +173,7 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
     for w, (a, b) in enumerate(ws.ranges):
         pouts = [
             PassOut(p.index, p.kind, p.tokens, (p.start, p.end), (int(t[p.start]), int(t[p.end - 1])),
-                    p.regular, p.shape, p.mismatch, p.note, p.extra.get("start_moved"))
+                    p.regular, p.shape, p.mismatch, p.note, p.extra.get("start_moved"), p.extra.get("failed", 0))
             for p in by_w.get(w, [])
         ]
         wo = WindowOut(w, (a, b), (int(t[a]), int(t[b - 1])), pouts)
@@ -222,9 +257,10 @@ def mine_launches(launches: list[LaunchRecord], name: str, options: MineOptions 
         flat_sites_request_shapes_grid_fitted=cover["request_fitted"],
         request_shapes=sorted(request_shapes),
         truncated_last_line=truncated_last_line,
+        failed_launches=checks.failed_launches.count,
     )
     return MineReport(FORMAT, name, Options(ws.gap_ns, ws.rule, options.tokens_max, split.pause_ns if split else 0),
-                      summary, split_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out)
+                      summary, split_out, ref_out, shape_out, req_out, other_out, site_out, ptr_out, checks)
 
 
 def _short(sym: str, n: int = 48) -> str:

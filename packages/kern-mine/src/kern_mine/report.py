@@ -9,6 +9,7 @@ Expressions are kern-schema expressions (``int``, ``"tokens"``,
 from __future__ import annotations
 
 import msgspec
+from kern_capture.checks import CaptureChecks
 from kern_schema import to_text
 
 from .fit import Fit
@@ -16,10 +17,13 @@ from .fit import Fit
 __all__ = [
     "FORMAT", "PassOut", "WindowOut", "StartKernelOut", "PassSplitOut", "ShapeOut", "CandidateOut",
     "ReferenceOut", "ScalarOut", "SiteOut", "PointerOut", "Summary", "Options", "MineReport", "to_json",
-    "render_text",
+    "render_text", "FAILED_CONSEQUENCE",
 ]
 
 FORMAT = "kern-mine/2"
+FAILED_CONSEQUENCE = ("kern-mine keeps their launch indices but leaves the passes holding them out of shapes, "
+                      "sites, the token reference, fits and pointers (passes' `failed` in --json)")
+"""Ends the failed-launches warning (``kern_capture.checks``): what kern-mine does about them."""
 CANDIDATES_SHOWN = 8
 """The readable report lists the best token-reference candidates; the JSON document lists them all."""
 
@@ -27,7 +31,8 @@ CANDIDATES_SHOWN = 8
 class PassOut(msgspec.Struct, omit_defaults=True):
     """``launches``: half-open range of launch indices (0-based line numbers of launches.jsonl).
     ``mismatch``: launches of kernels launched a non-modal number of times in this pass.
-    ``shape``: the program the pass ran (regular passes only)."""
+    ``shape``: the program the pass ran (regular passes only). ``failed``: launches of the pass with
+    a non-zero CUDA result (the pass is then irregular: nothing of it is fitted)."""
 
     index: int
     kind: str  # prefill | decode | other
@@ -39,6 +44,7 @@ class PassOut(msgspec.Struct, omit_defaults=True):
     mismatch: int = 0
     note: str | None = None
     start_moved: int | None = None
+    failed: int = 0
 
 
 class WindowOut(msgspec.Struct):
@@ -169,7 +175,8 @@ class Summary(msgspec.Struct):
     fitted share over them is the one that says how much of a served model's launches a generator can
     emit from the fits (sites that never ran in a pass with a known token count, such as the model's
     initialisation and cache resets, are not in it). ``truncated_last_line``: the launches file's last
-    line was cut short (the target crashed or was still writing) and dropped."""
+    line was cut short (the target crashed or was still writing) and dropped. ``failed_launches``:
+    launches with a non-zero CUDA result (``MineReport.checks`` names the first few)."""
 
     launches: int
     flat_launches: int
@@ -191,6 +198,7 @@ class Summary(msgspec.Struct):
     flat_sites_request_shapes_grid_fitted: int = 0
     request_shapes: list[int] = []
     truncated_last_line: bool = False
+    failed_launches: int = 0
 
 
 class Options(msgspec.Struct):
@@ -212,6 +220,9 @@ class MineReport(msgspec.Struct):
     other_windows: list[WindowOut]
     sites: list[SiteOut]
     pointers: list[PointerOut]
+    checks: CaptureChecks = msgspec.field(default_factory=CaptureChecks)
+    """What reading the launches file noticed (``kern_capture.checks``): failed launches, records
+    whose seq does not increase, of a second pid, whose time goes back within a thread."""
 
 
 def to_json(report: MineReport) -> bytes:
@@ -247,6 +258,8 @@ def render_text(r: MineReport) -> str:
     if s.truncated_last_line:
         out.insert(2, "  note: the launches file's last line was cut short (the target crashed or was still "
                       "writing?) and dropped")
+    for w in msgspec.structs.replace(r.checks, truncated_line=None).warnings("mining", FAILED_CONSEQUENCE):
+        out.insert(len(out) - 1, f"  warning: {w}")
     if r.reference:
         ref = r.reference
         div = f" / {ref.divisor}" if ref.divisor > 1 else ""

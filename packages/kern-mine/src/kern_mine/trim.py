@@ -81,13 +81,15 @@ def trim(src: str | Path, dst: str | Path, max_bytes: int | None = None,
     """Trim ``src`` into ``dst``; returns (launches kept, bytes written, what was done).
 
     ``src`` is a capture directory or its launches file (``load_capture``); ``warn`` is called with
-    the line saying a truncated last line was dropped, if one was."""
+    each line of the file's warnings (a truncated last line dropped, failed launches, seq, pid, time:
+    ``kern_capture.checks``)."""
     if isinstance(dst, str) and not dst.strip():
         raise FileNotFoundError(f"empty output directory argument {dst!r}")
     out = _check_output(launches_path(src).parent, dst)  # before the (long) read
     cap = load_capture(src)
-    if warn is not None and (w := cap.truncation_warning()) is not None:
-        warn(w)
+    if warn is not None:
+        for w in cap.checks.warnings("trimming"):
+            warn(w)
     launches = cap.launches
     data = _encode(launches)
     done = "optional fields removed"
