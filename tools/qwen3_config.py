@@ -30,6 +30,40 @@ class ConfigError(ValueError):
     """A config.json the Qwen3 provider cannot serve; the message names the field."""
 
 
+#: The JSON types a field may have, in words (for messages).
+_EXPECTED = {int: "an integer", (int, float): "a number", bool: "a boolean (true or false)",
+             dict: "an object", list: "a list"}
+
+
+def _json_kind(v: Any) -> str:
+    """What a JSON value is, in words."""
+    if v is None:
+        return "null"
+    for typ, words in ((bool, "a boolean"), (int, "an integer"), (float, "a decimal number"), (str, "a string"),
+                       (list, "a list"), (dict, "an object")):
+        if isinstance(v, typ):
+            return words
+    return type(v).__name__
+
+
+def _json_text(v: Any, limit: int = 60) -> str:
+    """The value as config.json spells it (cut at ``limit`` characters)."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_type(where: str, key: str, v: Any, typ: type | tuple[type, ...]) -> Any:
+    """``v`` when it is a ``typ`` (a JSON boolean is no number), else a ConfigError naming the field,
+    the type expected in words and the value given."""
+    if (isinstance(v, bool) and typ is not bool) or not isinstance(v, typ):
+        kind = "" if v is None else f" ({_json_kind(v)})"
+        raise ConfigError(f"{where}: field `{key}` must be {_EXPECTED[typ]}, got {_json_text(v)}{kind}")
+    return v
+
+
 def _hf(hidden: int, heads: int, inter: int, layers: int, tie: bool) -> dict[str, Any]:
     # Fields every published Qwen3 dense config.json shares (Qwen/Qwen3-0.6B ... Qwen3-32B).
     return {
@@ -140,10 +174,7 @@ class Qwen3Config:
         def field(key: str, typ: type | tuple[type, ...]) -> Any:
             if key not in cfg:
                 raise ConfigError(f"{where}: missing field `{key}`")
-            v = cfg[key]
-            if isinstance(v, bool) and typ is not bool or not isinstance(v, typ):
-                raise ConfigError(f"{where}: field `{key}` = {v!r} is not {getattr(typ, '__name__', typ)}")
-            return v
+            return _check_type(where, key, cfg[key], typ)
 
         archs = cfg.get("architectures") or []
         if cfg.get("model_type") != "qwen3" or "Qwen3ForCausalLM" not in archs:
@@ -158,23 +189,28 @@ class Qwen3Config:
         if cfg.get("use_sliding_window", False):
             raise ConfigError(f"{where}: field `use_sliding_window` is true; sliding-window attention is not supported")
         layer_types = cfg.get("layer_types")
+        if layer_types is not None:
+            _check_type(where, "layer_types", layer_types, list)
         if layer_types is not None and any(t != "full_attention" for t in layer_types):
             raise ConfigError(f"{where}: field `layer_types` has non-`full_attention` layers; not supported")
 
         # Rotary: transformers 4 writes `rope_theta` (+ `rope_scaling`), transformers 5 `rope_parameters`.
         rope = cfg.get("rope_parameters")
         if rope is not None:
-            if not isinstance(rope, dict) or "rope_theta" not in rope:
+            _check_type(where, "rope_parameters", rope, dict)
+            if "rope_theta" not in rope:
                 raise ConfigError(f"{where}: field `rope_parameters` has no `rope_theta`")
             if rope.get("rope_type", "default") != "default":
                 raise ConfigError(
                     f"{where}: field `rope_parameters.rope_type` = {rope['rope_type']!r}; "
                     "only plain rotary is supported"
                 )
-            theta = rope["rope_theta"]
+            theta = _check_type(where, "rope_parameters.rope_theta", rope["rope_theta"], (int, float))
         else:
             theta = field("rope_theta", (int, float))
             scaling = cfg.get("rope_scaling")
+            if scaling is not None:
+                _check_type(where, "rope_scaling", scaling, dict)
             if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
                 raise ConfigError(f"{where}: field `rope_scaling` = {scaling!r}; only plain rotary is supported")
 
@@ -190,7 +226,7 @@ class Qwen3Config:
             vocab_size=field("vocab_size", int),
             rms_norm_eps=float(field("rms_norm_eps", (int, float))),
             rope_theta=float(theta),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_check_type(where, "tie_word_embeddings", cfg.get("tie_word_embeddings", False), bool),
             max_position_embeddings=field("max_position_embeddings", int),
         )
         for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
