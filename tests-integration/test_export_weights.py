@@ -73,7 +73,7 @@ def hf_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 _ST_DTYPE = {np.dtype(np.uint16): "bfloat16", np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-             np.dtype(np.int8): "int8"}
+             np.dtype(np.int8): "int8", np.dtype(np.uint8): "uint8"}
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
@@ -375,3 +375,196 @@ def test_random_checkpoint_exports_to_the_hf_tensors(tmp_path: Path) -> None:
     got1, _ = read_export(tmp_path / "w1.safetensors")
     for name, arr in got1.items():
         np.testing.assert_array_equal(arr, got[name], err_msg=name)
+
+
+# ------------------------------------------------------------------ a user pointing the tool at the wrong things
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    """Rewrite the JSON header of safetensors file `path` through `edit(header)`, keeping the data bytes."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    edit(header)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + raw[8 + n :])
+
+
+def _cli_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], ckpt: Path, out: Path | str | None = None,
+               *extra: str) -> str:
+    """Run the CLI expecting a failure: exit 1, one line on stderr, no traceback, nothing written."""
+    out = tmp_path / "o" / "w.safetensors" if out is None else out
+    before = sorted(p for p in tmp_path.rglob("*"))
+    assert ew.main([str(ckpt), "--out", str(out), "--quiet", *extra]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("export_weights: error: "), captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # no temp file, no new directory, no output
+    return lines[0].removeprefix("export_weights: error: ")
+
+
+def _good(tmp_path: Path, shards: int = 1, cfg: dict = TINY) -> Path:
+    return write_checkpoint(tmp_path / "ck", cfg, hf_tensors(cfg), shards=shards)
+
+
+def _set(key: str, value):
+    def edit(h: dict) -> None:
+        h["model.norm.weight"][key] = value
+    return edit
+
+
+def _overlap(h: dict) -> None:  # layer 1's input norm made to read layer 0's bytes
+    h["model.layers.1.input_layernorm.weight"]["data_offsets"] = list(h["model.layers.0.input_layernorm.weight"]["data_offsets"])
+
+
+def _short_span(h: dict) -> None:
+    b, e = h["model.norm.weight"]["data_offsets"]
+    h["model.norm.weight"]["data_offsets"] = [b, e - 2]
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (_overlap, "tensors `model.layers.0.input_layernorm.weight` and `model.layers.1.input_layernorm.weight` overlap"),
+        (_short_span, "tensor `model.norm.weight`: data_offsets [136320, 136446] span 126 bytes, but BF16 [64] is 128 bytes"),
+        (_set("shape", None), "tensor `model.norm.weight`: shape None is not a list of non-negative integers"),
+        (_set("shape", [-64]), "tensor `model.norm.weight`: shape [-64] is not a list of non-negative integers"),
+        (_set("data_offsets", [5]), "tensor `model.norm.weight`: data_offsets [5] is not [begin, end]"),
+        (_set("data_offsets", ["0", "128"]), "data_offsets ['0', '128'] is not [begin, end]"),
+        (_set("dtype", None), "tensor `model.norm.weight`: header entry has no dtype string"),
+        (lambda h: h.__setitem__("model.norm.weight", 5), "tensor `model.norm.weight`: header entry 5 is not an object"),
+    ],
+    ids=["overlap", "span-vs-shape", "no-shape", "negative-shape", "short-offsets", "string-offsets", "no-dtype",
+         "entry-not-object"],
+)
+def test_damaged_safetensors_header_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, expect: str) -> None:
+    """Was: overlapping tensors exported silently (rc 0), a span shorter than its shape failed mid-write
+    ("wrote 126 bytes, expected 128"), and a malformed entry was a KeyError/TypeError/ValueError traceback."""
+    ckpt = _good(tmp_path)
+    _rewrite_header(ckpt / "model.safetensors", edit)
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert msg.startswith(f"{ckpt / 'model.safetensors'}: ") and expect in msg and "damaged" in msg
+
+
+@pytest.mark.parametrize(
+    "damage, expect",
+    [
+        (lambda raw: raw[:-100], "its data ends at byte 138912, but the file has only 138812 bytes: truncated"),
+        (lambda raw: (10**15).to_bytes(8, "little") + raw[8:], "header length 1000000000000000 runs past the end"),
+        (lambda raw: raw[:8] + b"{" * int.from_bytes(raw[:8], "little") + raw[8 + int.from_bytes(raw[:8], "little"):],
+         "header is not JSON"),
+        (lambda raw: raw[:8] + b"[1]".ljust(int.from_bytes(raw[:8], "little")) + raw[8 + int.from_bytes(raw[:8], "little"):],
+         "header is a JSON list, not an object"),
+        (lambda raw: raw[:5], "5 bytes, shorter than the 8-byte header length"),
+    ],
+    ids=["truncated", "header-length-past-eof", "header-not-json", "header-a-list", "five-bytes"],
+)
+def test_truncated_or_corrupt_safetensors_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage,
+                                                   expect: str) -> None:
+    """Was: a header that is a JSON list was a TypeError traceback; the others named the file but not how to fix it."""
+    ckpt = _good(tmp_path)
+    f = ckpt / "model.safetensors"
+    f.write_bytes(damage(f.read_bytes()))
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert msg.startswith(f"{f}: ") and expect in msg
+
+
+def test_fp8_checkpoint_is_refused_as_quantized(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t = hf_tensors(TINY)
+    t["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"].astype(np.uint8)  # same shape
+    ckpt = write_checkpoint(tmp_path / "ck", TINY, t)
+    _rewrite_header(ckpt / "model.safetensors",
+                    lambda h: h["model.layers.0.mlp.up_proj.weight"].__setitem__("dtype", "F8_E4M3"))
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert "tensor `model.layers.0.mlp.up_proj.weight` has dtype F8_E4M3 (in model.safetensors)" in msg
+    assert "quantized checkpoint cannot be exported" in msg
+    # an fp8 release says so in config.json: refused there, before any tensor is looked at
+    cfg = TINY | {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert "field `quantization_config` (quant_method 'fp8'): a quantized checkpoint" in msg
+
+
+@pytest.mark.parametrize(
+    "patch, expect",
+    [
+        ({"tie_word_embeddings": "false"}, "field `tie_word_embeddings` = 'false' is not true or false"),
+        ({"rope_theta": 0}, "field `rope_theta` = 0.0 must be a positive number"),
+        ({"rope_theta": -1.0}, "field `rope_theta` = -1.0 must be a positive number"),
+        ({"rope_theta": float("nan")}, "field `rope_theta` = nan must be a positive number"),
+        ({"rope_theta": "1e6"}, "field `rope_theta` = '1e6' is not a number"),
+        ({"rope_scaling": "yarn"}, "field `rope_scaling` = 'yarn' is not an object or null"),
+        ({"layer_types": 5}, "field `layer_types` = 5 is not a list or null"),
+        ({"architectures": "Qwen3ForCausalLM"}, "field `architectures` = 'Qwen3ForCausalLM' is not a list"),
+        ({"rope_parameters": {"rope_theta": "x"}}, "field `rope_parameters.rope_theta` = 'x' is not a number"),
+        ({"rope_parameters": {"rope_theta": 0.0}}, "field `rope_parameters.rope_theta` = 0.0 must be a positive"),
+    ],
+)
+def test_config_field_of_wrong_type_or_value_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict,
+                                                      expect: str) -> None:
+    """Was: `"false"` read as tied (a stored lm_head silently dropped), rope_theta <= 0 or NaN wrote a NaN table
+    with rc 0, a string rope_scaling / int layer_types / string rope_parameters.rope_theta were tracebacks."""
+    t = hf_tensors(TINY | {"tie_word_embeddings": False})
+    cfg = TINY | patch
+    if "rope_parameters" in patch:
+        cfg = {k: v for k, v in cfg.items() if k != "rope_theta"}
+    ckpt = write_checkpoint(tmp_path / "ck", cfg, t)
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert msg.startswith(f"{ckpt / 'config.json'}: ") and expect in msg
+
+
+def test_unreadable_config_json_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Was: a non-UTF-8 config.json a UnicodeDecodeError traceback, config.json a directory IsADirectoryError."""
+    ckpt = _good(tmp_path)
+    cfg = ckpt / "config.json"
+    cfg.write_bytes(b"\xff\xfe\x00 not json")
+    assert _cli_error(tmp_path, capsys, ckpt).startswith(f"{cfg}: not JSON")
+    cfg.unlink()
+    cfg.mkdir()
+    assert _cli_error(tmp_path, capsys, ckpt) == f"{cfg}: a directory, not a JSON file"
+    cfg.rmdir()
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert msg.startswith(f"{cfg}: no such file; CHECKPOINT must be an HF checkpoint directory holding config.json")
+    # the safetensors file given in place of its directory
+    msg = _cli_error(tmp_path, capsys, ckpt / "model.safetensors")
+    assert msg.startswith(f"{ckpt / 'model.safetensors'}: a file; CHECKPOINT is the HF checkpoint directory")
+
+
+@pytest.mark.parametrize(
+    "index, expect",
+    [
+        (b'{"weight_map": [1]}', "not a safetensors index (no `weight_map` object"),
+        (b'{"weight_map": {"model.norm.weight": 5}}', "not a safetensors index (no `weight_map` object"),
+        (b"\xff\xfe", "not JSON"),
+    ],
+    ids=["weight-map-a-list", "shard-not-a-string", "not-utf8"],
+)
+def test_damaged_index_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], index: bytes, expect: str) -> None:
+    """Was: AttributeError / TypeError / UnicodeDecodeError tracebacks."""
+    ckpt = _good(tmp_path, shards=2)
+    (ckpt / "model.safetensors.index.json").write_bytes(index)
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert msg.startswith(f"{ckpt / 'model.safetensors.index.json'}: ") and expect in msg
+
+
+def test_index_shard_missing_not_a_file_or_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = _good(tmp_path, shards=3)
+    shard2 = ckpt / "model-00002-of-00003.safetensors"
+    shard2.unlink()
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert "shard `model-00002-of-00003.safetensors` (holding `" in msg and "is missing (an incomplete download?)" in msg
+    shard2.mkdir()
+    assert "shard `model-00002-of-00003.safetensors` (holding `" in _cli_error(tmp_path, capsys, ckpt)
+    assert _cli_error(tmp_path, capsys, ckpt).endswith(", ...) is not a file")  # was: "is missing"
+    # an index that maps a tensor to a shard that does not hold it
+    ckpt2 = write_checkpoint(tmp_path / "ck2", TINY, hf_tensors(TINY), shards=2)
+    idx = json.loads((ckpt2 / "model.safetensors.index.json").read_text())
+    wrong = {"model-00001-of-00002.safetensors": "model-00002-of-00002.safetensors",
+             "model-00002-of-00002.safetensors": "model-00001-of-00002.safetensors"}
+    idx["weight_map"]["model.norm.weight"] = wrong[idx["weight_map"]["model.norm.weight"]]
+    (ckpt2 / "model.safetensors.index.json").write_text(json.dumps(idx))
+    msg = _cli_error(tmp_path, capsys, ckpt2)
+    assert msg.startswith("model.safetensors.index.json: tensor `model.norm.weight` is mapped to `model-0000")
+    assert msg.endswith(", which does not hold it")

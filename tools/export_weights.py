@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -46,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qwen3_config import ConfigError, Qwen3Config, load_config  # noqa: E402
+from qwen3_config import ConfigError, Qwen3Config  # noqa: E402
 
 __all__ = ["ExportError", "SafetensorsFile", "Checkpoint", "plan_export", "export", "rope_cos_sin", "f32_to_bf16",
            "main"]
@@ -58,6 +59,15 @@ _DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype("<u2"),  # raw bf16 words
     "F16": np.dtype("<f2"),
     "F32": np.dtype("<f4"),
+}
+
+
+#: bytes per element of every safetensors dtype with whole-byte elements (the header's spans are checked against it)
+_DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
 }
 
 
@@ -86,32 +96,78 @@ class TensorInfo:
 
 
 class SafetensorsFile:
-    """The header of one safetensors file and raw access to its tensors."""
+    """The header of one safetensors file and raw access to its tensors.
+
+    The header is checked whole (every entry an object with a dtype, a shape of
+    non-negative integers and data_offsets [begin, end] inside the file, the byte span
+    matching dtype × shape, no two tensors' bytes overlapping), so that a damaged or
+    truncated file is named here, before anything is written.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        damaged = "the file is damaged (an interrupted download or copy?): fetch it again"
         try:
             with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 if len(head) != 8:
-                    raise ExportError(f"{self.path}: not a safetensors file (shorter than 8 bytes)")
+                    raise ExportError(f"{self.path}: not a safetensors file ({size} bytes, shorter than the "
+                                      f"8-byte header length); {damaged}")
                 (n,) = struct.unpack("<Q", head)
-                size = os.fstat(f.fileno()).st_size
                 if n > size - 8:
-                    raise ExportError(f"{self.path}: not a safetensors file (header length {n} past the end)")
-                header = json.loads(f.read(n))
+                    raise ExportError(f"{self.path}: not a safetensors file (header length {n} runs past the end "
+                                      f"of the file, {size} bytes); {damaged}")
+                raw = f.read(n)
         except FileNotFoundError:
             raise ExportError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise ExportError(f"{self.path}: a directory, not a safetensors file") from None
+        except OSError as e:
+            raise ExportError(f"{self.path}: cannot read it: {e.strerror or e}") from None
+        try:
+            header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ExportError(f"{self.path}: not a safetensors file (header is not JSON: {e})") from None
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        if not isinstance(header, dict):
+            raise ExportError(f"{self.path}: not a safetensors file (header is a JSON {type(header).__name__}, "
+                              "not an object)")
+        meta = header.pop("__metadata__", None)
+        self.metadata: dict[str, str] = meta if isinstance(meta, dict) else {}
         base = 8 + n
         self.tensors: dict[str, TensorInfo] = {}
+        spans: list[tuple[int, int, str]] = []
         for name, h in header.items():
-            b, e = h["data_offsets"]
-            if not 0 <= b <= e or base + e > size:
-                raise ExportError(f"{self.path}: tensor `{name}` data_offsets {h['data_offsets']} outside the file")
-            self.tensors[name] = TensorInfo(name, h["dtype"], tuple(h["shape"]), self.path, base + b, base + e)
+            at = f"{self.path}: tensor `{name}`"
+            if not isinstance(h, dict):
+                raise ExportError(f"{at}: header entry {h!r} is not an object; {damaged}")
+            dtype, shape, offsets = h.get("dtype"), h.get("shape"), h.get("data_offsets")
+            if not isinstance(dtype, str):
+                raise ExportError(f"{at}: header entry has no dtype string (dtype={dtype!r}); {damaged}")
+            if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+                raise ExportError(f"{at}: shape {shape!r} is not a list of non-negative integers; {damaged}")
+            if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets)
+                    or offsets[0] > offsets[1]):
+                raise ExportError(f"{at}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end; "
+                                  f"{damaged}")
+            b, e = offsets
+            if base + e > size:
+                raise ExportError(f"{at}: its data ends at byte {base + e}, but the file has only {size} bytes: "
+                                  f"truncated; {damaged}")
+            item = _DTYPE_SIZES.get(dtype)
+            if item is not None and e - b != math.prod(shape) * item:
+                raise ExportError(f"{at}: data_offsets {offsets} span {e - b} bytes, but {dtype} {shape} is "
+                                  f"{math.prod(shape) * item} bytes; {damaged}")
+            spans.append((b, e, name))
+            self.tensors[name] = TensorInfo(name, dtype, tuple(shape), self.path, base + b, base + e)
+        spans.sort()
+        reach, owner = 0, ""
+        for b, e, name in spans:  # each tensor must begin at or after every earlier one ends
+            if b < reach and b < e:
+                raise ExportError(f"{self.path}: tensors `{owner}` and `{name}` overlap (`{name}` begins at data "
+                                  f"offset {b}, before `{owner}` ends at {reach}); {damaged}")
+            if e > reach:
+                reach, owner = e, name
 
     def array(self, name: str) -> np.ndarray:
         """A read-only memory map of tensor `name` (bf16 as uint16 words)."""
@@ -124,31 +180,102 @@ class SafetensorsFile:
         return np.memmap(self.path, dtype=dt, mode="r", offset=t.start, shape=t.shape)
 
 
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _read_json(path: Path) -> object:
+    """The JSON value in `path`; ExportError naming the file when it cannot be read or parsed."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ExportError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ExportError(f"{path}: a directory, not a JSON file") from None
+    except OSError as e:
+        raise ExportError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path}: not JSON ({e}); damaged or cut short?") from None
+
+
+def _read_config(path: Path, name: str) -> Qwen3Config:
+    """config.json, strictly: what qwen3_config checks, and the field types it leaves to its callers."""
+    raw = _read_json(path)
+    if not isinstance(raw, dict):
+        raise ExportError(f"{path}: not a JSON object (a JSON {type(raw).__name__})")
+    q = raw.get("quantization_config")
+    if q is not None:
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise ExportError(f"{path}: field `quantization_config` (quant_method {method!r}): a quantized checkpoint; "
+                          "kern exports bf16, f16 or f32 checkpoints (use the unquantized release)")
+    # Types the reader below relies on without checking (a wrong one was a traceback or a silent misread).
+    typed: list[tuple[str, tuple[type, ...], str]] = [
+        ("architectures", (list,), "a list of class names"),
+        ("rope_scaling", (dict,), "an object or null"),
+        ("rope_parameters", (dict,), "an object or null"),
+        ("layer_types", (list,), "a list or null"),
+        ("tie_word_embeddings", (bool,), "true or false"),
+    ]
+    for key, types, what in typed:
+        v = raw.get(key)
+        if v is not None and not isinstance(v, types):
+            raise ExportError(f"{path}: field `{key}` = {v!r} is not {what}")
+    rope = raw.get("rope_parameters")
+    if rope is not None:
+        key, theta = "rope_parameters.rope_theta", rope.get("rope_theta")
+    else:
+        key, theta = "rope_theta", raw.get("rope_theta")
+    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))):
+        raise ExportError(f"{path}: field `{key}` = {theta!r} is not a number (Qwen3: 1000000)")
+    try:
+        cfg = Qwen3Config.from_hf(raw, name=name, where=str(path))
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:  # a type from_hf does not expect
+        raise ExportError(f"{path}: a field has a value of an unexpected type ({type(e).__name__}: {e})") from None
+    if not (math.isfinite(cfg.rope_theta) and cfg.rope_theta > 0):
+        raise ExportError(f"{path}: field `{key}` = {cfg.rope_theta!r} must be a positive number "
+                          "(Qwen3: 1000000)")
+    return cfg
+
+
 class Checkpoint:
     """An HF checkpoint directory: config.json plus one safetensors file or an indexed set of shards."""
 
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
         if not self.dir.is_dir():
-            raise ExportError(f"{self.dir}: not a directory")
-        try:
-            self.config: Qwen3Config = load_config(self.dir, name=self.dir.name)
-        except ConfigError as e:
-            raise ExportError(str(e)) from None
+            if self.dir.is_file():
+                raise ExportError(f"{self.dir}: a file; CHECKPOINT is the HF checkpoint directory "
+                                  f"(holding config.json and the safetensors), e.g. {self.dir.parent}")
+            raise ExportError(f"{self.dir}: no such directory")
+        config = self.dir / "config.json"
+        if not config.exists():
+            raise ExportError(f"{config}: no such file; CHECKPOINT must be an HF checkpoint directory holding "
+                              "config.json and model.safetensors (or model.safetensors.index.json and its shards)")
+        self.config: Qwen3Config = _read_config(config, self.dir.name or "qwen3")
+        #: every file the export reads (config.json, the index, the shards): --out must be none of them
+        self.inputs: list[Path] = [config]
         index = self.dir / "model.safetensors.index.json"
         single = self.dir / "model.safetensors"
         self.tensors: dict[str, TensorInfo] = {}
         if index.is_file():
-            try:
-                weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ExportError(f"{index}: not a safetensors index (no `weight_map`: {e})") from None
+            self.inputs.append(index)
+            raw = _read_json(index)
+            weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v for v in weight_map.values()):
+                raise ExportError(f"{index}: not a safetensors index (no `weight_map` object of tensor name -> "
+                                  "shard file name)")
             shards: dict[str, SafetensorsFile] = {}
             for shard in sorted(set(weight_map.values())):
                 if not (self.dir / shard).is_file():
                     users = sorted(k for k, v in weight_map.items() if v == shard)
-                    raise ExportError(f"{index.name}: shard `{shard}` (holding `{users[0]}`, ...) is missing")
+                    what = "is not a file" if (self.dir / shard).exists() else "is missing (an incomplete download?)"
+                    raise ExportError(f"{index.name}: shard `{shard}` (holding `{users[0]}`, ...) {what}")
                 shards[shard] = SafetensorsFile(self.dir / shard)
+                self.inputs.append(self.dir / shard)
             for name, shard in weight_map.items():
                 if name not in shards[shard].tensors:
                     raise ExportError(f"{index.name}: tensor `{name}` is mapped to `{shard}`, which does not hold it")
@@ -160,6 +287,7 @@ class Checkpoint:
                             f"{shard}: tensor `{name}` is not in {index.name}'s weight_map for this shard")
         elif single.is_file():
             self.tensors = SafetensorsFile(single).tensors
+            self.inputs.append(single)
         else:
             raise ExportError(f"{self.dir}: no model.safetensors and no model.safetensors.index.json")
 
@@ -250,8 +378,11 @@ def plan_export(ckpt: Checkpoint, rope_positions: int) -> list[OutTensor]:
                 f"tensor `{name}` has shape {list(t.shape)}, but config.json implies {list(shape)}"
             )
         if t.dtype not in _DTYPES:
+            quantized = t.dtype.startswith(("F8", "F4", "F6", "I8", "U8", "I4", "U4"))
             raise ExportError(
-                f"tensor `{name}` has dtype {t.dtype}; supported: BF16 (copied), F32 and F16 (rounded to bf16)"
+                f"tensor `{name}` has dtype {t.dtype} (in {t.path.name}); supported: BF16 (copied), F32 and F16 "
+                "(rounded to bf16)"
+                + ("; a quantized checkpoint cannot be exported: use the model's bf16 release" if quantized else "")
             )
     for name in ckpt.tensors:
         if name in want or name.endswith(".rotary_emb.inv_freq"):
