@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -568,3 +569,119 @@ def test_index_shard_missing_not_a_file_or_wrong(tmp_path: Path, capsys: pytest.
     msg = _cli_error(tmp_path, capsys, ckpt2)
     assert msg.startswith("model.safetensors.index.json: tensor `model.norm.weight` is mapped to `model-0000")
     assert msg.endswith(", which does not hold it")
+
+
+@pytest.mark.parametrize("shards, victim", [(1, "model.safetensors"), (2, "model-00002-of-00002.safetensors"),
+                                            (2, "model.safetensors.index.json"), (1, "config.json")])
+def test_out_that_is_an_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], shards: int,
+                                         victim: str) -> None:
+    """Was: `--out CKPT/model.safetensors` (or a shard) exported with rc 0 over the checkpoint's own weights."""
+    ckpt = _good(tmp_path, shards=shards)
+    before = (ckpt / victim).read_bytes()
+    msg = _cli_error(tmp_path, capsys, ckpt, ckpt / victim)
+    assert msg.startswith(f"--out {ckpt / victim}: that is the checkpoint's own {victim}; writing there would destroy")
+    assert (ckpt / victim).read_bytes() == before
+    # the same file reached through another path (a symlink to the directory)
+    (tmp_path / "alias").symlink_to(ckpt)
+    assert "that is the checkpoint's own" in _cli_error(tmp_path, capsys, ckpt, tmp_path / "alias" / victim)
+
+
+def test_out_that_is_a_directory_or_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Was: IsADirectoryError / FileExistsError / 'Device or resource busy' tracebacks; `--out new/` wrote a file
+    named `new`."""
+    ckpt = _good(tmp_path)
+    (tmp_path / "d").mkdir()
+    assert _cli_error(tmp_path, capsys, ckpt, tmp_path / "d") == (
+        f"--out '{tmp_path / 'd'}': a directory; give the weights file's path (e.g. {tmp_path / 'd' / 'model.safetensors'})")
+    assert _cli_error(tmp_path, capsys, ckpt, str(tmp_path / "new") + "/").startswith(f"--out '{tmp_path / 'new'}/': a directory")
+    assert _cli_error(tmp_path, capsys, ckpt, "").startswith("--out '': a directory")
+    (tmp_path / "f").write_text("x")
+    assert _cli_error(tmp_path, capsys, ckpt, tmp_path / "f" / "sub" / "w.safetensors") == (
+        f"--out {tmp_path / 'f' / 'sub' / 'w.safetensors'}: {tmp_path / 'f'} is a file, not a directory")
+
+
+def test_out_under_missing_folders_is_created_and_removed_on_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = _good(tmp_path)
+    out = tmp_path / "a" / "b" / "w.safetensors"
+    def io_error(*a, **k):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(ew, "rope_cos_sin", io_error)  # fails after every weight has been written
+    msg = _cli_error(tmp_path, capsys, ckpt, out)  # the folders made for it are gone again
+    assert msg == f"--out {out}: writing failed: Input/output error; nothing was written"
+    monkeypatch.undo()
+    assert ew.main([str(ckpt), "--out", str(out), "--quiet"]) == 0 and out.is_file()
+
+
+def test_rope_positions_below_one_is_named_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Was: the tensors were checked first, so a checkpoint problem hid the bad option (and the option was
+    reported only once the checkpoint was fixed)."""
+    t = hf_tensors(TINY)
+    del t["model.norm.weight"]
+    ckpt = write_checkpoint(tmp_path / "ck", TINY, t)
+    for n in ("0", "-3"):
+        msg = _cli_error(tmp_path, capsys, ckpt, None, "--rope-positions", n)
+        assert msg.startswith(f"--rope-positions {n}: must be >= 1")
+
+
+def test_disk_full_before_and_during_the_write(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Was: no check of the free space (an 8 GB export failed near its end), and ENOSPC was an OSError traceback."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    ckpt = _good(tmp_path)
+    out = tmp_path / "o" / "w.safetensors"
+    out.parent.mkdir()
+    out.write_bytes(b"previous export")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))
+    msg = _cli_error(tmp_path, capsys, ckpt, out)
+    assert msg.startswith(f"--out {out}: the export is 0.00 GiB, but only 0.00 GiB is free on {out.parent}'s file system")
+    monkeypatch.undo()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    msg = _cli_error(tmp_path, capsys, ckpt, out)
+    assert msg == f"--out {out}: writing failed: No space left on device; nothing was written"
+    assert out.read_bytes() == b"previous export"
+
+
+def test_interrupt_is_one_line_and_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = _good(tmp_path)
+    out = tmp_path / "new" / "w.safetensors"
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ew, "rope_cos_sin", interrupt)
+    assert ew.main([str(ckpt), "--out", str(out), "--quiet"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"export_weights: interrupted; {out} not written (no partial file left)"
+    assert not (tmp_path / "new").exists()
+
+
+def test_progress_bar_without_tqdm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Was: ModuleNotFoundError traceback where tqdm is not installed (the default shows a progress bar)."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` raises ImportError
+    ckpt = _good(tmp_path)
+    ew.export(ckpt, tmp_path / "w.safetensors", progress=True)
+    assert (tmp_path / "w.safetensors").is_file()
+
+
+def test_rope_table_is_written_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long table is computed and written a slice at a time, the same bits as computed whole."""
+    monkeypatch.setattr(ew, "CHUNK_BYTES", 4096)  # 16-position slices of a [1000, 16] table
+    calls = []
+    real = ew.rope_cos_sin
+    monkeypatch.setattr(ew, "rope_cos_sin", lambda *a, **k: calls.append((a, k)) or real(*a, **k))
+    ckpt = _good(tmp_path)
+    ew.export(ckpt, tmp_path / "w.safetensors", rope_positions=1000, progress=False)
+    got, _ = read_export(tmp_path / "w.safetensors")
+    assert len(calls) > 10
+    np.testing.assert_array_equal(got["rope.cos_sin"], real(1000, 16, 10000.0))

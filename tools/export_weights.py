@@ -27,7 +27,9 @@ straight from the source file to the output, and an 8 GB checkpoint needs no 8 G
 RAM. Everything is checked before a byte is written (every tensor present, its
 shape what config.json implies, its dtype supported, nothing unexpected left over),
 the output is written to a temporary file beside `--out` and renamed into place at
-the end, so a failed or interrupted export leaves nothing half-written.
+the end, so a failed or interrupted export (a full disk included: the free space is
+checked first) leaves nothing half-written, and no temporary file or folder made for
+`--out`. `--out` is a file path, never one of the checkpoint's own files.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -304,16 +307,20 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
 
 
-def rope_cos_sin(positions: int, head_dim: int, theta: float) -> np.ndarray:
+def rope_cos_sin(positions: int, head_dim: int, theta: float, first: int = 0) -> np.ndarray:
     """The `rope.cos_sin` table, f32 [positions, head_dim]: cos of each angle, then sin.
 
     Angles are formed as transformers' `Qwen3RotaryEmbedding` forms them (float32
-    inverse frequencies `1 / theta ** (arange(0, D, 2) / D)`, float32 products p·f_j);
-    cos/sin are then evaluated in float64 and rounded once to float32.
+    inverse frequencies `1 / theta ** (arange(0, D, 2) / D)`, integer positions cast to
+    float32, float32 products p·f_j); cos/sin are then evaluated in float64 and rounded
+    once to float32. `first` > 0 gives rows first..positions-1 only (the export writes
+    the table in slices, so a long one needs no table-sized RAM); every row is the same
+    whichever slice computes it.
     """
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv_freq = np.float32(1.0) / (np.float32(theta) ** exponent)
-    angle = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]  # float32 products
+    pos = np.arange(first, positions, dtype=np.int64).astype(np.float32)
+    angle = pos[:, None] * inv_freq[None, :]  # float32 products
     angle64 = angle.astype(np.float64)
     return np.concatenate([np.cos(angle64), np.sin(angle64)], axis=1).astype(np.float32)
 
@@ -329,7 +336,7 @@ class OutTensor:
     dtype: str  # "BF16" or "F32"
     shape: tuple[int, ...]
     parts: tuple[str, ...] = ()  # source tensors concatenated along rows (bf16 outputs)
-    make: Callable[[], np.ndarray] | None = None  # computed outputs (rope table)
+    make: Callable[[int, int], np.ndarray] | None = None  # computed outputs (rope table): rows [a, b)
 
     @property
     def nbytes(self) -> int:
@@ -420,7 +427,7 @@ def plan_export(ckpt: Checkpoint, rope_positions: int) -> list[OutTensor]:
     if not cfg.tie_word_embeddings:
         out.append(OutTensor("lm_head.weight", "BF16", (cfg.vocab_size, H), ("lm_head.weight",)))
     out.append(OutTensor("rope.cos_sin", "F32", (rope_positions, D),
-                         make=lambda: rope_cos_sin(rope_positions, D, cfg.rope_theta)))
+                         make=lambda a, b: rope_cos_sin(b, D, cfg.rope_theta, first=a)))
     for o in out:  # the plan's own wiring: each fused tensor is exactly its parts stacked
         if o.parts:
             rows = sum(want[s][0] for s in o.parts)
@@ -437,18 +444,39 @@ def _chunks_bf16(t: TensorInfo) -> Iterator[bytes]:
     """The bf16 bytes of source tensor `t`, in chunks of at most CHUNK_BYTES."""
     src_dt = _DTYPES[t.dtype]
     step = CHUNK_BYTES - CHUNK_BYTES % src_dt.itemsize
-    with open(t.path, "rb") as f:
+    try:
+        f = open(t.path, "rb")
+    except OSError as e:
+        raise ExportError(f"{t.path}: cannot read tensor `{t.name}`: {e.strerror or e}") from None
+    with f:
         f.seek(t.start)
         left = t.nbytes
         while left:
-            raw = f.read(min(step, left))
+            try:
+                raw = f.read(min(step, left))
+            except OSError as e:
+                raise ExportError(f"{t.path}: cannot read tensor `{t.name}`: {e.strerror or e}") from None
             if not raw:
-                raise ExportError(f"tensor `{t.name}`: {t.path.name} ends before its data does")
+                raise ExportError(f"tensor `{t.name}`: {t.path} ends before its data does (changed or truncated "
+                                  "during the export?)")
             left -= len(raw)
             if t.dtype == "BF16":
                 yield raw
             else:
                 yield f32_to_bf16(np.frombuffer(raw, src_dt).astype(np.float32)).tobytes()
+
+
+def _computed_chunks(o: OutTensor) -> Iterator[bytes]:
+    """The bytes of a computed f32 output, in row slices of at most about CHUNK_BYTES (RAM bounded)."""
+    assert o.make is not None
+    rows = o.shape[0]
+    row_bytes = max(1, o.nbytes // max(rows, 1))
+    step = max(1, CHUNK_BYTES // (4 * row_bytes))  # float64 intermediates are a few times the output
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        data = np.ascontiguousarray(o.make(a, b))
+        assert data.shape == (b - a, *o.shape[1:]) and data.dtype == np.float32, o.name
+        yield data.tobytes()
 
 
 def _header(plan: list[OutTensor], metadata: dict[str, str]) -> bytes:
@@ -462,10 +490,44 @@ def _header(plan: list[OutTensor], metadata: dict[str, str]) -> bytes:
     return struct.pack("<Q", len(blob)) + blob
 
 
+def _check_out(out_arg: str | Path) -> Path:
+    """--out as a path to write, or ExportError: not a directory, not under a file."""
+    text = os.fspath(out_arg)
+    out = Path(text)
+    if not text or text.endswith(("/", os.sep)) or out.is_dir() or out.name in ("", ".", ".."):
+        raise ExportError(f"--out {text!r}: a directory; give the weights file's path "
+                          f"(e.g. {Path(text or '.') / 'model.safetensors'})")
+    if blocker := next((q for q in out.parents if q.exists() and not q.is_dir()), None):
+        raise ExportError(f"--out {out}: {blocker} is a file, not a directory")
+    return out
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
 def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int | None = None,
            progress: bool = True) -> list[OutTensor]:
-    """Export `checkpoint_dir` to `out`. Returns the plan written. Raises ExportError."""
+    """Export `checkpoint_dir` to `out`. Returns the plan written. Raises ExportError.
+
+    Any failure (a bad input, a full disk, an interrupt) leaves `out` as it was and no
+    temporary file behind; directories created for `out` are removed again.
+    """
+    if rope_positions is not None and rope_positions < 1:
+        raise ExportError(f"--rope-positions {rope_positions}: must be >= 1 (the rope table's rows, i.e. the KV "
+                          "capacity in tokens; omit it for config.json's max_position_embeddings)")
+    out = _check_out(out)
     ckpt = Checkpoint(checkpoint_dir)
+    for src in ckpt.inputs:
+        if _same_file(out, src):
+            raise ExportError(f"--out {out}: that is the checkpoint's own {src.name}; writing there would destroy "
+                              f"the input. Write the kern weights elsewhere "
+                              f"(e.g. {ckpt.dir.parent / 'weights.safetensors'})")
     positions = rope_positions if rope_positions is not None else ckpt.config.max_position_embeddings
     plan = plan_export(ckpt, positions)
     src_dtypes = sorted({ckpt.tensors[s].dtype for o in plan for s in o.parts})
@@ -476,45 +538,82 @@ def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int |
         "tie_word_embeddings": str(ckpt.config.tie_word_embeddings).lower(),
         "rope_positions": str(positions),
     }
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    header = _header(plan, metadata)
     total = sum(o.nbytes for o in plan)
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=out.name, file=sys.stderr)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    created: list[Path] = []  # directories made for --out, removed again if the export fails
+    for d in reversed(out.parents):
+        if not d.exists():
+            try:
+                d.mkdir()
+            except OSError as e:
+                _remove_dirs(created)
+                raise ExportError(f"--out {out}: cannot create the directory {d}: {e.strerror or e}") from None
+            created.append(d)
+    tmp: str | None = None
+    bar = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_header(plan, metadata))
-            for o in plan:
-                written = 0
-                if o.make is not None:
-                    data = np.ascontiguousarray(o.make())
-                    assert data.shape == o.shape and data.dtype == np.float32, o.name
-                    chunks: Iterator[bytes] = iter([data.tobytes()])
-                else:
-                    chunks = (c for s in o.parts for c in _chunks_bf16(ckpt.tensors[s]))
-                for c in chunks:
-                    f.write(c)
-                    written += len(c)
-                    if bar is not None:
-                        bar.update(len(c))
-                if written != o.nbytes:
-                    raise ExportError(f"tensor `{o.name}`: wrote {written} bytes, expected {o.nbytes}")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
+        free = shutil.disk_usage(out.parent).free
+        if free < len(header) + total:
+            raise ExportError(f"--out {out}: the export is {_gib(len(header) + total)}, but only {_gib(free)} is "
+                              f"free on {out.parent}'s file system; free some space or write elsewhere"
+                              + (f" (the rope table alone is {_gib(plan[-1].nbytes)}: {positions} positions, "
+                                 "set by --rope-positions or config.json's max_position_embeddings)"
+                                 if plan[-1].nbytes > total // 2 else ""))
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+        except OSError as e:
+            raise ExportError(f"--out {out}: cannot create a file in {out.parent}: {e.strerror or e}") from None
+        if progress:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # no progress bar without tqdm
+                pass
+            else:
+                bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=out.name, file=sys.stderr)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                for o in plan:
+                    written = 0
+                    if o.make is not None:
+                        chunks: Iterator[bytes] = _computed_chunks(o)
+                    else:
+                        chunks = (c for s in o.parts for c in _chunks_bf16(ckpt.tensors[s]))
+                    for c in chunks:
+                        f.write(c)
+                        written += len(c)
+                        if bar is not None:
+                            bar.update(len(c))
+                    if written != o.nbytes:
+                        raise ExportError(f"tensor `{o.name}`: wrote {written} bytes, expected {o.nbytes}")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out)
+        except OSError as e:  # source read errors are ExportErrors already (_chunks_bf16): this is the output
+            raise ExportError(f"--out {out}: writing failed: {e.strerror or e}; nothing was written") from None
     except BaseException:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        _remove_dirs(created)
         raise
     finally:
         if bar is not None:
             bar.close()
     return plan
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            break
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as e:
         print(f"export_weights: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"export_weights: interrupted; {args.out} not written (no partial file left)", file=sys.stderr)
+        return 130
     total = sum(o.nbytes for o in plan)
     print(f"wrote {args.out}: {len(plan)} tensors, {total / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
     return 0
