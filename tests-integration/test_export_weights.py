@@ -685,3 +685,83 @@ def test_rope_table_is_written_in_slices(tmp_path: Path, monkeypatch: pytest.Mon
     got, _ = read_export(tmp_path / "w.safetensors")
     assert len(calls) > 10
     np.testing.assert_array_equal(got["rope.cos_sin"], real(1000, 16, 10000.0))
+
+
+# ------------------------------------------------------------------ the docstring's numerics, against independent references
+
+
+def _bf16_reference(word: int) -> int:
+    """bf16 word of the float32 with bits `word`, from exact arithmetic: round to 8 significant bits (the
+    subnormal spacing 2**-133 below 2**-126), ties to even, |x| >= 2**128 - 2**119 (past the largest finite bf16
+    by half its spacing or more) to inf; every NaN to 0x7FC0 (torch's `.to(torch.bfloat16)`)."""
+    from fractions import Fraction
+
+    x = float(np.uint32(word).view(np.float32))
+    if math.isnan(x):
+        return 0x7FC0
+    sign = 0x8000 if word >> 31 else 0
+    if math.isinf(x):
+        return sign | 0x7F80
+    v = abs(Fraction(x))
+    if v == 0:
+        return sign
+    e = max(math.frexp(abs(x))[1] - 1, -126)  # v in [2**e, 2**(e+1)) for normals
+    ulp = Fraction(2) ** (e - 7)
+    q, r = divmod(v, ulp)
+    n = int(q) + (1 if r > ulp / 2 or (r == ulp / 2 and int(q) % 2) else 0)
+    y = n * ulp
+    if y >= Fraction(2) ** 128:
+        return sign | 0x7F80
+    bits = int(np.float32(float(y)).view(np.uint32))  # y has 8 significant bits: exact in float32
+    assert bits & 0xFFFF == 0 and Fraction(float(np.float32(float(y)))) == y
+    return sign | (bits >> 16) & 0x7FFF
+
+
+def test_f32_to_bf16_matches_exact_rounding() -> None:
+    """Round to nearest, ties to even, over random bit patterns, every tie/near-tie low half, both signs,
+    subnormals, overflow to inf, infinities and NaNs (signalling, negative, with payload) -> 0x7FC0."""
+    rng = np.random.default_rng(11)
+    hi = rng.integers(0, 1 << 16, 3000, dtype=np.uint32)
+    near_ties = (hi[:, None] << 16) | np.array([0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
+    special = np.array([
+        0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x00800000,
+        0x7F7F7FFF, 0x7F7F8000, 0x7F7F8001, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7EFFFF, 0x7F7E8000,  # largest finite / overflow
+        0x7F800000, 0xFF800000, 0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0xFFC00000, 0xFFFFFFFF, 0x7F80FFFF,  # inf, NaN
+        0x3F808000, 0x3F818000, 0x3F80FFFF,
+    ], np.uint32)
+    words = np.concatenate([rng.integers(0, 1 << 32, 6000, dtype=np.uint32), near_ties.ravel(), special])
+    got = ew.f32_to_bf16(words.view(np.float32))
+    assert got.dtype == np.uint16
+    want = np.array([_bf16_reference(int(w)) for w in words], np.uint16)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, [(hex(words[i]), hex(got[i]), hex(want[i])) for i in bad[:5]]
+
+
+def test_rope_table_against_float64() -> None:
+    """The real geometry (D 128, theta 1e6, 40,960 positions) against the contract's formula in float64,
+    p * theta**(-2j/D): every entry within what the float32 angle (float32 frequencies and products, as
+    transformers forms them) allows, and where the angle is exact (j = 0: f_0 = 1, p < 2**24) cos/sin
+    evaluated in float64 and rounded once, bit for bit."""
+    P, D, theta = 40960, 128, 1e6
+    table = ew.rope_cos_sin(P, D, theta)
+    assert table.shape == (P, D) and table.dtype == np.float32
+    p = np.arange(P, dtype=np.float64)[:, None]
+    angle = p * theta ** (-2.0 * np.arange(D // 2) / D)[None, :]
+    ref = np.concatenate([np.cos(angle), np.sin(angle)], axis=1)
+    # float32 frequency: pow + divide, a few ulp; the float32 product: half an ulp; then one float32 rounding
+    bound = np.concatenate([angle, angle], axis=1) * 2.0**-21 + 2.0**-24
+    err = np.abs(table.astype(np.float64) - ref)
+    assert np.all(err <= bound), np.unravel_index(np.argmax(err - bound), err.shape)
+    np.testing.assert_array_equal(table[:, 0], np.cos(np.arange(P, dtype=np.float64)).astype(np.float32))
+    np.testing.assert_array_equal(table[:, D // 2], np.sin(np.arange(P, dtype=np.float64)).astype(np.float32))
+    # and not merely close: a float32 cos/sin (not float64 rounded once) is off in some entries
+    assert np.any(np.cos(np.arange(P, dtype=np.float32)) != table[:, 0])
+    # where the angle is small (high j) the float32 angle is accurate: the table is the formula to float32
+    np.testing.assert_allclose(table[:, D // 2 - 1], np.cos(angle[:, -1]), rtol=0, atol=2.0**-23)
+    # the angle itself is transformers' float32 one (torch: inv_freq = 1 / theta ** (arange(0, D, 2).float() / D),
+    # freqs = position.float() * inv_freq), not the float64 angle: far positions tell them apart
+    inv32 = np.float32(1.0) / np.float32(theta) ** (np.arange(0, D, 2).astype(np.float32) / np.float32(D))
+    rows = np.array([1, 4097, 30001, P - 1])
+    a32 = (rows.astype(np.float32)[:, None] * inv32[None, :]).astype(np.float64)
+    np.testing.assert_array_equal(table[rows], np.concatenate([np.cos(a32), np.sin(a32)], axis=1).astype(np.float32))
+    assert np.any(table[rows] != ref[rows].astype(np.float32))
