@@ -10,7 +10,7 @@ Reading a capture::
 Capturing: ``kern-capture run --out dump/ -- python my_program.py``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from kern_capture.checks import CaptureChecks, LaunchChecker  # noqa: E402
 from kern_capture.records import (  # noqa: E402

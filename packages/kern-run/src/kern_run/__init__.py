@@ -3,7 +3,7 @@
 from .generator import GenerationStats, KernRunError, ManifestInfo, Qwen3Session, check_request, generate
 from .stream import TextStream, load_tokenizer
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 __all__ = ["GenerationStats", "KernRunError", "ManifestInfo", "Qwen3Session", "TextStream", "check_request",
            "generate", "load_tokenizer"]
