@@ -49,6 +49,10 @@ the GPU when there is one (a 4B checkpoint takes seconds; the time goes to writi
 The init scheme is recorded in OUT/kern_random_init.json; tools/gpu/prepare.py remakes
 a checkpoint whose record differs.
 
+OUT must be a new or empty directory (written into, an older checkpoint's shards or
+index would be left beside the new ones). Every argument is checked before torch is
+imported, so a bad one is a usage error in a second, not after the weights are drawn.
+
 `--layers N` keeps the first N layers (config num_hidden_layers = N), for fast tests.
 `--tokenizer DIR` copies the tokenizer files of DIR (tokenizer.json, its config, its
 NOTICE) next to the weights.
@@ -59,6 +63,8 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
+import re
 import shutil
 import sys
 import time
@@ -109,22 +115,82 @@ def build_config(geometry: str, layers: int | None):
     return cfg
 
 
+def _geometry(text: str) -> str:
+    key = text.lower().removeprefix("qwen3-")  # `4b`, `4B`, `qwen3-4b`, `Qwen3-4B`
+    if key not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown geometry {text!r}; known: {', '.join(PRESETS)}")
+    return key
+
+
+def _seed(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 0:  # -1 is no "random seed" here: it silently drew a fixed checkpoint
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _shard_size(text: str) -> int | str:
+    """--max-shard-size as save_pretrained takes it: bytes, or an integer with KB/MB/GB/KiB/MiB/GiB."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)  # save_pretrained reads a plain-digits string as no valid size
+    # a capital B: save_pretrained reads a lower-case one as bits ("200mb" = 25 MB)
+    if not re.fullmatch(r"\d+[KkMmGg][iI]?B", t) or int(re.match(r"\d+", t).group()) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive integer followed by KB, MB, GB, KiB, MiB or GiB "
+                                         "(e.g. 5GB, 200MB)")
+    return t
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Everything about the arguments that can be checked before torch is imported (seconds) and the
+    weights are drawn and written (minutes for the large geometries)."""
+    layers = PRESETS[args.geometry]["num_hidden_layers"]
+    if args.layers is not None and not 1 <= args.layers <= layers:
+        ap.error(f"--layers {args.layers}: must be in 1..{layers} for {args.geometry}")
+    if not (math.isfinite(args.logit_std) and args.logit_std >= 0):
+        ap.error(f"--logit-std {args.logit_std}: must be >= 0 (0: transformers' plain initialisation)")
+    out: Path = args.out
+    if not str(out) or out.exists() and not out.is_dir():
+        ap.error(f"--out {str(out)!r}: exists and is not a directory (the checkpoint is a directory)")
+    if blocker := next((q for q in out.parents if q.exists() and not q.is_dir()), None):
+        ap.error(f"--out {out}: {blocker} is a file, not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        # save_pretrained would mix the new files with the old (a stale index.json or shards of another
+        # geometry, which export_weights.py then reads)
+        ap.error(f"--out {out}: a directory that is not empty; remove it or choose a new one")
+    if args.tokenizer is not None:
+        if not args.tokenizer.is_dir():
+            ap.error(f"--tokenizer {args.tokenizer}: not a directory")
+        if not (args.tokenizer / "tokenizer.json").is_file():
+            ap.error(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--geometry", required=True, choices=list(PRESETS))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--geometry", required=True, type=_geometry, metavar="{" + ",".join(PRESETS) + "}",
+                    help="a published Qwen3 dense geometry (also written 4B, qwen3-4b)")
+    ap.add_argument("--seed", type=_seed, default=0, help="a non-negative integer (default 0)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (tests)")
     ap.add_argument("--tokenizer", type=Path, default=None, help="directory whose tokenizer files to copy")
     ap.add_argument("--logit-std", type=float, default=4.0,
                     help="target logit std: embedding std = this / sqrt(hidden), log-normal row norms "
                          "(default 4.0; 0 = plain N(0, initializer_range^2))")
-    ap.add_argument("--max-shard-size", default="5GB", help="shard size for save_pretrained (default 5GB)")
+    ap.add_argument("--max-shard-size", type=_shard_size, default="5GB",
+                    help="shard size for save_pretrained (default 5GB)")
     ap.add_argument("--device", default=None, help="where to initialise (default: cuda if available)")
     args = ap.parse_args(argv)
+    check_args(ap, args)
 
-    import torch
-    import transformers
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise SystemExit(f"make_random_checkpoint: needs torch and transformers ({e}); run it where they are "
+                         "installed (the GPU machine)") from None
 
     t0 = time.perf_counter()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
