@@ -327,6 +327,58 @@ __device__ __forceinline__ void pdl_gate(Prologue prologue) {
     tl_stamp(3);
 }
 
+// The gate pdl_dot passes once its first weight stages are in flight: PdlGate (every entry of the default module) is
+// pdl_gate; the flag-dependency build's waiting entries pass FlagGate (-DGEMV_FLAG_DEP, below).
+struct PdlGate {
+    template <typename Prologue>
+    __device__ __forceinline__ void operator()(Prologue prologue) const { pdl_gate(prologue); }
+};
+
+#ifdef GEMV_FLAG_DEP
+// The flag-dependency build (see its entries at the end of the file).
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Counts the calling block in *sig once its output stores are done: every thread fences its own stores (gpu scope),
+// the block barrier orders them before thread 0's add (the CUDA programming guide's threadfence pattern).
+__device__ __forceinline__ void signal_done(unsigned *sig) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(sig, 1u);
+}
+
+// The gate of a waiting entry, instead of griddepcontrol.wait: the trigger as pdl_gate's (option 1), then thread 0
+// polls wf[0] until `target` producer blocks have signalled (ld.acquire.gpu), the block barrier, then the prologue.
+// wf[1] counts the blocks that passed; the last of the grid resets both words to 0 for the next producer, which
+// cannot signal before this grid has completed (every launch between them waits on its predecessor's completion).
+struct FlagGate {
+    unsigned *wf;
+    unsigned target;
+    template <typename Prologue>
+    __device__ __forceinline__ void operator()(Prologue prologue) const {
+        tl_stamp(1);
+#if GEMV_PDL_TRIGGER == 1
+        griddep_launch_dependents();
+#endif
+        if (threadIdx.x == 0) {
+            while (ld_acquire_gpu(wf) < target) {
+            }
+            if (atomicAdd(wf + 1, 1u) == gridDim.x - 1) {
+                atomicExch(wf, 0u);
+                atomicExch(wf + 1, 0u);
+            }
+        }
+        __syncthreads();
+        tl_stamp(2);
+        prologue();
+        tl_stamp(3);
+    }
+};
+#endif
+
 // The end of every form's dot products: acc summed over the warp's lanes, then the trigger of option 2.
 template <int R, int M>
 __device__ __forceinline__ void warp_totals(float acc[R][M]) {
@@ -392,10 +444,11 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned by
                  : "memory");
 }
 
-template <int M, int R, int U, typename Prologue, typename Pf>
+template <int M, int R, int U, typename Prologue, typename Pf, typename Gate = PdlGate>
 __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                         const long rows[R], int kv, int v0, int v1, int lane,
-                                        Prologue prologue, float acc[R][M], const Pf &, int ring_off) {
+                                        Prologue prologue, float acc[R][M], const Pf &, int ring_off,
+                                        const Gate &gate = Gate{}) {
     constexpr int C = GEMV_TMA_C, S = GEMV_TMA_S;
     extern __shared__ __align__(128) unsigned char smem_dyn[];
     __shared__ unsigned long long bars[WARPS][S];
@@ -423,7 +476,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
         for (int s = 0; s < S; ++s) issue(s);
     }
     __syncwarp();
-    pdl_gate(prologue);
+    gate(prologue);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -457,16 +510,17 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     warp_totals<R, M>(acc);
 }
 #else
-template <int M, int R, int U, typename Prologue, typename Pf>
+template <int M, int R, int U, typename Prologue, typename Pf, typename Gate = PdlGate>
 __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint4 *__restrict__ w,
                                         const long rows[R], int kv, int v0, int v1, int lane,
-                                        Prologue prologue, float acc[R][M], const Pf &pf, int) {
+                                        Prologue prologue, float acc[R][M], const Pf &pf, int,
+                                        const Gate &gate = Gate{}) {
     const int v = v0 + lane, nl = lane_loads(v0, v1, lane), stages = (nl + U - 1) / U;
     uint4 a[R][U], b[R][U];
     stage_load<M, R, U>(a, w, rows, kv, v, 0, nl, pf);
     if (GEMV_PRE_STAGES == 2) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     pf.template at<0>();
-    pdl_gate(prologue);
+    gate(prologue);
     if (GEMV_PRE_STAGES == 1) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
@@ -530,11 +584,15 @@ __device__ __forceinline__ void reduce_split(float acc[R][M], int ksplit) {
         }
 }
 
-// Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding.
-template <int M>
-__device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x,
+// Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding. GENERIC_X: x read through
+// generic loads, not the read-only path (the flag-dependency build's waiting entries: their producer grid may still
+// be running when they read it).
+template <int M, bool GENERIC_X = false>
+__device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x_arg,
                                              const __nv_bfloat16 *__restrict__ norm_w,
                                              __nv_bfloat16 *xs, int k, float eps) {
+    const __nv_bfloat16 *x = x_arg;
+    if constexpr (GENERIC_X) asm volatile("" : "+l"(x));
     __shared__ float partial[M][WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
@@ -590,10 +648,10 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
 // ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
-template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf>
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf, typename Gate = PdlGate>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
-                                          const Pf &pf, int ring_off = 0) {
+                                          const Pf &pf, int ring_off = 0, const Gate &gate = Gate{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     long rows[R];
@@ -602,7 +660,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
     tl_begin(w, n);
-    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, ring_off);
+    pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, ring_off, gate);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (warp % ksplit != 0) return;
@@ -687,6 +745,59 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
 
 #if defined(GEMV_NO_ENTRIES)
 // included by another source (gemv_mlp.cu) for its helpers: no entries of its own
+#elif defined(GEMV_FLAG_DEP)
+// The flag-dependency forms (opt in: -DGEMV_FLAG_DEP, a module of its own, gemv_flag.cubin; an experiment, NOTES.md
+// 49; tools/gpu/flag_variant.py rewrites a decode program onto them). A consumer GEMV launched with PDL waits for
+// its producer's blocks to have signalled a counter instead of for the producer grid to complete
+// (griddepcontrol.wait): H200 session 16 measured down's wait at 0.051 ms per 4B token with down still reading
+// final inputs when it did not wait at all. Same arithmetic and bits as the default entries of the same names; the
+// PDL contract is kept by the data (a consumer reads only what every counted producer block stored before its
+// signal), so kern-verify's E0088 (a `pdl` launch whose code never executes griddepcontrol.wait) is expected on the
+// waiting entries. The counters (u32 words of a zeroed `carry` buffer) return to 0 after every use.
+//   kern_gemv_norm_silu_m1{,_u5}_signal(x, norm_w, w, y, n, k, eps, ksplit, unsigned *sig)
+//       kern_gemv_norm_silu_m1{,_u5}, then each block adds 1 to *sig after its stores
+//   kern_gemv_residual_m1_flagwait(x, w, residual, n, k, ksplit, unsigned *wf, unsigned target)
+//       kern_gemv_residual_m1 gated on wf[0] reaching target (the producer's grid size) instead of
+//       griddepcontrol.wait; wf[1] is its pass counter (FlagGate)
+//   kern_gemv_residual_m1_flagwait_signal(x, w, residual, n, k, ksplit, unsigned *wf, unsigned target, unsigned *sig)
+//       the same, then each block adds 1 to *sig after its stores
+//   kern_gemv_norm_m1_flagwait(x, norm_w, w, y, n, k, eps, ksplit, unsigned *wf, unsigned target)
+//       kern_gemv_norm_m1 gated as above
+#define INSTANTIATE_SIGNAL(U, SUFFIX)                                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m1##SUFFIX##_signal(           \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                          \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit, \
+        unsigned *sig) {                                                                                         \
+        extern __shared__ __align__(16) unsigned char smem[];                                                    \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                             \
+        gemv_silu_rows<1, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                            \
+                             [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(1, k));   \
+        signal_done(sig);                                                                                        \
+    }
+INSTANTIATE_SIGNAL(4, )
+INSTANTIATE_SIGNAL(5, _u5)
+extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m1_flagwait(
+    const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ residual,
+    int n, int k, int ksplit, unsigned *wf, unsigned target) {
+    gemv_rows<1, true, 4>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}, NoL2Prefetch{}, 0,
+                          FlagGate{wf, target});
+}
+extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m1_flagwait_signal(
+    const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ residual,
+    int n, int k, int ksplit, unsigned *wf, unsigned target, unsigned *sig) {
+    gemv_rows<1, true, 4>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}, NoL2Prefetch{}, 0,
+                          FlagGate{wf, target});
+    signal_done(sig);
+}
+extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_flagwait(
+    const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const __nv_bfloat16 *__restrict__ w,
+    __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit, unsigned *wf, unsigned target) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
+    gemv_rows<1, false, 4>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,
+                           [&] { norm_to_smem<1, true>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(1, k),
+                           FlagGate{wf, target});
+}
 #elif !defined(GEMV_L2_PREFETCH)
 INSTANTIATE(1, 4, )
 INSTANTIATE(1, 5, _u5)

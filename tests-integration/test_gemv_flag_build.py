@@ -1,0 +1,188 @@
+"""CPU checks of gemv.cu's flag-dependency build (-DGEMV_FLAG_DEP; tools/gpu/flag_variant.py rewrites a decode
+program onto it; NOTES.md 49): no GPU needed.
+
+- gemv.cu's default cubin is unchanged by the build's hooks (the pinned sha256 of every example);
+- the build's entries and their ELF parameter tables: each is gemv.cu's default entry of the same arithmetic with its
+  counter pointers (8 bytes) and target (4 bytes) appended; the waiting entries never execute griddepcontrol.wait,
+  the signalling gate_up still does;
+- in the PTX: a waiting entry polls with ld.acquire.gpu before anything it reads of its producer (no global load but
+  the weight stream and the norm weight before the poll; x through generic loads, not the read-only path), writes
+  no global memory before it, and every signal (atom.add) follows the block's stores and a membar;
+- the rewrite: both modes on the 4B and 0.6B examples verify against the built kernels (E0088 warnings only on the
+  waiting entries), with the counters in a `carry` buffer, layer 0's qkv and the lm_head left on griddepcontrol.wait
+  and the last down not signalling; what it cannot rewrite is refused by name, on the command line too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "tools" / "kernels-src"
+EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("4b", "0.6b")}
+GEMV_SHA256 = "dd0c57b6df1f6de954b7763b0cdd96888446be73bb7bfa442e5a5f3f7e6a282e"
+
+read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+import build_kernels as bk  # noqa: E402
+import flag_variant  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+
+WAITING = {"kern_gemv_residual_m1_flagwait": "kern_gemv_residual_m1",
+           "kern_gemv_residual_m1_flagwait_signal": "kern_gemv_residual_m1",
+           "kern_gemv_norm_m1_flagwait": "kern_gemv_norm_m1"}
+SIGNAL = {"kern_gemv_norm_silu_m1_u5_signal": "kern_gemv_norm_silu_m1_u5",
+          "kern_gemv_norm_silu_m1_signal": "kern_gemv_norm_silu_m1"}
+#: param sizes each flag entry appends to its default twin's: pointers 8, the target 4
+EXTRA = {"kern_gemv_norm_silu_m1_u5_signal": [8], "kern_gemv_norm_silu_m1_signal": [8],
+         "kern_gemv_residual_m1_flagwait": [8, 4],
+         "kern_gemv_residual_m1_flagwait_signal": [8, 4, 8], "kern_gemv_norm_m1_flagwait": [8, 4]}
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """gemv.cu's default cubin, and its flag build's cubin and PTX, nvcc runs started together."""
+    try:
+        nvcc = bk._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    tmp = tmp_path_factory.mktemp("gemv_flag")
+    ptx_flags = [f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx"]
+    jobs = {}
+    for name, flags, defines in (("gemv.cubin", bk.NVCC_FLAGS, ()), ("flag.cubin", bk.NVCC_FLAGS, ("GEMV_FLAG_DEP",)),
+                                 ("flag.ptx", ptx_flags, ("GEMV_FLAG_DEP",))):
+        out = tmp / name
+        cmd = [nvcc, *flags, *(f"-D{d}" for d in defines), "-o", str(out), "gemv.cu"]
+        jobs[name] = (subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out)
+    for name, (p, _) in jobs.items():
+        log = p.communicate()[0].decode()
+        assert p.returncode == 0, f"{name}: {log}"
+    return {name: out for name, (_, out) in jobs.items()}
+
+
+def test_default_cubin_unchanged(builds):
+    import hashlib
+
+    assert hashlib.sha256(builds["gemv.cubin"].read_bytes()).hexdigest() == GEMV_SHA256
+
+
+def test_entries_abi_and_waits(builds):
+    e = read_cubin(builds["flag.cubin"].read_bytes()).entries
+    g = read_cubin(builds["gemv.cubin"].read_bytes()).entries
+    assert set(e) == set(WAITING) | set(SIGNAL)
+    for name, twin in {**WAITING, **SIGNAL}.items():
+        assert [s.size for s in e[name].params] == [s.size for s in g[twin].params] + EXTRA[name], name
+        assert e[name].grid_dep_wait is (name in SIGNAL), name
+        assert e[name].registers is not None and e[name].registers <= 128, name  # two 256-thread blocks per SM
+
+
+def test_poll_before_reads_and_signal_after_stores(builds):
+    entries = ptx_entries(builds["flag.ptx"].read_text())
+    for name in WAITING:
+        lines = entries[name]
+        poll = next(i for i, ln in enumerate(lines) if ln.startswith("ld.acquire.gpu.global.u32"))
+        before = lines[:poll]
+        assert not [ln for ln in before if re.search(r"\bst\.global|\batom\.|\bred\.", ln)], name
+        # before the poll only the weight stream: every global load is an L1::no_allocate weight load
+        loads = [ln for ln in before if re.search(r"\bld\.(global|v\d|u|b)", ln) and "ld.param" not in ln]
+        assert all("L1::no_allocate" in ln for ln in loads), (name, [ln for ln in loads if "no_allocate" not in ln])
+        assert not any(ln.startswith("griddepcontrol.wait") for ln in lines), name
+        after = lines[poll:]
+        nc = [ln for ln in after if ln.startswith("ld.global.nc.v4") and "no_allocate" not in ln]
+        # x through generic loads; the only read-only load left is the norm weight's (qkv), which no kernel writes
+        assert len(nc) == (1 if "norm" in name else 0), (name, nc)
+    for name in (*SIGNAL, "kern_gemv_residual_m1_flagwait_signal"):
+        lines = entries[name]
+        add = max(i for i, ln in enumerate(lines) if ln.startswith("atom.global.add.u32"))
+        stores = [i for i, ln in enumerate(lines) if re.match(r"st\.global", ln)]
+        fences = [i for i, ln in enumerate(lines) if ln.startswith("membar.gl") or ln.startswith("fence.sc.gpu")
+                  or ln.startswith("fence.acq_rel.gpu")]
+        assert stores and max(stores) < add, name
+        assert fences and max(stores) < max(fences) < add, name
+
+
+def _kernels_with(built_kernels: Path, tmp: Path, builds: dict) -> Path:
+    k = tmp / "kernels"
+    shutil.copytree(built_kernels, k)
+    shutil.copy(builds["flag.cubin"], k / "gemv_flag.cubin")
+    return k
+
+
+@pytest.mark.parametrize("geometry", list(EXAMPLES))
+@pytest.mark.parametrize("mode", flag_variant.MODES)
+def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry, mode):
+    from kern_verify.verify import verify_text
+
+    kernels = _kernels_with(built_kernels, tmp_path, builds)
+    m = json.loads(EXAMPLES[geometry].read_text())
+    out = flag_variant.rewrite(m, kernels, mode)
+    diags = verify_text(json.dumps(out), kernels_dir=kernels)
+    assert not [str(d) for d in diags if d.severity == "error"]
+    waiting = {"gemv_residual_down_proj_flagwait", "gemv_residual_down_proj_flagwait_signal", "gemv_norm_qkv_flagwait"}
+    warned = {d.location.split(".")[1] for d in diags if d.code == "E0088"}
+    assert warned and warned <= waiting
+    assert out["buffers"]["gemv_flags"] == {"dtype": "u32", "shape": [4], "class": "carry"}
+    assert out["programs"]["prefill"] == m["programs"]["prefill"]
+    src, calls = m["programs"]["decode"]["calls"], out["programs"]["decode"]["calls"]
+    assert [c["label"] for c in calls] == [c["label"] for c in src]
+    ops = [c["op"] for c in calls]
+    layers = ops.count("gemv_norm_silu_gate_up_signal")
+    assert layers == sum(c["op"] == "gemv_norm_silu_gate_up" for c in src) and "gemv_norm_silu_gate_up" not in ops
+    gu = m["ops"]["gemv_norm_silu_gate_up"]["impl"]["launches"][0]["grid"][0]
+    down = m["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["grid"][0]
+    downs = [c for c in calls if c["op"].startswith("gemv_residual_down_proj")]
+    qkvs = [c for c in calls if c["op"].startswith("gemv_norm_qkv")]
+    if mode == "down":
+        assert {c["op"] for c in downs} == {"gemv_residual_down_proj_flagwait"}
+        assert {c["op"] for c in qkvs} == {"gemv_norm_qkv"}
+    else:
+        assert [c["op"] for c in downs] == ["gemv_residual_down_proj_flagwait_signal"] * (layers - 1) + [
+            "gemv_residual_down_proj_flagwait"]
+        assert [c["op"] for c in qkvs] == ["gemv_norm_qkv"] + ["gemv_norm_qkv_flagwait"] * (layers - 1)
+        assert downs[0]["args"][-2:] == [{"buf": "gemv_flags"}, {"buf": "gemv_flags", "offset": 8}]
+        assert qkvs[1]["args"][-1] == {"buf": "gemv_flags", "offset": 8}
+        ln = out["ops"]["gemv_norm_qkv_flagwait"]["impl"]["launches"][0]
+        assert ln["args"][-1] == {"i32": down} and ln["pdl"] is True
+    ln = out["ops"]["gemv_residual_down_proj_flagwait"]["impl"]["launches"][0]
+    assert (ln["module"], ln["args"][-1], ln["pdl"]) == ("gemv_flag", {"i32": gu}, True)
+    base = m["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]
+    assert (ln["grid"], ln["block"], ln["params"][:len(base["params"])]) == (base["grid"], base["block"],
+                                                                             base["params"])
+
+
+def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path, capsys):
+    m = json.loads(EXAMPLES["4b"].read_text())
+    with pytest.raises(ValueError, match="gemv_flag.cubin: not found; build it"):
+        flag_variant.rewrite(m, tmp_path)
+    kernels = _kernels_with(built_kernels, tmp_path, builds)
+    with pytest.raises(ValueError, match="not a -DGEMV_FLAG_DEP build of gemv.cu"):
+        flag_variant.rewrite(m, kernels, cubin_name="gemv.cubin")
+    with pytest.raises(ValueError, match="--mode all: expected one of down, down-qkv"):
+        flag_variant.rewrite(m, kernels, "all")
+    bad = copy.deepcopy(m)
+    bad["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["entry"] = "kern_gemv_residual_m1_u5"
+    with pytest.raises(ValueError, match="op `gemv_residual_down_proj` launches kern_gemv_residual_m1_u5; this "
+                                         "rewrite knows one launch of `kern_gemv_residual_m1`$"):
+        flag_variant.rewrite(bad, kernels)
+    bad = copy.deepcopy(m)
+    bad["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]["pdl"] = False
+    with pytest.raises(ValueError, match="op `gemv_norm_qkv` is not a `pdl` launch"):
+        flag_variant.rewrite(bad, kernels)
+    with pytest.raises(ValueError, match="no op `gemv_norm_silu_gate_up`"):
+        flag_variant.rewrite(flag_variant.rewrite(m, kernels), kernels)
+    out = tmp_path / "flag.json"
+    assert flag_variant.main([str(EXAMPLES["4b"]), "--kernels", str(kernels), "--mode", "down-qkv",
+                              "--out", str(out)]) == 0
+    assert "GEMV dependencies on counters (down-qkv)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["modules"]["gemv_flag"]["source"] == "gemv_flag.cubin"
