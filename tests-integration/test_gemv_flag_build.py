@@ -91,25 +91,28 @@ def test_poll_before_reads_and_signal_after_stores(builds):
     entries = ptx_entries(builds["flag.ptx"].read_text())
     for name in WAITING:
         lines = entries[name]
-        poll = next(i for i, ln in enumerate(lines) if ln.startswith("ld.acquire.gpu.global.u32"))
+        poll = next(i for i, ln in enumerate(lines) if ln.startswith("ld.relaxed.gpu.global.u32"))
+        acquire = next(i for i, ln in enumerate(lines) if ln.startswith("ld.acquire.gpu.global.u32"))
+        assert poll < acquire, name
         before = lines[:poll]
         assert not [ln for ln in before if re.search(r"\bst\.global|\batom\.|\bred\.", ln)], name
         # before the poll only the weight stream: every global load is an L1::no_allocate weight load
         loads = [ln for ln in before if re.search(r"\bld\.(global|v\d|u|b)", ln) and "ld.param" not in ln]
         assert all("L1::no_allocate" in ln for ln in loads), (name, [ln for ln in loads if "no_allocate" not in ln])
         assert not any(ln.startswith("griddepcontrol.wait") for ln in lines), name
-        after = lines[poll:]
+        after = lines[acquire:]
+        assert not [ln for ln in lines[poll:acquire] if re.search(r"\bld\.(global|v\d)", ln)
+                    and "no_allocate" not in ln], name
         nc = [ln for ln in after if ln.startswith("ld.global.nc.v4") and "no_allocate" not in ln]
         # x through generic loads; the only read-only load left is the norm weight's (qkv), which no kernel writes
         assert len(nc) == (1 if "norm" in name else 0), (name, nc)
     for name in (*SIGNAL, "kern_gemv_residual_m1_flagwait_signal"):
         lines = entries[name]
-        add = max(i for i, ln in enumerate(lines) if ln.startswith("atom.global.add.u32"))
+        add = max(i for i, ln in enumerate(lines) if ln.startswith("red.release.gpu.global.add.u32"))
         stores = [i for i, ln in enumerate(lines) if re.match(r"st\.global", ln)]
-        fences = [i for i, ln in enumerate(lines) if ln.startswith("membar.gl") or ln.startswith("fence.sc.gpu")
-                  or ln.startswith("fence.acq_rel.gpu")]
+        barriers = [i for i, ln in enumerate(lines) if ln.startswith("bar.sync")]
         assert stores and max(stores) < add, name
-        assert fences and max(stores) < max(fences) < add, name
+        assert barriers and max(stores) < max(barriers) < add, name  # every thread's stores, then the release add
 
 
 def _kernels_with(built_kernels: Path, tmp: Path, builds: dict) -> Path:
@@ -131,7 +134,7 @@ def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry, mode):
     assert not [str(d) for d in diags if d.severity == "error"]
     waiting = {"gemv_residual_down_proj_flagwait", "gemv_residual_down_proj_flagwait_signal", "gemv_norm_qkv_flagwait"}
     warned = {d.location.split(".")[1] for d in diags if d.code == "E0088"}
-    assert warned and warned <= waiting
+    assert warned <= waiting and bool(warned) == (mode != "signal-only")
     assert out["buffers"]["gemv_flags"] == {"dtype": "u32", "shape": [4], "class": "carry"}
     assert out["programs"]["prefill"] == m["programs"]["prefill"]
     src, calls = m["programs"]["decode"]["calls"], out["programs"]["decode"]["calls"]
@@ -143,6 +146,10 @@ def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry, mode):
     down = m["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["grid"][0]
     downs = [c for c in calls if c["op"].startswith("gemv_residual_down_proj")]
     qkvs = [c for c in calls if c["op"].startswith("gemv_norm_qkv")]
+    if mode == "signal-only":
+        assert {c["op"] for c in downs} == {"gemv_residual_down_proj"} and {c["op"] for c in qkvs} == {"gemv_norm_qkv"}
+        assert "gemv_residual_down_proj_flagwait" not in out["ops"] and not warned
+        return
     if mode == "down":
         assert {c["op"] for c in downs} == {"gemv_residual_down_proj_flagwait"}
         assert {c["op"] for c in qkvs} == {"gemv_norm_qkv"}
@@ -168,7 +175,7 @@ def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path, caps
     kernels = _kernels_with(built_kernels, tmp_path, builds)
     with pytest.raises(ValueError, match="not a -DGEMV_FLAG_DEP build of gemv.cu"):
         flag_variant.rewrite(m, kernels, cubin_name="gemv.cubin")
-    with pytest.raises(ValueError, match="--mode all: expected one of down, down-qkv"):
+    with pytest.raises(ValueError, match="--mode all: expected one of down, down-qkv, signal-only"):
         flag_variant.rewrite(m, kernels, "all")
     bad = copy.deepcopy(m)
     bad["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["entry"] = "kern_gemv_residual_m1_u5"

@@ -20,6 +20,10 @@ counter pairs: words 0-1 for gate_up -> down, words 2-3 for down -> qkv.
   (kern_gemv_norm_m1_flagwait) waits for it; layer 0's qkv follows the embedding and the lm_head the last down, as
   before (griddepcontrol.wait), so no count is left behind.
 
+- `--mode signal-only` (a diagnostic: what the signals alone cost): gate_up signals as in `down`, every other op is
+  the manifest's; nothing waits on the count or resets it, so it only grows (it wraps after 2^32 signals: ~98,000
+  4B tokens).
+
 Everything else (grids, ksplits, `pdl` flags, the other ops) is the manifest's. Timing experiment: the program must
 compute the default's tokens (program_sweep compares them); kern-verify warns E0088 for each waiting entry (a `pdl`
 launch whose code never executes griddepcontrol.wait: its dependency is the counter). Refused by name: a manifest
@@ -46,7 +50,7 @@ KNOWN = {
 }
 ENTRIES = ("kern_gemv_norm_silu_m1_signal", "kern_gemv_norm_silu_m1_u5_signal", "kern_gemv_residual_m1_flagwait",
            "kern_gemv_residual_m1_flagwait_signal", "kern_gemv_norm_m1_flagwait")
-MODES = ("down", "down-qkv")
+MODES = ("down", "down-qkv", "signal-only")
 
 
 def _launch(m: dict, op: str) -> dict:
@@ -128,6 +132,8 @@ def rewrite(m: dict, kernels: Path, mode: str = "down", cubin_name: str = f"{MOD
     for i, c in enumerate(src):
         if c["op"] == "gemv_norm_silu_gate_up":
             c = {**c, "op": "gemv_norm_silu_gate_up_signal", "args": [*c["args"], words01]}
+        elif c["op"] == "gemv_residual_down_proj" and mode == "signal-only":
+            pass
         elif c["op"] == "gemv_residual_down_proj":
             if mode == "down-qkv" and i != downs[-1]:
                 c = {**c, "op": "gemv_residual_down_proj_flagwait_signal", "args": [*c["args"], words01, words23]}

@@ -342,12 +342,27 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p) {
     return v;
 }
 
-// Counts the calling block in *sig once its output stores are done: every thread fences its own stores (gpu scope),
-// the block barrier orders them before thread 0's add (the CUDA programming guide's threadfence pattern).
+// Counts the calling block in *sig once its output stores are done: the block barrier orders every thread's stores
+// before thread 0's release add (red.release.gpu: cumulative, the pattern of cooperative groups' grid sync).
+// GEMV_FLAG_FENCE_ALL=1: every thread fences its own stores first (__threadfence) and thread 0 adds relaxed (the
+// first form measured; NOTES.md 49).
+#ifndef GEMV_FLAG_FENCE_ALL
+#define GEMV_FLAG_FENCE_ALL 0
+#endif
 __device__ __forceinline__ void signal_done(unsigned *sig) {
+#if GEMV_FLAG_FENCE_ALL
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(sig, 1u);
+#else
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(sig) : "memory");
+#endif
+}
+__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
 // The gate of a waiting entry, instead of griddepcontrol.wait: the trigger as pdl_gate's (option 1), then thread 0
@@ -364,8 +379,15 @@ struct FlagGate {
         griddep_launch_dependents();
 #endif
         if (threadIdx.x == 0) {
+#if GEMV_FLAG_FENCE_ALL
             while (ld_acquire_gpu(wf) < target) {
             }
+#else
+            // relaxed polls (an acquire load invalidates the SM's L1 every time), then one acquire
+            while (ld_relaxed_gpu(wf) < target) {
+            }
+            (void)ld_acquire_gpu(wf);
+#endif
             if (atomicAdd(wf + 1, 1u) == gridDim.x - 1) {
                 atomicExch(wf, 0u);
                 atomicExch(wf + 1, 0u);
