@@ -359,11 +359,13 @@ __device__ __forceinline__ void signal_done(unsigned *sig) {
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(sig) : "memory");
 #endif
 }
+#if !GEMV_FLAG_FENCE_ALL
 __device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned *p) {
     unsigned v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+#endif
 
 // The gate of a waiting entry, instead of griddepcontrol.wait: the trigger as pdl_gate's (option 1), then thread 0
 // polls wf[0] until `target` producer blocks have signalled (ld.acquire.gpu), the block barrier, then the prologue.
