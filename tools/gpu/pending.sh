@@ -35,23 +35,15 @@
 #               logs tarred into $OUT/prime-probe.tgz
 #   prime-bench bench_decode with and without --prime-graphs, 4B and 0.6B, 128 and 4,096 cached tokens (one
 #               process each); logs and the appended tables tarred into $OUT/prime-bench.tgz
-#   wait-by-op  (written in session 16 without a GPU; not yet run) which GEMVs' griddepcontrol.wait make the 0.19 ms
+#   wait-by-op  (written in session 16 without a GPU; ran the same session: BENCHMARKS.md "Session 16" calls 1-2,
+#               NOTES.md 48) which GEMVs' griddepcontrol.wait make the 0.19 ms
 #               per 4B token of NOTES.md 47: gemv.cu built with -DGEMV_NO_WAIT, given to one decode GEMV op at a
 #               time (tools/manifest_whatif.py --op-module), then to all five, each timed beside the default by
 #               program_sweep (one runtime per process, 2 rounds, 128 cached tokens); logs and the table tarred
-#               into $OUT/wait-by-op.tgz. Timing only: the what-ifs' tokens are wrong. Read it as: an op whose
+#               into $OUT/wait-by-op.tgz. Timing only: a what-if's tokens may be wrong (the
+#               sweep's tokens column says; down's and gate_up's were identical). Read it as: an op whose
 #               no-wait gain is large is where finer-grained dependencies would pay (only down and o take inputs
 #               without an RMS norm, which needs the whole vector first).
-#   wait-by-op-noattn  the same without the attention (--drop attn), alone and with o or down not waiting:
-#               $OUT/wait-by-op-noattn.tgz. Each of the two stages is one device call (prepare ~90 s on a fresh
-#               machine, then 7 or 4 manifests x 2 rounds).
-#   wait-by-op  (written in session 16 without a GPU; not yet run) which GEMVs' griddepcontrol.wait make the 0.19 ms
-#               per 4B token of NOTES.md 47: gemv.cu built with -DGEMV_NO_WAIT, given to one decode GEMV op at a
-#               time (tools/manifest_whatif.py --op-module), then to all five, each timed beside the default by
-#               program_sweep (one runtime per process, 2 rounds, 128 cached tokens); logs and the table tarred
-#               into $OUT/wait-by-op.tgz. Timing only: the what-ifs' tokens are
-#               wrong. Read it as: an op whose no-wait gain is large is where finer-grained dependencies would pay
-#               (only down and o take inputs without an RMS norm, which needs the whole vector first).
 #   wait-by-op-noattn  the same without the attention (--drop attn), alone and with o or down not waiting:
 #               $OUT/wait-by-op-noattn.tgz. Each of the two stages is one device call (prepare ~90 s on a fresh
 #               machine, then 7 or 4 manifests x 2 rounds).
@@ -165,32 +157,6 @@ for stage in "${stages[@]}"; do
       done
       (cd "$OUT" && tar czf prime-bench.tgz prime-prepare-both.log prime-bench-*.log prime-BENCHMARKS.md \
         && rm -f prime-prepare-both.log prime-bench-*.log)  # at most 8 files come back
-      ;;
-    wait-by-op|wait-by-op-noattn)
-      K=/tmp/kern-e2e
-      M="$K/qwen3-4b/manifest.json"
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
-      [ -f "$M" ] || step wbo-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
-      NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-      (cd tools/kernels-src && "$NVCC" -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT \
-        -o "$K/kernels/gemv_nowait.cubin" gemv.cu) || { echo "$stage: nvcc failed"; status=1; continue; }
-      whatif() {  # name, manifest_whatif args...: the what-if manifest $K/name.json, added to the sweep
-        local name=$1; shift
-        step "wbo-make-$name" 60 python3 tools/manifest_whatif.py "$M" --kernels "$K/kernels" "$@" \
-          --out "$K/$name.json" && vs+=(--manifest-variant "$name=$K/$name.json")
-      }
-      vs=()
-      if [ "$stage" = wait-by-op ]; then
-        for op in qkv o gate_up down lm_head; do whatif "nowait-$op" --op-module "$op=gemv_nowait.cubin"; done
-        whatif nowait-all --module gemv=gemv_nowait.cubin
-      else
-        whatif noattn --drop attn
-        for op in o down; do whatif "noattn-nowait-$op" --drop attn --op-module "$op=gemv_nowait.cubin"; done
-      fi
-      cp BENCHMARKS.md "$OUT/$stage-BENCHMARKS.md"
-      step wbo-sweep 540 python3 tools/gpu/program_sweep.py --work "$K" --geometry 4b --rounds 2 "${vs[@]}" \
-        --append "$OUT/$stage-BENCHMARKS.md"
-      (cd "$OUT" && tar czf "$stage.tgz" wbo-*.log "$stage-BENCHMARKS.md" && rm -f wbo-*.log)  # at most 8 files back
       ;;
     wait-by-op|wait-by-op-noattn)
       K=/tmp/kern-e2e
