@@ -336,3 +336,34 @@ def test_vars_named_like_runs_keywords_go_in_a_mapping(rt_runs):
         rt.run("odd", 2)
     with pytest.raises(KernDriverError, match="capture\\('odd'\\): var `graph` given both"):
         rt.capture("odd", {"graph": 1}, graph=1)
+
+
+def test_a_missing_var_that_cannot_be_a_keyword_is_hinted_as_a_mapping(rt_runs):
+    """`run(prog, graph=2)` with a var named `graph` set the graph flag, and the missing-var hint then said
+    `rt.run(prog, graph=...)` again; now graph=2 is refused as the flag, and the hint shows the mapping form for a
+    name that cannot be a keyword argument (and the keyword form otherwise)."""
+    from types import SimpleNamespace as NS
+
+    from kern_driver.runtime import _Program
+
+    rt = rt_runs
+    rt.manifest.vars.update({"graph": NS(min=0, max=8), "kv-len": NS(min=0, max=8)})
+    rt.manifest.vars["tokens"].min = 1
+    rt._programs["odd"] = _Program("odd", None, {"graph", "tokens"})
+    rt._programs["dash"] = _Program("dash", None, {"kv-len"})
+    rt._prepare = lambda prog, env: None
+    rt._enqueue = lambda prog: None
+    with pytest.raises(KernDriverError, match=r"graph=2 is run's graph flag \(True or False\), not the manifest's var"
+                       ) as e:
+        rt.run("odd", graph=2, tokens=1)
+    assert "rt.run('odd', {'graph': 2}" in e.value.hint
+    with pytest.raises(KernDriverError, match=r"missing var\(s\) graph") as e:
+        rt.run("odd", graph=True, tokens=1)
+    assert e.value.hint.endswith("rt.run(prog, {'graph': ...})")
+    with pytest.raises(KernDriverError, match=r"missing var\(s\) kv-len") as e:
+        rt.run("dash")
+    assert e.value.hint.endswith("rt.run(prog, {'kv-len': ...})")
+    with pytest.raises(KernDriverError, match=r"missing var\(s\) tokens") as e:
+        rt.run("odd", {"graph": 1})
+    assert e.value.hint.endswith("rt.run(prog, tokens=...)")
+    rt.run("odd", {"graph": 2}, tokens=1)  # the mapping form runs

@@ -17,6 +17,7 @@ module table:
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -384,6 +385,10 @@ def program_vars(steps: list[Step]) -> set[str]:
     return out
 
 
+#: `Runtime.run`'s keyword-only arguments: a var of one of these names goes in run's positional mapping.
+RUN_KEYWORDS = frozenset({"graph"})
+
+
 def check_vars(manifest: Manifest, required: set[str], given: dict[str, int], what: str) -> dict[str, int]:
     """Check run-time var values: every required var given, no unknown name, every value
     an int within its declared [min, max]. Returns the values as a plain dict.
@@ -410,9 +415,13 @@ def check_vars(manifest: Manifest, required: set[str], given: dict[str, int], wh
         out[name] = v
     missing = sorted(required - given.keys())
     if missing:
+        if all(m.isidentifier() and not keyword.iskeyword(m) and m not in RUN_KEYWORDS for m in missing):
+            example = ", ".join(f"{m}=..." for m in missing)
+        else:  # a name that cannot be a keyword argument of run (`graph`, `kv-len`, `class`): the mapping form
+            example = "{" + ", ".join(f"{m!r}: ..." for m in missing) + "}"
         raise KernDriverError(
             f"{what}: missing var(s) {', '.join(missing)}",
-            hint="pass every var the program uses, e.g. rt.run(prog, " + ", ".join(f"{m}=..." for m in missing) + ")",
+            hint=f"pass every var the program uses, e.g. rt.run(prog, {example})",
         )
     return out
 

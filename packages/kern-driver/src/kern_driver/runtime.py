@@ -599,13 +599,19 @@ class Runtime:
                 captures; the cache keeps `max_graphs` graphs). Other declared vars may be
                 given (they shape `read_output`) and make no new graph.
             vars: the values of the vars the program uses, each within its bounds.
-            values: the same as a mapping, for a var whose name is not a Python keyword argument of `run` (a var
-                named `graph` or `program`: `rt.run("decode", {"graph": 2})`); a var given both ways is refused.
+            values: the same as a mapping, for a var whose name cannot be a keyword argument of `run` (a var
+                named `graph`, or one that is not a Python identifier: `rt.run("decode", {"graph": 2})`); a var
+                given both ways is refused.
 
         Raises:
             KernDriverError: unknown program, missing/unknown var, value out of bounds, a var given twice,
+                `graph` not a bool when the manifest declares a var named `graph` (`graph=2` meant the var),
                 a failed launch (naming program, call label, launch index).
         """
+        if not isinstance(graph, bool) and "graph" in self.manifest.vars:
+            raise KernDriverError(
+                f"run({program!r}): graph={graph!r} is run's graph flag (True or False), not the manifest's var `graph`",
+                hint=f"pass the var in the mapping: rt.run({program!r}, {{'graph': {graph!r}}}, ...)")
         prog = self._program(program)
         env = check_vars(self.manifest, prog.required, _merge_vars(values, vars, f"run({program!r})"),
                          f"run({program!r})")
