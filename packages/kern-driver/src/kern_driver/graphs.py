@@ -52,10 +52,6 @@ class Graph:
             self.nodes = -1
         self.programmatic_edges = programmatic_edges(graph)
 
-    @property
-    def key(self) -> tuple[str, tuple[tuple[str, int], ...]]:
-        return self.program, tuple(sorted(self.vars.items()))
-
     def replay(self, **vars: int) -> None:
         """Enqueue one replay on the runtime's stream (asynchronous).
 
