@@ -193,3 +193,19 @@ def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path, caps
                               "--out", str(out)]) == 0
     assert "GEMV dependencies on counters (down-qkv)" in capsys.readouterr().out
     assert json.loads(out.read_text())["modules"]["gemv_flag"]["source"] == "gemv_flag.cubin"
+
+
+def test_rewrite_refuses_a_grid_that_is_not_one_dimensional(tmp_path, monkeypatch):
+    """FlagGate resets a counter when gridDim.x blocks have passed and the targets are the producers' block counts: a
+    waiting op with a y extent would reset the count while its other blocks still poll (a hang), so a grid other
+    than [N, 1, 1] is refused by name (no nvcc: the cubin check is stubbed)."""
+    (tmp_path / "gemv_flag.cubin").write_bytes(b"stub")
+    monkeypatch.setattr(flag_variant, "_check_cubin", lambda kernels, name: None)
+    m = json.loads(EXAMPLES["4b"].read_text())
+    assert "gemv_norm_qkv_flagwait" in flag_variant.rewrite(m, tmp_path, "down-qkv")["ops"]
+    for op in ("gemv_norm_silu_gate_up", "gemv_residual_down_proj", "gemv_norm_qkv"):
+        bad = copy.deepcopy(m)
+        ln = bad["ops"][op]["impl"]["launches"][0]
+        ln["grid"] = [ln["grid"][0] // 2, 2, 1]
+        with pytest.raises(ValueError, match=rf"op `{op}`'s grid is \[\d+, 2, 1\]; the flag build needs \[N, 1, 1\]"):
+            flag_variant.rewrite(bad, tmp_path, "down-qkv")

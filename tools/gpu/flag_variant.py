@@ -106,10 +106,13 @@ def rewrite(m: dict, kernels: Path, mode: str = "down", cubin_name: str = f"{MOD
         if not ln.get("pdl"):
             raise VariantError(f"op `{name}` is not a `pdl` launch: a waiting entry must launch before its producer "
                                "ends, or its counter is all it adds")
-    if any(not isinstance(g, int) for g in (*gu["grid"], *down["grid"])):
-        raise VariantError("gate_up's and down's grids must be integers (the counters' targets)")
-    gu_blocks = gu["grid"][0] * gu["grid"][1] * gu["grid"][2]
-    down_blocks = down["grid"][0] * down["grid"][1] * down["grid"][2]
+    for name, ln in (("gemv_norm_silu_gate_up", gu), ("gemv_residual_down_proj", down), ("gemv_norm_qkv", qkv)):
+        # the targets are the producers' block counts, and a waiting grid's last block (FlagGate: its pass count
+        # reaching gridDim.x) resets the counter: a y or z extent would reset it while blocks still poll (a hang)
+        if not isinstance(ln["grid"][0], int) or ln["grid"][1:] != [1, 1]:
+            raise VariantError(f"op `{name}`'s grid is {ln['grid']}; the flag build needs [N, 1, 1] with N an integer "
+                               "(the counters' targets are block counts, FlagGate counts blocks along x)")
+    gu_blocks, down_blocks = gu["grid"][0], down["grid"][0]
     out["buffers"][FLAGS] = {"dtype": "u32", "shape": [4], "class": "carry"}
     out["ops"]["gemv_norm_silu_gate_up_signal"] = _flag_op(m, "gemv_norm_silu_gate_up", gu["entry"] + "_signal",
                                                            [U32_IO], [{}])
