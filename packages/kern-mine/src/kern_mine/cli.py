@@ -9,22 +9,13 @@ import sys
 from kern_capture.records import CaptureError, CaptureFormatError
 
 from . import __version__
+from .args import positive_int
 from .capture import load_capture
 from .mine import MineOptions, mine_launches
 from .reference import TokensMaxError
 from .report import FAILED_CONSEQUENCE, MineReport, render_text, to_json
 
 __all__ = ["main"]
-
-
-def _tokens_max(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (a token count), got {n}")
-    return n
 
 
 def _gap_ms(text: str) -> float:
@@ -55,7 +46,7 @@ def _mine_main(argv: list[str]) -> int:
     ap.add_argument("--gap-ms", type=_gap_ms, default=None, metavar="MS",
                     help="split requests at host gaps longer than MS milliseconds (> 0; default: auto, "
                          "1000 × the median gap between launches, at least 5 ms)")
-    ap.add_argument("--tokens-max", type=_tokens_max, default=None, metavar="N",
+    ap.add_argument("--tokens-max", type=positive_int("a token count"), default=None, metavar="N",
                     help="claim the fitted expressions on token counts [1, N] (default: the largest token count "
                          "observed). N below that count is an error; above it, fields constant over the capture "
                          "may stay underdetermined: capture a pass at N tokens to pin them")

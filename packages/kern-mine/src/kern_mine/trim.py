@@ -27,6 +27,7 @@ import msgspec
 from kern_capture.records import (ERROR_FILE, INFO_FILE, LAUNCHES_FILE, MODULES_FILE, CaptureError, CaptureFormatError,
                                   LaunchRecord)
 
+from .args import positive_int
 from .capture import GZ_SUFFIX, launches_path, load_capture
 
 __all__ = ["trim", "trim_main", "DROPPED_FIELDS", "TrimOutputError"]
@@ -116,21 +117,11 @@ def trim(src: str | Path, dst: str | Path, max_bytes: int | None = None,
     return len(launches), len(data), done
 
 
-def _max_bytes(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (bytes), got {n}")
-    return n
-
-
 def trim_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="kern-mine trim", description=__doc__.split("\n\n")[0])
     ap.add_argument("src", metavar="IN", help="capture directory (or its launches.jsonl[.gz])")
     ap.add_argument("dst", metavar="OUT", help="output directory: new, empty, or an earlier trim's output (replaced)")
-    ap.add_argument("--max-bytes", type=_max_bytes, default=None, metavar="N",
+    ap.add_argument("--max-bytes", type=positive_int("bytes"), default=None, metavar="N",
                     help="fail when the result is larger than N bytes (>= 1)")
     a = ap.parse_args(argv)
     try:
