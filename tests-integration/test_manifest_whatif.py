@@ -164,8 +164,7 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
 
 def test_op_module_repoints_one_op(built_kernels, tmp_path, capsys):
     """--op-module down=FILE: only the down-proj's launches load the what-if build (a new module `gemv__<op>`), the
-    other four GEMV ops keep `gemv`; several ops, a module-level --module beside it, and a --drop together; the
-    result verifies. Refused by name: a malformed spec, an op the program does not call, a built-in op, an op given
+    other four GEMV ops keep `gemv`; several ops with a --drop; the result verifies. Refused by name: a malformed spec, an op the program does not call, a built-in op, an op given
     twice or also dropped, a missing file, a cubin for another architecture."""
     import hashlib
     import shutil
@@ -220,3 +219,29 @@ def test_op_module_repoints_one_op(built_kernels, tmp_path, capsys):
         assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
         assert needle in capsys.readouterr().err, argv
         assert not bad.exists()
+
+
+def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsys):
+    """--module gemv=FILE with every gemv op moved by --op-module: the pruned `gemv` made --module a no-op that the
+    summary still named; now refused as the drop's case was (no built kernels: verification is stubbed, the cubin is
+    one small nvcc build)."""
+    import build_kernels as bk
+    import manifest_variants
+
+    try:
+        nvcc = bk._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    k = tmp_path / "kernels"
+    k.mkdir()
+    subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-o", str(k / "x.cubin"), "embedding.cu"],
+                   check=True, cwd=ROOT / "tools" / "kernels-src")
+    monkeypatch.setattr(mw, "verify", lambda m, kernels, *a: [])
+    monkeypatch.setattr(manifest_variants, "verify", lambda m, kernels, *a: [])
+    out = tmp_path / "w.json"
+    ops = [a for op in ("qkv", "o", "gu", "down", "lm_head") for a in ("--op-module", f"{op}=x.cubin")]
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "gemv=x.cubin", *ops, "--out", str(out)]) == 1
+    assert "--module gemv=x.cubin: --op-module leaves module `gemv` used by no launch" in capsys.readouterr().err
+    assert not out.exists()
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "gemv=x.cubin", *ops[:2],
+                    "--out", str(out)]) == 0

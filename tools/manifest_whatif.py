@@ -280,10 +280,11 @@ def main(argv: list[str] | None = None) -> int:
                     raise VariantError(f"--op-module {spec}: --drop removes every `{a.program}` call of `{op}`")
             out, c = drop_ops(out, a.drop, a.program)
             carried.extend(c)
-            for spec in a.module:
-                name = spec.partition("=")[0]
-                if name not in out["modules"]:
-                    raise VariantError(f"--module {spec}: the drop leaves module `{name}` used by no launch")
+        for spec in a.module:  # pruned after the drop or after --op-module moved every op of it: it changed nothing
+            name = spec.partition("=")[0]
+            if name not in out["modules"]:
+                cause = "the drop with --op-module" if a.drop and a.op_module else "the drop" if a.drop else "--op-module"
+                raise VariantError(f"--module {spec}: {cause} leaves module `{name}` used by no launch")
         return out
 
     drops = ", ".join(dict.fromkeys(a.drop))
