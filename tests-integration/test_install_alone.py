@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def test_mine_installs_alone_and_mines_the_fixture(tmp_path):
 
     mine = bindir / "kern-mine"
     assert "usage: kern-mine" in _run(mine, "--help", cwd=tmp_path)
-    assert _run(mine, "--version", cwd=tmp_path).strip() == "kern-mine 0.1.0"
+    version = tomllib.loads((ROOT / "packages/kern-mine/pyproject.toml").read_text())["project"]["version"]
+    assert _run(mine, "--version", cwd=tmp_path).strip() == f"kern-mine {version}"
     if not any(MINE_FIXTURE.glob("launches.jsonl*")):
         pytest.skip("kern-mine fixture missing (packages/kern-mine/tests/fixtures/qwen3-0.6b-compile/README.md)")
     doc = json.loads(_run(mine, MINE_FIXTURE, "--json", cwd=tmp_path))
