@@ -44,10 +44,15 @@ WAITING = {"kern_gemv_residual_m1_flagwait": "kern_gemv_residual_m1",
            "kern_gemv_norm_m1_flagwait": "kern_gemv_norm_m1"}
 SIGNAL = {"kern_gemv_norm_silu_m1_u5_signal": "kern_gemv_norm_silu_m1_u5",
           "kern_gemv_norm_silu_m1_signal": "kern_gemv_norm_silu_m1"}
+#: the tagged forms: the tag (4 bytes) appended; gate_up still waits, down never does
+TAGGED = {"kern_gemv_norm_silu_m1_tagged": "kern_gemv_norm_silu_m1",
+          "kern_gemv_norm_silu_m1_u5_tagged": "kern_gemv_norm_silu_m1_u5",
+          "kern_gemv_residual_m1_tagged": "kern_gemv_residual_m1"}
 #: param sizes each flag entry appends to its default twin's: pointers 8, the target 4
 EXTRA = {"kern_gemv_norm_silu_m1_u5_signal": [8], "kern_gemv_norm_silu_m1_signal": [8],
          "kern_gemv_residual_m1_flagwait": [8, 4],
-         "kern_gemv_residual_m1_flagwait_signal": [8, 4, 8], "kern_gemv_norm_m1_flagwait": [8, 4]}
+         "kern_gemv_residual_m1_flagwait_signal": [8, 4, 8], "kern_gemv_norm_m1_flagwait": [8, 4],
+         **{name: [4] for name in TAGGED}}
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +85,10 @@ def test_default_cubin_unchanged(builds):
 def test_entries_abi_and_waits(builds):
     e = read_cubin(builds["flag.cubin"].read_bytes()).entries
     g = read_cubin(builds["gemv.cubin"].read_bytes()).entries
-    assert set(e) == set(WAITING) | set(SIGNAL)
-    for name, twin in {**WAITING, **SIGNAL}.items():
+    assert set(e) == set(WAITING) | set(SIGNAL) | set(TAGGED)
+    for name, twin in {**WAITING, **SIGNAL, **TAGGED}.items():
         assert [s.size for s in e[name].params] == [s.size for s in g[twin].params] + EXTRA[name], name
-        assert e[name].grid_dep_wait is (name in SIGNAL), name
+        assert e[name].grid_dep_wait is (name in SIGNAL or "silu" in name), name
         assert e[name].registers is not None and e[name].registers <= 128, name  # two 256-thread blocks per SM
 
 
@@ -115,6 +120,24 @@ def test_poll_before_reads_and_signal_after_stores(builds):
         assert barriers and max(stores) < max(barriers) < add, name  # every thread's stores, then the release add
 
 
+def test_tagged_down_reads_through_l2_and_never_waits(builds):
+    """The tagged down: no griddepcontrol.wait, no global write before its stores; its x words are loaded plainly,
+    then re-read with ld.global.cg (L2) in the tag loop; its residual read goes through L2 (no wait: this SM's L1 may
+    hold lines from before the previous GEMV wrote them). The tagged gate_up stores 32-bit words after its wait."""
+    entries = ptx_entries(builds["flag.ptx"].read_text())
+    down = entries["kern_gemv_residual_m1_tagged"]
+    assert not any(ln.startswith("griddepcontrol.wait") for ln in down)
+    assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in down)
+    assert sum(ln.startswith("ld.global.cg.v4.u32") for ln in down) >= 2
+    assert any(ln.startswith("ld.global.cg.u16") for ln in down)
+    assert not any(re.match(r"ld\.global\.u16", ln) for ln in down)  # the residual only through .cg
+    for name in ("kern_gemv_norm_silu_m1_tagged", "kern_gemv_norm_silu_m1_u5_tagged"):
+        lines = entries[name]
+        wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+        stores = [i for i, ln in enumerate(lines) if re.match(r"st\.global", ln)]
+        assert stores and min(stores) > wait and all(re.match(r"st\.global\.(u32|b32)", lines[i]) for i in stores)
+
+
 def _kernels_with(built_kernels: Path, tmp: Path, builds: dict) -> Path:
     k = tmp / "kernels"
     shutil.copytree(built_kernels, k)
@@ -132,20 +155,37 @@ def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry, mode):
     out = flag_variant.rewrite(m, kernels, mode)
     diags = verify_text(json.dumps(out), kernels_dir=kernels)
     assert not [str(d) for d in diags if d.severity == "error"]
-    waiting = {"gemv_residual_down_proj_flagwait", "gemv_residual_down_proj_flagwait_signal", "gemv_norm_qkv_flagwait"}
+    waiting = {"gemv_residual_down_proj_flagwait", "gemv_residual_down_proj_flagwait_signal", "gemv_norm_qkv_flagwait",
+               "gemv_residual_down_proj_tagged"}
     warned = {d.location.split(".")[1] for d in diags if d.code == "E0088"}
     assert warned <= waiting and bool(warned) == (mode != "signal-only")
-    assert out["buffers"]["gemv_flags"] == {"dtype": "u32", "shape": [4], "class": "carry"}
+    if mode != "tagged":
+        assert out["buffers"]["gemv_flags"] == {"dtype": "u32", "shape": [4], "class": "carry"}
     assert out["programs"]["prefill"] == m["programs"]["prefill"]
     src, calls = m["programs"]["decode"]["calls"], out["programs"]["decode"]["calls"]
     assert [c["label"] for c in calls] == [c["label"] for c in src]
     ops = [c["op"] for c in calls]
-    layers = ops.count("gemv_norm_silu_gate_up_signal")
-    assert layers == sum(c["op"] == "gemv_norm_silu_gate_up" for c in src) and "gemv_norm_silu_gate_up" not in ops
+    layers = sum(c["op"] == "gemv_norm_silu_gate_up" for c in src)
+    assert ops.count("gemv_norm_silu_gate_up_tagged" if mode == "tagged" else "gemv_norm_silu_gate_up_signal") == layers
+    assert "gemv_norm_silu_gate_up" not in ops
     gu = m["ops"]["gemv_norm_silu_gate_up"]["impl"]["launches"][0]["grid"][0]
     down = m["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["grid"][0]
     downs = [c for c in calls if c["op"].startswith("gemv_residual_down_proj")]
     qkvs = [c for c in calls if c["op"].startswith("gemv_norm_qkv")]
+    if mode == "tagged":
+        assert warned == {"gemv_residual_down_proj_tagged"}
+        assert out["buffers"]["act_tagged"] == {"dtype": "u32", "shape": [m["buffers"]["act"]["shape"][1]],
+                                                "class": "carry"}
+        assert "gemv_flags" not in out["buffers"] and out["buffers"]["act"] == m["buffers"]["act"]  # prefill's still
+        gus = [c for c in calls if c["op"] == "gemv_norm_silu_gate_up_tagged"]
+        assert [c["args"][-1] for c in gus] == [{"i32": i + 1} for i in range(layers)]
+        assert [c["args"][-1] for c in downs] == [{"i32": i + 1} for i in range(layers)]
+        assert all(c["args"][3] == {"buf": "act_tagged"} for c in gus)
+        assert all(c["args"][0] == {"buf": "act_tagged"} for c in downs)
+        ln = out["ops"]["gemv_residual_down_proj_tagged"]["impl"]["launches"][0]
+        assert (ln["entry"], ln["params"][0], ln["args"][-1], ln["pdl"]) == (
+            "kern_gemv_residual_m1_tagged", "in buffer<u32>", {"param": 3}, True)
+        return
     if mode == "signal-only":
         assert {c["op"] for c in downs} == {"gemv_residual_down_proj"} and {c["op"] for c in qkvs} == {"gemv_norm_qkv"}
         assert "gemv_residual_down_proj_flagwait" not in out["ops"] and not warned
@@ -175,7 +215,7 @@ def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path, caps
     kernels = _kernels_with(built_kernels, tmp_path, builds)
     with pytest.raises(ValueError, match="not a -DGEMV_FLAG_DEP build of gemv.cu"):
         flag_variant.rewrite(m, kernels, cubin_name="gemv.cubin")
-    with pytest.raises(ValueError, match="--mode all: expected one of down, down-qkv, signal-only"):
+    with pytest.raises(ValueError, match="--mode all: expected one of down, down-qkv, signal-only, tagged"):
         flag_variant.rewrite(m, kernels, "all")
     bad = copy.deepcopy(m)
     bad["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["entry"] = "kern_gemv_residual_m1_u5"

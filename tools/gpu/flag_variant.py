@@ -20,6 +20,10 @@ counter pairs: words 0-1 for gate_up -> down, words 2-3 for down -> qkv.
   (kern_gemv_norm_m1_flagwait) waits for it; layer 0's qkv follows the embedding and the lm_head the last down, as
   before (griddepcontrol.wait), so no count is left behind.
 
+- `--mode tagged` (no counters; NOTES.md 51): every decode layer's gate_up (kern_gemv_norm_silu_m1{,_u5}_tagged)
+  writes its output into a new `carry` buffer `act_tagged` (u32 [intermediate]) as words bf16 | tag << 16, the tag
+  its layer + 1 (a call literal), and its down_proj (kern_gemv_residual_m1_tagged) executes no wait at all: it
+  re-reads each word through L2 until the word carries its layer's tag. `gemv_flags` is not used.
 - `--mode signal-only` (a diagnostic: what the signals alone cost): gate_up signals as in `down`, every other op is
   the manifest's; nothing waits on the count or resets it, so it only grows (it wraps after 2^32 signals: ~98,000
   4B tokens).
@@ -49,8 +53,10 @@ KNOWN = {
     "gemv_norm_qkv": ("kern_gemv_norm_m1",),
 }
 ENTRIES = ("kern_gemv_norm_silu_m1_signal", "kern_gemv_norm_silu_m1_u5_signal", "kern_gemv_residual_m1_flagwait",
-           "kern_gemv_residual_m1_flagwait_signal", "kern_gemv_norm_m1_flagwait")
-MODES = ("down", "down-qkv", "signal-only")
+           "kern_gemv_residual_m1_flagwait_signal", "kern_gemv_norm_m1_flagwait", "kern_gemv_norm_silu_m1_tagged",
+           "kern_gemv_norm_silu_m1_u5_tagged", "kern_gemv_residual_m1_tagged")
+MODES = ("down", "down-qkv", "signal-only", "tagged")
+TAGGED = "act_tagged"
 
 
 def _launch(m: dict, op: str) -> dict:
@@ -112,6 +118,8 @@ def rewrite(m: dict, kernels: Path, mode: str = "down", cubin_name: str = f"{MOD
         if not isinstance(ln["grid"][0], int) or ln["grid"][1:] != [1, 1]:
             raise VariantError(f"op `{name}`'s grid is {ln['grid']}; the flag build needs [N, 1, 1] with N an integer "
                                "(the counters' targets are block counts, FlagGate counts blocks along x)")
+    if mode == "tagged":
+        return _tagged(m, out, gu, down)
     gu_blocks, down_blocks = gu["grid"][0], down["grid"][0]
     out["buffers"][FLAGS] = {"dtype": "u32", "shape": [4], "class": "carry"}
     out["ops"]["gemv_norm_silu_gate_up_signal"] = _flag_op(m, "gemv_norm_silu_gate_up", gu["entry"] + "_signal",
@@ -147,6 +155,45 @@ def rewrite(m: dict, kernels: Path, mode: str = "down", cubin_name: str = f"{MOD
                 raise VariantError(f"call `{c['label']}`: the qkv GEMV does not follow a down_proj call")
             c = {**c, "op": "gemv_norm_qkv_flagwait", "args": [*c["args"], words23]}
         calls.append(c)
+    out["programs"]["decode"] = {**m["programs"]["decode"], "calls": calls}
+    prune(out)
+    return out
+
+
+def _tagged(m: dict, out: dict, gu: dict, down: dict) -> dict:
+    """`out` (a copy of `m` with the module pinned) with `--mode tagged`'s ops, buffer and calls."""
+    n, k = gu["args"][4].get("i32"), down["args"][4].get("i32")
+    if n is None or n != k:
+        raise VariantError(f"gate_up's n ({n}) and down's k ({k}) must be the same integer: the tagged buffer holds "
+                           "one word per intermediate column")
+    out["buffers"][TAGGED] = {"dtype": "u32", "shape": [n], "class": "carry"}
+    ln = copy.deepcopy(gu)
+    ln.update(module=MODULE, entry=gu["entry"] + "_tagged")
+    ln["params"] = [*ln["params"][:3], "out buffer<u32>", *ln["params"][4:], "i32"]
+    ln["args"] = [*ln["args"], {"param": 4}]
+    iface = m["ops"]["gemv_norm_silu_gate_up"]["params"]
+    out["ops"]["gemv_norm_silu_gate_up_tagged"] = {"params": [*iface[:3], "out buffer<u32>", "i32"],
+                                                   "impl": {"launches": [ln]}}
+    ln = copy.deepcopy(down)
+    ln.update(module=MODULE, entry="kern_gemv_residual_m1_tagged")
+    ln["params"] = ["in buffer<u32>", *ln["params"][1:], "i32"]
+    ln["args"] = [*ln["args"], {"param": 3}]
+    iface = m["ops"]["gemv_residual_down_proj"]["params"]
+    out["ops"]["gemv_residual_down_proj_tagged"] = {"params": ["in buffer<u32>", *iface[1:], "i32"],
+                                                    "impl": {"launches": [ln]}}
+    calls, layer = [], 0
+    for c in m["programs"]["decode"]["calls"]:
+        if c["op"] == "gemv_norm_silu_gate_up":
+            layer += 1
+            c = {**c, "op": "gemv_norm_silu_gate_up_tagged", "args": [*c["args"][:3], {"buf": TAGGED}, {"i32": layer}]}
+        elif c["op"] == "gemv_residual_down_proj":
+            if layer == 0:
+                raise VariantError(f"call `{c['label']}`: a down_proj call before any gate_up call")
+            c = {**c, "op": "gemv_residual_down_proj_tagged", "args": [{"buf": TAGGED}, *c["args"][1:], {"i32": layer}]}
+        calls.append(c)
+    if layer < 2:
+        raise VariantError(f"{layer} decode layer(s): the tags need at least 2 (a layer's words must differ from the "
+                           "previous writer's)")
     out["programs"]["decode"] = {**m["programs"]["decode"], "calls": calls}
     prune(out)
     return out

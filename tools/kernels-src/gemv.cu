@@ -276,9 +276,11 @@ __device__ __forceinline__ void stage_load(uint4 (&buf)[R][U], const uint4 *__re
 
 // acc[r][m] += x[m, v + 32j] · buf[r][u] over the loads j = s·U + u < nl of stage s, in
 // (u, m, r) order — the order of the sequential loop over j, so results do not depend on U.
-template <int M, int R, int U>
+// `gate.x(xp, i)` is the 16-byte x vector i (plain loads for every gate but the tagged one).
+template <int M, int R, int U, typename Gate>
 __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R][U],
-                                          const uint4 *__restrict__ xs, int kv, int v, int s, int nl) {
+                                          const uint4 *__restrict__ xs, int kv, int v, int s, int nl,
+                                          const Gate &gate) {
     const uint4 *xp = xs;
     asm volatile("" : "+l"(xp));  // keeps the FMAs below the loads issued before them
     if ((s + 1) * U <= nl) {
@@ -286,7 +288,7 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int m = 0; m < M; ++m) {
-                const uint4 xv = xp[m * kv + v + 32 * (s * U + u)];
+                const uint4 xv = gate.x(xp, m * kv + v + 32 * (s * U + u));
 #pragma unroll
                 for (int r = 0; r < R; ++r) acc8(acc[r][m], buf[r][u], xv);
             }
@@ -296,7 +298,7 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
             if (s * U + u < nl)
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    const uint4 xv = xp[m * kv + v + 32 * (s * U + u)];
+                    const uint4 xv = gate.x(xp, m * kv + v + 32 * (s * U + u));
 #pragma unroll
                     for (int r = 0; r < R; ++r) acc8(acc[r][m], buf[r][u], xv);
                 }
@@ -332,6 +334,9 @@ __device__ __forceinline__ void pdl_gate(Prologue prologue) {
 struct PdlGate {
     template <typename Prologue>
     __device__ __forceinline__ void operator()(Prologue prologue) const { pdl_gate(prologue); }
+    // x vector i (8 bf16) and a residual element: plain loads
+    __device__ __forceinline__ uint4 x(const uint4 *xp, long i) const { return xp[i]; }
+    __device__ __forceinline__ __nv_bfloat16 residual(const __nv_bfloat16 *p) const { return *p; }
 };
 
 #ifdef GEMV_FLAG_DEP
@@ -371,9 +376,10 @@ __device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned *p) {
 // polls wf[0] until `target` producer blocks have signalled (ld.acquire.gpu), the block barrier, then the prologue.
 // wf[1] counts the blocks that passed; the last of the grid resets both words to 0 for the next producer, which
 // cannot signal before this grid has completed (every launch between them waits on its predecessor's completion).
-struct FlagGate {
+struct FlagGate : PdlGate {
     unsigned *wf;
     unsigned target;
+    __device__ __forceinline__ FlagGate(unsigned *wf_, unsigned target_) : wf(wf_), target(target_) {}
     template <typename Prologue>
     __device__ __forceinline__ void operator()(Prologue prologue) const {
         tl_stamp(1);
@@ -399,6 +405,59 @@ struct FlagGate {
         tl_stamp(2);
         prologue();
         tl_stamp(3);
+    }
+};
+
+// The tagged dependency (NOTES.md 51): the producer stores each output as a 32-bit word, bf16 bits | tag << 16, with
+// the tag of its call (its layer + 1: consecutive writers of the buffer differ, and a zeroed buffer never matches);
+// the consumer executes no wait at all and checks the tag of every word it reads, re-reading through L2 (.cg) until
+// it matches. A single 32-bit store is single-copy atomic, so a word with the expected tag carries its value: no
+// fence, no counter, nothing per block on the producer side. The buffer must be the producer's alone (a `carry`).
+__device__ __forceinline__ uint4 ld_cg_v4(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(__cvta_generic_to_global(p)));
+    return r;
+}
+__device__ __forceinline__ bool tags_are(const uint4 a, const uint4 b, unsigned tag) {
+    return ((a.x >> 16) == tag) & ((a.y >> 16) == tag) & ((a.z >> 16) == tag) & ((a.w >> 16) == tag) &
+           ((b.x >> 16) == tag) & ((b.y >> 16) == tag) & ((b.z >> 16) == tag) & ((b.w >> 16) == tag);
+}
+struct TagGate {
+    unsigned tag;
+    template <typename Prologue>
+    __device__ __forceinline__ void operator()(Prologue prologue) const {
+        tl_stamp(1);
+#if GEMV_PDL_TRIGGER == 1
+        griddep_launch_dependents();
+#endif
+        tl_stamp(2);
+        prologue();
+        tl_stamp(3);
+    }
+    // x vector i: the 8 tagged words 8i..8i+7 (two 16-byte loads, xp read as the words' uint4s), their bf16 halves
+    __device__ __forceinline__ uint4 x(const uint4 *xp, long i) const {
+        const uint4 *w = xp + 2 * i;
+        uint4 a = w[0], b = w[1];
+        while (!tags_are(a, b, tag)) {
+            a = ld_cg_v4(w);
+            b = ld_cg_v4(w + 1);
+        }
+        return make_uint4(__byte_perm(a.x, a.y, 0x5410), __byte_perm(a.z, a.w, 0x5410), __byte_perm(b.x, b.y, 0x5410),
+                          __byte_perm(b.z, b.w, 0x5410));
+    }
+    // the residual through L2: with no wait, this SM's L1 may hold lines from before the previous GEMV wrote them
+    __device__ __forceinline__ __nv_bfloat16 residual(const __nv_bfloat16 *p) const {
+        unsigned short v;
+        asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(__cvta_generic_to_global(p)));
+        return __ushort_as_bfloat16(v);
+    }
+};
+struct TaggedOut {
+    static constexpr bool plain = false;
+    unsigned tag;
+    __device__ __forceinline__ void operator()(__nv_bfloat16 *y, long i, __nv_bfloat16 v) const {
+        reinterpret_cast<unsigned *>(y)[i] = (tag << 16) | __bfloat16_as_ushort(v);
     }
 };
 #endif
@@ -552,11 +611,11 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
 #pragma unroll
         for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     for (int s = 0; s < stages; s += 2) {
-        stage_fma<M, R, U>(acc, a, xs, kv, v, s, nl);
+        stage_fma<M, R, U>(acc, a, xs, kv, v, s, nl, gate);
         stage_load<M, R, U>(a, w, rows, kv, v, s + 2, nl, pf);
         if (s + 2 == stages - 1) pf.template at<1>();
         if (s + 1 < stages) {
-            stage_fma<M, R, U>(acc, b, xs, kv, v, s + 1, nl);
+            stage_fma<M, R, U>(acc, b, xs, kv, v, s + 1, nl, gate);
             stage_load<M, R, U>(b, w, rows, kv, v, s + 3, nl, pf);
             if (s + 3 == stages - 1) pf.template at<1>();
         }
@@ -695,7 +754,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
             if (lane == r * M + m && valid[r]) {
                 const long i = (long)m * n + rows[r];
                 if (RESIDUAL)
-                    y[i] = tobf(bf(y[i]) + bf(tobf(acc[r][m])));
+                    y[i] = tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m])));
                 else
                     y[i] = tobf(acc[r][m]);
             }
@@ -703,10 +762,17 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
 // A warp owns one output column j: gate row j and up row n + j, loaded together.
-template <int M, int U, typename Prologue, typename Pf>
+// The plain store of an output element (the tagged build's gate_up stores a tagged word instead: TaggedOut).
+struct PlainOut {
+    static constexpr bool plain = true;
+    __device__ __forceinline__ void operator()(__nv_bfloat16 *y, long i, __nv_bfloat16 v) const { y[i] = v; }
+};
+
+template <int M, int U, typename Prologue, typename Pf, typename Out = PlainOut>
 __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                                __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
-                                               Prologue prologue, const Pf &pf, int ring_off = 0) {
+                                               Prologue prologue, const Pf &pf, int ring_off = 0,
+                                               const Out &out = Out{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     const int group = warp / ksplit, part = warp % ksplit;
@@ -728,7 +794,10 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
         if (lane == m) {
             const float g = bf(tobf(acc[0][m]));
             const float u = bf(tobf(acc[1][m]));
-            y[(long)m * n + j] = tobf(bf(tobf(silu(g))) * u);
+            if constexpr (Out::plain)  // the default entries' own store (their code, byte for byte)
+                y[(long)m * n + j] = tobf(bf(tobf(silu(g))) * u);
+            else
+                out(y, (long)m * n + j, tobf(bf(tobf(silu(g))) * u));
         }
 }
 
@@ -790,6 +859,11 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
 //       the same, then each block adds 1 to *sig after its stores
 //   kern_gemv_norm_m1_flagwait(x, norm_w, w, y, n, k, eps, ksplit, unsigned *wf, unsigned target)
 //       kern_gemv_norm_m1 gated as above
+//   kern_gemv_norm_silu_m1{,_u5}_tagged(x, norm_w, w, unsigned *y, n, k, eps, ksplit, unsigned tag)
+//       kern_gemv_norm_silu_m1{,_u5} storing each output as the word bf16 | tag << 16 (TaggedOut)
+//   kern_gemv_residual_m1_tagged(const unsigned *x, w, residual, n, k, ksplit, unsigned tag)
+//       kern_gemv_residual_m1 on such words: no wait at all; each x word re-read through L2 until its tag is `tag`,
+//       the residual read through L2 (TagGate; NOTES.md 51)
 #define INSTANTIATE_SIGNAL(U, SUFFIX)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m1##SUFFIX##_signal(           \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                          \
@@ -815,6 +889,25 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m1_f
     gemv_rows<1, true, 4>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}, NoL2Prefetch{}, 0,
                           FlagGate{wf, target});
     signal_done(sig);
+}
+#define INSTANTIATE_TAGGED(U, SUFFIX)                                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m1##SUFFIX##_tagged(           \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                          \
+        const __nv_bfloat16 *__restrict__ w, unsigned *__restrict__ y, int n, int k, float eps, int ksplit,     \
+        unsigned tag) {                                                                                          \
+        extern __shared__ __align__(16) unsigned char smem[];                                                    \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                             \
+        gemv_silu_rows<1, U>(reinterpret_cast<const uint4 *>(xs), w, reinterpret_cast<__nv_bfloat16 *>(y), n, k, \
+                             ksplit, [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); }, NoL2Prefetch{},           \
+                             RING_OFF(1, k), TaggedOut{tag});                                                    \
+    }
+INSTANTIATE_TAGGED(4, )
+INSTANTIATE_TAGGED(5, _u5)
+extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m1_tagged(
+    const unsigned *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ residual,
+    int n, int k, int ksplit, unsigned tag) {
+    gemv_rows<1, true, 4>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}, NoL2Prefetch{}, 0,
+                          TagGate{tag});
 }
 extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_flagwait(
     const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const __nv_bfloat16 *__restrict__ w,
