@@ -413,6 +413,11 @@ struct FlagGate : PdlGate {
 // the consumer executes no wait at all and checks the tag of every word it reads, re-reading through L2 (.cg) until
 // it matches. A single 32-bit store is single-copy atomic, so a word with the expected tag carries its value: no
 // fence, no counter, nothing per block on the producer side. The buffer must be the producer's alone (a `carry`).
+// GEMV_TAG_SLEEP_NS: the pause before each re-read of a word whose tag is not yet its layer's (0: none). Session 16
+// call 7 measured none at +0.091 ms/token (NOTES.md 51).
+#ifndef GEMV_TAG_SLEEP_NS
+#define GEMV_TAG_SLEEP_NS 256
+#endif
 __device__ __forceinline__ uint4 ld_cg_v4(const uint4 *p) {
     uint4 r;
     asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
@@ -440,6 +445,9 @@ struct TagGate {
         const uint4 *w = xp + 2 * i;
         uint4 a = w[0], b = w[1];
         while (!tags_are(a, b, tag)) {
+#if GEMV_TAG_SLEEP_NS > 0
+            __nanosleep(GEMV_TAG_SLEEP_NS);  // every lane of every waiting warp re-reads: spare L2 for the producer
+#endif
             a = ld_cg_v4(w);
             b = ld_cg_v4(w + 1);
         }
