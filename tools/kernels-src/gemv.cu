@@ -413,10 +413,14 @@ struct FlagGate : PdlGate {
 // the consumer executes no wait at all and checks the tag of every word it reads, re-reading through L2 (.cg) until
 // it matches. A single 32-bit store is single-copy atomic, so a word with the expected tag carries its value: no
 // fence, no counter, nothing per block on the producer side. The buffer must be the producer's alone (a `carry`).
-// GEMV_TAG_SLEEP_NS: the pause before each re-read of a word whose tag is not yet its layer's (0: none). Session 16
-// call 7 measured none at +0.091 ms/token (NOTES.md 51).
+// GEMV_TAG_SLEEP_NS: the pause before each re-read of a word whose tag is not yet its layer's (0, the default: none).
+// Session 16: none +0.091 ms/token (call 7), 256 or 1024 ns +0.166 (call 8; NOTES.md 51).
 #ifndef GEMV_TAG_SLEEP_NS
-#define GEMV_TAG_SLEEP_NS 256
+#define GEMV_TAG_SLEEP_NS 0
+#endif
+// GEMV_TAG_FENCE=1: the block's first act is an acquire fence (TagGate), so that x's first loads miss a stale L1.
+#ifndef GEMV_TAG_FENCE
+#define GEMV_TAG_FENCE 0
 #endif
 __device__ __forceinline__ uint4 ld_cg_v4(const uint4 *p) {
     uint4 r;
@@ -435,6 +439,12 @@ struct TagGate {
         tl_stamp(1);
 #if GEMV_PDL_TRIGGER == 1
         griddep_launch_dependents();
+#endif
+#if GEMV_TAG_FENCE
+        // an acquire fence by one thread, then the block barrier: the SM's L1 lines from before (the previous
+        // layer's words at the same addresses) are dropped before the block's first x load
+        if (threadIdx.x == 0) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        __syncthreads();
 #endif
         tl_stamp(2);
         prologue();
