@@ -863,7 +863,8 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
 // (griddepcontrol.wait): H200 session 16 measured down's wait at 0.051 ms per 4B token with down still reading
 // final inputs when it did not wait at all. Measured slower (4B, one runtime per process): down on a counter +0.079
 // ms/token, down and qkv +0.120, gate_up's signals alone +0.062 (a release at the end of every block holds its slot
-// longer; GEMV_FLAG_FENCE_ALL=1, a fence in every thread, +0.361); not used. Same arithmetic and bits as the default
+// longer; GEMV_FLAG_FENCE_ALL=1, a fence in every thread, +0.361); down on tagged words +0.091 (the tag checks in the
+// stream loop; NOTES.md 51); not used. Same arithmetic and bits as the default
 // entries of the same names; the
 // PDL contract is kept by the data (a consumer reads only what every counted producer block stored before its
 // signal), so kern-verify's E0088 (a `pdl` launch whose code never executes griddepcontrol.wait) is expected on the
