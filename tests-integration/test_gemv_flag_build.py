@@ -231,7 +231,7 @@ def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path, caps
     out = tmp_path / "flag.json"
     assert flag_variant.main([str(EXAMPLES["4b"]), "--kernels", str(kernels), "--mode", "down-qkv",
                               "--out", str(out)]) == 0
-    assert "GEMV dependencies on counters (down-qkv)" in capsys.readouterr().out
+    assert "GEMV dependencies by down-qkv (not griddepcontrol.wait)" in capsys.readouterr().out
     assert json.loads(out.read_text())["modules"]["gemv_flag"]["source"] == "gemv_flag.cubin"
 
 

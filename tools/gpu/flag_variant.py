@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cubin", default=f"{MODULE}.cubin", help="the flag build's file name in KDIR (default: %(default)s)")
     a = ap.parse_args(argv)
     return rewrite_main(ap, a.manifest, a.kernels, a.out, lambda m: rewrite(m, a.kernels, a.mode, a.cubin),
-                        f"GEMV dependencies on counters ({a.mode}) from {a.cubin}")
+                        f"GEMV dependencies by {a.mode} (not griddepcontrol.wait) from {a.cubin}")
 
 
 if __name__ == "__main__":
