@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -765,3 +766,18 @@ def test_rope_table_against_float64() -> None:
     a32 = (rows.astype(np.float32)[:, None] * inv32[None, :]).astype(np.float64)
     np.testing.assert_array_equal(table[rows], np.concatenate([np.cos(a32), np.sin(a32)], axis=1).astype(np.float32))
     assert np.any(table[rows] != ref[rows].astype(np.float32))
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/tmp/outside.safetensors", "sub/../../x.safetensors"])
+def test_index_shard_outside_the_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       shard: str) -> None:
+    """An index naming a shard outside the checkpoint directory (`../`, an absolute path) was followed; a shard is a
+    file name in that directory."""
+    ckpt = _good(tmp_path, shards=2)
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(ckpt / "model-00002-of-00002.safetensors", outside)
+    idx = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    idx["weight_map"] = {k: (shard if v == "model-00002-of-00002.safetensors" else v) for k, v in idx["weight_map"].items()}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(idx))
+    msg = _cli_error(tmp_path, capsys, ckpt)
+    assert f"shard `{shard}` (holding `" in msg and "is outside the checkpoint directory" in msg

@@ -85,3 +85,11 @@ def test_right_types_still_load():
     assert c.rms_norm_eps == 1.0 and c.rope_theta == 1e6 and c.tie_word_embeddings is True
     del cfg["tie_word_embeddings"]  # absent: untied, as before
     assert Qwen3Config.from_hf(cfg, name="x").tie_word_embeddings is False
+
+
+@pytest.mark.parametrize("eps", [0, -1e-6, float("nan"), float("inf")])
+def test_rms_norm_eps_must_be_positive_and_finite(eps):
+    """A negative, zero, NaN or infinite eps was accepted (the exporter never uses it; the kernels would divide by
+    sqrt(mean(x^2) + eps))."""
+    msg = _refused(_set("rms_norm_eps", eps))
+    assert msg.startswith("config.json: field `rms_norm_eps` = ") and "must be a positive finite number" in msg

@@ -273,6 +273,10 @@ class Checkpoint:
                                   "shard file name)")
             shards: dict[str, SafetensorsFile] = {}
             for shard in sorted(set(weight_map.values())):
+                if Path(shard).is_absolute() or ".." in Path(shard).parts:
+                    users = sorted(k for k, v in weight_map.items() if v == shard)
+                    raise ExportError(f"{index.name}: shard `{shard}` (holding `{users[0]}`, ...) is outside the "
+                                      "checkpoint directory: an index names its shards by file name in that directory")
                 if not (self.dir / shard).is_file():
                     users = sorted(k for k, v in weight_map.items() if v == shard)
                     what = "is not a file" if (self.dir / shard).exists() else "is missing (an incomplete download?)"

@@ -233,6 +233,9 @@ class Qwen3Config:
                     "intermediate_size", "num_hidden_layers", "vocab_size", "max_position_embeddings"):
             if getattr(c, key) <= 0:
                 raise ConfigError(f"{where}: field `{key}` = {getattr(c, key)} must be positive")
+        if not (c.rms_norm_eps > 0 and c.rms_norm_eps < float("inf")):  # also NaN
+            raise ConfigError(f"{where}: field `rms_norm_eps` = {c.rms_norm_eps} must be a positive finite number "
+                              "(the RMS norm divides by sqrt(mean(x^2) + eps))")
         if nq % c.num_key_value_heads:
             raise ConfigError(
                 f"{where}: field `num_attention_heads` = {nq} is not a multiple of "
