@@ -43,7 +43,8 @@
 #               into $OUT/wait-by-op.tgz. Timing only: a what-if's tokens may be wrong (the
 #               sweep's tokens column says; down's and gate_up's were identical). Read it as: an op whose
 #               no-wait gain is large is where finer-grained dependencies would pay (only down and o take inputs
-#               without an RMS norm, which needs the whole vector first).
+#               without an RMS norm, which needs the whole vector first; two were built for down in session 16,
+#               counters and tagged words, both slower than the wait: NOTES.md 49, 51).
 #   wait-by-op-noattn  the same without the attention (--drop attn), alone and with o or down not waiting:
 #               $OUT/wait-by-op-noattn.tgz. Each of the two stages is one device call (prepare ~90 s on a fresh
 #               machine, then 7 or 4 manifests x 2 rounds).
