@@ -39,7 +39,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:  # the GPU machine's; without it only --help works (main() refuses to run)
+    torch = None
 from cuda.bindings import driver as cu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -536,6 +539,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default=None,
                     help="kernels dir of tools/build_kernels.py (default: compile gemv.cu the same way now)")
     args = ap.parse_args(argv)
+    if torch is None:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
 
     torch.manual_seed(0)
     g = Gemv(gemv_cubin(args.kernels), gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"))

@@ -66,7 +66,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:  # the GPU machine's; without it only --help works (main() refuses to run)
+    torch = None
 from cuda.bindings import driver as cu
 
 from bench_gemv import (  # shared with the GEMV bench (Gemv: module load, PDL launches; gemv.cu's launchers)
@@ -494,6 +497,8 @@ def main(argv=None) -> int:
                     help="--l2-prefetch: prefetch sizes, MB of the next weight or 'all' (default: %(default)s)")
     ap.add_argument("--gap-us", type=float, default=8.0, help="--l2-prefetch: the idle gap after each qkv, µs")
     args = ap.parse_args(argv)
+    if torch is None:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
     ks = parse_ksplit(args.ksplit)
     if args.l2_prefetch:
         return main_prefetch(args, ks)
