@@ -2,7 +2,7 @@
 """Rewrite a Qwen3 decode program so that some GEMVs wait for their producer's blocks through counters instead of
 for the producer grid to complete (experiment; gemv.cu's -DGEMV_FLAG_DEP build; NOTES.md 49).
 
-    python3 tools/gpu/flag_variant.py MANIFEST --kernels KDIR --out OUT.json [--mode down|down-qkv|signal-only]
+    python3 tools/gpu/flag_variant.py MANIFEST --kernels KDIR --out OUT.json [--mode down|down-qkv|signal-only|tagged]
         [--cubin gemv_flag.cubin]
 
 KDIR holds the manifest's modules and the flag build named by --cubin (a file name in KDIR):
