@@ -15,7 +15,7 @@ captures one CUDA graph per variant:
 - `PDL, trigger T` for T = 0, 1, 2: every launch after the first through
   `cuLaunchKernelEx` with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1, the
   cubin built with -DGEMV_PDL_TRIGGER=T (0: no launch_dependents, the next kernel launches
-  as blocks exit; 1: right after the first weight stage is issued; 2: after the dot loop);
+  as blocks exit; 1: right after the pre-wait weight stages are issued; 2: after the dot loop);
 - cuBLAS (torch.matmul) for reference;
 
 then (1) checks numerics: from the same initial residual, one replay of every variant
@@ -535,7 +535,7 @@ def main(argv=None) -> int:
                 f"ksplit {', '.join(f'{k}={v}' for k, v in ks.items())}; median of {args.rounds}×{args.iters} replays, "
                 "variants interleaved. PDL: every launch but the graph's first with "
                 "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; trigger = where gemv.cu executes "
-                "griddepcontrol.launch_dependents (0 never, 1 after the first weight stage, 2 after the dot loop). "
+                "griddepcontrol.launch_dependents (0 never, 1 after the pre-wait weight stages, 2 after the dot loop). "
                 "Final residual, logits, qkv and activations bit-identical to the no-PDL graph.\n\n")
         f.write(table + "\n")
     return 0
