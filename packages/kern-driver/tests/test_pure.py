@@ -653,14 +653,25 @@ def test_shared_opt_in_refuses_what_no_setting_can_run():
 
 def test_graph_replay_refuses_unknown_and_changed_vars():
     """Graph.replay with a var the graph was not captured with names it as unknown (it used to read as a value
-    mismatch, `replay with foo=1 is refused`); a changed value is refused as before; nothing reaches the driver."""
+    mismatch, `replay with foo=1 is refused`); a changed value of a var the launches use is refused as before,
+    nothing reaching the driver; a var they do not use may change (it only shapes read_output), as with
+    run(graph=True)."""
     from kern_driver.graphs import Graph
 
-    g = object.__new__(Graph)  # no CUDA graph: replay must refuse before touching the runtime
-    g.program, g.vars, g._exec, g._rt = "decode", {"tokens": 1}, object(), None
+    from types import SimpleNamespace as NS
+
+    replays = []
+    rt = NS(_programs={"decode": NS(required={"pos"})}, _replay=lambda g, env: replays.append(env))
+    g = object.__new__(Graph)  # no CUDA graph: the runtime is a stub that records the replays
+    g.program, g.vars, g._exec, g._rt = "decode", {"pos": 7, "tokens": 1}, object(), rt
     with pytest.raises(KernDriverError, match=r"graph of program `decode` has no var `foo` \(it was captured with "
-                                              r"\{'tokens': 1\}\)") as e:
+                                              r"\{'pos': 7, 'tokens': 1\}\)") as e:
         g.replay(foo=1)
     assert "pass only the vars the graph was captured with" in str(e.value)
-    with pytest.raises(KernDriverError, match="replay with tokens=2 is refused"):
-        g.replay(tokens=2)
+    with pytest.raises(KernDriverError, match="replay with pos=8 is refused"):
+        g.replay(pos=8)  # a var the launches use: frozen in the graph
+    assert replays == []
+    # a var the launches do not use (tokens shapes read_output): another value is recorded, as run(graph=True) does
+    g.replay(tokens=3)
+    g.replay()
+    assert replays == [{"pos": 7, "tokens": 3}, {"pos": 7, "tokens": 1}]

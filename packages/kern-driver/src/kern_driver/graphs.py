@@ -53,27 +53,32 @@ class Graph:
         self.programmatic_edges = programmatic_edges(graph)
 
     def replay(self, **vars: int) -> None:
-        """Enqueue one replay on the runtime's stream (asynchronous).
+        """Enqueue one replay on the runtime's stream (asynchronous). `vars` may restate the
+        captured values; a var the program's launches do not use (given at capture for
+        `read_output`'s shapes) may take another value, which the replay records for those
+        shapes, as `run(graph=True)` does.
 
         Raises:
-            KernDriverError: `vars` names a var the graph was not captured with or a value
-                other than the captured one, the graph was destroyed, or cuGraphLaunch failed.
+            KernDriverError: `vars` names a var the graph was not captured with or gives a var
+                the launches use a value other than the captured one, the graph was destroyed,
+                or cuGraphLaunch failed.
         """
         if self._exec is None:
             raise KernDriverError(f"graph of program `{self.program}` {self.vars} was destroyed (runtime closed or cache evicted)",
                                   hint="capture it again with rt.capture(...) or use rt.run(program, graph=True, ...)")
+        used = self._rt._programs[self.program].required if vars else set()
         for k, v in vars.items():
             if k not in self.vars:
                 raise KernDriverError(
                     f"graph of program `{self.program}` has no var `{k}` (it was captured with {self.vars})",
                     hint="pass only the vars the graph was captured with, or none: a replay uses the captured values")
-            if self.vars[k] != v:
+            if self.vars[k] != v and k in used:
                 raise KernDriverError(
                     f"graph of program `{self.program}` was captured with {self.vars}; replay with {k}={v} is refused",
                     hint="grids and scalar arguments are frozen in a graph: capture one per set of var values "
                     "(rt.run(program, graph=True, **vars) keeps a cache)",
                 )
-        self._rt._replay(self)
+        self._rt._replay(self, {**self.vars, **vars})
 
     def destroy(self) -> None:
         """Free the executable graph and the graph (idempotent)."""
