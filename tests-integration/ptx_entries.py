@@ -1,5 +1,5 @@
 """The entries of a PTX module, for the CPU tests that check where an instruction stands in a kernel (imported by
-test_gemv_l2_prefetch_build.py and test_gemv_tma_build.py)."""
+test_gemv_l2_prefetch_build.py, test_gemv_tma_build.py and the other experiment-build tests)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ import copy
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,11 +32,11 @@ GEMV_SHA256 = "dd0c57b6df1f6de954b7763b0cdd96888446be73bb7bfa442e5a5f3f7e6a282e"
 read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
-import build_kernels as bk  # noqa: E402
 import flag_variant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
+from ptx_entries import ptx_entries  # noqa: E402
 
 WAITING = {"kern_gemv_residual_m1_flagwait": "kern_gemv_residual_m1",
            "kern_gemv_residual_m1_flagwait_signal": "kern_gemv_residual_m1",
@@ -58,22 +57,10 @@ EXTRA = {"kern_gemv_norm_silu_m1_u5_signal": [8], "kern_gemv_norm_silu_m1_signal
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """gemv.cu's default cubin, and its flag build's cubin and PTX, nvcc runs started together."""
-    try:
-        nvcc = bk._nvcc()
-    except SystemExit:
-        pytest.skip("nvcc not found")
-    tmp = tmp_path_factory.mktemp("gemv_flag")
-    ptx_flags = [f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx"]
-    jobs = {}
-    for name, flags, defines in (("gemv.cubin", bk.NVCC_FLAGS, ()), ("flag.cubin", bk.NVCC_FLAGS, ("GEMV_FLAG_DEP",)),
-                                 ("flag.ptx", ptx_flags, ("GEMV_FLAG_DEP",))):
-        out = tmp / name
-        cmd = [nvcc, *flags, *(f"-D{d}" for d in defines), "-o", str(out), "gemv.cu"]
-        jobs[name] = (subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out)
-    for name, (p, _) in jobs.items():
-        log = p.communicate()[0].decode()
-        assert p.returncode == 0, f"{name}: {log}"
-    return {name: out for name, (_, out) in jobs.items()}
+    flag = ("GEMV_FLAG_DEP",)
+    return nvcc_builds(tmp_path_factory.mktemp("gemv_flag"), {
+        name: ("gemv.cu", defines, name) for name, defines in
+        (("gemv.cubin", ()), ("flag.cubin", flag), ("flag.ptx", flag))})
 
 
 def test_default_cubin_unchanged(builds):

@@ -37,7 +37,8 @@ import build_kernels as bk  # noqa: E402
 import mlp_variant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
+from ptx_entries import ptx_entries  # noqa: E402
 
 BUILDS = {"default": (), "pre": ("MLP_DOWN_PREWAIT=1",), "red": ("MLP_RED=1",)}
 COMMON = {"kern_gemv_norm_acc_m1", "kern_gemv_norm_acc_m1_u5", "kern_gemv_residual_acc_m1", "kern_embedding_acc"}
@@ -47,26 +48,9 @@ MLP_ENTRY = {"default": "kern_mlp_m1", "pre": "kern_mlp_m1_prewait", "red": "ker
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """gemv_mlp.cu's three builds (cubin and PTX) and gemv.cu's default cubin, nvcc runs started together."""
-    try:
-        nvcc = bk._nvcc()
-    except SystemExit:
-        pytest.skip("nvcc not found")
-    tmp = tmp_path_factory.mktemp("gemv_mlp")
-    jobs = {}
-    ptx_flags = [f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx"]
-    for name, defines in [*BUILDS.items(), ("gemv", ())]:
-        src = "gemv.cu" if name == "gemv" else "gemv_mlp.cu"
-        for suffix, flags in (("cubin", bk.NVCC_FLAGS), ("ptx", ptx_flags)):
-            if name == "gemv" and suffix == "ptx":
-                continue
-            out = tmp / f"{name}.{suffix}"
-            cmd = [nvcc, *flags, *(f"-D{d}" for d in defines), "-o", str(out), src]
-            jobs[f"{name}.{suffix}"] = (subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE,
-                                                         stderr=subprocess.STDOUT), out)
-    for name, (p, _) in jobs.items():
-        log = p.communicate()[0].decode()
-        assert p.returncode == 0, f"{name}: {log}"
-    return {name: out for name, (_, out) in jobs.items()}
+    jobs = {f"{name}.{suffix}": ("gemv_mlp.cu", defines, f"{name}.{suffix}")
+            for name, defines in BUILDS.items() for suffix in ("cubin", "ptx")}
+    return nvcc_builds(tmp_path_factory.mktemp("gemv_mlp"), {**jobs, "gemv.cubin": ("gemv.cu", (), "gemv.cubin")})
 
 
 @pytest.mark.parametrize("build", list(BUILDS))

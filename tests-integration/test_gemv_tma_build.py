@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
+from ptx_entries import ptx_entries  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "kernels-src"
@@ -57,20 +58,11 @@ TMA = ("GEMV_TMA", "GEMV_TMA_C=64", "GEMV_TMA_S=2")
 def builds(tmp_path_factory):
     """gemv.cu's default cubin, its TMA cubin (C = 64, S = 2, the ring NOTES.md 39 measured best in the program),
     the TMA build at its defaults, and the PTX of the default and TMA forms: nvcc runs started together."""
-    try:
-        bk._nvcc()
-    except SystemExit:
-        pytest.skip("nvcc not found")
     tmp = tmp_path_factory.mktemp("gemv_tma")
-    jobs = {"default": (tmp / "gemv.cubin", (), False), "tma": (tmp / "gemv_tma_c64_s2.cubin", TMA, False),
-            "tma_defaults": (tmp / "gemv_tma.cubin", ("GEMV_TMA",), False),
-            "default_ptx": (tmp / "gemv.ptx", (), True), "tma_ptx": (tmp / "gemv_tma.ptx", TMA, True)}
-    procs = {k: subprocess.Popen(_cmd(out, d, ptx), cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for k, (out, d, ptx) in jobs.items()}
-    for k, proc in procs.items():
-        _, err = proc.communicate()
-        assert proc.returncode == 0, (k, err.decode()[-2000:])
-    return {k: out for k, (out, _, _) in jobs.items()} | {"tmp": tmp}
+    return nvcc_builds(tmp, {
+        "default": ("gemv.cu", (), "gemv.cubin"), "tma": ("gemv.cu", TMA, "gemv_tma_c64_s2.cubin"),
+        "tma_defaults": ("gemv.cu", ("GEMV_TMA",), "gemv_tma.cubin"), "default_ptx": ("gemv.cu", (), "gemv.ptx"),
+        "tma_ptx": ("gemv.cu", TMA, "gemv_tma.ptx")}) | {"tmp": tmp}
 
 
 def _table(info) -> list[tuple[int, int, int]]:
