@@ -315,18 +315,24 @@ __device__ __forceinline__ void stage_fma(float acc[R][M], const uint4 (&buf)[R]
 // default forms, L2Prefetch for the _pf forms: at<0> right after the first stages, at<1> when the
 // lane's last stage is issued (before its FMAs; after the prologue where that stage went out before
 // the wait), at<2> after its last weight load was used.
-// The PDL gate every form passes once its first weight stages are in flight: the dependents may launch (trigger
-// option 1), griddepcontrol.wait, then the prologue that reads what the previous grid wrote (x, the norm).
-template <typename Prologue>
-__device__ __forceinline__ void pdl_gate(Prologue prologue) {
+// The gate every form passes once its first weight stages are in flight: the dependents may launch (trigger option
+// 1), `wait()` for what the previous grid writes, then the prologue that reads it (x, the norm).
+template <typename Wait, typename Prologue>
+__device__ __forceinline__ void gate_then(Wait wait, Prologue prologue) {
     tl_stamp(1);
 #if GEMV_PDL_TRIGGER == 1
     griddep_launch_dependents();
 #endif
-    griddep_wait();
+    wait();
     tl_stamp(2);
     prologue();
     tl_stamp(3);
+}
+
+// The PDL gate: the wait is griddepcontrol.wait.
+template <typename Prologue>
+__device__ __forceinline__ void pdl_gate(Prologue prologue) {
+    gate_then([] { griddep_wait(); }, prologue);
 }
 
 // The gate pdl_dot passes once its first weight stages are in flight: PdlGate (every entry of the default module) is
@@ -382,29 +388,24 @@ struct FlagGate : PdlGate {
     __device__ __forceinline__ FlagGate(unsigned *wf_, unsigned target_) : wf(wf_), target(target_) {}
     template <typename Prologue>
     __device__ __forceinline__ void operator()(Prologue prologue) const {
-        tl_stamp(1);
-#if GEMV_PDL_TRIGGER == 1
-        griddep_launch_dependents();
-#endif
-        if (threadIdx.x == 0) {
+        gate_then([&] {
+            if (threadIdx.x == 0) {
 #if GEMV_FLAG_FENCE_ALL
-            while (ld_acquire_gpu(wf) < target) {
-            }
+                while (ld_acquire_gpu(wf) < target) {
+                }
 #else
-            // relaxed polls (an acquire load invalidates the SM's L1 every time), then one acquire
-            while (ld_relaxed_gpu(wf) < target) {
-            }
-            (void)ld_acquire_gpu(wf);
+                // relaxed polls (an acquire load invalidates the SM's L1 every time), then one acquire
+                while (ld_relaxed_gpu(wf) < target) {
+                }
+                (void)ld_acquire_gpu(wf);
 #endif
-            if (atomicAdd(wf + 1, 1u) == gridDim.x - 1) {
-                atomicExch(wf, 0u);
-                atomicExch(wf + 1, 0u);
+                if (atomicAdd(wf + 1, 1u) == gridDim.x - 1) {
+                    atomicExch(wf, 0u);
+                    atomicExch(wf + 1, 0u);
+                }
             }
-        }
-        __syncthreads();
-        tl_stamp(2);
-        prologue();
-        tl_stamp(3);
+            __syncthreads();
+        }, prologue);
     }
 };
 
@@ -436,19 +437,14 @@ struct TagGate {
     unsigned tag;
     template <typename Prologue>
     __device__ __forceinline__ void operator()(Prologue prologue) const {
-        tl_stamp(1);
-#if GEMV_PDL_TRIGGER == 1
-        griddep_launch_dependents();
-#endif
+        gate_then([] {  // no wait: every x word is checked as it is read
 #if GEMV_TAG_FENCE
-        // an acquire fence by one thread, then the block barrier: the SM's L1 lines from before (the previous
-        // layer's words at the same addresses) are dropped before the block's first x load
-        if (threadIdx.x == 0) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        __syncthreads();
+            // an acquire fence by one thread, then the block barrier: the SM's L1 lines from before (the previous
+            // layer's words at the same addresses) are dropped before the block's first x load
+            if (threadIdx.x == 0) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            __syncthreads();
 #endif
-        tl_stamp(2);
-        prologue();
-        tl_stamp(3);
+        }, prologue);
     }
     // x vector i: the 8 tagged words 8i..8i+7 (two 16-byte loads, xp read as the words' uint4s), their bf16 halves
     __device__ __forceinline__ uint4 x(const uint4 *xp, long i) const {
