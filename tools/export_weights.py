@@ -35,6 +35,7 @@ checked first) leaves nothing half-written, and no temporary file or folder made
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -110,24 +111,17 @@ class SafetensorsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         damaged = "the file is damaged (an interrupted download or copy?): fetch it again"
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(8)
-                if len(head) != 8:
-                    raise ExportError(f"{self.path}: not a safetensors file ({size} bytes, shorter than the "
-                                      f"8-byte header length); {damaged}")
-                (n,) = struct.unpack("<Q", head)
-                if n > size - 8:
-                    raise ExportError(f"{self.path}: not a safetensors file (header length {n} runs past the end "
-                                      f"of the file, {size} bytes); {damaged}")
-                raw = f.read(n)
-        except FileNotFoundError:
-            raise ExportError(f"{self.path}: no such file") from None
-        except IsADirectoryError:
-            raise ExportError(f"{self.path}: a directory, not a safetensors file") from None
-        except OSError as e:
-            raise ExportError(f"{self.path}: cannot read it: {e.strerror or e}") from None
+        with _reading(self.path, "a safetensors file"), open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) != 8:
+                raise ExportError(f"{self.path}: not a safetensors file ({size} bytes, shorter than the "
+                                  f"8-byte header length); {damaged}")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise ExportError(f"{self.path}: not a safetensors file (header length {n} runs past the end "
+                                  f"of the file, {size} bytes); {damaged}")
+            raw = f.read(n)
         try:
             header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -187,16 +181,24 @@ def _is_count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _read_json(path: Path) -> object:
-    """The JSON value in `path`; ExportError naming the file when it cannot be read or parsed."""
+@contextlib.contextmanager
+def _reading(path: Path, what: str) -> Iterator[None]:
+    """Reads of `path` (`what` it should be, e.g. "a JSON file") inside the block: an OSError becomes an ExportError
+    naming the file (missing, a directory, or unreadable and why)."""
     try:
-        data = path.read_bytes()
+        yield
     except FileNotFoundError:
         raise ExportError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise ExportError(f"{path}: a directory, not a JSON file") from None
+        raise ExportError(f"{path}: a directory, not {what}") from None
     except OSError as e:
         raise ExportError(f"{path}: cannot read it: {e.strerror or e}") from None
+
+
+def _read_json(path: Path) -> object:
+    """The JSON value in `path`; ExportError naming the file when it cannot be read or parsed."""
+    with _reading(path, "a JSON file"):
+        data = path.read_bytes()
     try:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
