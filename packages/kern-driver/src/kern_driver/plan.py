@@ -22,6 +22,14 @@ from .errors import KernDriverError
 #: Alignment of every region in the arena, bytes (`cuMemAlloc` itself aligns to ≥ 256).
 ALIGN = 256
 
+def plain_int(v: object) -> object:
+    """`v` as a Python int when it is a numpy integer (np.int64 from a config array or a shape), else `v` unchanged:
+    the integer arguments of kern-driver (vars, capacity_tokens, device) accept both."""
+    if type(v).__module__ == "numpy" and hasattr(v, "__index__") and not isinstance(v, (bool, int)):
+        return int(v)  # type: ignore[call-overload]
+    return v
+
+
 #: Largest arena `layout` plans, bytes (int64, the verifier's bound on one buffer; device addresses are
 #: packed as u64 and sizes go to cuMemAlloc as size_t).
 ARENA_MAX = 2**63 - 1
@@ -96,8 +104,7 @@ def layout(manifest: Manifest, capacity_tokens: int) -> Layout:
             the arena would exceed `ARENA_MAX` bytes (int64, as kern-verify bounds each buffer: a
             capacity far too large), naming each state's size.
     """
-    if type(capacity_tokens).__module__ == "numpy" and hasattr(capacity_tokens, "__index__"):
-        capacity_tokens = int(capacity_tokens)  # np.int64 from a config array: an int like the vars
+    capacity_tokens = plain_int(capacity_tokens)
     if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 1:
         raise KernDriverError(
             f"capacity_tokens must be a positive integer, got {capacity_tokens!r}",

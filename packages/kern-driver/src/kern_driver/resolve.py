@@ -27,7 +27,7 @@ from kern_verify import EXTERNS as _VERIFY_EXTERNS
 from kern_verify.cubin import ParamSlot, compare_layout, params_from_manifest
 
 from .errors import KernDriverError
-from .plan import Layout
+from .plan import Layout, plain_int
 
 #: The runtime's built-ins and their fixed signatures (DESIGN §2), shared with the verifier.
 EXTERNS: dict[str, list[str]] = {name: list(e.params) for name, e in _VERIFY_EXTERNS.items()}
@@ -401,8 +401,7 @@ def check_vars(manifest: Manifest, required: set[str], given: dict[str, int], wh
         decl = manifest.vars.get(name)
         if decl is None:
             raise KernDriverError(f"{what}: unknown var `{name}`", hint=f"declared vars: {', '.join(manifest.vars) or '(none)'}")
-        if hasattr(v, "__index__") and not isinstance(v, (bool, int)) and type(v).__module__ == "numpy":
-            v = int(v)
+        v = plain_int(v)
         if isinstance(v, bool) or not isinstance(v, int):
             raise KernDriverError(f"{what}: var `{name}` must be an int, got {type(v).__name__} {v!r}")
         if not decl.min <= v <= decl.max:

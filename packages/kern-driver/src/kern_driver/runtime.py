@@ -50,7 +50,7 @@ from .graphs import Graph
 from .modules import ModuleImage, read_modules
 from kern_verify import Plan
 
-from .plan import Layout, Region, layout as make_layout
+from .plan import Layout, Region, layout as make_layout, plain_int
 from .reads import AsyncReads, PendingRead
 from .resolve import EXTERNS, ResolvedEntry, Step, check_vars, resolve_entries, resolve_program, written_buffers
 from .staging import StagedProgram, extern_values
@@ -316,8 +316,7 @@ class Runtime:
             raise KernDriverError(f"max_graphs {max_graphs!r}: the graph cache must hold at least 1 graph (a graph "
                                   "captured by run(..., graph=True) is cached before it is replayed)",
                                   hint="pass max_graphs=1 or more, or run(..., graph=False) to launch eagerly")
-        if type(device).__module__ == "numpy" and hasattr(device, "__index__"):
-            device = int(device)
+        device = plain_int(device)
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise KernDriverError(f"device {device!r}: expected a CUDA device index, an int ≥ 0",
                                   hint="e.g. device=0 (for torch.device('cuda:1') pass its .index, 1)")
