@@ -19,8 +19,10 @@ L2 flushed before each replay, variants alternating over `--rounds` rounds; µs 
   C  each after its layer's qk_norm_rope_kv_pdl, both PDL (the order of `gen_qwen3.py --decode-attention cluster`;
      the prologue writes the current token's row of every layer, so a pre-wait copy of that page is stale)
   D  the prologues alone; C - D is what the attention adds to a decode layer.
-Correctness (mode C, fresh state per variant): the relative error against float64 (tests-integration/gpu's
-reference) and whether the output equals the first variant's bit for bit. Sessions 8-9 ran this as ad-hoc probes
+Correctness (mode A, fresh state per variant, and mode C for the PDL variants in the cache's own layout): the
+relative error against float64 (tests-integration/gpu's reference) and whether the output equals the first
+variant's bit for bit. A `DA_BULK` variant attends over its own copy of the pool in its layout (to_head_major);
+its mode C is timed only (the prologue writes the current row in the other layout). Sessions 8-9 ran this as ad-hoc probes
 (NOTES.md 29-30); this is that probe, kept.
 """
 
@@ -66,13 +68,31 @@ def cluster_size(specs: list[str]) -> int:
     return int(c)
 
 
+def is_bulk(specs: list[str]) -> bool:
+    """Whether a build is decode_attention.cu's `-DDA_BULK` form (the head-major swizzled KV layout, NOTES.md 52)."""
+    return any(s == "DA_BULK" or s.startswith("DA_BULK=") for s in specs)
+
+
 def cluster_smem(specs: list[str]) -> int:
     """decode_attention_cluster's dynamic shared memory (bytes) for a build: the 4 warps' rings of DA_CLUSTER_SLOTS
-    pages (16 rows of 528 bytes) and the cluster's partials pushed to each CTA (decode_attention.cu DA_RECV_FLOATS:
-    DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER) floats)."""
+    pages (16 rows of 528 bytes; DA_BULK: 512, after 256 bytes of mbarriers) and the cluster's partials pushed to
+    each CTA (decode_attention.cu DA_RECV_FLOATS: DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER) floats)."""
     slots = next((int(s.split("=", 1)[1]) for s in specs if s.startswith("DA_CLUSTER_SLOTS=")), 4)
     c = cluster_size(specs)
-    return 4 * slots * 16 * 528 + c * (2 * 8 + 8 * 128 // c) * 4
+    ring = 4 * slots * 16 * (512 if is_bulk(specs) else 528) + (256 if is_bulk(specs) else 0)
+    return ring + c * (2 * 8 + 8 * 128 // c) * 4
+
+
+def to_head_major(kv, layers: int, nkv: int = 8):
+    """The DA_BULK layout of a layer-interleaved pool (torch bf16, flat): [page][layer][16 tokens][NKV][32 chunks of
+    16 bytes] -> [page][layer][NKV][16 tokens][32 chunks], token t's logical chunk c at chunk position c ^ (t & 7)."""
+    import torch
+
+    v = kv.view(-1, layers, 16, nkv, 32, 8)
+    t = torch.arange(16, device=kv.device)
+    c = torch.arange(32, device=kv.device)
+    src = (c[None, :] ^ (t[:, None] & 7))[None, None, :, None, :, None].expand(v.shape)
+    return torch.gather(v, 4, src).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1)
 
 
 def build_variant(name: str, specs: list[str], out_dir: Path) -> Path:
@@ -150,6 +170,7 @@ def run(a, variants, cubins) -> int:
             check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
         fns[n] = f
     plain = {n for n, s in variants.items() if "NOPDL" in s}
+    bulk = {n for n, s in variants.items() if is_bulk(s)}
     ref_name = next(iter(variants))
     P, I32, F32, I64 = bg.P, bg.I32, bg.F32, ctypes.c_int64
     QS = (NQ + 2 * NKV) * D
@@ -166,6 +187,7 @@ def run(a, variants, cubins) -> int:
     for L in a.lengths:
         kv, bt, tok, page_elems = pool(L, LAYERS)
         kv0 = kv.clone()
+        kvs = {n: to_head_major(kv0, LAYERS) if n in bulk else kv for n in variants}  # each variant's cache
         seq = torch.tensor([L], dtype=torch.int32, device=DEV)
         qkv0 = torch.randn(LAYERS, QS, device=DEV).to(BF)
         qkv = qkv0.clone()
@@ -177,10 +199,10 @@ def run(a, variants, cubins) -> int:
 
         def attn(n, layer, pdl):
             launch(fns[n], (NKV, clusters[n], 1), (128, 1, 1), smems[n],
-                   [(qkv[layer], P), (kv[layer * 16 * tok:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
+                   [(qkv[layer], P), (kvs[n][layer * 16 * tok:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
                     (NKV, I32), (QS, I32), (bt.numel(), I32), (page_elems * 2, I32), (1 / math.sqrt(D), F32)], pdl)
 
-        def prologue(layer, pdl):
+        def prologue(layer, pdl, kv=kv):
             ks.launch("qk_norm_rope_kv_pdl", (1, NKV, 1), [qkv[layer], pos, slot, qw[layer], kw[layer], cos_sin,
                                                            kv[layer * 16 * tok:], NQ, NKV, 1e-6, page_elems * 2],
                       pdl=pdl)
@@ -191,40 +213,50 @@ def run(a, variants, cubins) -> int:
             if n in plain:
                 continue
             graphs[("B", n)] = bg.capture(lambda n=n: [attn(n, layer, layer > 0) for layer in range(LAYERS)])
-            graphs[("C", n)] = bg.capture(lambda n=n: [(prologue(layer, layer > 0), attn(n, layer, True))
+            graphs[("C", n)] = bg.capture(lambda n=n: [(prologue(layer, layer > 0, kvs[n]), attn(n, layer, True))
                                                        for layer in range(LAYERS)])
         graphs[("D", "-")] = bg.capture(lambda: [prologue(layer, layer > 0) for layer in range(LAYERS)])
-        checks = {}
-        for n in variants:  # correctness in mode C (plain variants: mode A), each from the same fresh state
+        def check_mode(n, mode):  # (max relative error over 3 layers, the outputs), from the same fresh state
             qkv.copy_(qkv0)
             kv.copy_(kv0)
+            if n in bulk:
+                kvs[n].copy_(to_head_major(kv0, LAYERS))
             outs[n].fill_(float("nan"))
-            graphs[("A" if n in plain else "C", n)].replay()
+            graphs[(mode, n)].replay()
             torch.cuda.synchronize()
             err = 0.0
             for layer in (0, LAYERS // 2, LAYERS - 1):
                 ref = ref_attention(qkv[layer], kv[layer * 16 * tok:], page_elems, bt, L, NQ)
                 e = ((outs[n][layer:layer + 1].double() - ref).norm() / ref.norm()).item()
                 err = max(err, e) if math.isfinite(e) else math.inf  # NaN: an output left unwritten (poisoned)
-            checks[n] = (err, outs[n].clone())
-        ref_bits = checks[ref_name][1].view(torch.int16)
+            return err, outs[n].clone()
+
+        checks = {n: {"A": check_mode(n, "A")} for n in variants}
+        for n in variants:  # mode C: the prologue writes the current row in the layer-interleaved layout
+            if n not in plain and n not in bulk:
+                checks[n]["C"] = check_mode(n, "C")
         times = {k: [] for k in graphs}
         for _ in range(a.rounds):
             for k, g in graphs.items():
                 times[k] += per_call(g, 8)
         med = {k: statistics.median(v) for k, v in times.items()}
         floor = L * NKV * 512 / 4.2e12 * 1e6
-        same = {n: torch.equal(o.view(torch.int16), ref_bits) for n, (_, o) in checks.items()}
+        def verdict(n, mode):
+            e, o = checks[n][mode]
+            ref = checks[ref_name].get(mode)
+            same = "" if ref is None or n == ref_name else (
+                " =" if torch.equal(o.view(torch.int16), ref[1].view(torch.int16)) else " !=") + ref_name
+            return f"{mode} err {e:.1e}{same}"
+
         print(f"L={L} K+V floor {floor:.2f} us (4.2 TB/s) | " + "  ".join(
-            f"{n}: err {e:.1e}{'' if n in plain else (' =' + ref_name if same[n] else ' !=' + ref_name)}"
-            for n, (e, _) in checks.items()), flush=True)
+            f"{n}: " + ", ".join(verdict(n, m) for m in checks[n]) for n in variants), flush=True)
         for mode in "ABC":
             row = "  ".join(f"{n} {med[(mode, n)]:.2f}" for n in variants if (mode, n) in med)
             if mode == "C":
                 row += f"   (D {med[('D', '-')]:.2f}; C-D: " + "  ".join(
                     f"{n} {med[('C', n)] - med[('D', '-')]:.2f}" for n in variants if ("C", n) in med) + ")"
             print(f"  {mode}: {row}", flush=True)
-        del graphs, kv, kv0
+        del graphs, kv, kv0, kvs
         torch.cuda.empty_cache()
     return 0
 

@@ -148,7 +148,18 @@ static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger
 #define DA_MAX_G 8
 #define DA_MIN_PAGES_PER_SPLIT 4
 #define DA_MAX_SPLITS 64
+// -DDA_BULK (experiment, issue 4; NOTES.md 52): the KV cache in a head-major page layout, [page][layer][NKV][16
+// tokens][k|v][D] with each token's 32 16-byte chunks stored XOR-swizzled (chunk c of token slot t at chunk position
+// c ^ (t & 7)), so that a page of one kv head is 8 KB contiguous and one bulk copy (cp.async.bulk, completion counted
+// in bytes on the slot's mbarrier, issued by lane 0) brings it into its slot unpadded, and the swizzle keeps the K
+// and V reads free of bank conflicts. Every other reader and writer of the cache must use the same layout.
+#ifdef DA_BULK
+#define DA_ROW 512  // a token's k|v, swizzled, in a slot (the global layout's bytes)
+#define DA_BAR_BYTES (DA_WARPS * 8 * 8)  // one mbarrier per slot, up to 8 slots per warp, before the rings
+#else
 #define DA_ROW 528                       // a token's k|v (512 bytes) + 16 bytes of padding, in a slot
+#define DA_BAR_BYTES 0
+#endif
 #define DA_SLOT_BYTES (DA_PAGE * DA_ROW)  // one page of one kv head
 #define DA_SPLIT_SLOTS 2
 #ifndef DA_CLUSTER
@@ -175,8 +186,11 @@ static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger
 static_assert(DA_MAX_G * DA_D / DA_CLUSTER <= DA_WARPS * 32,
               "DA_CLUSTER too small: a CTA's slice of the merge (DA_MAX_G * 128 / DA_CLUSTER outputs) must fit its "
               "threads, so DA_CLUSTER >= 8 with DA_MAX_G 8");
-#define DA_SPLIT_SMEM (DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES)
-#define DA_CLUSTER_SMEM (DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
+#define DA_SPLIT_SMEM (DA_BAR_BYTES + DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES)
+#define DA_CLUSTER_SMEM (DA_BAR_BYTES + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
+#ifdef DA_BULK
+static_assert(DA_CLUSTER_SLOTS <= 8 && DA_SPLIT_SLOTS <= 8, "DA_BULK: at most 8 slots (mbarriers) per warp");
+#endif
 // The per-warp merge area (m[8], l[8], acc[8][128] floats per warp) overlays the ring once every warp
 // is done with it.
 #define DA_RED_FLOATS (2 * DA_MAX_G + DA_MAX_G * DA_D)
@@ -243,6 +257,24 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+#ifdef DA_BULK
+// mbarrier and bulk copy (PTX ISA 8.0, sm_90), as gemv.cu's TMA form
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n\t}" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_page(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
+
 // d += A(16x16) x B(16x8), A's rows 8..15 zero (a1 = a3 = 0): a0 = row g cols 2t..2t+1, a2 = row g cols
 // 2t+8..2t+9; b0 = rows 2t..2t+1, b1 = rows 2t+8..2t+9 of col g; d0, d1 = row g cols 2t, 2t+1, d2, d3 =
 // row g+8 (zero in, zero out: the accumulators of rows 8..15 stay zero, so no register is rezeroed).
@@ -287,7 +319,7 @@ struct Inject {
 // 64, ...; calls come in increasing k).
 template <int SLOTS>
 __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, int count, int& bt_reg, uint32_t ring,
-                                           int k) {
+                                           uint32_t bars, int k) {
     const int lane = threadIdx.x & 31;
     if (k < count) {  // warp-uniform
         if ((k & 31) == 0 && k > 0) {
@@ -296,6 +328,21 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
         }
         const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
+#ifdef DA_BULK
+        // one bulk copy of the page's valid rows (8 KB for a full page); the rows past L are zeroed by the warp
+        // (their v is multiplied by p = 0: stale bytes could be NaN)
+        const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
+        if (valid < DA_PAGE) {
+            for (int t = valid; t < DA_PAGE; ++t)
+                asm volatile("st.shared.v4.u32 [%0], {%1,%1,%1,%1};\n" ::"r"(dst + uint32_t(t * DA_ROW + lane * 16)),
+                             "r"(0u) : "memory");
+            __syncwarp();
+        }
+        if (lane == 0)
+            bulk_page(dst, geo.kvh + int64_t(phys) * geo.page_bytes, uint32_t(valid * DA_ROW),
+                      bars + uint32_t(k % SLOTS) * 8);
+    }
+#else
         const char* src = geo.kvh + int64_t(phys) * geo.page_bytes + lane * 16;  // token 0 of the page
         const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES + lane * 16;
         if (valid == DA_PAGE) {  // a full page (all but maybe the last): no predicates
@@ -308,6 +355,7 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
         }
     }
     cp_async_commit();
+#endif
 }
 
 // The warp issues its first min(DA_PRE_PAGES, SLOTS) pages, calls after_issue() (the PDL form's wait and q load),
@@ -320,7 +368,7 @@ struct NoHook {
 
 template <int SLOTS, bool INJECT = false, class AfterIssue = NoHook>
 __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step, int count, int bt_reg,
-                                            const uint32_t (&qa)[4][4], uint32_t ring, float& m, float& l,
+                                            const uint32_t (&qa)[4][4], uint32_t ring, uint32_t bars, float& m, float& l,
                                             float (&acc)[16][4], const Inject& inj = Inject{-1, 0, {}},
                                             const AfterIssue& after_issue = AfterIssue{}) {
     const int lane = threadIdx.x & 31;
@@ -331,27 +379,51 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     for (int nt = 0; nt < 16; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     // this lane's reads inside a slot: k of token 8*jt + pi(g), 16-byte chunk 4*kp + tig (+ jt*8 rows,
     // + kp*64 bytes); v rows for ldmatrix: lane r of matrix mi gives token (mi&1)*8 + pi(r), chunk 2*n2 + mi/2
-    const uint32_t k_off = uint32_t(tok_perm(g) * DA_ROW + tig * 16);
     const int mi = lane >> 3;
+#ifdef DA_BULK
+    // swizzled rows: logical chunk c of token t at chunk c ^ (t & 7). K: token 8*jt + sp (sp = pi(g)), chunk 4*kp +
+    // tig -> 4*(kp ^ (sp >> 2)) + (tig ^ (sp & 3)): kp even at k_e + 64*kp, odd at k_o + 64*kp. V: token (mi&1)*8 + sv
+    // (sv = pi(lane&7)), chunk 16 + 2*n2 + (mi>>1) -> 16 + 2*(n2 ^ (sv >> 1)) + ((mi>>1) ^ (sv & 1)): n2 at
+    // v_r[n2 & 3] + 32*(n2 & 4).
+    const int sp = tok_perm(g), sv = tok_perm(lane & 7);
+    const uint32_t k_row = uint32_t(sp * DA_ROW + (tig ^ (sp & 3)) * 16), kx = uint32_t((sp >> 2) * 64);
+    const uint32_t k_e = k_row + kx, k_o = k_row - kx;
+    const uint32_t v_row = uint32_t((((mi & 1) << 3) + sv) * DA_ROW + 256 + (((mi >> 1) ^ (sv & 1)) * 16));
+    uint32_t v_r[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) v_r[r] = v_row + uint32_t((r ^ (sv >> 1)) * 32);
+    if (lane < SLOTS) mbar_init(bars + lane * 8, 1);
+    if (lane == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+#else
+    const uint32_t k_off = uint32_t(tok_perm(g) * DA_ROW + tig * 16);
     const uint32_t v_off = uint32_t((((mi & 1) << 3) + tok_perm(lane & 7)) * DA_ROW + 256 + (mi >> 1) * 16);
+#endif
 
 #pragma unroll
     for (int k = 0; k < (DA_PRE_PAGES < SLOTS ? DA_PRE_PAGES : SLOTS); ++k)
-        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
+        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
     DA_STAMP(2, 0);
     after_issue();
 #pragma unroll
-    for (int k = DA_PRE_PAGES; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k);
+    for (int k = DA_PRE_PAGES; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
 
     for (int k = 0; k < count; ++k) {
+#ifdef DA_BULK
+        mbar_wait(bars + uint32_t(k % SLOTS) * 8, uint32_t(k / SLOTS) & 1u);  // page k's bytes have landed
+#else
         cp_async_wait<SLOTS - 1>();  // SLOTS + k groups committed: page k's is complete
         __syncwarp();                 // ... for every lane's copies
+#endif
         if (k == 0) DA_STAMP(3, k);
         const uint32_t base = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
         if (INJECT && k == inj.page) {  // warp-uniform
             asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(base + uint32_t(inj.row * DA_ROW + lane * 16)),
                          "r"(inj.val.x), "r"(inj.val.y), "r"(inj.val.z), "r"(inj.val.w) : "memory");
+#ifdef DA_BULK
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before a later bulk copy into the slot
+#endif
             __syncwarp();
         }
 
@@ -362,7 +434,11 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
             float e[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int kp = 0; kp < 4; ++kp) {
+#ifdef DA_BULK
+                const uint4 k4 = lds128(base + ((kp & 1) ? k_o : k_e) + jt * 8 * DA_ROW + kp * 64);
+#else
                 const uint4 k4 = lds128(base + k_off + jt * 8 * DA_ROW + kp * 64);
+#endif
                 mma16(e, qa[kp][0], qa[kp][1], k4.x, k4.y);
                 mma16(o, qa[kp][2], qa[kp][3], k4.z, k4.w);
             }
@@ -392,12 +468,16 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 #pragma unroll
         for (int n2 = 0; n2 < 8; ++n2) {
             uint32_t b[4];
+#ifdef DA_BULK
+            ldsm_x4_trans(b, base + v_r[n2 & 3] + (n2 & 4) * 32);
+#else
             ldsm_x4_trans(b, base + v_off + n2 * 32);
+#endif
             mma16(acc[2 * n2], pa0, pa2, b[0], b[1]);
             mma16(acc[2 * n2 + 1], pa0, pa2, b[2], b[3]);
         }
         __syncwarp();  // every lane is done with the slot before it is refilled
-        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, k + SLOTS);
+        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k + SLOTS);
     }
     cp_async_wait<0>();  // (only empty groups are left)
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -415,9 +495,11 @@ __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int
                                            const AfterIssue& after_issue = AfterIssue{}) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int count = geo.npages > gw ? (geo.npages - gw - 1) / step + 1 : 0;
+    // smem: the rings (the merge area overlays them); DA_BULK: the warps' mbarriers in the DA_BAR_BYTES before it
     const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
+    const uint32_t bars = uint32_t(__cvta_generic_to_shared(smem)) - DA_BAR_BYTES + uint32_t(warp * 8 * 8);
     float m, l, acc[16][4];
-    warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, m, l, acc, inj, after_issue);
+    warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, bars, m, l, acc, inj, after_issue);
     DA_STAMP(4, __float_as_int(l));
 
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
@@ -483,10 +565,15 @@ __device__ __forceinline__ int load_bt(const int* bt_row, int bt_stride, int gw,
 __device__ __forceinline__ Geo make_geo(const char* kv, const int* block_table, int64_t b, int bt_stride, int h,
                                         int num_kv_heads, int page_bytes, int L, float sm_scale) {
     Geo geo;
+#ifdef DA_BULK
+    geo.kvh = kv + h * (DA_PAGE * 512);
+    geo.tok_bytes = 512;
+#else
     geo.kvh = kv + h * 512;
+    geo.tok_bytes = num_kv_heads * 512;
+#endif
     geo.bt = block_table + b * bt_stride;
     geo.page_bytes = page_bytes;
-    geo.tok_bytes = num_kv_heads * 512;
     geo.L = L;
     geo.npages = (L + DA_PAGE - 1) / DA_PAGE;
     geo.scale = sm_scale * 1.4426950408889634f;
@@ -497,7 +584,8 @@ extern "C" __global__ void __launch_bounds__(DA_THREADS)
 decode_attention_split(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
                        const int* __restrict__ seq_lens, float* __restrict__ part_acc, float* __restrict__ part_ml,
                        int num_q_heads, int num_kv_heads, int q_stride, int bt_stride, int page_bytes, float sm_scale) {
-    extern __shared__ __align__(128) float smem[];
+    extern __shared__ __align__(128) float smem_all[];
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     const int h = blockIdx.x, s = blockIdx.y, S = gridDim.y;
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
@@ -624,7 +712,8 @@ extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(
 decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
                          const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
                          int q_stride, int bt_stride, int page_bytes, float sm_scale) {
-    extern __shared__ __align__(128) float smem[];
+    extern __shared__ __align__(128) float smem_all[];
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
     DA_STAMP(0, 0);
@@ -781,7 +870,8 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
                               const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                               bf16* __restrict__ out, int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
                               int page_bytes, float sm_scale, float eps) {
-    extern __shared__ __align__(128) float smem[];
+    extern __shared__ __align__(128) float smem_all[];
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
     const int h = blockIdx.x, s = int(cluster.block_rank());
@@ -818,10 +908,20 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         if (mine) {
             inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
                          kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
+#ifdef DA_BULK
+            // lane i stores physical chunk i of the swizzled row: logical chunk i ^ (row & 7)
+            const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
+            inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),
+                                 __shfl_sync(0xffffffffu, inj.val.z, sw), __shfl_sync(0xffffffffu, inj.val.w, sw));
+            if (slot >= 0)
+                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) + h * (DA_PAGE * 512) +
+                                          (slot % DA_PAGE) * 512 + lane * 16) = inj.val;
+#else
             if (slot >= 0)
                 *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) +
                                           (slot % DA_PAGE) * int64_t(num_kv_heads * 512) + h * 512 + lane * 16) =
                     inj.val;
+#endif
         }
     };
     float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
