@@ -12,7 +12,7 @@ per context length, replays a CUDA graph of 36 back-to-back calls (one per layer
 heads over 8 kv heads: the 4B shape) and reads the last call's stamps. Prints, median over `--reps` replays,
 each point measured from the grid's first entry (median and max over the 256 warps), and the span (first
 entry to last exit) beside the K+V floor (bytes / 4.2 TB/s). `--define M=V`: an extra build macro (e.g.
-DA_CLUSTER_SLOTS=3). NOTES.md 21 asks the question: where are the
+DA_CLUSTER_SLOTS=3; with DA_BULK the pool is converted to its layout). NOTES.md 21 asks the question: where are the
 ~4.6 µs of every call that are not streaming.
 """
 
@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT / "tests-integration" / "gpu"))
 
 import build_kernels  # noqa: E402
 from bench_gemv import F32, I32, P, capture, check  # noqa: E402
+from da_variants import cluster_smem, is_bulk, to_head_major  # noqa: E402
 from gpu_helpers import BF, D, DEV, NKV, pool  # noqa: E402
 
 POINTS = ("entry", "seq_lens+bt", "pages issued", "first page", "loop done", "CTA merge", "cluster barrier", "exit")
 NQ, LAYERS, CLUSTER, WARPS = 32, 36, 8, 4
-SMEM = WARPS * 4 * 16 * 528 + CLUSTER * (16 + 128) * 4  # catalog: decode_attention_cluster's shared memory
 
 
 def timeline_function(defines=()):
@@ -49,7 +49,8 @@ def timeline_function(defines=()):
                                                                   "decode_attention_timeline.cubin"))
     mod = check(cu.cuModuleLoadData(data))
     f = check(cu.cuModuleGetFunction(mod, b"decode_attention_cluster"))
-    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM))
+    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                cluster_smem(list(defines))))
     ptr, size = check(cu.cuModuleGetGlobal(mod, b"da_timeline"))
     return f, ptr, size
 
@@ -62,10 +63,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.zeros(1, device=DEV)
     f, ptr, size = timeline_function(args.define)
+    smem = cluster_smem(args.define)  # the catalog's shared memory for the default build
     host = np.zeros(size // 8, dtype=np.uint64)
     q_stride = (NQ + 2 * NKV) * D
     for L in args.lengths:
         kv, bt, tok, page_elems = pool(L, LAYERS)
+        if is_bulk(args.define):  # -DDA_BULK: the head-major swizzled layout
+            kv = to_head_major(kv, LAYERS)
         seq = torch.tensor([L], dtype=torch.int32, device=DEV)
         qkv = torch.randn(LAYERS, q_stride, device=DEV).to(BF)
         out = torch.empty(LAYERS, NQ * D, device=DEV, dtype=BF)
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
             for l in range(LAYERS):
                 vals = (qkv[l].data_ptr(), kv[l * 16 * tok:].data_ptr(), bt.data_ptr(), seq.data_ptr(), out[l].data_ptr(),
                         NQ, NKV, q_stride, bt.numel(), page_elems * 2, 1 / math.sqrt(D))
-                check(cu.cuLaunchKernel(f, NKV, CLUSTER, 1, 32 * WARPS, 1, 1, SMEM, stream,
+                check(cu.cuLaunchKernel(f, NKV, CLUSTER, 1, 32 * WARPS, 1, 1, smem, stream,
                                         (vals, (P, P, P, P, P, I32, I32, I32, I32, I32, F32)), 0))
 
         graph = capture(calls)

@@ -427,6 +427,12 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
             __syncwarp();
         }
 
+#ifdef DA_NO_MATH
+        // diagnostic build (wrong outputs): the page stream and the merges without the page's math
+        __syncwarp();
+        issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k + SLOTS);
+        continue;
+#endif
         // scores S[g][n] of n-tile jt, n = 2*tig + {0,1}: tokens 8*jt + pi(n) = 8*jt + tig + {0, 4}
         float s[2][2];
 #pragma unroll
