@@ -10,7 +10,7 @@ PDL build: the DA_PRE_PAGES issued before its wait),
 first page in shared memory, page loop done, CTA merge done, cluster barrier passed, exit; the default build has none of it) and,
 per context length, replays a CUDA graph of 36 back-to-back calls (one per layer of a 36-layer pool, 32 q
 heads over 8 kv heads: the 4B shape) and reads the last call's stamps. Prints, median over `--reps` replays,
-each point measured from the grid's first entry (median and max over the 256 warps), and the span (first
+each point measured from the grid's first entry (median and max over the 256 warps; 512 with DA_WARPS=8), and the span (first
 entry to last exit) beside the K+V floor (bytes / 4.2 TB/s). `--define M=V`: an extra build macro (e.g.
 DA_CLUSTER_SLOTS=3; with DA_BULK the pool is converted to its layout). NOTES.md 21 asks the question: where are the
 ~4.6 µs of every call that are not streaming.
@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT / "tests-integration" / "gpu"))
 
 import build_kernels  # noqa: E402
 from bench_gemv import F32, I32, P, capture, check  # noqa: E402
-from da_variants import cluster_smem, is_bulk, to_head_major  # noqa: E402
+from da_variants import cluster_smem, cluster_warps, is_bulk, to_head_major  # noqa: E402
 from gpu_helpers import BF, D, DEV, NKV, pool  # noqa: E402
 
 POINTS = ("entry", "seq_lens+bt", "pages issued", "first page", "loop done", "CTA merge", "cluster barrier", "exit")
-NQ, LAYERS, CLUSTER, WARPS = 32, 36, 8, 4
+NQ, LAYERS, CLUSTER = 32, 36, 8
 
 
 def timeline_function(defines=()):
@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     torch.zeros(1, device=DEV)
     f, ptr, size = timeline_function(args.define)
     smem = cluster_smem(args.define)  # the catalog's shared memory for the default build
+    warps = cluster_warps(args.define)
     host = np.zeros(size // 8, dtype=np.uint64)
     q_stride = (NQ + 2 * NKV) * D
     for L in args.lengths:
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
             for l in range(LAYERS):
                 vals = (qkv[l].data_ptr(), kv[l * 16 * tok:].data_ptr(), bt.data_ptr(), seq.data_ptr(), out[l].data_ptr(),
                         NQ, NKV, q_stride, bt.numel(), page_elems * 2, 1 / math.sqrt(D))
-                check(cu.cuLaunchKernel(f, NKV, CLUSTER, 1, 32 * WARPS, 1, 1, smem, stream,
+                check(cu.cuLaunchKernel(f, NKV, CLUSTER, 1, 32 * warps, 1, 1, smem, stream,
                                         (vals, (P, P, P, P, P, I32, I32, I32, I32, I32, F32)), 0))
 
         graph = capture(calls)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
             graph.replay()
             torch.cuda.synchronize()
             check(cu.cuMemcpyDtoH(host.ctypes.data, ptr, size))
-            t = host.reshape(NKV * CLUSTER * WARPS, len(POINTS)).astype(np.int64)
+            t = host.reshape(NKV * CLUSTER * warps, len(POINTS)).astype(np.int64)
             rows.append((t - t[:, 0].min()) / 1e3)  # µs from the grid's first entry
         med = np.median(np.stack(rows), axis=0)  # [warps, points]
         floor = L * NKV * 512 / 4.2e12 * 1e6

@@ -73,13 +73,23 @@ def is_bulk(specs: list[str]) -> bool:
     return any(s == "DA_BULK" or s.startswith("DA_BULK=") for s in specs)
 
 
+def macro(specs: list[str], name: str, default: int) -> int:
+    """The integer value of macro `name` in a build's SPECs (`name=V`), else `default`."""
+    return next((int(s.split("=", 1)[1]) for s in specs if s.startswith(name + "=")), default)
+
+
+def cluster_warps(specs: list[str]) -> int:
+    """Warps per CTA of a build: its DA_WARPS macro, else 4 (the launch's block is 32 × this)."""
+    return macro(specs, "DA_WARPS", 4)
+
+
 def cluster_smem(specs: list[str]) -> int:
-    """decode_attention_cluster's dynamic shared memory (bytes) for a build: the 4 warps' rings of DA_CLUSTER_SLOTS
-    pages (16 rows of 528 bytes; DA_BULK: 512, after 256 bytes of mbarriers) and the cluster's partials pushed to
-    each CTA (decode_attention.cu DA_RECV_FLOATS: DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER) floats)."""
-    slots = next((int(s.split("=", 1)[1]) for s in specs if s.startswith("DA_CLUSTER_SLOTS=")), 4)
-    c = cluster_size(specs)
-    ring = 4 * slots * 16 * (512 if is_bulk(specs) else 528) + (256 if is_bulk(specs) else 0)
+    """decode_attention_cluster's dynamic shared memory (bytes) for a build: the DA_WARPS warps' rings of
+    DA_CLUSTER_SLOTS pages (16 rows of 528 bytes; DA_BULK: 512, after 64 bytes of mbarriers per warp) and the
+    cluster's partials pushed to each CTA (decode_attention.cu DA_RECV_FLOATS: DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER)
+    floats)."""
+    slots, warps, c = macro(specs, "DA_CLUSTER_SLOTS", 4), cluster_warps(specs), cluster_size(specs)
+    ring = warps * slots * 16 * (512 if is_bulk(specs) else 528) + (warps * 64 if is_bulk(specs) else 0)
     return ring + c * (2 * 8 + 8 * 128 // c) * 4
 
 
@@ -198,7 +208,7 @@ def run(a, variants, cubins) -> int:
         outs = {n: torch.full((LAYERS, NQ * D), float("nan"), device=DEV, dtype=BF) for n in variants}
 
         def attn(n, layer, pdl):
-            launch(fns[n], (NKV, clusters[n], 1), (128, 1, 1), smems[n],
+            launch(fns[n], (NKV, clusters[n], 1), (32 * cluster_warps(variants[n]), 1, 1), smems[n],
                    [(qkv[layer], P), (kvs[n][layer * 16 * tok:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
                     (NKV, I32), (QS, I32), (bt.numel(), I32), (page_elems * 2, I32), (1 / math.sqrt(D), F32)], pdl)
 

@@ -143,8 +143,12 @@ static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger
 
 #define DA_D 128
 #define DA_PAGE 16
+#ifndef DA_WARPS  // warps per CTA (experiments: 8; the CTA's first 128 threads own the 128 output columns)
 #define DA_WARPS 4
+#endif
+static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_THREADS (DA_WARPS * 32)
+#define DA_COLUMN_THREAD(d) (DA_THREADS == DA_D || (d) < DA_D)  // thread d owns output column d
 #define DA_MAX_G 8
 #define DA_MIN_PAGES_PER_SPLIT 4
 #define DA_MAX_SPLITS 64
@@ -206,14 +210,14 @@ typedef __nv_bfloat16 bf16;
 // cluster barrier passed, exit — at
 // da_timeline[((h * 8 + rank) * 4 + warp) * 8 + point]. `dep`: a register the stamp must wait for.
 extern "C" {
-__device__ unsigned long long da_timeline[8 * 8 * 4 * 8];  // unmangled: cuModuleGetGlobal
+__device__ unsigned long long da_timeline[8 * 8 * DA_WARPS * 8];  // unmangled: cuModuleGetGlobal
 }
 #define DA_STAMP(point, dep)                                                                                   \
     do {                                                                                                       \
         if ((threadIdx.x & 31) == 0 && gridDim.y == 8 && blockIdx.x < 8 && blockIdx.z == 0) {                 \
             unsigned long long t_;                                                                             \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_) : "r"(int(dep)));                             \
-            da_timeline[((blockIdx.x * 8 + blockIdx.y) * 4 + (threadIdx.x >> 5)) * 8 + (point)] = t_;          \
+            da_timeline[((blockIdx.x * 8 + blockIdx.y) * DA_WARPS + (threadIdx.x >> 5)) * 8 + (point)] = t_;   \
         }                                                                                                      \
     } while (0)
 #else
@@ -615,12 +619,12 @@ decode_attention_split(const bf16* __restrict__ q, const char* __restrict__ kv, 
     for (int gg = 0; gg < DA_MAX_G; ++gg) {
         if (gg >= G) break;
         const int64_t row = (b * num_q_heads + h * G + gg) * S + s;
-        part_acc[row * DA_D + d] = A[gg];
+        if (DA_COLUMN_THREAD(d)) part_acc[row * DA_D + d] = A[gg];
         if (d == 0) *reinterpret_cast<float2*>(part_ml + row * 2) = make_float2(M[gg], Ls[gg]);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DA_THREADS)
+extern "C" __global__ void __launch_bounds__(DA_D)
 decode_attention_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                        const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_splits) {
     // The ns partial rows (512 bytes each, cp.async) and their (m, l) (L2 loads) are all requested before
@@ -636,7 +640,7 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
     const int64_t base = (b * num_q_heads + j) * num_splits;
     const char* src = reinterpret_cast<const char*>(part_acc + base * DA_D);
     const uint32_t dst = uint32_t(__cvta_generic_to_shared(acc_s));
-    for (int c = d; c < ns * (DA_D / 4); c += DA_THREADS) cp_async16(dst + c * 16, src + c * 16, 16u);
+    for (int c = d; c < ns * (DA_D / 4); c += DA_D) cp_async16(dst + c * 16, src + c * 16, 16u);
     if (d < ns) ml_s[d] = __ldcg(reinterpret_cast<const float2*>(part_ml) + base + d);
     cp_async_commit();
     cp_async_wait<0>();
@@ -681,6 +685,9 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
 #pragma unroll
     for (int gg = 0; gg < DA_MAX_G; ++gg) {
         if (gg >= G) break;
+#if DA_WARPS != 4
+        if (!DA_COLUMN_THREAD(d)) break;
+#endif
         const int e = gg * DA_D + d;
         float* dst = cluster.map_shared_rank(recv, e / per);
         dst[DA_CLUSTER * 2 * DA_MAX_G + s * (DA_MAX_G * DA_D / DA_CLUSTER) + e % per] = A[gg];
