@@ -95,6 +95,7 @@
 // session 8 (2.62 for the cluster form after qk_norm_rope_kv_pdl, 2.66-2.69 for rope-cluster without early pages);
 // right after its qkv GEMV it adds 3.5 us to a layer at 512 tokens and 10.1-10.2 at 4,096 (session 9, bench_kernels).
 #include <cstdint>
+#include <type_traits>
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -412,6 +413,105 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 #pragma unroll
     for (int k = DA_PRE_PAGES; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
 
+#ifdef DA_PAIR
+    // -DDA_PAIR (experiment, NOTES.md 52): N = 2 pages per step (a last odd page alone): their scores' eight
+    // independent MMA chains interleave, one max reduction and at most one rescale for both, then both P*V. The
+    // probabilities use the running max after both pages (not after each), so the bits differ from the default.
+    const auto page_step = [&](int k, auto n) {
+        constexpr int N = decltype(n)::value;
+#ifdef DA_BULK
+#pragma unroll
+        for (int i = 0; i < N; ++i) mbar_wait(bars + uint32_t((k + i) % SLOTS) * 8, uint32_t((k + i) / SLOTS) & 1u);
+#else
+        cp_async_wait<SLOTS - N>();  // SLOTS + k groups committed: pages k .. k+N-1 are complete
+        __syncwarp();
+#endif
+        if (k == 0) DA_STAMP(3, k);
+        uint32_t base[N];
+        int valid[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            base[i] = ring + uint32_t((k + i) % SLOTS) * DA_SLOT_BYTES;
+            valid[i] = min(DA_PAGE, geo.L - (first + (k + i) * step) * DA_PAGE);
+            if (INJECT && k + i == inj.page) {  // warp-uniform
+                asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(base[i] + uint32_t(inj.row * DA_ROW + lane * 16)),
+                             "r"(inj.val.x), "r"(inj.val.y), "r"(inj.val.z), "r"(inj.val.w) : "memory");
+#ifdef DA_BULK
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+                __syncwarp();
+            }
+        }
+        float s[N][2][2];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+#pragma unroll
+            for (int jt = 0; jt < 2; ++jt) {
+                float e[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int kp = 0; kp < 4; ++kp) {
+#ifdef DA_BULK
+                    const uint4 k4 = lds128(base[i] + ((kp & 1) ? k_o : k_e) + jt * 8 * DA_ROW + kp * 64);
+#else
+                    const uint4 k4 = lds128(base[i] + k_off + jt * 8 * DA_ROW + kp * 64);
+#endif
+                    mma16(e, qa[kp][0], qa[kp][1], k4.x, k4.y);
+                    mma16(o, qa[kp][2], qa[kp][3], k4.z, k4.w);
+                }
+                const int c = 8 * jt + tig;
+                s[i][jt][0] = c < valid[i] ? (e[0] + o[0]) * geo.scale : -INFINITY;
+                s[i][jt][1] = c + 4 < valid[i] ? (e[1] + o[1]) * geo.scale : -INFINITY;
+            }
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < N; ++i) mx = fmaxf(mx, fmaxf(fmaxf(s[i][0][0], s[i][0][1]), fmaxf(s[i][1][0], s[i][1][1])));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);
+        if (__any_sync(0xffffffffu, m_new > m)) {
+            const float alpha = m_new > m ? ex2(m - m_new) : 1.f;
+            l *= alpha;
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt) {
+                acc[nt][0] *= alpha;
+                acc[nt][1] *= alpha;
+            }
+            m = m_new;
+        }
+        uint32_t pa0[N], pa2[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float p00 = ex2(s[i][0][0] - m), p01 = ex2(s[i][0][1] - m);
+            const float p10 = ex2(s[i][1][0] - m), p11 = ex2(s[i][1][1] - m);
+            l += (p00 + p01) + (p10 + p11);
+            pa0[i] = pack_bf16(p00, p01);
+            pa2[i] = pack_bf16(p10, p11);
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+#pragma unroll
+            for (int n2 = 0; n2 < 8; ++n2) {
+                uint32_t b[4];
+#ifdef DA_BULK
+                ldsm_x4_trans(b, base[i] + v_r[n2 & 3] + (n2 & 4) * 32);
+#else
+                ldsm_x4_trans(b, base[i] + v_off + n2 * 32);
+#endif
+                mma16(acc[2 * n2], pa0[i], pa2[i], b[0], b[1]);
+                mma16(acc[2 * n2 + 1], pa0[i], pa2[i], b[2], b[3]);
+            }
+        }
+        __syncwarp();  // every lane is done with the slots before they are refilled
+#pragma unroll
+        for (int i = 0; i < N; ++i) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k + i + SLOTS);
+    };
+    static_assert(SLOTS >= 2, "DA_PAIR needs two slots per warp");
+    int k = 0;
+    for (; k + 1 < count; k += 2) page_step(k, std::integral_constant<int, 2>{});
+    if (k < count) page_step(k, std::integral_constant<int, 1>{});
+    cp_async_wait<0>();  // (only empty groups are left)
+#else
     for (int k = 0; k < count; ++k) {
 #ifdef DA_BULK
         mbar_wait(bars + uint32_t(k % SLOTS) * 8, uint32_t(k / SLOTS) & 1u);  // page k's bytes have landed
@@ -490,6 +590,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
         issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k + SLOTS);
     }
     cp_async_wait<0>();  // (only empty groups are left)
+#endif
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
 }
