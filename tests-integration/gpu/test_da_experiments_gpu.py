@@ -1,0 +1,164 @@
+"""decode_attention.cu's experiment builds (session 17, NOTES.md 52) on the GPU, against the default build.
+
+Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_da_experiments_gpu.py -q
+
+The builds (tools/gpu/da_variants.py times them; none is used by the generator):
+- `DA_BULK`: the KV cache in a head-major, XOR-swizzled page layout (da_variants.to_head_major), one bulk copy per
+  page. The same arithmetic in the same order as the default, so on the converted pool its output must equal the
+  default's bit for bit: decode_attention_cluster (plain and `KERN_PDL` forms, the latter launched without the
+  attribute: its early pages and the re-read of the current token's row), and decode_attention_rope_cluster, whose
+  store of the current token's row must then equal the converted store of the default build (the whole pool
+  compared).
+- `DA_PAIR` (two pages per loop step: the probabilities use the running max after both pages, so other bits) and
+  `DA_WARPS=8` (8 warps per CTA, 2 slots each): within 1e-2 of float64 and no worse than 2x the default's error
+  + 1e-3.
+Fresh random inputs, lengths across page boundaries (1 to 4,096 keys), GQA groups 1, 4 and 8, pages in random
+order with junk block-table entries past the end, outputs poisoned (NaN) before every launch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conftest.py
+
+# gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
+# tools/kernels-src/ on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import torch, BF, D, DEV, NKV, bits, nan_like, pool, ref_attention, rope_table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+from da_variants import cluster_smem, cluster_warps, to_head_major  # noqa: E402
+
+LAYERS, LAYER, CLUSTER, EPS = 3, 1, 8, 1e-6
+BUILDS = {  # name: macros
+    "base": (), "base_pdl": ("KERN_PDL",), "bulk": ("DA_BULK",), "bulk_pdl": ("DA_BULK", "KERN_PDL"),
+    "pair": ("DA_PAIR",), "bulk_pair": ("DA_BULK", "DA_PAIR"), "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"),
+}
+
+
+@pytest.fixture(scope="module")
+def fns():
+    """{build: {entry: (CUfunction, dynamic shared memory bytes, threads per CTA)}} for the cluster entries."""
+    import build_kernels
+    from cuda.bindings import driver as cu
+    from cubin_launch import check
+
+    torch.zeros(1, device=DEV)
+    out = {}
+    for name, macros in BUILDS.items():
+        with tempfile.TemporaryDirectory() as t:
+            data = build_kernels.finish_cuda(build_kernels.start_cuda("decode_attention.cu", t, macros, name + ".cubin"))
+        mod = check(cu.cuModuleLoadData(data))
+        specs = [m if "=" in m else m + "=1" for m in macros]
+        smem, threads = cluster_smem(specs), 32 * cluster_warps(specs)
+        out[name] = {}
+        for entry in ("decode_attention_cluster", "decode_attention_rope_cluster"):
+            f = check(cu.cuModuleGetFunction(mod, entry.encode()))
+            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        smem))
+            out[name][entry] = (f, smem, threads)
+    return out
+
+
+def launch(fn, grid, args):
+    """cuLaunchKernel of (CUfunction, smem, threads) `fn` on the current stream; args: (value or tensor, ctype)."""
+    from cuda.bindings import driver as cu
+    from cubin_launch import launch_function
+
+    f, smem, threads = fn
+    kp = (tuple(x.data_ptr() if torch.is_tensor(x) else x for x, _ in args), tuple(t for _, t in args))
+    launch_function(f, grid, (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream), kp)
+
+
+def relerr(out, ref):
+    assert not torch.isnan(out).any(), "NaN in the output (left unwritten)"
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+class Case:
+    """One sequence of L keys in a LAYERS-layer pool (gpu_helpers.pool), nq q heads, and its head-major copy."""
+
+    def __init__(self, nq, L):
+        import ctypes
+
+        self.nq, self.L = nq, L
+        self.kv, self.bt, self.tok, self.page_elems = pool(L, LAYERS)
+        self.kv_hm = to_head_major(self.kv, LAYERS)
+        self.q_stride = (nq + 2 * NKV) * D
+        self.qkv = torch.randn(self.q_stride, device=DEV).to(BF)
+        self.seq = torch.tensor([L], dtype=torch.int32, device=DEV)
+        self.off = LAYER * 16 * self.tok  # elements
+        P, I32, F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        self.tail = [(nq, I32), (NKV, I32), (self.q_stride, I32), (self.bt.numel(), I32), (self.page_elems * 2, I32),
+                     (1 / math.sqrt(D), F32)]
+        self.P = P
+
+    def cluster(self, fn, kv):
+        out = nan_like((self.nq * D,))
+        P = self.P
+        launch(fn, (NKV, CLUSTER, 1), [(self.qkv, P), (kv[self.off:], P), (self.bt, P), (self.seq, P), (out, P)]
+               + self.tail)
+        torch.cuda.synchronize()
+        return out
+
+    def rope_cluster(self, fn, kv, qw, kw, cos_sin):
+        import ctypes
+
+        L, P = self.L, self.P
+        pos = torch.tensor([L - 1 + 30000], dtype=torch.int64, device=DEV)  # a rotary position far from 0
+        slot = torch.tensor([int(self.bt[(L - 1) // 16]) * 16 + (L - 1) % 16], dtype=torch.int64, device=DEV)
+        out = nan_like((self.nq * D,))
+        launch(fn, (NKV, CLUSTER, 1), [(self.qkv, P), (pos, P), (slot, P), (qw, P), (kw, P), (cos_sin, P),
+                                       (kv[self.off:], P), (self.bt, P), (self.seq, P), (out, P)]
+               + self.tail + [(EPS, ctypes.c_float)])
+        torch.cuda.synchronize()
+        return out
+
+
+LENGTHS = [1, 7, 16, 17, 130, 1000, 4096]
+
+
+@pytest.mark.parametrize("nq", [8, 32, 64])
+@pytest.mark.parametrize("L", LENGTHS)
+def test_bulk_cluster_is_the_default_bit_for_bit(fns, nq, L):
+    c = Case(nq, L)
+    base = c.cluster(fns["base"]["decode_attention_cluster"], c.kv)
+    ref = ref_attention(c.qkv, c.kv[c.off:], c.page_elems, c.bt, L, nq)
+    assert relerr(base, ref) <= 1e-2
+    for name in ("bulk", "bulk_pdl"):
+        out = c.cluster(fns[name]["decode_attention_cluster"], c.kv_hm)
+        assert torch.equal(bits(out), bits(base)), name
+    assert torch.equal(bits(c.cluster(fns["base_pdl"]["decode_attention_cluster"], c.kv)), bits(base))
+
+
+@pytest.mark.parametrize("nq", [8, 32, 64])
+@pytest.mark.parametrize("L", LENGTHS)
+def test_pair_and_eight_warps_within_bounds(fns, nq, L):
+    c = Case(nq, L)
+    ref = ref_attention(c.qkv, c.kv[c.off:], c.page_elems, c.bt, L, nq)
+    e_base = relerr(c.cluster(fns["base"]["decode_attention_cluster"], c.kv), ref)
+    for name, kv in (("pair", c.kv), ("bulk_pair", c.kv_hm), ("bulk_w8", c.kv_hm)):
+        e = relerr(c.cluster(fns[name]["decode_attention_cluster"], kv), ref)
+        assert e <= 1e-2 and e <= 2 * e_base + 1e-3, (name, e, e_base)
+
+
+@pytest.mark.parametrize("nq", [8, 32, 64])
+@pytest.mark.parametrize("L", [1, 17, 130, 4096])
+def test_bulk_rope_cluster_stores_the_swizzled_row(fns, nq, L):
+    c = Case(nq, L)
+    qw = (1 + 0.1 * torch.randn(D, device=DEV)).to(BF)
+    kw = (1 + 0.1 * torch.randn(D, device=DEV)).to(BF)
+    cos_sin = rope_table()
+    kv_base, kv_bulk = c.kv.clone(), c.kv_hm.clone()
+    base = c.rope_cluster(fns["base"]["decode_attention_rope_cluster"], kv_base, qw, kw, cos_sin)
+    bulk = c.rope_cluster(fns["bulk"]["decode_attention_rope_cluster"], kv_bulk, qw, kw, cos_sin)
+    assert not torch.equal(bits(kv_base), bits(c.kv)), "the default build stored no row"
+    assert torch.equal(bits(bulk), bits(base))
+    assert torch.equal(bits(kv_bulk), bits(to_head_major(kv_base, LAYERS)))

@@ -1,0 +1,81 @@
+"""CPU checks of decode_attention.cu's experiment builds (session 17, NOTES.md 52; tools/gpu/da_variants.py and
+da_timeline.py time them, tests-integration/gpu/test_da_experiments_gpu.py checks their numerics): no GPU needed.
+
+- the hooks leave the default modules unchanged: the PDL build's sha256 is the one examples/qwen3-4b.json pins;
+- every experiment build (`DA_BULK`, with `KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`) exports the default's
+  four entries with the same parameter tables;
+- in the PTX of the `DA_BULK` build, the page copies of the attention entries are bulk copies counted on an
+  mbarrier, with no 16-byte cp.async left in them; the default's attention entries use no bulk copy;
+- da_variants' launch geometry for each build (threads, dynamic shared memory) and its option parsing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+import da_variants  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
+from ptx_entries import ptx_entries  # noqa: E402
+
+EXPERIMENTS = {"bulk": ("DA_BULK",), "bulk_pdl": ("DA_BULK", "KERN_PDL"), "pair": ("DA_PAIR",),
+               "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"), "no_math": ("DA_NO_MATH",)}
+ATTENTION = ("decode_attention_split", "decode_attention_cluster", "decode_attention_rope_cluster")
+BULK_COPY = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """The default plain and PDL cubins and PTX, and every experiment's cubin (and DA_BULK's PTX)."""
+    jobs = {"plain.cubin": ((), "plain.cubin"), "pdl.cubin": (("KERN_PDL",), "pdl.cubin"),
+            "plain.ptx": ((), "plain.ptx"), "bulk.ptx": (("DA_BULK",), "bulk.ptx"),
+            **{f"{n}.cubin": (d, f"{n}.cubin") for n, d in EXPERIMENTS.items()}}
+    return nvcc_builds(tmp_path_factory.mktemp("da_experiments"),
+                       {k: ("decode_attention.cu", d, f) for k, (d, f) in jobs.items()})
+
+
+def test_default_pdl_module_is_the_examples(builds):
+    pinned = json.loads((ROOT / "examples" / "qwen3-4b.json").read_text())["modules"]["decode_attention_pdl"]["sha256"]
+    assert hashlib.sha256(builds["pdl.cubin"].read_bytes()).hexdigest() == pinned
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_experiment_keeps_the_abi(builds, name):
+    plain = read_cubin(builds["plain.cubin"].read_bytes()).entries
+    exp = read_cubin(builds[f"{name}.cubin"].read_bytes()).entries
+    assert set(exp) == set(plain)
+    for e in plain:
+        assert [(p.offset, p.size) for p in exp[e].params] == [(p.offset, p.size) for p in plain[e].params], e
+
+
+def test_bulk_pages_are_bulk_copies(builds):
+    bulk = ptx_entries(builds["bulk.ptx"].read_text())
+    plain = ptx_entries(builds["plain.ptx"].read_text())
+    for e in ATTENTION:
+        text = "\n".join(bulk[e])
+        assert BULK_COPY in text and "mbarrier.try_wait.parity" in text, e
+        assert "cp.async.cg.shared.global" not in text, e
+        assert "cp.async.bulk" not in "\n".join(plain[e]), e
+
+
+def test_da_variants_geometry():
+    sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+    import catalog
+
+    default = next(k for k in catalog._decode_attention_cuda_kernels() if k.name == catalog.DECODE_ATTENTION_CLUSTER)
+    assert da_variants.cluster_smem([]) == default.shared_mem == 4 * 4 * 16 * 528 + 8 * (16 + 128) * 4
+    assert da_variants.cluster_smem(["DA_BULK=1"]) == 256 + 4 * 4 * 8192 + 8 * (16 + 128) * 4
+    assert da_variants.cluster_smem(["DA_BULK=1", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"]) == 512 + 8 * 2 * 8192 + 4608
+    assert da_variants.cluster_warps(["DA_WARPS=8"]) == 8 and da_variants.cluster_warps(["DA_BULK=1"]) == 4
+    assert da_variants.is_bulk(["DA_BULK"]) and da_variants.is_bulk(["DA_BULK=1"]) and not da_variants.is_bulk(["NOPDL"])
+    with pytest.raises(ValueError, match="NAME=SPEC"):
+        da_variants.parse_variant("=DA_BULK=1")
