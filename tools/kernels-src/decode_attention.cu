@@ -417,6 +417,8 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     // -DDA_PAIR (experiment, NOTES.md 52): N = 2 pages per step (a last odd page alone): their scores' eight
     // independent MMA chains interleave, one max reduction and at most one rescale for both, then both P*V. The
     // probabilities use the running max after both pages (not after each), so the bits differ from the default.
+    // The default loop below keeps its own copy of this code: routed through page_step with N = 1, the same
+    // operations compile to other instructions, and the default cubins are pinned (examples/*.json).
     const auto page_step = [&](int k, auto n) {
         constexpr int N = decltype(n)::value;
 #ifdef DA_BULK
