@@ -2,7 +2,7 @@
 da_timeline.py time them, tests-integration/gpu/test_da_experiments_gpu.py checks their numerics): no GPU needed.
 
 - the hooks leave the default modules unchanged: the PDL build's sha256 is the one examples/qwen3-4b.json pins;
-- every experiment build (`DA_BULK`, with `KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`) exports the default's
+- every experiment build (`DA_BULK`, with `KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`, `DA_ST_ASYNC`) exports the default's
   four entries with the same parameter tables;
 - in the PTX of the `DA_BULK` build, the page copies of the attention entries are bulk copies counted on an
   mbarrier, with no 16-byte cp.async left in them; the default's attention entries use no bulk copy;
@@ -28,7 +28,8 @@ from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
 from ptx_entries import ptx_entries  # noqa: E402
 
 EXPERIMENTS = {"bulk": ("DA_BULK",), "bulk_pdl": ("DA_BULK", "KERN_PDL"), "pair": ("DA_PAIR",),
-               "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"), "no_math": ("DA_NO_MATH",)}
+               "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"), "no_math": ("DA_NO_MATH",),
+               "st_async": ("DA_ST_ASYNC", "KERN_PDL")}
 ATTENTION = ("decode_attention_split", "decode_attention_cluster", "decode_attention_rope_cluster")
 BULK_COPY = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
 

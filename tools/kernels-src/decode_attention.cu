@@ -165,6 +165,13 @@ static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_ROW 528                       // a token's k|v (512 bytes) + 16 bytes of padding, in a slot
 #define DA_BAR_BYTES 0
 #endif
+// -DDA_ST_ASYNC (experiment, NOTES.md 53): the cluster merge's pushes are st.async stores that count their bytes on
+// the owner CTA's receive mbarrier (static shared memory, so the dynamic layout and the launch's shared memory stay
+// the default's; initialized and armed with the expected bytes at entry, before the entry's cluster arrive, then a
+// release), and each CTA waits on its own mbarrier instead of a second cluster barrier.
+#ifdef DA_ST_ASYNC
+__shared__ __align__(8) unsigned long long da_recv_bar;
+#endif
 #define DA_SLOT_BYTES (DA_PAGE * DA_ROW)  // one page of one kv head
 #define DA_SPLIT_SLOTS 2
 #ifndef DA_CLUSTER
@@ -776,6 +783,42 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#ifdef DA_ST_ASYNC
+    {
+        // st.async to rank r's `recv` (the same offset in every CTA), counted on rank r's receive mbarrier
+        const uint32_t recv_a = uint32_t(__cvta_generic_to_shared(recv));
+        const uint32_t bar_a = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
+        const auto push = [&](int rank, int idx, float v) {
+            uint32_t ra, rb;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(recv_a + uint32_t(idx * 4)), "r"(rank));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(bar_a), "r"(rank));
+            asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
+                         "r"(__float_as_uint(v)), "r"(rb) : "memory");
+        };
+        if (d < DA_CLUSTER) {
+#pragma unroll
+            for (int gg = 0; gg < DA_MAX_G; ++gg) {
+                if (gg >= G) break;
+                push(d, s * 2 * DA_MAX_G + gg, M[gg]);
+                push(d, s * 2 * DA_MAX_G + DA_MAX_G + gg, Ls[gg]);
+            }
+        }
+#pragma unroll
+        for (int gg = 0; gg < DA_MAX_G; ++gg) {
+            if (gg >= G) break;
+#if DA_WARPS != 4
+            if (!DA_COLUMN_THREAD(d)) break;
+#endif
+            const int e = gg * DA_D + d;
+            push(e / per, DA_CLUSTER * 2 * DA_MAX_G + s * (DA_MAX_G * DA_D / DA_CLUSTER) + e % per, A[gg]);
+        }
+        // every push to this CTA has landed (its bytes were armed at entry); acquire at cluster scope
+        asm volatile("{\n\t.reg .pred done;\n"
+                     "RECV_%=:\n\t"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n\t"
+                     "@!done bra RECV_%=;\n\t}" ::"r"(bar_a) : "memory");
+    }
+#else
     if (d < DA_CLUSTER) {
         float* dst = cluster.map_shared_rank(recv, d) + s * 2 * DA_MAX_G;
 #pragma unroll
@@ -798,6 +841,7 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     // release/acquire at cluster scope: every push is visible to its owner; after this no CTA touches
     // another's shared memory, so each may leave when done
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
     DA_STAMP(6, 0);
     if (d < per) {
         const int e = s * per + d;
@@ -831,7 +875,19 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
+#ifdef DA_ST_ASYNC
+    if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
+        const uint32_t bar = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
+        const int G_ = num_q_heads / num_kv_heads;
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                     "r"(uint32_t(DA_CLUSTER * (2 * G_ + G_ * (DA_D / DA_CLUSTER)) * 4)) : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // started, its mbarrier initialized
+#else
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
+#endif
     DA_STAMP(0, 0);
     const int h = blockIdx.x, s = int(cluster.block_rank());
     const int64_t b = blockIdx.z;
@@ -989,7 +1045,19 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
+#ifdef DA_ST_ASYNC
+    if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
+        const uint32_t bar = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
+        const int G_ = num_q_heads / num_kv_heads;
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                     "r"(uint32_t(DA_CLUSTER * (2 * G_ + G_ * (DA_D / DA_CLUSTER)) * 4)) : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // started, its mbarrier initialized
+#else
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
+#endif
     const int h = blockIdx.x, s = int(cluster.block_rank());
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
