@@ -25,7 +25,7 @@ UNUSED_BY_EXAMPLES = {
     "paged_decode_attention_pdl.cubin": "c51cac0b2b7850cf3280399e1edbb578fd8c3733cdad97886ff5d466b75fba20",
     "paged_decode_reduce_pdl.cubin": "4a513798e18e2184b16acb05c5d481e06757824509c5950221fea0d7b6ed182d",
     "argmax.cubin": "d128f74af9ac7f8a433fb47a12c5478d51af13da487b07fae2ff4b445f60ee89",
-    "decode_attention.cubin": "3421ba9f5373d9cf398020cd2f5225e7db17ba136f69718c0e942d358c560d60",
+    "decode_attention.cubin": "4041760a665790afd2fb6f0a2a0aaa34c43e2003d03cfa046e39fc68ea00bd6c",  # session 17: the st.async cluster merge
     "embedding_pdl.cubin": "382e706a4e75cbeea6768c01aabd7271c415274bd5e9aeb867e46f01bcfb7704",
     "gemv_persist.cubin": "399ff4e1f58a483e5639ce11f8a24faabfdd5bc9e0a35a5ef607a4c816501255",
     # the decode prologue's PDL form: since session 8 the examples' decode attention (rope-cluster) does its work

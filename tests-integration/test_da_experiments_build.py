@@ -1,9 +1,10 @@
-"""CPU checks of decode_attention.cu's experiment builds (session 17, NOTES.md 52; tools/gpu/da_variants.py and
+"""CPU checks of decode_attention.cu's experiment builds (session 17, NOTES.md 52-53; tools/gpu/da_variants.py and
 da_timeline.py time them, tests-integration/gpu/test_da_experiments_gpu.py checks their numerics): no GPU needed.
 
 - the hooks leave the default modules unchanged: the PDL build's sha256 is the one examples/qwen3-4b.json pins;
-- every experiment build (`DA_BULK`, with `KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`, `DA_ST_ASYNC`) exports the default's
+- every experiment build (`DA_BULK`, with `KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`, `DA_MERGE_BARRIER`) exports the default's
   four entries with the same parameter tables;
+- the default cluster merge is st.async on an mbarrier (one cluster arrive), `DA_MERGE_BARRIER` the barrier merge;
 - in the PTX of the `DA_BULK` build, the page copies of the attention entries are bulk copies counted on an
   mbarrier, with no 16-byte cp.async left in them; the default's attention entries use no bulk copy;
 - da_variants' launch geometry for each build (threads, dynamic shared memory) and its option parsing.
@@ -29,7 +30,7 @@ from ptx_entries import ptx_entries  # noqa: E402
 
 EXPERIMENTS = {"bulk": ("DA_BULK",), "bulk_pdl": ("DA_BULK", "KERN_PDL"), "pair": ("DA_PAIR",),
                "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"), "no_math": ("DA_NO_MATH",),
-               "st_async": ("DA_ST_ASYNC", "KERN_PDL")}
+               "merge_barrier": ("DA_MERGE_BARRIER", "KERN_PDL")}
 ATTENTION = ("decode_attention_split", "decode_attention_cluster", "decode_attention_rope_cluster")
 BULK_COPY = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
 
@@ -39,6 +40,7 @@ def builds(tmp_path_factory):
     """The default plain and PDL cubins and PTX, and every experiment's cubin (and DA_BULK's PTX)."""
     jobs = {"plain.cubin": ((), "plain.cubin"), "pdl.cubin": (("KERN_PDL",), "pdl.cubin"),
             "plain.ptx": ((), "plain.ptx"), "bulk.ptx": (("DA_BULK",), "bulk.ptx"),
+            "barrier.ptx": (("DA_MERGE_BARRIER",), "barrier.ptx"),
             **{f"{n}.cubin": (d, f"{n}.cubin") for n, d in EXPERIMENTS.items()}}
     return nvcc_builds(tmp_path_factory.mktemp("da_experiments"),
                        {k: ("decode_attention.cu", d, f) for k, (d, f) in jobs.items()})
@@ -66,6 +68,22 @@ def test_bulk_pages_are_bulk_copies(builds):
         assert BULK_COPY in text and "mbarrier.try_wait.parity" in text, e
         assert "cp.async.cg.shared.global" not in text, e
         assert "cp.async.bulk" not in "\n".join(plain[e]), e
+
+
+def test_cluster_merge_is_st_async(builds):
+    """The default cluster merge pushes st.async stores counted on the owner's receive mbarrier and waits on it (no
+    second cluster barrier); the entry's arrive is a release (the mbarrier's init before it). DA_MERGE_BARRIER: the
+    barrier merge, with no st.async."""
+    plain = ptx_entries(builds["plain.ptx"].read_text())
+    barrier = ptx_entries(builds["barrier.ptx"].read_text())
+    for e in ("decode_attention_cluster", "decode_attention_rope_cluster"):
+        text = "\n".join(plain[e])
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in text, e
+        assert "mbarrier.try_wait.parity.acquire.cluster" in text, e
+        assert "barrier.cluster.arrive.release" in text and "barrier.cluster.arrive.relaxed" not in text, e
+        assert text.count("barrier.cluster.arrive") == 1, e
+        old = "\n".join(barrier[e])
+        assert "st.async" not in old and old.count("barrier.cluster.arrive") == 2, e
 
 
 def test_da_variants_geometry():

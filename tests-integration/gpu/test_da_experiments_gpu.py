@@ -1,4 +1,4 @@
-"""decode_attention.cu's experiment builds (session 17, NOTES.md 52) on the GPU, against the default build.
+"""decode_attention.cu's experiment builds (session 17, NOTES.md 52-53) on the GPU, against the default build.
 
 Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_da_experiments_gpu.py -q
 
@@ -9,8 +9,9 @@ The builds (tools/gpu/da_variants.py times them; none is used by the generator):
   attribute: its early pages and the re-read of the current token's row), and decode_attention_rope_cluster, whose
   store of the current token's row must then equal the converted store of the default build (the whole pool
   compared).
-- `DA_ST_ASYNC` (the cluster merge's pushes as st.async on the owner's mbarrier, no second cluster barrier): the
-  default's bits, with and without `DA_BULK`, and in decode_attention_rope_cluster's PDL form.
+- `DA_MERGE_BARRIER` (the cluster merge of sessions 3-16: plain distributed-shared-memory stores, then a cluster
+  barrier, where the default pushes st.async stores counted on the owner's mbarrier): the default's bits, with and
+  without `DA_BULK`, the PDL forms, and decode_attention_rope_cluster's output and stored row.
 - `DA_PAIR` (two pages per loop step: the probabilities use the running max after both pages, so other bits) and
   `DA_WARPS=8` (8 warps per CTA, 2 slots each): within 1e-2 of float64 and no worse than 2x the default's error
   + 1e-3.
@@ -42,7 +43,8 @@ LAYERS, LAYER, CLUSTER, EPS = 3, 1, 8, 1e-6
 BUILDS = {  # name: macros
     "base": (), "base_pdl": ("KERN_PDL",), "bulk": ("DA_BULK",), "bulk_pdl": ("DA_BULK", "KERN_PDL"),
     "pair": ("DA_PAIR",), "bulk_pair": ("DA_BULK", "DA_PAIR"), "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"),
-    "st": ("DA_ST_ASYNC",), "st_pdl": ("DA_ST_ASYNC", "KERN_PDL"), "bulk_st": ("DA_BULK", "DA_ST_ASYNC"),
+    "barrier": ("DA_MERGE_BARRIER",), "barrier_pdl": ("DA_MERGE_BARRIER", "KERN_PDL"),
+    "bulk_barrier": ("DA_BULK", "DA_MERGE_BARRIER"),
 }
 
 
@@ -135,10 +137,10 @@ def test_bulk_cluster_is_the_default_bit_for_bit(fns, nq, L):
     base = c.cluster(fns["base"]["decode_attention_cluster"], c.kv)
     ref = ref_attention(c.qkv, c.kv[c.off:], c.page_elems, c.bt, L, nq)
     assert relerr(base, ref) <= 1e-2
-    for name in ("bulk", "bulk_pdl", "bulk_st"):
+    for name in ("bulk", "bulk_pdl", "bulk_barrier"):
         out = c.cluster(fns[name]["decode_attention_cluster"], c.kv_hm)
         assert torch.equal(bits(out), bits(base)), name
-    for name in ("base_pdl", "st", "st_pdl"):
+    for name in ("base_pdl", "barrier", "barrier_pdl"):
         assert torch.equal(bits(c.cluster(fns[name]["decode_attention_cluster"], c.kv)), bits(base)), name
 
 
@@ -166,6 +168,7 @@ def test_bulk_rope_cluster_stores_the_swizzled_row(fns, nq, L):
     assert not torch.equal(bits(kv_base), bits(c.kv)), "the default build stored no row"
     assert torch.equal(bits(bulk), bits(base))
     assert torch.equal(bits(kv_bulk), bits(to_head_major(kv_base, LAYERS)))
-    kv_st = c.kv.clone()
-    st = c.rope_cluster(fns["st_pdl"]["decode_attention_rope_cluster"], kv_st, qw, kw, cos_sin)
-    assert torch.equal(bits(st), bits(base)) and torch.equal(bits(kv_st), bits(kv_base))
+    for name in ("base_pdl", "barrier", "barrier_pdl"):
+        kv_o = c.kv.clone()
+        o = c.rope_cluster(fns[name]["decode_attention_rope_cluster"], kv_o, qw, kw, cos_sin)
+        assert torch.equal(bits(o), bits(base)) and torch.equal(bits(kv_o), bits(kv_base)), name

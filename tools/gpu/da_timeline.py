@@ -7,7 +7,8 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc):
 Builds tools/kernels-src/decode_attention.cu with -DDA_TIMELINE (lane 0 of every warp of the cluster form
 stamps %globaltimer, ns, at 8 points: entry, seq_lens and block table loaded, its first pages' copies issued (the
 PDL build: the DA_PRE_PAGES issued before its wait),
-first page in shared memory, page loop done, CTA merge done, cluster barrier passed, exit; the default build has none of it) and,
+first page in shared memory, page loop done, CTA merge done, the cluster's partials in (its receive mbarrier's
+bytes landed; with DA_MERGE_BARRIER the cluster barrier passed), exit; the default build has none of it) and,
 per context length, replays a CUDA graph of 36 back-to-back calls (one per layer of a 36-layer pool, 32 q
 heads over 8 kv heads: the 4B shape) and reads the last call's stamps. Prints, median over `--reps` replays,
 each point measured from the grid's first entry (median and max over the 256 warps; 512 with DA_WARPS=8), and the span (first
@@ -38,7 +39,7 @@ from bench_gemv import F32, I32, P, capture, check  # noqa: E402
 from da_variants import cluster_smem, cluster_warps, is_bulk, to_head_major  # noqa: E402
 from gpu_helpers import BF, D, DEV, NKV, pool  # noqa: E402
 
-POINTS = ("entry", "seq_lens+bt", "pages issued", "first page", "loop done", "CTA merge", "cluster barrier", "exit")
+POINTS = ("entry", "seq_lens+bt", "pages issued", "first page", "loop done", "CTA merge", "partials in", "exit")
 NQ, LAYERS, CLUSTER = 32, 36, 8
 
 

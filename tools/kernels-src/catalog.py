@@ -293,7 +293,8 @@ def _decode_attention_cuda_kernels() -> list[Kernel]:
                 f"sequence), CTA r taking logical pages r*4+w + k*{4 * DA_CLUSTER} for its warps w (as "
                 f"decode_attention_split with {DA_CLUSTER} splits); each CTA pushes its partial through distributed "
                 "shared memory to the CTAs that merge it (CTA r: outputs [r*G*16, (r+1)*G*16) of the kv head's G*128), "
-                "one cluster barrier, then each merges its slice into out: bf16 [seqs, NQ*128]. No scratch, no "
+                "as st.async stores counted on the owner's receive mbarrier (128 bytes of static shared memory), then "
+                "each waits for its own bytes and merges its slice into out: bf16 [seqs, NQ*128]. No scratch, no "
                 "state. " + DA_DOC_COMMON,
             constexprs={**cx, "SLOTS": DA_CLUSTER_SLOTS, "CLUSTER": DA_CLUSTER},
         ),

@@ -62,10 +62,11 @@
 //            (b*NQ + i)*S + s; m in log2 units, l = sum of 2^(score*log2e - m), acc = sum p v);
 //   merge:   out = bf16(sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), M = max_s m_s;
 //   cluster: CTA r merges elements [r*G*16, (r+1)*G*16) of the kv head's G*128 outputs: every CTA
-//            pushes its (m, l) and its acc of those elements into CTA r's shared memory (distributed
-//            shared memory stores, after a cluster barrier wait whose arrive was at entry, so every
-//            CTA of the cluster has started), then one cluster barrier (release/acquire), then each
-//            CTA merges the 8 partials it received.
+//            pushes its (m, l) and its acc of those elements into CTA r's shared memory (st.async
+//            stores into the cluster's shared memory, after a cluster barrier wait whose arrive was
+//            at entry, so every CTA of the cluster has started and armed its receive mbarrier with
+//            the bytes it will get), then each CTA waits on its own receive mbarrier (acquire at
+//            cluster scope) and merges the 8 partials it received.
 // Arithmetic: fp32 throughout (accumulation, softmax, merges), IEEE division for the final
 // normalisation, one rounding per stored bf16.  exp2 is ex2.approx.ftz.f32 (weights below 2^-126
 // of the running max are 0).
@@ -165,11 +166,12 @@ static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_ROW 528                       // a token's k|v (512 bytes) + 16 bytes of padding, in a slot
 #define DA_BAR_BYTES 0
 #endif
-// -DDA_ST_ASYNC (experiment, NOTES.md 53): the cluster merge's pushes are st.async stores that count their bytes on
-// the owner CTA's receive mbarrier (static shared memory, so the dynamic layout and the launch's shared memory stay
-// the default's; initialized and armed with the expected bytes at entry, before the entry's cluster arrive, then a
-// release), and each CTA waits on its own mbarrier instead of a second cluster barrier.
-#ifdef DA_ST_ASYNC
+// The cluster merge's pushes are st.async stores that count their bytes on the owner CTA's receive mbarrier (static
+// shared memory, outside the dynamic layout; initialized and armed with the bytes to expect at entry, before the
+// entry's cluster arrive, a release), and each CTA waits on its own mbarrier instead of a second cluster barrier
+// (session 17, NOTES.md 53: the same bits, -0.2...-0.4 us per call). -DDA_MERGE_BARRIER builds the merge of sessions
+// 3-16 for comparison: plain distributed-shared-memory stores, then a cluster barrier (release/acquire).
+#ifndef DA_MERGE_BARRIER
 __shared__ __align__(8) unsigned long long da_recv_bar;
 #endif
 #define DA_SLOT_BYTES (DA_PAGE * DA_ROW)  // one page of one kv head
@@ -215,7 +217,7 @@ typedef __nv_bfloat16 bf16;
 // Diagnostic build (-DDA_TIMELINE; tools/gpu/da_timeline.py): %globaltimer (ns) stamped by lane 0 of each warp of
 // the cluster forms (kv heads < 8, sequence 0) at 8 points — entry, seq_lens and block table loaded, the first
 // pages' copies issued, first page in shared memory (q is loaded by then too), page loop done, CTA merge done,
-// cluster barrier passed, exit — at
+// the cluster's partials in (DA_MERGE_BARRIER: cluster barrier passed), exit — at
 // da_timeline[((h * 8 + rank) * 4 + warp) * 8 + point]. `dep`: a register the stamp must wait for.
 extern "C" {
 __device__ unsigned long long da_timeline[8 * 8 * DA_WARPS * 8];  // unmangled: cuModuleGetGlobal
@@ -774,8 +776,11 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
 // merge it (CTA r merges elements [r*G*16, (r+1)*G*16) of the kv head's G*128 outputs): (m, l) of every q
 // head to every CTA, each acc element to its owner, into their `recv` areas (outside the ring: a CTA still
 // streaming pages is not disturbed).  Distributed shared memory is written only after every CTA of the
-// cluster has started (the wait of the arrive each kernel makes at entry).  Then one cluster barrier and
-// each CTA writes its slice of out_h (the G*128 outputs of this kv head).
+// cluster has started (the wait of the arrive each kernel makes at entry, after arming its receive mbarrier
+// da_recv_bar with the 8 * (2G + 16G) * 4 bytes it will receive).  The pushes are st.async stores, each
+// counting its 4 bytes on the owner's mbarrier; each CTA then waits for its own bytes (the mbarrier's phase 0,
+// acquire at cluster scope; no CTA leaves before every push to it has landed) and writes its slice of out_h
+// (the G*128 outputs of this kv head).  -DDA_MERGE_BARRIER: plain stores, then a cluster barrier.
 __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float* smem, int s, int G,
                                               const float (&M)[DA_MAX_G], const float (&Ls)[DA_MAX_G],
                                               const float (&A)[DA_MAX_G], bf16* out_h) {
@@ -783,7 +788,7 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#ifdef DA_ST_ASYNC
+#ifndef DA_MERGE_BARRIER
     {
         // st.async to rank r's `recv` (the same offset in every CTA), counted on rank r's receive mbarrier
         const uint32_t recv_a = uint32_t(__cvta_generic_to_shared(recv));
@@ -875,7 +880,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
-#ifdef DA_ST_ASYNC
+#ifndef DA_MERGE_BARRIER
     if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
         const uint32_t bar = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
         const int G_ = num_q_heads / num_kv_heads;
@@ -1045,7 +1050,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
-#ifdef DA_ST_ASYNC
+#ifndef DA_MERGE_BARRIER
     if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
         const uint32_t bar = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
         const int G_ = num_q_heads / num_kv_heads;
