@@ -406,8 +406,13 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     uint32_t v_r[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) v_r[r] = v_row + uint32_t((r ^ (sv >> 1)) * 32);
-    if (lane < SLOTS) mbar_init(bars + lane * 8, 1);
-    if (lane == 0) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    // lane 0 initializes every slot's mbarrier itself: fence.mbarrier_init covers only the mbarrier.init operations
+    // of the thread that executes it (as gemv.cu's TMA form)
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) mbar_init(bars + uint32_t(i * 8), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     __syncwarp();
 #else
     const uint32_t k_off = uint32_t(tok_perm(g) * DA_ROW + tig * 16);
