@@ -352,9 +352,13 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
                              "r"(0u) : "memory");
             __syncwarp();
         }
-        if (lane == 0)
+        if (lane == 0) {
+            // a refill: the warp's generic-proxy reads of the slot (ordered before this by the caller's __syncwarp)
+            // before the bulk copy's async-proxy writes to it (as gemv.cu's TMA form before each refill)
+            if (k >= SLOTS) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             bulk_page(dst, geo.kvh + int64_t(phys) * geo.page_bytes, uint32_t(valid * DA_ROW),
                       bars + uint32_t(k % SLOTS) * 8);
+        }
     }
 #else
         const char* src = geo.kvh + int64_t(phys) * geo.page_bytes + lane * 16;  // token 0 of the page
