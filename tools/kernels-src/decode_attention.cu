@@ -432,6 +432,9 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     for (int k = DA_PRE_PAGES; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
 
 #ifdef DA_PAIR
+#ifdef DA_NO_MATH
+#error "DA_NO_MATH applies to the default page loop, not to DA_PAIR's"
+#endif
     // -DDA_PAIR (experiment, NOTES.md 52): N = 2 pages per step (a last odd page alone): their scores' eight
     // independent MMA chains interleave, one max reduction and at most one rescale for both, then both P*V. The
     // probabilities use the running max after both pages (not after each), so the bits differ from the default.
