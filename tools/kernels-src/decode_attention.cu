@@ -218,7 +218,7 @@ typedef __nv_bfloat16 bf16;
 // the cluster forms (kv heads < 8, sequence 0) at 8 points — entry, seq_lens and block table loaded, the first
 // pages' copies issued, first page in shared memory (q is loaded by then too), page loop done, CTA merge done,
 // the cluster's partials in (DA_MERGE_BARRIER: cluster barrier passed), exit — at
-// da_timeline[((h * 8 + rank) * 4 + warp) * 8 + point]. `dep`: a register the stamp must wait for.
+// da_timeline[((h * 8 + rank) * DA_WARPS + warp) * 8 + point]. `dep`: a register the stamp must wait for.
 extern "C" {
 __device__ unsigned long long da_timeline[8 * 8 * DA_WARPS * 8];  // unmangled: cuModuleGetGlobal
 }
@@ -305,10 +305,10 @@ __device__ __forceinline__ void mma16(float (&d)[4], uint32_t a0, uint32_t a2, u
 __device__ __forceinline__ int tok_perm(int g) { return (g >> 1) | ((g & 1) << 2); }
 
 struct Geo {
-    const char* kvh;      // kv + h*512: this kv head's k of token slot 0 of page 0
+    const char* kvh;      // kv + h*512: this kv head's k of token slot 0 of page 0 (DA_BULK: kv + h*16*512)
     const int* bt;        // this sequence's block-table row
     int64_t page_bytes;
-    int tok_bytes;        // NKV*512
+    int tok_bytes;        // NKV*512 (DA_BULK: 512)
     int L;                // keys
     int npages;
     float scale;          // sm_scale * log2(e)
@@ -329,6 +329,7 @@ struct Inject {
 // Page k of a warp's list -> slot k % SLOTS of its ring: the 16 tokens' k|v rows (512 bytes each; lane i copies
 // bytes 16i..16i+15 of every row) with 16-byte cp.async (L2 only); the rows of tokens past L are zero-filled (never
 // read).  One commit group per call, also past the last page (empty), so that the page loop's waits are uniform.
+// DA_BULK: one bulk copy of the page's valid rows by lane 0, counted on the slot's mbarrier (no commit groups).
 // bt_reg: lane i holds the block-table entry of page k0 + i of the list, k0 = 32*floor(k/32) (refilled at k = 32,
 // 64, ...; calls come in increasing k).
 template <int SLOTS>
