@@ -98,3 +98,5 @@ def test_da_variants_geometry():
     assert da_variants.is_bulk(["DA_BULK"]) and da_variants.is_bulk(["DA_BULK=1"]) and not da_variants.is_bulk(["NOPDL"])
     with pytest.raises(ValueError, match="NAME=SPEC"):
         da_variants.parse_variant("=DA_BULK=1")
+    with pytest.raises(ValueError, match="'DA_WARPS=eight': DA_WARPS must be an integer"):
+        da_variants.cluster_smem(["DA_WARPS=eight"])

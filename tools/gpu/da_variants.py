@@ -74,8 +74,15 @@ def is_bulk(specs: list[str]) -> bool:
 
 
 def macro(specs: list[str], name: str, default: int) -> int:
-    """The integer value of macro `name` in a build's SPECs (`name=V`), else `default`."""
-    return next((int(s.split("=", 1)[1]) for s in specs if s.startswith(name + "=")), default)
+    """The integer value of macro `name` in a build's SPECs (`name=V`), else `default`. Raises ValueError naming the
+    SPEC when V is not an integer."""
+    for s in specs:
+        if s.startswith(name + "="):
+            try:
+                return int(s.split("=", 1)[1])
+            except ValueError:
+                raise ValueError(f"{s!r}: {name} must be an integer") from None
+    return default
 
 
 def cluster_warps(specs: list[str]) -> int:
@@ -142,7 +149,7 @@ def main(argv=None) -> int:
     try:
         variants = dict(parse_variant(v) for v in (a.variant or ["base"]))
         for specs in variants.values():
-            cluster_size(specs)
+            cluster_smem(specs)  # checks DA_CLUSTER, DA_WARPS and DA_CLUSTER_SLOTS before any build
     except ValueError as e:
         ap.error(str(e))
     tmp = Path(tempfile.mkdtemp())
