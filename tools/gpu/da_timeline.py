@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.zeros(1, device=DEV)
     f, ptr, size = timeline_function(args.define)
-    smem = cluster_smem(args.define)  # the catalog's shared memory for the default build
+    smem = cluster_smem(args.define)  # this build's dynamic shared memory (the catalog's for the default build)
     warps = cluster_warps(args.define)
     host = np.zeros(size // 8, dtype=np.uint64)
     q_stride = (NQ + 2 * NKV) * D
