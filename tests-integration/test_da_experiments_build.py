@@ -6,7 +6,8 @@ da_timeline.py time them, tests-integration/gpu/test_da_experiments_gpu.py check
   four entries with the same parameter tables;
 - the default cluster merge is st.async on an mbarrier (one cluster arrive), `DA_MERGE_BARRIER` the barrier merge;
 - in the PTX of the `DA_BULK` build, the page copies of the attention entries are bulk copies counted on an
-  mbarrier, with no 16-byte cp.async left in them; the default's attention entries use no bulk copy;
+  mbarrier (fenced after its init, and a proxy fence before the refills), with no 16-byte cp.async left in them; the
+  default's attention entries use no bulk copy;
 - da_variants' launch geometry for each build (threads, dynamic shared memory) and its option parsing.
 """
 
@@ -66,6 +67,8 @@ def test_bulk_pages_are_bulk_copies(builds):
     for e in ATTENTION:
         text = "\n".join(bulk[e])
         assert BULK_COPY in text and "mbarrier.try_wait.parity" in text, e
+        # the slots' mbarriers fenced after their init, and the refills fenced between the proxies
+        assert "fence.mbarrier_init.release.cluster" in text and "fence.proxy.async.shared::cta" in text, e
         assert "cp.async.cg.shared.global" not in text, e
         assert "cp.async.bulk" not in "\n".join(plain[e]), e
 
@@ -80,6 +83,7 @@ def test_cluster_merge_is_st_async(builds):
         text = "\n".join(plain[e])
         assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in text, e
         assert "mbarrier.try_wait.parity.acquire.cluster" in text, e
+        assert "fence.mbarrier_init.release.cluster" in text and "mbarrier.arrive.expect_tx" in text, e
         assert "barrier.cluster.arrive.release" in text and "barrier.cluster.arrive.relaxed" not in text, e
         assert text.count("barrier.cluster.arrive") == 1, e
         old = "\n".join(barrier[e])
