@@ -7,7 +7,8 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc); `--dry-run` only builds th
 
 Each `--variant NAME=SPEC[,SPEC...]` is one build of tools/kernels-src/decode_attention.cu (PDL form, -DKERN_PDL)
 with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 8, 16 (non-portable), sets the CTAs per kv head, and the
-launch's grid.y and shared memory follow), `NOPDL` the plain form (timed in mode A only: it has no
+launch's grid.y and shared memory follow; `DA_WARPS`, `DA_CLUSTER_SLOTS` and `DA_BULK=1` set the block and the
+shared memory too: cluster_smem), `NOPDL` the plain form (timed in mode A only: it has no
 griddepcontrol.wait), `SRC=path` another source file, `GIT=rev` the source at a git revision. The first variant
 is the reference of the bitwise comparison. `--kernels` is a built kernels dir (tools/build_kernels.py) for
 qk_norm_rope_kv_pdl.
@@ -102,7 +103,9 @@ def cluster_smem(specs: list[str]) -> int:
 
 def to_head_major(kv, layers: int, nkv: int = 8):
     """The DA_BULK layout of a layer-interleaved pool (torch bf16, flat): [page][layer][16 tokens][NKV][32 chunks of
-    16 bytes] -> [page][layer][NKV][16 tokens][32 chunks], token t's logical chunk c at chunk position c ^ (t & 7)."""
+    16 bytes] -> [page][layer][NKV][16 tokens][32 chunks], token t's logical chunk c at chunk position c ^ (t & 7).
+    `kv`: the whole pool (gpu_helpers.pool's, whole pages of `layers` layers), `nkv`: its kv heads. Returns a new flat
+    tensor; `kv` is unchanged."""
     import torch
 
     v = kv.view(-1, layers, 16, nkv, 32, 8)
@@ -233,6 +236,7 @@ def run(a, variants, cubins) -> int:
             graphs[("C", n)] = bg.capture(lambda n=n: [(prologue(layer, layer > 0, kvs[n]), attn(n, layer, True))
                                                        for layer in range(LAYERS)])
         graphs[("D", "-")] = bg.capture(lambda: [prologue(layer, layer > 0) for layer in range(LAYERS)])
+
         def check_mode(n, mode):  # (max relative error over 3 layers, the outputs), from the same fresh state
             qkv.copy_(qkv0)
             kv.copy_(kv0)
@@ -258,6 +262,7 @@ def run(a, variants, cubins) -> int:
                 times[k] += per_call(g, 8)
         med = {k: statistics.median(v) for k, v in times.items()}
         floor = L * NKV * 512 / 4.2e12 * 1e6
+
         def verdict(n, mode):
             e, o = checks[n][mode]
             ref = checks[ref_name].get(mode)
