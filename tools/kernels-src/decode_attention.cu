@@ -886,13 +886,11 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     DA_STAMP(7, 0);
 }
 
-extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
-decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
-                         const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
-                         int q_stride, int bt_stride, int page_bytes, float sm_scale) {
-    extern __shared__ __align__(128) float smem_all[];
-    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
-    cg::cluster_group cluster = cg::this_cluster();
+// The cluster kernels' first step, by every thread: this CTA has started (the arrive whose wait precedes the
+// pushes of cluster_merge); by default thread 0 first initializes the receive mbarrier and arms it with the bytes
+// the cluster's pushes will bring, 8 CTAs x (2G + 16G) floats, and the arrive is a release, so that every CTA's
+// mbarrier is armed before any push reaches it.
+__device__ __forceinline__ void cluster_entry(int num_q_heads, int num_kv_heads) {
 #ifndef DA_MERGE_BARRIER
     if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
         const uint32_t bar = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
@@ -906,6 +904,16 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
 #else
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
 #endif
+}
+
+extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
+decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv, const int* __restrict__ block_table,
+                         const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
+                         int q_stride, int bt_stride, int page_bytes, float sm_scale) {
+    extern __shared__ __align__(128) float smem_all[];
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster_entry(num_q_heads, num_kv_heads);
     DA_STAMP(0, 0);
     const int h = blockIdx.x, s = int(cluster.block_rank());
     const int64_t b = blockIdx.z;
@@ -1063,19 +1071,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
     cg::cluster_group cluster = cg::this_cluster();
-#ifndef DA_MERGE_BARRIER
-    if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
-        const uint32_t bar = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
-        const int G_ = num_q_heads / num_kv_heads;
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                     "r"(uint32_t(DA_CLUSTER * (2 * G_ + G_ * (DA_D / DA_CLUSTER)) * 4)) : "memory");
-    }
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // started, its mbarrier initialized
-#else
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
-#endif
+    cluster_entry(num_q_heads, num_kv_heads);
     const int h = blockIdx.x, s = int(cluster.block_rank());
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
