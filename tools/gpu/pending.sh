@@ -48,6 +48,14 @@
 #   wait-by-op-noattn  the same without the attention (--drop attn), alone and with o or down not waiting:
 #               $OUT/wait-by-op-noattn.tgz. Each of the two stages is one device call (prepare ~90 s on a fresh
 #               machine, then 7 or 4 manifests x 2 rounds).
+#   da-merge    (owed by session 17, which made the decode attention's cluster merge st.async: NOTES.md 53; that
+#               session ran, on the new default, test_rope_attention_gpu, test_da_experiments_gpu (the new merge
+#               bit-identical to the barrier merge at 1-4,096 keys, GQA 1/4/8), the 4B transformers equivalence and
+#               bench_decode 4B at 128 tokens, and had no device time left for the rest) the other decode-attention
+#               GPU tests (test_decode_attention_gpu: float64, Triton, determinism, the PDL twins, the 0.6B programs;
+#               test_pdl_chain_gpu), the 0.6B transformers equivalence, and bench_decode 0.6B at 128 and 4B at 4,096
+#               cached tokens for the BENCHMARKS summary; logs and the tables tarred into $OUT/da-merge.tgz. About 6
+#               minutes on a fresh machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -184,6 +192,21 @@ for stage in "${stages[@]}"; do
       step wbo-sweep 540 python3 tools/gpu/program_sweep.py --work "$K" --geometry 4b --rounds 2 "${vs[@]}" \
         --append "$OUT/$stage-BENCHMARKS.md"
       (cd "$OUT" && tar czf "$stage.tgz" wbo-*.log "$stage-BENCHMARKS.md" && rm -f wbo-*.log)  # at most 8 files back
+      ;;
+    da-merge)
+      K=/tmp/kern-e2e
+      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      step dam-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
+      KERN_KERNELS_DIR="$K/kernels" step dam-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_decode_attention_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py
+      KERN_E2E_DIR="$K" KERN_E2E_OUT="$OUT" step dam-e2e-0.6b 300 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_e2e_qwen3.py -k "0.6b"
+      cp BENCHMARKS.md "$OUT/da-merge-BENCHMARKS.md"
+      step dam-bench-0.6b 150 python3 tools/bench_decode.py --work "$K" --geometry 0.6b \
+        --skip hf-eager,hf-compile,gpt-fast --append "$OUT/da-merge-BENCHMARKS.md"
+      step dam-bench-4b-4096 150 python3 tools/bench_decode.py --work "$K" --geometry 4b --context 4096 \
+        --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/da-merge-BENCHMARKS.md"
+      (cd "$OUT" && tar czf da-merge.tgz dam-*.log da-merge-BENCHMARKS.md && rm -f dam-*.log)  # at most 8 files back
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
