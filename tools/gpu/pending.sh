@@ -53,8 +53,9 @@
 #               bit-identical to the barrier merge at 1-4,096 keys, GQA 1/4/8), the 4B transformers equivalence and
 #               bench_decode 4B at 128 tokens, and had no device time left for the rest) the other decode-attention
 #               GPU tests (test_decode_attention_gpu: float64, Triton, determinism, the PDL twins, the 0.6B programs;
-#               test_pdl_chain_gpu), the 0.6B transformers equivalence, and bench_decode 0.6B at 128 and 4B at 4,096
-#               cached tokens for the BENCHMARKS summary; logs and the tables tarred into $OUT/da-merge.tgz. About 6
+#               test_pdl_chain_gpu), the 0.6B transformers equivalence, bench_decode 0.6B at 128 and 4B at 4,096
+#               cached tokens for the BENCHMARKS summary, and bench_kernels' decode attention rows (issue 4's figure,
+#               also in the decode program's order); logs and the tables tarred into $OUT/da-merge.tgz. About 8
 #               minutes on a fresh machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -206,6 +207,9 @@ for stage in "${stages[@]}"; do
         --skip hf-eager,hf-compile,gpt-fast --append "$OUT/da-merge-BENCHMARKS.md"
       step dam-bench-4b-4096 150 python3 tools/bench_decode.py --work "$K" --geometry 4b --context 4096 \
         --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/da-merge-BENCHMARKS.md"
+      # issue 4's figure: the decode attentions at 4,096 tokens, back to back and in the decode program's order
+      step dam-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
+        --md "$OUT/da-merge-BENCHMARKS.md"
       (cd "$OUT" && tar czf da-merge.tgz dam-*.log da-merge-BENCHMARKS.md && rm -f dam-*.log)  # at most 8 files back
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
