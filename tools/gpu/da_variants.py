@@ -97,8 +97,8 @@ def cluster_smem(specs: list[str]) -> int:
     cluster's partials pushed to each CTA (decode_attention.cu DA_RECV_FLOATS: DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER)
     floats)."""
     slots, warps, c = macro(specs, "DA_CLUSTER_SLOTS", 4), cluster_warps(specs), cluster_size(specs)
-    ring = warps * slots * 16 * (512 if is_bulk(specs) else 528) + (warps * 64 if is_bulk(specs) else 0)
-    return ring + c * (2 * 8 + 8 * 128 // c) * 4
+    row, bars = (512, warps * 64) if is_bulk(specs) else (528, 0)  # a slot's row pitch; the mbarriers before the rings
+    return bars + warps * slots * 16 * row + c * (2 * 8 + 8 * 128 // c) * 4
 
 
 def to_head_major(kv, layers: int, nkv: int = 8):
@@ -181,6 +181,7 @@ def run(a, variants, cubins) -> int:
     ks = KernelSet(a.kernels)
     fns, smems = {}, {}
     clusters = {n: cluster_size(s) for n, s in variants.items()}  # the launch's grid.y
+    threads = {n: 32 * cluster_warps(s) for n, s in variants.items()}  # the launch's block.x
     for n, path in cubins.items():
         f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"decode_attention_cluster"))
         smems[n] = cluster_smem(variants[n])
@@ -218,7 +219,7 @@ def run(a, variants, cubins) -> int:
         outs = {n: torch.full((LAYERS, NQ * D), float("nan"), device=DEV, dtype=BF) for n in variants}
 
         def attn(n, layer, pdl):
-            launch(fns[n], (NKV, clusters[n], 1), (32 * cluster_warps(variants[n]), 1, 1), smems[n],
+            launch(fns[n], (NKV, clusters[n], 1), (threads[n], 1, 1), smems[n],
                    [(qkv[layer], P), (kvs[n][layer * 16 * tok:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
                     (NKV, I32), (QS, I32), (bt.numel(), I32), (page_elems * 2, I32), (1 / math.sqrt(D), F32)], pdl)
 
