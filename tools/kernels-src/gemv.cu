@@ -744,11 +744,103 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
+// The row-pass form (opt in: -DGEMV_PASSES=P, P = 2…8, a module of its own; an experiment, not built by
+// tools/build_kernels.py): the plain, residual and norm entries with the same params and bits, but each block owns
+// P consecutive row units of 2·WARPS rows (ksplit must be 1), grid.x = ceil_div(n, 2·WARPS·P). A warp's weight
+// stages run as one register pipeline over its P row pairs (two stages in flight across a pass boundary: the next
+// pair's first loads go out during the current pair's last FMAs), and each pair's two outputs are stored as soon as
+// its last stage is summed. What it is for: with P·2·WARPS rows per block the grid leaves SMs with room (registers,
+// shared memory) for the next PDL launch's blocks while it streams, e.g. the decode attention's CTAs after the qkv
+// GEMV (the default grid, 1.45 waves of two 30,720-register blocks per SM, holds every SM's registers until its
+// tail: NOTES.md 54). The SiLU entries keep the default form.
+#ifndef GEMV_PASSES
+#define GEMV_PASSES 1
+#endif
+static_assert(GEMV_PASSES >= 1 && GEMV_PASSES <= 8, "GEMV_PASSES: 1 (the default form) to 8");
+#if GEMV_PASSES > 1 && (defined(GEMV_TMA) || defined(GEMV_L2_PREFETCH) || defined(GEMV_FLAG_DEP))
+#error "GEMV_PASSES: only with the register-pipeline form's default entries"
+#endif
+
+#if GEMV_PASSES > 1
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Gate>
+__device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w_,
+                                                 __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
+                                                 Prologue prologue, const Gate &gate) {
+    constexpr int P = GEMV_PASSES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kv = k >> 3;
+    if (ksplit != 1) __trap();  // one warp per row pair: the launch must pass ksplit 1
+    const uint4 *w = reinterpret_cast<const uint4 *>(w_);
+    const long base = ((long)blockIdx.x * P * WARPS + warp) * R;  // row pair p: base + p·WARPS·R
+    const NoL2Prefetch pf{};
+    // S: stages per pair, warp-uniform (lane 0 has the most loads), so that every lane passes every pair's end
+    const int nl = lane_loads(0, kv, lane), S = (lane_loads(0, kv, 0) + U - 1) / U, T = P * S, S1 = S > 0 ? S : 1;
+    auto ld = [&](uint4 (&buf)[R][U], int t) {  // stage t of the whole pipeline; t >= T: every load predicated off
+        const int p = min(t / S1, P - 1);
+        long rows[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long row = base + (long)p * WARPS * R + r;
+            rows[r] = row < n ? row : n - 1;
+        }
+        stage_load<M, R, U>(buf, w, rows, kv, lane, t - p * S1, nl, pf);
+    };
+    float acc[R][M];
+    auto finish = [&](int p) {  // row pair p is summed: warp totals, stores, acc reset
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                const long row = base + (long)p * WARPS * R + r;
+                if (lane == r * M + m && row < n) {
+                    const long i = (long)m * n + row;
+                    if (RESIDUAL)
+                        y[i] = tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m])));
+                    else
+                        y[i] = tobf(acc[r][m]);
+                }
+                acc[r][m] = 0.f;
+            }
+    };
+    uint4 a[R][U], b[R][U];
+    ld(a, 0);
+    ld(b, 1);
+    gate(prologue);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    for (int t = 0; t < T; t += 2) {
+        {
+            const int p = t / S1, s = t - p * S1;
+            stage_fma<M, R, U>(acc, a, xs, kv, lane, s, nl, gate);
+            ld(a, t + 2);
+            if (s == S - 1) finish(p);
+        }
+        if (t + 1 < T) {
+            const int p = (t + 1) / S1, s = t + 1 - p * S1;
+            stage_fma<M, R, U>(acc, b, xs, kv, lane, s, nl, gate);
+            ld(b, t + 3);
+            if (s == S - 1) finish(p);
+        }
+    }
+}
+#endif
+
 // ---- plain: y = x · Wᵀ ;  residual: residual += bf16(x · Wᵀ) ------------------
 template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf, typename Gate = PdlGate>
 __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w,
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
                                           const Pf &pf, int ring_off = 0, const Gate &gate = Gate{}) {
+#if GEMV_PASSES > 1
+    (void)pf;
+    (void)ring_off;
+    gemv_rows_passes<M, RESIDUAL, U>(xs, w, y, n, k, ksplit, prologue, gate);
+#else
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     long rows[R];
@@ -772,6 +864,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
                 else
                     y[i] = tobf(acc[r][m]);
             }
+#endif
 }
 
 // ---- norm + SiLU-and-mul: y = silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ) ------------
