@@ -1,6 +1,7 @@
 """CPU checks of tools/manifest_whatif.py (NOTES.md 45): the examples' decode programs without their attention verify
 against the built kernels, with the attention's output carried and prefill untouched; drops that would leave the
-manifest unloadable or unverifiable are refused by name."""
+manifest unloadable or unverifiable are refused by name; --module and --op-module load what-if builds of a module
+(gemv.cu -DGEMV_NO_WAIT), --op-grid sets an op's grid for one (gemv.cu -DGEMV_PASSES=2 on the qkv, NOTES.md 54)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,29 @@ import manifest_whatif as mw  # noqa: E402
 from manifest_variants import VariantError  # noqa: E402
 
 EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("0.6b", "4b")}
+#: what-if builds of gemv.cu the tests load (file in the kernels dir: macros)
+WHATIF_BUILDS = {"gemv_nowait.cubin": ("GEMV_NO_WAIT",), "gemv_p2.cubin": ("GEMV_PASSES=2",)}
+
+
+@pytest.fixture(scope="module")
+def whatif_cubins(tmp_path_factory) -> dict[str, bytes]:
+    """{file: cubin bytes} of WHATIF_BUILDS, nvcc runs started together."""
+    import build_kernels as bk
+
+    tmp = tmp_path_factory.mktemp("whatif_builds")
+    jobs = {f: bk.start_cuda("gemv.cu", str(tmp), macros, f) for f, macros in WHATIF_BUILDS.items()}
+    return {f: bk.finish_cuda(job) for f, job in jobs.items()}
+
+
+def _kernels_with(built_kernels: Path, cubins: dict[str, bytes], tmp_path: Path) -> Path:
+    """A copy of the built kernels dir with the what-if cubins added."""
+    import shutil
+
+    k = tmp_path / "kernels"
+    shutil.copytree(built_kernels, k)
+    for f, data in cubins.items():
+        (k / f).write_bytes(data)
+    return k
 
 
 @pytest.mark.parametrize("geometry", sorted(EXAMPLES))
@@ -80,19 +104,14 @@ def test_command_line(built_kernels, tmp_path, capsys):
     assert "weights file would not load" in capsys.readouterr().err
 
 
-def test_module_repointed(built_kernels, tmp_path, capsys):
+def test_module_repointed(built_kernels, whatif_cubins, tmp_path, capsys):
     """--module gemv=FILE: the gemv module loaded from another cubin of the kernels dir (gemv.cu built with
     -DGEMV_NO_WAIT: the same entries and params, other bytes), pinned by its sha256; with --drop too; bad specs, a
     module the drop leaves unused and an unknown --program refused by name; nothing to change is a usage error."""
     import hashlib
-    import shutil
 
-    import build_kernels as bk
-
-    k = tmp_path / "kernels"
-    shutil.copytree(built_kernels, k)
-    data = bk.finish_cuda(bk.start_cuda("gemv.cu", str(tmp_path), ("GEMV_NO_WAIT",), "gemv_nowait.cubin"))
-    (k / "gemv_nowait.cubin").write_bytes(data)
+    k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
+    data = whatif_cubins["gemv_nowait.cubin"]
     assert data != (k / "gemv.cubin").read_bytes()
     out = tmp_path / "w.json"
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--drop", "attn", "--module", "gemv=gemv_nowait.cubin",
@@ -162,19 +181,16 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
     assert "built for sm_80, module `embedding` for sm_90 (rebuild it with -arch=sm_90)" in capsys.readouterr().err
 
 
-def test_op_module_repoints_one_op(built_kernels, tmp_path, capsys):
+def test_op_module_repoints_one_op(built_kernels, whatif_cubins, tmp_path, capsys):
     """--op-module down=FILE: only the down-proj's launches load the what-if build (a new module `gemv__<op>`), the
     other four GEMV ops keep `gemv`; several ops with a --drop; the result verifies. Refused by name: a malformed spec, an op the program does not call, a built-in op, an op given
     twice or also dropped, a missing file, a cubin for another architecture."""
     import hashlib
-    import shutil
 
     import build_kernels as bk
 
-    k = tmp_path / "kernels"
-    shutil.copytree(built_kernels, k)
-    data = bk.finish_cuda(bk.start_cuda("gemv.cu", str(tmp_path), ("GEMV_NO_WAIT",), "gemv_nowait.cubin"))
-    (k / "gemv_nowait.cubin").write_bytes(data)
+    k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
+    data = whatif_cubins["gemv_nowait.cubin"]
     base = json.loads(EXAMPLES["4b"].read_text())
     out = tmp_path / "w.json"
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "down=gemv_nowait.cubin",
@@ -245,3 +261,83 @@ def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsy
     assert not out.exists()
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "gemv=x.cubin", *ops[:2],
                     "--out", str(out)]) == 0
+
+
+def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, capsys):
+    """NOTES.md 54's what-if: --op-module qkv=gemv_p2.cubin --op-grid qkv=192 (gemv.cu -DGEMV_PASSES=2: 32 rows per
+    block, so the 4B qkv's n = 6,144 takes 192 blocks): only the qkv launch's module and grid change, and the result
+    verifies against the kernels (rewrite_main verifies before writing); with several ops, all three axes and --drop
+    too. A grid kern-verify refuses (a cluster kernel's grid.y off its cluster shape, grid.z over CUDA's limit) is
+    refused as the result, and nothing is written."""
+    import hashlib
+
+    k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
+    base = json.loads(EXAMPLES["4b"].read_text())
+    out = tmp_path / "p2.json"
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "qkv=gemv_p2.cubin",
+                    "--op-grid", "qkv=192", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "op `gemv_norm_qkv` now launches grid [192, 1, 1] (was [384, 1, 1])" in printed
+    assert "op grid qkv=192" in printed
+    m = json.loads(out.read_text())
+    launch = m["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]
+    assert launch["grid"] == [192, 1, 1] and launch["module"] == "gemv__gemv_norm_qkv"
+    assert launch["args"][-1] == {"i32": 1}  # ksplit 1, as the pass form needs
+    assert m["modules"]["gemv__gemv_norm_qkv"] == {
+        "source": "gemv_p2.cubin", "sha256": hashlib.sha256(whatif_cubins["gemv_p2.cubin"]).hexdigest()}
+    # everything but the qkv launch's module and grid is the input manifest's
+    launch["grid"], launch["module"] = [384, 1, 1], "gemv"
+    del m["modules"]["gemv__gemv_norm_qkv"]
+    assert m == base
+    # the grid alone, two ops (one with all three axes), and a drop
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-grid", "o=160,1,1", "--op-grid",
+                    "gemv_norm_qkv=384", "--drop", "attn", "--out", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert m["ops"]["gemv_residual_o_proj"]["impl"]["launches"][0]["grid"] == [160, 1, 1]
+    assert m["ops"]["gemv_norm_qkv"] == base["ops"]["gemv_norm_qkv"] and "attention_decode_rope" not in m["ops"]
+    capsys.readouterr()
+    bad = tmp_path / "bad.json"
+    for argv, needle in (
+            (["--op-grid", "attn=8,4"], "E0089"),  # the decode attention's clusters are 8 CTAs along y
+            (["--op-grid", "qkv=192,1,70000"], "E0033"),
+            (["--op-grid", "attn=8,8", "--drop", "attn"],
+             "--op-grid attn=8,8: --drop removes every `decode` call of `attention_decode_rope`"),
+            (["--op-grid", "qkv=0"], "--op-grid qkv=0: grid x 0: every grid axis must be a positive integer"),
+            (["--op-grid", "argmax=1"], "op `argmax` has 2 launches")):
+        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
+        err = capsys.readouterr().err
+        assert needle in err, (argv, err)
+        assert not bad.exists()
+
+
+@pytest.mark.parametrize("specs,program,needle", [
+    (["qkv"], "decode", "--op-grid qkv: expected OP=GX[,GY,GZ]"),
+    (["qkv="], "decode", "--op-grid qkv=: expected OP=GX[,GY,GZ]"),
+    (["=192"], "decode", "--op-grid =192: expected OP=GX[,GY,GZ]"),
+    (["qkv=abc"], "decode", "--op-grid qkv=abc: expected OP=GX[,GY,GZ] (one to three integers"),
+    (["qkv=1.5"], "decode", "one to three integers"),
+    (["qkv=1,,2"], "decode", "one to three integers"),
+    (["qkv=1,2,3,4"], "decode", "one to three integers"),
+    (["qkv=0"], "decode", "grid x 0: every grid axis must be a positive integer"),
+    (["qkv=192,-1"], "decode", "--op-grid qkv=192,-1: grid y -1: every grid axis must be a positive integer"),
+    (["qkv=-2,1,0"], "decode", "grid x -2, z 0"),
+    (["argmax=75"], "decode", "--op-grid argmax=75: op `argmax` has 2 launches; --op-grid sets the grid of an "
+                              "op's one launch"),
+    (["gemm=4"], "decode", "--op-grid gemm: program `decode` does not call it; prefill does"),
+    (["gemm=4"], "prefill", "--op-grid gemm=4: op `gemm`'s launch has no grid (a built-in"),
+    (["nope=4"], "decode", "--op-grid nope: program `decode` calls no op of that name"),
+    (["qkv=192", "gemv_norm_qkv=96"], "decode", "--op-grid gemv_norm_qkv=96: op `gemv_norm_qkv` is given twice"),
+])
+def test_op_grid_refusals(specs, program, needle):
+    with pytest.raises(VariantError) as e:
+        mw.set_op_grids(json.loads(EXAMPLES["4b"].read_text()), specs, program)
+    assert needle in str(e.value)
+
+
+def test_op_grid_notes_other_programs():
+    """An op both programs call (the embedding) changes in both: the note says so; the input is not modified."""
+    m = json.loads(EXAMPLES["4b"].read_text())
+    out, notes = mw.set_op_grids(m, ["embedding=4,2"])
+    assert out["ops"]["embedding"]["impl"]["launches"][0]["grid"] == [4, 2, 1]
+    assert m["ops"]["embedding"]["impl"]["launches"][0]["grid"] == ["tokens", 1, 1]
+    assert notes == ["op `embedding` now launches grid [4, 2, 1] (was [\"tokens\", 1, 1]); it changes in prefill too"]

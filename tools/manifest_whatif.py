@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """What-if manifests for timing: a program with every call of some ops removed, or a module loaded from a what-if
-build, so that the whole program's time says what those ops (or that work) cost in it: an upper bound for any faster
-or fused form of them.
+build (with the grid that build needs), so that the whole program's time says what those ops (or that work) cost in
+it: an upper bound for any faster or fused form of them.
 
     python3 tools/manifest_whatif.py MANIFEST --kernels KDIR [--drop OP ...] [--module NAME=FILE ...]
-        [--op-module OP=FILE ...] [--program decode] --out OUT.json
+        [--op-module OP=FILE ...] [--op-grid OP=GX[,GY,GZ] ...] [--program decode] --out OUT.json
 
 The result computes wrong values (whatever the dropped calls wrote is stale, a what-if build skips work): time it,
-never use its tokens.
+never use its tokens (a build checked bit-identical, such as -DGEMV_PASSES below with its grid, is the exception).
 
 --drop OP
     OP is a short name of tools/manifest_variants.py for the decode program's ops (`attn`, `qkv`, `o`, `gate_up`,
@@ -41,6 +41,20 @@ never use its tokens.
 
     Refused: an op whose launches use no module (a built-in) or two, an op given twice or also dropped.
 
+--op-grid OP=GX[,GY,GZ]
+    OP's one launch gets the literal grid [GX, GY, GZ] (GY, GZ default to 1), OP named as for --drop; the op changes
+    in every program that calls it (the tool says which). For a what-if build whose blocks do other work than the
+    module's, e.g. gemv.cu built with -DGEMV_PASSES=2 (each block owns 2 units of 16 rows, ksplit 1, grid.x =
+    ceil_div(n, 32); NOTES.md 54): the 4B qkv (n = 6,144) on it, with 192 blocks where the default module has 384:
+
+        cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_PASSES=2 -o KDIR/gemv_p2.cubin gemv.cu
+        python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --out OUT.json \\
+            --op-module qkv=gemv_p2.cubin --op-grid qkv=192
+
+    The grid is taken as given: kern-verify checks it against CUDA's limits (and a cluster kernel's cluster shape),
+    not against what the kernel covers with it. Refused: an op with other than one launch, a launch with no grid (a
+    built-in), a malformed value or a number that is not positive, an op given twice or also dropped.
+
 Timing on the GPU (tools/gpu/program_sweep.py, one runtime per process): make the what-if from the layout
 tools/gpu/prepare.py writes, so that its weights and kernels are the ones timed:
 
@@ -56,13 +70,16 @@ Refused, by name, before anything is written: a manifest kern-verify refuses (it
 the manifest itself, a --kernels that is not a directory, an op the program does not call (the programs that do are
 named), a drop that leaves a weight unbound, a buffer read with no writer left, or an input or output no call uses
 any more, a --module spec that is malformed, names no module, gives no file, names a cubin for another architecture,
-or that the drop leaves unused, the same module given twice, and a result that does not verify.
+or that the drop leaves unused, the same module given twice, an --op-module or --op-grid refused as said above, and
+a result that does not verify.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -240,6 +257,53 @@ def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = 
     return out, notes
 
 
+def parse_grid(spec: str, value: str) -> list[int]:
+    """The grid `GX[,GY,GZ]` of --op-grid `spec` as [x, y, z] (missing axes 1). Raises VariantError when it is not
+    one to three comma-separated integers, or one of them is not positive."""
+    parts = value.split(",")
+    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"[+-]?[0-9]+", p) for p in parts):
+        raise VariantError(f"--op-grid {spec}: expected OP=GX[,GY,GZ] (one to three integers, e.g. qkv=192)")
+    grid = [int(p) for p in parts] + [1] * (3 - len(parts))
+    bad = [f"{'xyz'[i]} {g}" for i, g in enumerate(grid) if g <= 0]
+    if bad:
+        raise VariantError(f"--op-grid {spec}: grid {', '.join(bad)}: every grid axis must be a positive integer")
+    return grid
+
+
+def set_op_grids(m: dict, specs: list[str], program: str = "decode") -> tuple[dict, list[str]]:
+    """Manifest `m` (not modified) with the grid of each `OP=GX[,GY,GZ]`'s op set to the literal [GX, GY, GZ] (GY, GZ
+    default to 1): for a what-if build whose blocks cover other work than the module's (gemv.cu -DGEMV_PASSES=P:
+    grid.x = ceil_div(n, 16·P)). OP is resolved in `program` as --drop's names are; the op changes in every program
+    that calls it. Returns the manifest and one note per spec naming the op, its old and new grid and the other
+    programs it changes in. Raises VariantError naming the spec at fault: malformed, a grid axis that is not
+    positive, an op the program does not call, an op with other than one launch or whose launch has no grid (a
+    built-in), an op given twice."""
+    out = copy.deepcopy(m)
+    seen: set[str] = set()
+    notes: list[str] = []
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name or not value:
+            raise VariantError(f"--op-grid {spec}: expected OP=GX[,GY,GZ] (an op of `{program}`, e.g. qkv=192)")
+        grid = parse_grid(spec, value)
+        op = resolve_op(out, name, program, "--op-grid")
+        if op in seen:
+            raise VariantError(f"--op-grid {spec}: op `{op}` is given twice")
+        seen.add(op)
+        launches = out["ops"][op]["impl"]["launches"]
+        if len(launches) != 1:
+            raise VariantError(f"--op-grid {spec}: op `{op}` has {len(launches)} launches; --op-grid sets the grid of "
+                               "an op's one launch")
+        if "grid" not in launches[0]:
+            raise VariantError(f"--op-grid {spec}: op `{op}`'s launch has no grid (a built-in such as cuBLASLt)")
+        old = launches[0]["grid"]
+        launches[0]["grid"] = grid
+        others = [p for p, v in out["programs"].items() if p != program and op in {c["op"] for c in v["calls"]}]
+        notes.append(f"op `{op}` now launches grid {json.dumps(grid)} (was {json.dumps(old)})"
+                     + (f"; it changes in {', '.join(others)} too" if others else ""))
+    return out, notes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = rewrite_parser(__doc__, "the manifest's kernels dir (to verify the result; --module files are read there)")
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -250,11 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op-module", action="append", default=[], metavar="OP=FILE",
                     help="load op OP's launches from FILE in the --kernels dir (a new module for that op alone; "
                          "repeatable)")
+    ap.add_argument("--op-grid", action="append", default=[], metavar="OP=GX[,GY,GZ]",
+                    help="launch op OP's one launch with grid [GX, GY, GZ] (GY, GZ default to 1; repeatable)")
     ap.add_argument("--program", default="decode",
                     help="the program to remove calls from and to resolve OP names in (default: decode)")
     a = ap.parse_args(argv)
-    if not a.drop and not a.module and not a.op_module:
-        ap.error("nothing to change: give --drop OP, --module NAME=FILE or --op-module OP=FILE")
+    if not a.drop and not a.module and not a.op_module and not a.op_grid:
+        ap.error("nothing to change: give --drop OP, --module NAME=FILE, --op-module OP=FILE or --op-grid OP=GX")
     if not a.kernels.is_dir():
         ap.error(f"--kernels {a.kernels}: not a directory (build one with tools/build_kernels.py --out {a.kernels})")
     if a.out.resolve() == a.manifest.resolve():
@@ -272,12 +338,16 @@ def main(argv: list[str] | None = None) -> int:
         if a.op_module:
             out, n = repoint_op_modules(out, a.op_module, a.kernels, a.program)
             notes.extend(n)
+        if a.op_grid:
+            out, n = set_op_grids(out, a.op_grid, a.program)
+            notes.extend(n)
         if a.drop:
             dropped = {resolve_op(out, d, a.program) for d in a.drop}
-            for spec in a.op_module:
-                op = resolve_op(out, spec.partition("=")[0], a.program, "--op-module")
-                if op in dropped:
-                    raise VariantError(f"--op-module {spec}: --drop removes every `{a.program}` call of `{op}`")
+            for option, specs in (("--op-module", a.op_module), ("--op-grid", a.op_grid)):
+                for spec in specs:
+                    op = resolve_op(out, spec.partition("=")[0], a.program, option)
+                    if op in dropped:
+                        raise VariantError(f"{option} {spec}: --drop removes every `{a.program}` call of `{op}`")
             out, c = drop_ops(out, a.drop, a.program)
             carried.extend(c)
         for spec in a.module:  # pruned after the drop or after --op-module moved every op of it: it changed nothing
@@ -289,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
     drops = ", ".join(dict.fromkeys(a.drop))
     what = ", ".join([f"no `{a.program}` calls of {drops}"] * bool(a.drop) + [f"module {s}" for s in a.module]
-                     + [f"op module {s}" for s in a.op_module])
+                     + [f"op module {s}" for s in a.op_module] + [f"op grid {s}" for s in a.op_grid])
     rc = rewrite_main(ap, a.manifest, a.kernels, a.out, rewrite, f"{what} (timing only: its values are wrong)")
     if rc == 0:
         for n in notes:
