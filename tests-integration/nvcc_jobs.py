@@ -1,5 +1,6 @@
 """nvcc runs of tools/kernels-src sources started together, for the CPU tests of experiment builds (imported by
-test_gemv_flag_build.py, test_gemv_mlp_build.py, test_gemv_tma_build.py and test_da_experiments_build.py)."""
+test_gemv_flag_build.py, test_gemv_mlp_build.py, test_gemv_tma_build.py, test_gemv_passes_build.py and
+test_da_experiments_build.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,129 @@
+"""gemv.cu's row-pass build (-DGEMV_PASSES=P; NOTES.md 54) on the GPU, against the default build, bit for bit.
+
+Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_passes_gpu.py -q
+
+The build (an experiment, not built by tools/build_kernels.py; tools/manifest_whatif.py --op-module with --op-grid
+puts an op on it): the plain, residual and norm entries with each block owning P consecutive 16-row units (ksplit 1,
+grid.x = ceil_div(n, 16·P)), the warp's stages one register pipeline over its P row pairs. Its outputs must equal the
+default entries' (grid ceil_div(n, 16), ksplit 1) bit for bit: kern_gemv_norm_m1, kern_gemv_m1, kern_gemv_residual_m1
+and their `_u5` twins, P = 2 and 3, over the 4B decode shapes (qkv, o, gate_up's k in down, the lm_head), n not a
+multiple of 16·P (1,000; 24; 7; 33; 264), k of one or a few 16-byte loads per lane, and odd and even stage counts per
+row pair (a pair's last stage in either register buffer). Fresh random inputs per case; the
+output NaN-poisoned (the residual: the same random residual) between sentinel guards that must come back unchanged;
+the default's output also within 2e-2 of a float32 reference, so that two equal wrong answers cannot pass.
+The three modules are built here with nvcc (tools/build_kernels.py's flags); no kernels dir is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conftest.py
+
+# gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
+# tools/kernels-src/ on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import torch, BF, DEV, bits  # noqa: E402
+
+EPS = 1e-6
+PASSES = (2, 3)
+GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
+SENTINEL = 12352.0
+ENTRIES = [f"kern_gemv{v}_m1{u}" for v in ("_norm", "", "_residual") for u in ("", "_u5")]
+#: (n, k): the 4B qkv, o, down, lm_head and 0.6B-sized shapes; n not a multiple of 16·P; k of 1, 33 and 352 loads per
+#: row (lane 0: 1, 2, 11 loads; stages per row pair S = 1, 1, 3 at U = 4 and 5; 2,560's S is 3 at U = 4, 2 at U = 5)
+SHAPES = [(6144, 2560), (2560, 4096), (2560, 9728), (151936, 2560), (4096, 1024), (1000, 1024), (24, 2560),
+          (7, 264), (33, 8), (264, 2816)]
+
+
+@pytest.fixture(scope="module")
+def fns():
+    """{P: {entry: CUfunction}} of gemv.cu built with -DGEMV_PASSES=P (P = 1: the default build)."""
+    import build_kernels
+    from cuda.bindings import driver as cu
+    from cubin_launch import check
+
+    try:
+        build_kernels._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    torch.zeros(1, device=DEV)  # torch's primary context current
+    with tempfile.TemporaryDirectory() as t:
+        jobs = {P: build_kernels.start_cuda("gemv.cu", t, () if P == 1 else (f"GEMV_PASSES={P}",), f"gemv_p{P}.cubin")
+                for P in (1, *PASSES)}
+        data = {P: build_kernels.finish_cuda(job) for P, job in jobs.items()}
+    assert len(set(data.values())) == len(data)  # three different modules
+    out = {}
+    for P, cubin in data.items():
+        mod = check(cu.cuModuleLoadData(cubin))
+        out[P] = {e: check(cu.cuModuleGetFunction(mod, e.encode())) for e in ENTRIES}
+    return out
+
+
+def launch(f, grid: int, args: list, smem: int) -> None:
+    """cuLaunchKernel of `f` with grid (grid, 1, 1), 256 threads, on torch's current stream; args: tensors
+    (16-byte aligned pointers), ints (i32) and floats (f32)."""
+    from cuda.bindings import driver as cu
+    from cubin_launch import launch_function
+
+    vals, types = [], []
+    for a in args:
+        if torch.is_tensor(a):
+            assert a.data_ptr() % 16 == 0
+            vals.append(a.data_ptr())
+            types.append(ctypes.c_void_p)
+        elif isinstance(a, float):
+            vals.append(a)
+            types.append(ctypes.c_float)
+        else:
+            vals.append(a)
+            types.append(ctypes.c_int)
+    launch_function(f, (grid, 1, 1), (256, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
+                    (tuple(vals), tuple(types)))
+
+
+def reference(entry: str, x, nw, w, res) -> torch.Tensor:
+    """The entry's output in float32 from the bf16 operands (the norm rounded where the kernel rounds)."""
+    xf = x.float()
+    if "_norm" in entry:
+        xn = (xf * torch.rsqrt(xf.pow(2).mean() + EPS)).to(BF).float()
+        xf = (nw.float() * xn).to(BF).float()
+    y = w.float() @ xf
+    return res.float() + y.to(BF).float() if "_residual" in entry else y
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize(("n", "k"), SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_passes_entry_is_the_default_bit_for_bit(fns, entry: str, n: int, k: int) -> None:
+    x = torch.randn(k, device=DEV).to(BF)
+    nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF)
+    w = (torch.randn(n, k, device=DEV) * 0.02).to(BF)
+    res = torch.randn(n, device=DEV).to(BF)
+    store0 = torch.full((n + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
+    store0[GUARD:GUARD + n] = res if "_residual" in entry else float("nan")
+    smem = 2 * k if "_norm" in entry else 0
+
+    def run(P: int) -> torch.Tensor:
+        store = store0.clone()
+        y = store[GUARD:GUARD + n]
+        if "_residual" in entry or "_norm" not in entry:
+            args = [x, w, y, n, k, 1]
+        else:
+            args = [x, nw, w, y, n, k, EPS, 1]
+        launch(fns[P][entry], math.ceil(n / (16 * P)), args, smem)
+        torch.cuda.synchronize()
+        assert bool((store[:GUARD] == SENTINEL).all() and (store[GUARD + n:] == SENTINEL).all()), (entry, P)
+        assert not torch.isnan(store.float()).any(), (entry, P, "NaN left in the output")
+        return store[GUARD:GUARD + n]
+
+    base = run(1)
+    ref = reference(entry, x, nw, w, res)
+    assert ((base.float() - ref).norm() / ref.norm()).item() < 2e-2, entry
+    for P in PASSES:
+        assert torch.equal(bits(run(P)), bits(base)), (entry, n, k, P)
