@@ -163,8 +163,12 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     index = gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels)
     eps = pytest.approx(1e-6)
+    # qkv: 384 blocks of 16 rows would be 1.45 waves of two blocks per SM, so the row-pass module
+    # (gemv_plan.gemv_passes): 192 blocks of 2 × 16 rows, the same entry name in gemv_p2.cubin
     assert _gemv(m, "gemv_norm_qkv", index) == (
-        "kern_gemv_norm_m1", [6144 // 16, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1", [6144 // 32, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
+    assert m.ops["gemv_norm_qkv"].impl.launches[0].module == "gemv_p2"
+    assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {"gemv"}
     assert _gemv(m, "gemv_residual_o_proj", index) == (  # after the attention: ksplit 2 (gen.gemv_ksplit)
         "kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2})
     assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
@@ -181,6 +185,8 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     assert m.ops["gemv_norm_qkv"].params == ["in buffer<bf16>"] * 3 + ["out buffer<bf16>"]
 
     m = _build("0.6b", fake_kernels)
+    # qkv's 256 blocks are one wave: no row passes (gemv_plan.gemv_passes); every GEMV on gemv.cubin
+    assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS} == {"gemv"}
     # the small model (k = 1024 and 2048: at most 8 loads per lane and row) keeps the 4-load entries
     assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
                                                                "kern_gemv_norm_silu_m1"}
@@ -696,7 +702,7 @@ def check_pdl_manifest(m: ks.Manifest) -> None:
     assert all(la.pdl for _, _, la in launches[1:]), [(lb, i) for lb, i, la in launches[1:] if not la.pdl]
     for label, i, la in launches[1:]:
         mod = m.modules[la.module].source
-        assert mod in ("gemv.cubin", "gemv_persist.cubin") or mod.endswith("_pdl.cubin"), (label, i, mod)
+        assert mod in ("gemv.cubin", "gemv_p2.cubin", "gemv_persist.cubin") or mod.endswith("_pdl.cubin"), (label, i, mod)
     assert not any(m.ops[c.op].impl.launches[i].pdl for c in m.programs["prefill"].calls
                    for i in range(len(m.ops[c.op].impl.launches)))
     # decode_attention_cluster_pdl reads its first K|V pages before its wait (decode_attention.cu's header): the

@@ -47,10 +47,10 @@ def test_ksplit_sets_the_literal_and_the_grid(base, index, built_kernels):
 
 
 def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_kernels):
-    m = mv.apply(base, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+qkv.entry=kern_gemv_norm_m1_u5", index)
+    m = mv.apply(base, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+lm_head.entry=kern_gemv_norm_m1", index)
     assert launch(m, "gemv_norm_silu_gate_up")["entry"] == "kern_gemv_norm_silu_m1"
     assert launch(m, "gemv_norm_silu_gate_up")["shared_mem"] == 2 * 2560  # x in shared memory, as before
-    assert launch(m, "gemv_norm_qkv")["entry"] == "kern_gemv_norm_m1_u5"
+    assert launch(m, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1"
     assert "pdl" not in launch(m, "attention_decode_rope") and launch(base, "attention_decode_rope")["pdl"] is True
     assert launch(mv.apply(m, "attn.pdl=1", index), "attention_decode_rope")["pdl"] is True
     assert mv.verify(m, built_kernels) == []
@@ -68,6 +68,8 @@ def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_k
     ("embedding.pdl=1", "op `embedding` is also called by prefill; a variant changes decode-only ops: argmax,"),
     ("rms_norm.pdl=1", "op `rms_norm` is not called by decode"),
     ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
+    # 4B's qkv runs on the row-pass module, which holds only that entry
+    ("qkv.entry=kern_gemv_norm_m1_u5", "no entry `kern_gemv_norm_m1_u5` in module gemv_p2.cubin (it has: kern_gemv_norm_m1)"),
     ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl)"),
     ("attn.pdl=2", "pdl is 0 or 1"),
     ("o.ksplit=2+o.ksplit=x", "`o.ksplit=x`: ksplit must be one of"),

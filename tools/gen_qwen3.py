@@ -82,7 +82,7 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_unroll, plan_gemvp  # noqa: E402
+from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_unroll, gemv_passes, plan_gemvp  # noqa: E402
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -807,7 +807,18 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
             raise GenError(f"kernel `{kname}` in the index has UNROLL {got}, not {unroll}: a stale index; rebuild the "
                            f"kernels with tools/build_kernels.py")
         assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
-        grid = [gemv_blocks(n, cols, warps_per_block, ksplit), 1, 1]
+        passes = gemv_passes(n, cols, warps_per_block, ksplit, sms=GEMV_SMS) if op in GEMV_OPS_BEFORE_ATTENTION else 1
+        if passes > 1:  # the row-pass module (gemv_plan.gemv_passes): room for the attention's CTAs beside it
+            pname = f"{kname}_p{passes}"
+            if pname not in b.index:
+                raise GenError(f"op `{op}` (n = {n}, ksplit {ksplit}) wants `{pname}` (gemv.cu in {passes} row passes, "
+                               f"tools/gemv_plan.py gemv_passes), which the kernel index lacks: rebuild the kernels "
+                               f"with tools/build_kernels.py")
+            if (got := b.constexpr(pname, "PASSES")) != passes:
+                raise GenError(f"kernel `{pname}` in the index has PASSES {got}, not {passes}: a stale index; rebuild "
+                               f"the kernels with tools/build_kernels.py")
+            kname = pname
+        grid = [gemv_blocks(n, cols, warps_per_block, ksplit, passes), 1, 1]
         launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)
     if pdl:
         launch.pdl = True
@@ -1031,12 +1042,17 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             if kk % 8 or kk <= 0 or n <= 0:
                 err(f"{where}: k = {kk} must be a positive multiple of 8 and n = {n} positive")
             cols, warps = int(k.constexprs.get("COLS_PER_WARP", 0)), int(k.constexprs.get("WARPS", 0))
+            passes = int(k.constexprs.get("PASSES", 1))
             if split not in GEMV_KSPLITS or not cols or warps % split:
                 err(f"{where}: ksplit {split} must divide the block's {warps} warps (one of {GEMV_KSPLITS})")
                 continue
-            grid = [gemv_blocks(n, cols, warps, split), 1, 1]
+            if passes > 1 and split != 1:
+                err(f"{where}: ksplit {split} with `{k.name}` ({passes} row passes per block): the row-pass form "
+                    f"takes ksplit 1")
+            grid = [gemv_blocks(n, cols, warps, split, passes), 1, 1]
             if la.grid != grid:
-                err(f"{where}: grid {la.grid} != {grid} (n = {n}, {cols} columns per warp group, ksplit {split})")
+                err(f"{where}: grid {la.grid} != {grid} (n = {n}, {cols} columns per warp group, ksplit {split}"
+                    + (f", {passes} row passes" if passes > 1 else "") + ")")
             gemv_ops[op_name] = (k, lit)
 
     for pname, prog in m.programs.items():

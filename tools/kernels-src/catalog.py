@@ -234,8 +234,8 @@ DA_SPLIT_SLOTS = 2
 DA_CLUSTER = 8
 DA_CLUSTER_SLOTS = 4
 #: Of a cluster-form warp's first DA_CLUSTER_SLOTS pages, those its PDL form issues before griddepcontrol.wait
-#: (decode_attention.cu DA_PRE_PAGES).
-DA_PRE_PAGES = 2
+#: (decode_attention.cu DA_PRE_PAGES: the whole ring since session 18, NOTES.md 54; the plain form issues 2 before q).
+DA_PRE_PAGES = 4
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
@@ -361,7 +361,27 @@ def _gemv_kernels() -> list[Kernel]:
     """
     out = [k for M in GEMV_MS for k in _gemv_family(M, "", GEMV_UNROLL[M])]
     out += [k for sfx, u in GEMV_M1_UNROLLS.items() for k in _gemv_family(1, sfx, u)]
-    return out
+    return out + _gemv_passes_kernels(out)
+
+
+#: Row passes per block of the row-pass module (gemv.cu -DGEMV_PASSES; tools/gemv_plan.py `gemv_passes`).
+GEMV_PASSES = 2
+
+
+def _gemv_passes_kernels(base: list[Kernel]) -> list[Kernel]:
+    """The row-pass form of the norm GEMV for the launch before the decode attention (`kern_gemv_norm_m1_p2`):
+    gemv.cu compiled with -DGEMV_PASSES=2 into its own module (gemv_p2.cubin; the default gemv.cubin is unchanged),
+    the entry `kern_gemv_norm_m1` with the same params and bits, each block owning PASSES consecutive 16-row units
+    (ksplit 1): grid.x = ceil_div(n, 16·PASSES). NOTES.md 54."""
+    k = next(k for k in base if k.name == "kern_gemv_norm_m1")
+    return [replace(k, name=k.name + f"_p{GEMV_PASSES}", defines=(f"GEMV_PASSES={GEMV_PASSES}",),
+                    module_suffix=f"_p{GEMV_PASSES}", constexprs={**k.constexprs, "PASSES": GEMV_PASSES},
+                    grid=f"(ceil_div(n, 16 * {GEMV_PASSES}), 1, 1): 8 warps × 2 rows per block, {GEMV_PASSES} times "
+                         "over; ksplit must be 1",
+                    doc=k.doc + f" Row-pass form (module gemv_p{GEMV_PASSES}.cubin, gemv.cu -DGEMV_PASSES="
+                        f"{GEMV_PASSES}): the same params, arithmetic and bits; each block computes {GEMV_PASSES} "
+                        "consecutive units of 16 rows in one register pipeline, so the grid leaves SMs room for "
+                        "the next PDL launch's blocks (the decode attention after the qkv GEMV).")]
 
 
 def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:

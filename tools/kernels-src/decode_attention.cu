@@ -75,7 +75,8 @@
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
 // decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each warp's first
-// DA_PRE_PAGES (2) pages of K|V before the wait, so that they stream while the launch before it finishes; after the
+// DA_PRE_PAGES (4 in the PDL form since session 18: its whole ring; 2 before) pages of K|V before the wait, so that they
+// stream while the launch before it finishes; after the
 // wait it loads q (and the warp whose early pages hold the current token, position L-1, reads that token's 512-byte
 // row again, to write it over the row of its shared-memory copy of the page before attending to it: Inject), then
 // issues the other DA_CLUSTER_SLOTS - DA_PRE_PAGES pages of its ring (issued before the wait, they would delay q's
@@ -183,7 +184,11 @@ __shared__ __align__(8) unsigned long long da_recv_bar;
 #define DA_CLUSTER_SLOTS 4
 #endif
 #ifndef DA_PRE_PAGES  // of a warp's first SLOTS pages, those issued before after_issue() (PDL wait, q); then the rest
-#define DA_PRE_PAGES 2
+#ifdef KERN_PDL
+#define DA_PRE_PAGES 4  // the whole ring before the PDL wait (session 18, NOTES.md 54: beside the qkv GEMV's passes)
+#else
+#define DA_PRE_PAGES 2  // before q's load (the plain form has no wait to stream behind)
+#endif
 #endif
 #ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
 #ifdef KERN_PDL
