@@ -368,7 +368,8 @@ PDL_LOADS_BEFORE_WAIT = {"qk_norm_rope_kv_pdl": 7, "paged_decode_attention_pdl":
 def test_pdl_ptx_waits_before_any_store(tmp_path):
     """The PTX of every PDL instance: griddepcontrol.wait comes, in program text, before every global
     store, atomic and return, and before every cp.async except in the kernels whose catalog doc says what they copy
-    early (catalog.PDL_EXTRA_DOC: the cluster decode attentions' first catalog.DA_PRE_PAGES K|V pages), which do copy
+    early (catalog.PDL_EXTRA_DOC: the cluster decode attentions' first catalog.DA_PRE_PAGES K|V pages, the rope form's
+    DA_ROPE_PRE_PAGES), which do copy
     exactly those; the Triton kernels (straight-line before the wait) issue exactly the expected input/weight loads
     before it and no branch."""
     import re as _re
@@ -376,7 +377,7 @@ def test_pdl_ptx_waits_before_any_store(tmp_path):
     kernels, bk, early = _pdl_kernels()
     sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
     try:
-        from catalog import DA_PRE_PAGES as bk_pre_pages
+        from catalog import DA_PRE_PAGES, DA_ROPE_PRE_PAGES
     finally:
         del sys.path[0]
     for name, k in sorted(kernels.items()):
@@ -394,9 +395,11 @@ def test_pdl_ptx_waits_before_any_store(tmp_path):
         # copies global -> shared before the wait only where the catalog documents what they read and why it is safe
         early_copies = [ln for ln in before if "cp.async" in ln]
         assert bool(early_copies) == (name.removesuffix("_pdl") in early), (name, early_copies[:2])
-        if early_copies:  # the cluster forms: catalog.DA_PRE_PAGES pages, 16 token rows each, in both of issue_page's
-            # unrolled paths (a full page, and the last page with its rows past L zero-filled)
-            assert len([ln for ln in early_copies if ln.startswith("cp.async.cg")]) == bk_pre_pages * 2 * 16, name
+        if early_copies:  # the cluster forms: catalog.DA_PRE_PAGES pages (the rope form: DA_ROPE_PRE_PAGES), 16 token
+            # rows each, in both of issue_page's unrolled paths (a full page, and the last page with its rows past L
+            # zero-filled)
+            pre = DA_ROPE_PRE_PAGES if "rope" in name else DA_PRE_PAGES
+            assert len([ln for ln in early_copies if ln.startswith("cp.async.cg")]) == pre * 2 * 16, name
         assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines), name
         if k.lang == "triton":
             loads = [ln for ln in before if "ld.global" in ln]

@@ -234,8 +234,11 @@ DA_SPLIT_SLOTS = 2
 DA_CLUSTER = 8
 DA_CLUSTER_SLOTS = 4
 #: Of a cluster-form warp's first DA_CLUSTER_SLOTS pages, those its PDL form issues before griddepcontrol.wait
-#: (decode_attention.cu DA_PRE_PAGES: the whole ring since session 18, NOTES.md 54; the plain form issues 2 before q).
-DA_PRE_PAGES = 4
+#: (decode_attention.cu DA_PRE_PAGES), and the same for the rope-cluster form (DA_ROPE_PRE_PAGES: its whole ring
+#: since session 18, where the qkv GEMV before it leaves its CTAs room; NOTES.md 54). The plain module issues 2 before
+#: q's load in both.
+DA_PRE_PAGES = 2
+DA_ROPE_PRE_PAGES = 4
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
@@ -505,7 +508,7 @@ PDL_EXTRA_DOC = {
         "program with --decode-attention cluster, where the launch before it is qk_norm_rope_kv_pdl (writes only row "
         "L-1 and triggers only after its own wait, so every earlier launch has completed)."),
     DECODE_ATTENTION_ROPE_CLUSTER: (
-        f" Exception: it also issues each warp's first {DA_PRE_PAGES} pages of K|V (the KV state) before the wait; "
+        f" Exception: it also issues each warp's first {DA_ROPE_PRE_PAGES} pages of K|V (the KV state) before the wait; "
         "the current token's row (position L-1) in them may be stale, and the kernel attends to the row it computes "
         "itself (written over that row of the page's shared-memory copy): correct when no launch that can still be "
         "running when it starts writes any other row of those pages — as in kern's decode program, where during a "

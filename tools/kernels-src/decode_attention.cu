@@ -75,8 +75,7 @@
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
 // decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each warp's first
-// DA_PRE_PAGES (4 in the PDL form since session 18: its whole ring; 2 before) pages of K|V before the wait, so that they
-// stream while the launch before it finishes; after the
+// DA_PRE_PAGES (2) pages of K|V before the wait, so that they stream while the launch before it finishes; after the
 // wait it loads q (and the warp whose early pages hold the current token, position L-1, reads that token's 512-byte
 // row again, to write it over the row of its shared-memory copy of the page before attending to it: Inject), then
 // issues the other DA_CLUSTER_SLOTS - DA_PRE_PAGES pages of its ring (issued before the wait, they would delay q's
@@ -183,11 +182,23 @@ __shared__ __align__(8) unsigned long long da_recv_bar;
 #ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
 #endif
-#ifndef DA_PRE_PAGES  // of a warp's first SLOTS pages, those issued before after_issue() (PDL wait, q); then the rest
-#ifdef KERN_PDL
-#define DA_PRE_PAGES 4  // the whole ring before the PDL wait (session 18, NOTES.md 54: beside the qkv GEMV's passes)
+// Of a warp's first SLOTS pages, those issued before after_issue() (the PDL wait and q's load; plain: q's load), then
+// the rest: DA_PRE_PAGES for the split and cluster forms (2), DA_ROPE_PRE_PAGES for the rope-cluster form (its PDL form:
+// the whole ring, 4, since session 18, NOTES.md 54: it follows the qkv GEMV, whose row passes leave its CTAs room to
+// be resident and stream them while the GEMV runs; the cluster form follows qk_norm_rope_kv, where 4 cost ~0.4 us per
+// layer at 4,096 tokens: its q load queues behind them). -DDA_PRE_PAGES=N alone sets both.
+#ifdef DA_PRE_PAGES
+#ifndef DA_ROPE_PRE_PAGES
+#define DA_ROPE_PRE_PAGES DA_PRE_PAGES
+#endif
 #else
-#define DA_PRE_PAGES 2  // before q's load (the plain form has no wait to stream behind)
+#define DA_PRE_PAGES 2
+#ifndef DA_ROPE_PRE_PAGES
+#ifdef KERN_PDL
+#define DA_ROPE_PRE_PAGES 4
+#else
+#define DA_ROPE_PRE_PAGES 2
+#endif
 #endif
 #endif
 #ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
@@ -390,7 +401,7 @@ struct NoHook {
     __device__ __forceinline__ void operator()() const {}
 };
 
-template <int SLOTS, bool INJECT = false, class AfterIssue = NoHook>
+template <int SLOTS, bool INJECT = false, int PRE = DA_PRE_PAGES, class AfterIssue = NoHook>
 __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step, int count, int bt_reg,
                                             const uint32_t (&qa)[4][4], uint32_t ring, uint32_t bars, float& m, float& l,
                                             float (&acc)[16][4], const Inject& inj = Inject{-1, 0, {}},
@@ -430,12 +441,12 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 #endif
 
 #pragma unroll
-    for (int k = 0; k < (DA_PRE_PAGES < SLOTS ? DA_PRE_PAGES : SLOTS); ++k)
+    for (int k = 0; k < (PRE < SLOTS ? PRE : SLOTS); ++k)
         issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
     DA_STAMP(2, 0);
     after_issue();
 #pragma unroll
-    for (int k = DA_PRE_PAGES; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
+    for (int k = PRE; k < SLOTS; ++k) issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k);
 
 #ifdef DA_PAIR
 #ifdef DA_NO_MATH
@@ -627,7 +638,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 // The CTA's share: warp w takes logical pages gw + k*step (gw: its global warp index), merged over the 4
 // warps.  On return thread d (0..127) holds, for each q head g < G of the group, M[g] (log2 units; -inf when the CTA had no key), Lsum[g] and
 // A[g] for column d.  Every thread of the CTA must call it (it has block barriers).
-template <int SLOTS, bool INJECT = false, class AfterIssue = NoHook>
+template <int SLOTS, bool INJECT = false, int PRE = DA_PRE_PAGES, class AfterIssue = NoHook>
 __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int bt_reg, int G,
                                            const uint32_t (&qa)[4][4], float* smem, float (&M)[DA_MAX_G],
                                            float (&Ls)[DA_MAX_G], float (&A)[DA_MAX_G],
@@ -639,7 +650,7 @@ __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int
     const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
     const uint32_t bars = uint32_t(__cvta_generic_to_shared(smem)) - DA_BAR_BYTES + uint32_t(warp * 8 * 8);
     float m, l, acc[16][4];
-    warp_attend<SLOTS, INJECT>(geo, gw, step, count, bt_reg, qa, ring, bars, m, l, acc, inj, after_issue);
+    warp_attend<SLOTS, INJECT, PRE>(geo, gw, step, count, bt_reg, qa, ring, bars, m, l, acc, inj, after_issue);
     DA_STAMP(4, __float_as_int(l));
 
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
@@ -1104,7 +1115,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     uint32_t qa[4][4];
     Inject inj{-1, 0, {}};
     // After the PDL wait: q, and the current token's row (its page's shared-memory copy gets the computed row,
-    // so the copy may predate the store). DA_PREWAIT: each warp's first DA_PRE_PAGES pages go out before the
+    // so the copy may predate the store). DA_PREWAIT: each warp's first DA_ROPE_PRE_PAGES pages go out before the
     // wait (every other row of the cache was final before this launch started: see the header).
     const auto after_wait = [&]() {
         load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
@@ -1136,14 +1147,14 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         after_wait();
         DA_TRIGGER_AT_POINT(1);
     };
-    cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
+    cta_attend<DA_CLUSTER_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
 #else
     DA_TRIGGER_AT_POINT(4);
     DA_PDL_WAIT();
     DA_TRIGGER_AT_POINT(0);
     after_wait();
     DA_TRIGGER_AT_POINT(1);
-    cta_attend<DA_CLUSTER_SLOTS, true>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
+    cta_attend<DA_CLUSTER_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
 #endif
     DA_TRIGGER_AT_POINT(2);
     cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
