@@ -112,22 +112,31 @@ def test_probe_manifest_variant_verifies(builds, built_kernels, tmp_path):
     kernels = tmp_path / "kernels"
     shutil.copytree(built_kernels, kernels)
     path = probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "q64s2", probe.ring_bytes(64, 2), tmp_path,
-                                  [probe.SHORT["qkv"]])
+                                  [probe.SHORT["lm_head"]])
     text = path.read_text()
     assert not [d for d in verify_text(text, kernels_dir=kernels) if d.severity == "error"]
     base, v = json.loads(EXAMPLE.read_text()), json.loads(text)
-    launch = v["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]
-    assert launch["module"] == "gemv_tma_c64_s2" and launch["entry"] == "kern_gemv_norm_m1"
+    launch = v["ops"]["gemv_norm_lm_head"]["impl"]["launches"][0]
+    assert launch["module"] == "gemv_tma_c64_s2" and launch["entry"] == "kern_gemv_norm_m1_u5"
     assert launch["shared_mem"] == 5120 + 8 * 2 * 2 * 64 * 16  # x (k = 2,560 bf16) + the ring
     assert v["modules"]["gemv_tma_c64_s2"] == {
         "source": "gemv_tma_c64_s2.cubin", "sha256": hashlib.sha256(builds["tma"].read_bytes()).hexdigest()}
-    assert v["modules"]["gemv"] == base["modules"]["gemv"]  # o, gate_up, down and lm_head still launch it
-    assert {k: o for k, o in v["ops"].items() if k != "gemv_norm_qkv"} == \
-        {k: o for k, o in base["ops"].items() if k != "gemv_norm_qkv"}
+    assert v["modules"]["gemv"] == base["modules"]["gemv"]  # o, gate_up and down still launch it
+    assert {k: o for k, o in v["ops"].items() if k != "gemv_norm_lm_head"} == \
+        {k: o for k, o in base["ops"].items() if k != "gemv_norm_lm_head"}
     assert v["programs"] == base["programs"]
-    with pytest.raises(ValueError, match="op `gemv_norm_qkv` does not launch module `gemv`"):  # already moved
+    with pytest.raises(ValueError, match="op `gemv_norm_lm_head` does not launch module `gemv`"):  # already moved
         probe.manifest_variant(path, kernels, builds["tma"], "again", probe.ring_bytes(64, 2), tmp_path,
+                               [probe.SHORT["lm_head"]])
+    # 4B's qkv is on the row-pass module: named, it is refused; by default every op on `gemv` moves, qkv stays
+    with pytest.raises(ValueError,
+                       match=r"op `gemv_norm_qkv` does not launch module `gemv` \(gemv.cu.s default form\) first but `gemv_p2`"):
+        probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "qkv", probe.ring_bytes(64, 2), tmp_path,
                                [probe.SHORT["qkv"]])
+    v = json.loads(probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "all", probe.ring_bytes(64, 2),
+                                          tmp_path).read_text())
+    assert {op: v["ops"][op]["impl"]["launches"][0]["module"] for op in probe.GEMV_OPS} == {
+        op: "gemv_p2" if op == "gemv_norm_qkv" else "gemv_tma_c64_s2" for op in probe.GEMV_OPS}
 
 
 def test_probe_refuses_bad_specs(capsys):

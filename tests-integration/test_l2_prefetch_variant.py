@@ -47,6 +47,11 @@ def test_rewrite_verifies(kernels):
     assert calls[7]["args"][-1] == {"buf": "model.layers.7.self_attn.o_proj.weight", "offset": 2048 * 4096 * 2}
     q = [c for c in out["programs"]["decode"]["calls"] if c["op"] == "gemv_norm_qkv_pf"]
     assert q[35]["args"][-1] == {"buf": "model.layers.35.mlp.gate_up_proj.weight", "offset": 0}
+    # 4B's qkv came from the row-pass module (gemv_p2, 192 blocks): the `_pf` entry is the default form, 384 blocks,
+    # and gemv_p2, used by no launch any more, is gone
+    assert m["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]["module"] == "gemv_p2"
+    assert out["ops"]["gemv_norm_qkv_pf"]["impl"]["launches"][0]["grid"] == [6144 // 16, 1, 1]
+    assert "gemv_p2" not in out["modules"] and "gemv" in out["modules"]
     assert out["programs"]["prefill"] == m["programs"]["prefill"]
 
 

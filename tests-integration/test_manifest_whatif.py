@@ -213,7 +213,7 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, tmp_path, capsy
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "o=gemv_nowait.cubin", "--op-module",
                     "gemv_norm_qkv=gemv_nowait.cubin", "--drop", "attn", "--out", str(out)]) == 0
     m = json.loads(out.read_text())
-    assert {"gemv__gemv_residual_o_proj", "gemv__gemv_norm_qkv", "gemv"} <= set(m["modules"])
+    assert {"gemv__gemv_residual_o_proj", "gemv_p2__gemv_norm_qkv", "gemv"} <= set(m["modules"])
     # every gemv op repointed: the shared module is pruned
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down", "lm_head")
                     for a in ("--op-module", f"{op}=gemv_nowait.cubin")], "--out", str(out)]) == 0
@@ -264,8 +264,9 @@ def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsy
 
 
 def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, capsys):
-    """NOTES.md 54's what-if: --op-module qkv=gemv_p2.cubin --op-grid qkv=192 (gemv.cu -DGEMV_PASSES=2: 32 rows per
-    block, so the 4B qkv's n = 6,144 takes 192 blocks): only the qkv launch's module and grid change, and the result
+    """NOTES.md 54's kind of what-if: --op-module lm_head=gemv_p2.cubin --op-grid lm_head=4748 (gemv.cu -DGEMV_PASSES=2:
+    32 rows per block, so the 4B lm_head's n = 151,936 takes 4,748 blocks; 4B's qkv is on the row-pass module already,
+    gemv_p2, since session 18): only the lm_head launch's module and grid change, and the result
     verifies against the kernels (rewrite_main verifies before writing); with several ops, all three axes and --drop
     too. A grid kern-verify refuses (a cluster kernel's grid.y off its cluster shape, grid.z over CUDA's limit) is
     refused as the result, and nothing is written."""
@@ -274,24 +275,24 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, 
     k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
     base = json.loads(EXAMPLES["4b"].read_text())
     out = tmp_path / "p2.json"
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "qkv=gemv_p2.cubin",
-                    "--op-grid", "qkv=192", "--out", str(out)]) == 0
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "lm_head=gemv_p2.cubin",
+                    "--op-grid", "lm_head=4748", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "op `gemv_norm_qkv` now launches grid [192, 1, 1] (was [384, 1, 1])" in printed
-    assert "op grid qkv=192" in printed
+    assert "op `gemv_norm_lm_head` now launches grid [4748, 1, 1] (was [9496, 1, 1])" in printed
+    assert "op grid lm_head=4748" in printed
     m = json.loads(out.read_text())
-    launch = m["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]
-    assert launch["grid"] == [192, 1, 1] and launch["module"] == "gemv__gemv_norm_qkv"
+    launch = m["ops"]["gemv_norm_lm_head"]["impl"]["launches"][0]
+    assert launch["grid"] == [4748, 1, 1] and launch["module"] == "gemv__gemv_norm_lm_head"
     assert launch["args"][-1] == {"i32": 1}  # ksplit 1, as the pass form needs
-    assert m["modules"]["gemv__gemv_norm_qkv"] == {
+    assert m["modules"]["gemv__gemv_norm_lm_head"] == {
         "source": "gemv_p2.cubin", "sha256": hashlib.sha256(whatif_cubins["gemv_p2.cubin"]).hexdigest()}
-    # everything but the qkv launch's module and grid is the input manifest's
-    launch["grid"], launch["module"] = [384, 1, 1], "gemv"
-    del m["modules"]["gemv__gemv_norm_qkv"]
+    # everything but the lm_head launch's module and grid is the input manifest's
+    launch["grid"], launch["module"] = [9496, 1, 1], "gemv"
+    del m["modules"]["gemv__gemv_norm_lm_head"]
     assert m == base
     # the grid alone, two ops (one with all three axes), and a drop
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-grid", "o=160,1,1", "--op-grid",
-                    "gemv_norm_qkv=384", "--drop", "attn", "--out", str(out)]) == 0
+                    "gemv_norm_qkv=192", "--drop", "attn", "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert m["ops"]["gemv_residual_o_proj"]["impl"]["launches"][0]["grid"] == [160, 1, 1]
     assert m["ops"]["gemv_norm_qkv"] == base["ops"]["gemv_norm_qkv"] and "attention_decode_rope" not in m["ops"]

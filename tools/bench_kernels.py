@@ -33,7 +33,8 @@ and right after its layer's ``qk_norm_rope_kv_pdl`` (``pair``) beside the prolog
 griddepcontrol.wait, so under PDL they stream while the launch before it finishes. The default decode
 attention of the generator, ``decode_attention_rope_cluster_pdl`` (the prologue's decode work and the
 attention in one launch), runs back to back with PDL (its time per call is a whole layer's attention), and right
-after its layer's qkv GEMV (``kern_gemv_norm_m1``, PDL, its own 31.5 MB weight per layer; it writes the qkv the
+after its layer's qkv GEMV (``kern_gemv_norm_m1`` as gen_qwen3 launches it: on 4B in two row passes, ``kern_gemv_norm_m1_p2``;
+PDL, its own 31.5 MB weight per layer; it writes the qkv the
 attention reads) beside the GEMV chain alone: the difference is what the default attention costs a decode layer.
 
 `--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
@@ -65,7 +66,7 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from gemv_plan import gemv_blocks  # noqa: E402
+from gemv_plan import gemv_blocks, gemv_passes  # noqa: E402
 from geometries import PRESETS  # noqa: E402
 
 # torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
@@ -307,12 +308,18 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
         return setup
 
     def qkv_gemv():
-        """kern_gemv_norm_m1's grid and ksplit for the qkv shape (n = QS, k = H), as gen_qwen3 plans them."""
-        from gen_qwen3 import gemv_ksplit  # the generator's rule (imports kern-schema: only when this case runs)
+        """The qkv GEMV as gen_qwen3 plans it for the qkv shape (n = QS, k = H): the index kernel (QKV_GEMV, or its
+        row-pass instance `QKV_GEMV_p2` where gemv_plan.gemv_passes says so: 4B's qkv since session 18), grid, ksplit."""
+        from gen_qwen3 import GEMV_SMS, gemv_ksplit  # the generator's rules (imports kern-schema: only when this runs)
 
         cx = ks.kernels[QKV_GEMV]["constexprs"]
         ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
-        return (gemv_blocks(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit),), ksplit
+        passes = gemv_passes(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, sms=GEMV_SMS)
+        name = QKV_GEMV if passes == 1 else f"{QKV_GEMV}_p{passes}"
+        if name not in ks.kernels:
+            raise SystemExit(f"bench_kernels: the kernel index has no `{name}` (the qkv GEMV in {passes} row passes, "
+                             f"as gen_qwen3 launches it); rebuild the kernels with tools/build_kernels.py")
+        return name, (gemv_blocks(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, passes),), ksplit
 
     def pdl_setup(ctx, what):
         """n per-layer launchers, each launch with programmatic dependent launch except the first of set 0 (a
@@ -326,14 +333,14 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
             slot = (bt[(ctx - 1) // 16].long() * 16 + (ctx - 1) % 16).reshape(1)
             cs, out = cos_sin(), []
             x, nw = once("x", lambda: bf(H)), once("norm_w", lambda: bf(H))
-            grid, ksplit = qkv_gemv() if what.startswith("qkv") else (None, None)
+            qname, grid, ksplit = qkv_gemv() if what.startswith("qkv") else (None, None, None)
             for l in range(n):
                 qkv, o, qn, kn = bf(1, QS), bf(1, NQ * D), bf(D), bf(D)
                 w = once(f"w_qkv{l}", lambda: bf(QS, H)) if what.startswith("qkv") else None
 
                 def f(qkv=qkv, o=o, qn=qn, kn=kn, kvp=kv.data_ptr() + l * layer_bytes, first=l == 0, kv=kv, w=w):
                     if what.startswith("qkv"):
-                        ks.launch(QKV_GEMV, grid, [x, nw, w, qkv, QS, H, eps, ksplit], pdl=not first)
+                        ks.launch(qname, grid, [x, nw, w, qkv, QS, H, eps, ksplit], pdl=not first)
                         if what == "qkv":
                             return
                     if what in ("rope", "qkv+rope"):

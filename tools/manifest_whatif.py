@@ -45,11 +45,13 @@ never use its tokens (a build checked bit-identical, such as -DGEMV_PASSES below
     OP's one launch gets the literal grid [GX, GY, GZ] (GY, GZ default to 1), OP named as for --drop; the op changes
     in every program that calls it (the tool says which). For a what-if build whose blocks do other work than the
     module's, e.g. gemv.cu built with -DGEMV_PASSES=2 (each block owns 2 units of 16 rows, ksplit 1, grid.x =
-    ceil_div(n, 32); NOTES.md 54): the 4B qkv (n = 6,144) on it, with 192 blocks where the default module has 384:
+    ceil_div(n, 32); NOTES.md 54): the 4B lm_head (n = 151,936) on it, with 4,748 blocks where the default module
+    has 9,496 (session 18 measured the qkv this way, 384 → 192 blocks, before the generator put 4B's qkv on the
+    module build_kernels.py now builds from it, gemv_p2.cubin):
 
-        cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_PASSES=2 -o KDIR/gemv_p2.cubin gemv.cu
+        cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_PASSES=2 -o KDIR/gemv_p2x.cubin gemv.cu
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --out OUT.json \\
-            --op-module qkv=gemv_p2.cubin --op-grid qkv=192
+            --op-module lm_head=gemv_p2x.cubin --op-grid lm_head=4748
 
     The grid is taken as given: kern-verify checks it against CUDA's limits (and a cluster kernel's cluster shape),
     not against what the kernel covers with it. Refused: an op with other than one launch, a launch with no grid (a

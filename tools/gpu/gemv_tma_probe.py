@@ -17,7 +17,8 @@ for the weight ring, after the norm variants' x (rounded up to 128 bytes). For e
    a CUDA graph per module, checks the chains' outputs bit for bit, and times them in alternating rounds.
 
 With `--manifest`, also writes per `--tma` a decode manifest whose GEMV ops OPS (`+`-joined short names: qkv, o,
-gate_up, down, lm_head; default all) launch that module (`manifest_variant`), for tools/gpu/program_sweep.py
+gate_up, down, lm_head; default every one that launches gemv.cubin: all but 4B's qkv, which runs on the row-pass
+module gemv_p2 since session 18) launch that module (`manifest_variant`), for tools/gpu/program_sweep.py
 `--manifest-variant LABEL=D/manifest-tma-LABEL.json`. `--geometry none`: only the manifests.
 
 Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical wherever checked; alone,
@@ -179,19 +180,28 @@ def per_shape(gs: dict, geom: str, rounds: int) -> None:
 
 
 def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, ring: int, out: Path,
-                     ops=GEMV_OPS) -> Path:
-    """Writes OUT/manifest-tma-LABEL.json: `manifest` with each of `ops` (manifest op names) launching the TMA
-    module `cubin` (copied into `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same entry) with
-    `ring` more bytes of dynamic shared memory after its own (rounded up to 128); modules no launch uses any
-    more are dropped (the verifier refuses an unused module). Returns the path."""
+                     ops=None) -> Path:
+    """Writes OUT/manifest-tma-LABEL.json: `manifest` with each of `ops` (manifest op names; None: every decode GEMV
+    op that launches module `gemv`, i.e. not 4B's qkv, which runs on the row-pass module gemv_p2 since session 18)
+    launching the TMA module `cubin` (copied into `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same
+    entry) with `ring` more bytes of dynamic shared memory after its own (rounded up to 128); modules no launch uses
+    any more are dropped (the verifier refuses an unused module). Returns the path. Raises ValueError for an op of
+    `ops` that does not launch `gemv`."""
     v = json.loads(manifest.read_text())
     mod = "gemv_tma_" + cubin.stem.removeprefix("gemv_tma_")
     dst = kernels / f"{mod}.cubin"
+
+    def first_launch(op):
+        return v["ops"].get(op, {}).get("impl", {}).get("launches", [{}])[0]
+
+    if ops is None:
+        ops = [op for op in GEMV_OPS if first_launch(op).get("module") == "gemv"]
     for op in ops:
-        launch = v["ops"].get(op, {}).get("impl", {}).get("launches", [{}])[0]
+        launch = first_launch(op)
         if launch.get("module") != "gemv":
-            raise ValueError(f"{manifest}: op `{op}` does not launch module `gemv` (gemv.cu's default form) first; "
-                             f"a TMA module replaces only that")
+            raise ValueError(f"{manifest}: op `{op}` does not launch module `gemv` (gemv.cu's default form) first but "
+                             f"`{launch.get('module')}`; a TMA module replaces only that (the TMA form has no row "
+                             f"passes: 4B's qkv is on gemv_p2 since session 18)")
         launch["module"] = mod
         launch["shared_mem"] = ((launch.get("shared_mem", 0) + 127) & ~127) + ring
         if launch["shared_mem"] > SMEM_MAX:
@@ -211,7 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--base", type=Path, help="gemv.cubin, the default form (needed to check or time)")
     ap.add_argument("--tma", action="append", default=[], metavar="LABEL=CUBIN:C:S[:OPS]",
                     help="a TMA module built with GEMV_TMA_C=C, GEMV_TMA_S=S; OPS: the manifest ops to put on it "
-                         "(+-joined short names; default all); repeat")
+                         "(+-joined short names; default every one on gemv.cubin); repeat")
     ap.add_argument("--geometry", action="append", default=[], help="4b, 0.6b (repeat), or none: manifests only")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the chain timing")
     ap.add_argument("--manifest", type=Path, help="a decode manifest to rewrite per --tma")
@@ -231,8 +241,8 @@ def main(argv=None) -> int:
             ap.error(f"--tma {spec}: " + ("an empty LABEL" if not label else f"LABEL `{label}` given twice"))
         if len(ops) > 1 or (ops and not ops[0]):
             ap.error(f"--tma {spec}: expected LABEL=CUBIN:C:S[:OPS] (one non-empty OPS field)")
-        names = ops[0].split("+") if ops else list(SHORT)
-        if bad := [o for o in names if o not in SHORT]:
+        names = ops[0].split("+") if ops else None  # None: every decode GEMV op on `gemv` (manifest_variant)
+        if bad := [o for o in names or () if o not in SHORT]:
             ap.error(f"--tma {spec}: unknown op `{'+'.join(bad)}` (OPS: +-joined names of {', '.join(SHORT)})")
         if c <= 0 or c % 32 or s < 1 or ring_bytes(c, s) > SMEM_MAX:
             ap.error(f"--tma {spec}: C must be a positive multiple of 32 and S at least 1 (as gemv.cu's "
@@ -252,7 +262,7 @@ def main(argv=None) -> int:
         for label, (path, c, s, ops) in tmas.items():
             try:
                 out = manifest_variant(a.manifest, a.kernels, path, label, ring_bytes(c, s), a.out_dir,
-                                       [SHORT[o] for o in ops])
+                                       None if ops is None else [SHORT[o] for o in ops])
             except ValueError as e:
                 ap.error(f"--tma {label}: {e}")
             print(f"wrote {out}")

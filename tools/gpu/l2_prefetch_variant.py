@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from manifest_variants import VariantError, pin_module, rewrite_main, rewrite_parser  # noqa: E402
+from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 MODULE = "gemv_pf0"
 OPS = {"qkv": ("gemv_norm_qkv", "kern_gemv_norm_m1", "kern_gemv_norm_m1_pf"),
@@ -69,6 +69,11 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
         if first + rows > n_rows:
             raise ValueError(f"`{spec}`: rows {first}..{first + rows - 1} are past the weight's {n_rows} rows")
         n_params = len(m["ops"][op]["params"])
+        if ln.get("module") != "gemv":
+            # a row-pass module (4B's qkv on gemv_p2 since session 18): the `_pf` entry is the default form, whose
+            # grid is the default's (ksplit the launch's last literal, 16 / ksplit rows per block)
+            n_out, ksplit = ln["args"][4 if "norm" in base else 3]["i32"], ln["args"][-1]["i32"]
+            ln["grid"] = [-(-n_out // (16 // ksplit)), 1, 1]
         ln.update(module=MODULE, entry=entry)
         ln["params"] = [*ln["params"], "in buffer<bf16>", "u64"]
         ln["args"] = [*ln["args"], {"param": n_params}, {"u64": rows * k * 2}]
@@ -80,6 +85,7 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
                 layer = c["args"][2 if key == "qkv" else 1]["buf"].split(".")[2]  # the op's own weight names the layer
                 c["op"] = new
                 c["args"] = [*c["args"], {"buf": f"model.layers.{layer}.{weight}", "offset": first * k * 2}]
+    prune(out)  # e.g. gemv_p2, once 4B's qkv has moved to the `_pf` entry
     return out
 
 
