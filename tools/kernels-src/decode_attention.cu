@@ -87,7 +87,8 @@
 // (sessions 8-9, NOTES.md 29-30): after its prologue in a PDL chain it adds 3.2 us per layer at 130 cached tokens
 // (4.1 without the early pages), 4.4 at 1,024 (5.1), 7.75-7.77 at 4,096 (8.2; 8.15 with all four ring pages early);
 // kern-run 4B 2.81-2.82 ms/token at 4,096 (2.86-2.95 without). decode_attention_rope_cluster (the generator's
-// default since session 8) does the same with its early pages: the current token's row is the one it computes
+// default since session 8) does the same with its early pages (DA_ROPE_PRE_PAGES of them: in the PDL module since
+// session 18 its whole ring of 4, NOTES.md 54): the current token's row is the one it computes
 // (Inject), whatever the copy read. Its launch follows the qkv GEMV, which triggers early, so earlier layers'
 // kernels may still run (they write other layers' rows, other bytes of the same pages); no launch of a decode step
 // but this one writes this layer's rows, and every launch of earlier runs (earlier steps, prefill) has completed
@@ -393,10 +394,12 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
 #endif
 }
 
-// The warp issues its first min(DA_PRE_PAGES, SLOTS) pages, calls after_issue() (the PDL form's wait and q load),
-// issues the rest of its first SLOTS pages, then runs the page loop. Two pages before the hook, not all four: the q
-// load after the wait queues behind every copy issued before it (H200, session 9, NOTES.md 30: at 4,096 tokens the
-// cluster form after its prologue 7.75 us per layer with two, 8.15 with four).
+// The warp issues its first min(PRE, SLOTS) pages (PRE: DA_PRE_PAGES; rope-cluster form: DA_ROPE_PRE_PAGES), calls
+// after_issue() (the PDL form's wait and q load), issues the rest of its first SLOTS pages, then runs the page loop.
+// The split and cluster forms issue two pages before the hook, not all four: the q load after the wait queues behind
+// every copy issued before it (H200, session 9, NOTES.md 30: at 4,096 tokens the cluster form after its prologue
+// 7.75 us per layer with two, 8.15 with four; session 18: 7.55 / 7.96). The rope-cluster form's PDL build issues all
+// four: after the row-pass qkv GEMV its CTAs can be resident while the GEMV streams (NOTES.md 54).
 struct NoHook {
     __device__ __forceinline__ void operator()() const {}
 };

@@ -744,15 +744,15 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
-// The row-pass form (opt in: -DGEMV_PASSES=P, P = 2…8, a module of its own; an experiment, not built by
-// tools/build_kernels.py): the plain, residual and norm entries with the same params and bits, but each block owns
-// P consecutive row units of 2·WARPS rows (ksplit must be 1), grid.x = ceil_div(n, 2·WARPS·P). A warp's weight
-// stages run as one register pipeline over its P row pairs (two stages in flight across a pass boundary: the next
-// pair's first loads go out during the current pair's last FMAs), and each pair's two outputs are stored as soon as
-// its last stage is summed. What it is for: with P·2·WARPS rows per block the grid leaves SMs with room (registers,
-// shared memory) for the next PDL launch's blocks while it streams, e.g. the decode attention's CTAs after the qkv
-// GEMV (the default grid, 1.45 waves of two 30,720-register blocks per SM, holds every SM's registers until its
-// tail: NOTES.md 54). The SiLU entries keep the default form.
+// The row-pass form (-DGEMV_PASSES=P, P = 2…8, a module of its own; tools/build_kernels.py builds P = 2: gemv_p2.cubin,
+// entry kern_gemv_norm_m1_p2, for the GEMV gemv_plan.gemv_passes picks: 4B's qkv): the plain, residual and norm entries
+// with the same params and bits, but each block owns P consecutive row units of 2·WARPS rows (ksplit must be 1),
+// grid.x = ceil_div(n, 2·WARPS·P). A warp's weight stages run as one register pipeline over its P row pairs (two
+// stages in flight across a pass boundary: the next pair's first loads go out during the current pair's last FMAs),
+// and each pair's two outputs are stored as soon as its last stage is summed. What it is for: with P·2·WARPS rows per
+// block the grid leaves SMs with room (registers, shared memory) for the next PDL launch's blocks while it streams,
+// e.g. the decode attention's CTAs after the qkv GEMV (the default grid, 1.45 waves of two 30,720-register blocks per
+// SM, holds every SM's registers until its tail: NOTES.md 54). The SiLU entries keep the default form.
 #ifndef GEMV_PASSES
 #define GEMV_PASSES 1
 #endif
