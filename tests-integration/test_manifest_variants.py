@@ -56,6 +56,21 @@ def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_k
     assert mv.verify(m, built_kernels) == []
 
 
+def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
+    """4B's qkv runs on the row-pass module (gemv_p2.cubin, PASSES 2: 32 rows per block, ksplit 1 only): ksplit 1
+    keeps its 192 blocks (not the default entry's 384), another ksplit (which the kernel traps on) is refused with the
+    way to try one."""
+    assert launch(base, "gemv_norm_qkv")["grid"] == [192, 1, 1]
+    m = mv.apply(base, "qkv.ksplit=1", index)
+    assert launch(m, "gemv_norm_qkv") == launch(base, "gemv_norm_qkv")
+    for ks in (2, 4, 8):
+        with pytest.raises(mv.VariantError) as e:
+            mv.apply(base, f"qkv.ksplit={ks}", index)
+        assert (f"`qkv.ksplit={ks}`: `kern_gemv_norm_m1` of module gemv_p2.cubin (op `gemv_norm_qkv`) is the row-pass "
+                "form, 2 units of 16 rows per block (gemv.cu -DGEMV_PASSES=2): it takes ksplit 1 only") in str(e.value)
+        assert "tools/manifest_whatif.py --op-module qkv=gemv.cubin --op-grid qkv=384" in str(e.value)
+
+
 @pytest.mark.parametrize(("spec", "needle"), [
     ("o.ksplit=3", "`o.ksplit=3`: ksplit must be one of 1, 2, 4, 8"),
     ("o.ksplit", "a change is OP.OPTION=VALUE"),

@@ -9,7 +9,8 @@ program calls (argmax has two launches: its first is changed):
 - OP: a short name (`qkv`, `o`, `gate_up` or `gu`, `down`, `lm_head`: the gemv ops of tools/gen_qwen3.py;
   `attn`: the decode attention, whichever impl; `argmax`) or a full op name of the manifest.
 - `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
-  entry's COLS_PER_WARP and WARPS from the kernel index); N in 1, 2, 4, 8.
+  entry's COLS_PER_WARP, WARPS and PASSES from the kernel index); N in 1, 2, 4, 8 (only 1 on a row-pass entry,
+  PASSES > 1: 4B's qkv on gemv_p2.cubin).
 - `entry=NAME`: the same kernel with another unroll: an entry of the same module with the same params and
   the same index constexprs but UNROLL (e.g. `kern_gemv_norm_silu_m1` for `kern_gemv_norm_silu_m1_u5`); the
   launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`).
@@ -103,7 +104,8 @@ def apply(m: dict, spec: str, index: dict) -> dict:
 
     Raises:
         VariantError: a malformed change, an unknown op or option, a value out of range, an entry the index
-            lacks or whose params differ, a launch without a `ksplit` param.
+            lacks or whose params differ, a launch without a `ksplit` param, a ksplit other than 1 on a row-pass
+            entry.
     """
     out = copy.deepcopy(m)
     for change in spec.split("+"):
@@ -121,8 +123,16 @@ def apply(m: dict, spec: str, index: dict) -> dict:
             ks = int(value)
             n = _arg(launch, k, "n", change)
             cx = k["constexprs"]
+            passes = cx.get("PASSES", 1)
+            if passes != 1 and ks != 1:
+                default = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], 1)
+                raise VariantError(f"`{change}`: `{launch['entry']}` of module {out['modules'][launch['module']]['source']}"
+                                   f" (op `{op}`) is the row-pass form, {passes} units of 16 rows per block (gemv.cu "
+                                   f"-DGEMV_PASSES={passes}): it takes ksplit 1 only (another traps); to try another, "
+                                   f"put the op on the default form first: tools/manifest_whatif.py --op-module "
+                                   f"{op_key}=gemv.cubin --op-grid {op_key}={default}")
             launch["args"][k["param_names"].index("ksplit")] = {"i32": ks}
-            launch["grid"][0] = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ks)
+            launch["grid"][0] = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ks, passes)
         elif option == "entry":
             old = _index_entry(out, index, launch, launch["entry"], change)
             new = _index_entry(out, index, launch, value, change)
