@@ -298,6 +298,63 @@ def test_gemv_entry_unroll_not_before_the_attention() -> None:
     assert gen.GEMV_OPS_BEFORE_ATTENTION < set(gen.GEMV_OPS)
 
 
+def test_gemv_passes_rule() -> None:
+    """Two row passes (`kern_gemv_norm_m1_p2`) where, at ksplit 1, the default grid is more than one wave of two
+    8-warp blocks per SM (NOTES.md 54: 4B's qkv; 0.6B's, one wave, lost with them); bad inputs are refused."""
+    assert gemv_plan.gemv_passes(6144, 2, 8, 1) == gemv_plan.QKV_PASSES == 2  # 4B qkv: 384 blocks > 264 -> 192
+    assert gemv_plan.gemv_passes(4096, 2, 8, 1) == 1                           # 0.6B qkv: 256 blocks, one wave
+    assert gemv_plan.gemv_passes(16 * 264, 2, 8, 1) == 1                       # exactly one wave
+    assert gemv_plan.gemv_passes(16 * 264 + 1, 2, 8, 1) == 2                   # one block more
+    assert gemv_plan.gemv_passes(6144, 2, 8, 2) == 1                           # the row-pass form takes ksplit 1
+    assert gemv_plan.gemv_passes(4096, 2, 8, 1, sms=100) == 2                  # the wave follows the SM count
+    assert gemv_plan.gemv_blocks(6144, 2, 8, 1, 2) == 192 and gemv_plan.gemv_blocks(6145, 2, 8, 1, 2) == 193
+    for args in ((0, 2, 8, 1), (6144, 0, 8, 1), (6144, 2, 8, 0), (6144, 2, 8, 3), (6144, 2, 8, 1, 0)):
+        with pytest.raises(ValueError, match="each must be ≥ 1 and ksplit must divide warps"):
+            gemv_plan.gemv_passes(*args)
+    with pytest.raises(ValueError, match="0 row passes per block"):
+        gemv_plan.gemv_blocks(6144, 2, 8, 1, 0)
+
+
+def test_row_pass_gemv_wiring_checked(fake_kernels: Path) -> None:
+    """check_wiring holds 4B's qkv launch on the row-pass entry to that entry's rule (grid ceil_div(n, 32), ksplit 1):
+    the default entry's grid, another ksplit and an index whose `_p2` entry lost (or contradicts) its PASSES are
+    refused, naming the launch."""
+    cfg = Qwen3Config.preset("4b")
+    lay = gen.make_layout(cfg)
+    index = gen.load_index(fake_kernels)
+    m = _build("4b", fake_kernels)
+    assert gen.kernels_by_op(m, index)["gemv_norm_qkv"] == [index["kern_gemv_norm_m1_p2"]]
+    gen.check_wiring(m, cfg, lay, index)  # as built: clean
+
+    def refused(edit=None, idx=index) -> str:
+        t = ks.load(ks.dump(m))
+        if edit:
+            edit(t.ops["gemv_norm_qkv"].impl.launches[0])
+        with pytest.raises(gen.WiringError) as e:
+            gen.check_wiring(t, cfg, lay, idx)
+        return str(e.value)
+
+    where = "ops.gemv_norm_qkv kernel `kern_gemv_norm_m1_p2`"
+
+    def default_grid(la):
+        la.grid = [384, 1, 1]
+    assert (f"{where}: grid [384, 1, 1] != [192, 1, 1] (n = 6144, 2 columns per warp group, ksplit 1, 2 row "
+            "passes)") in refused(default_grid)
+
+    def ksplit_2(la):
+        la.args[-1] = ks.Arg(i32=2)
+        la.grid = [768, 1, 1]  # the default entry's grid at ksplit 2
+    assert f"{where}: ksplit 2 with `kern_gemv_norm_m1_p2` (2 row passes per block): the row-pass form takes ksplit 1" \
+        in refused(ksplit_2)
+
+    p2 = index["kern_gemv_norm_m1_p2"]
+    for cx, said in (({c: v for c, v in p2.constexprs.items() if c != "PASSES"}, "None"),
+                     (p2.constexprs | {"PASSES": 3}, "3"), (p2.constexprs | {"PASSES": 0}, "0")):
+        stale = index | {p2.name: replace(p2, constexprs=cx)}
+        assert (f"{where}: index constexpr PASSES {said} where its name says 2 row passes per block: a stale or "
+                "damaged index; rebuild the kernels with tools/build_kernels.py") in refused(idx=stale)
+
+
 def test_gemv_unroll_rejects_bad_k() -> None:
     with pytest.raises(ValueError, match="k = 12 at ksplit 1: k must be a positive multiple of 8"):
         gemv_plan.gemv_unroll(12, 1)

@@ -66,7 +66,7 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from gemv_plan import gemv_blocks, gemv_passes  # noqa: E402
+from gemv_plan import gemv_blocks, gemv_pass_entry, gemv_passes  # noqa: E402
 from geometries import PRESETS  # noqa: E402
 
 # torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
@@ -315,10 +315,13 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
         cx = ks.kernels[QKV_GEMV]["constexprs"]
         ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
         passes = gemv_passes(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, sms=GEMV_SMS)
-        name = QKV_GEMV if passes == 1 else f"{QKV_GEMV}_p{passes}"
+        name = gemv_pass_entry(QKV_GEMV, passes)
         if name not in ks.kernels:
             raise SystemExit(f"bench_kernels: the kernel index has no `{name}` (the qkv GEMV in {passes} row passes, "
                              f"as gen_qwen3 launches it); rebuild the kernels with tools/build_kernels.py")
+        if (got := ks.kernels[name]["constexprs"].get("PASSES", 1)) != passes:
+            raise SystemExit(f"bench_kernels: kernel `{name}` in the index has PASSES {got}, not {passes}: a stale "
+                             f"index; rebuild the kernels with tools/build_kernels.py")
         return name, (gemv_blocks(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, passes),), ksplit
 
     def pdl_setup(ctx, what):

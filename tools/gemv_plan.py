@@ -41,7 +41,11 @@ GEMV_UNROLL_SUFFIX = {4: "", 5: "_u5"}
 def gemv_blocks(n: int, cols_per_warp: int, warps: int, ksplit: int, passes: int = 1) -> int:
     """gemv.cu's grid.x for n output columns: each block's `warps` warps form warps/ksplit groups (ksplit warps
     split k), each producing `cols_per_warp` columns (the index's COLS_PER_WARP and WARPS constexprs), `passes`
-    times over (the row-pass module's PASSES constexpr, gemv.cu -DGEMV_PASSES; 1 for the default entries)."""
+    times over (the row-pass module's PASSES constexpr, gemv.cu -DGEMV_PASSES; 1 for the default entries).
+    Raises ValueError for passes < 1."""
+    if passes < 1:
+        raise ValueError(f"gemv.cu grid for n = {n}: {passes} row passes per block; 1 for the default entries, the "
+                         f"index's PASSES constexpr for a row-pass entry (gemv.cu -DGEMV_PASSES)")
     return -(-n // (cols_per_warp * warps // ksplit * passes))
 
 
@@ -50,21 +54,32 @@ QKV_PASSES = 2
 
 
 def gemv_passes(n: int, cols_per_warp: int, warps: int, ksplit: int, sms: int = SMS) -> int:
-    """Row passes per block (gemv.cu -DGEMV_PASSES, the `_p2` index entries) for the GEMV launched right before the
-    decode attention: QKV_PASSES where, at ksplit 1, the default grid is more than one wave of two blocks per SM and
-    the pass grid still covers every SM; else 1. The default grid then holds every SM's registers (two 30,720-register
-    blocks) until its last wave drains, so the attention's CTAs (21,504 registers, 137 KB of shared memory) cannot be
-    resident, or issue the K|V pages they read before their PDL wait, while the GEMV streams.
+    """Row passes per block (gemv.cu -DGEMV_PASSES; for 2, the index entry `kern_gemv_norm_m1_p2` of gemv_p2.cubin)
+    for the GEMV launched right before the decode attention: QKV_PASSES where, at ksplit 1, the default grid is more
+    than one wave of two blocks per SM and the pass grid still covers every SM; else 1. The default grid then holds
+    every SM's registers (two 30,720-register blocks) until its last wave drains, so the attention's CTAs (21,504
+    registers, 137 KB of shared memory) cannot be resident, or issue the K|V pages they read before their PDL wait,
+    while the GEMV streams.
 
     Measured (H200, kern-run decode, one runtime per process, identical tokens; NOTES.md 54, BENCHMARKS.md
     "Session 18"): Qwen3-4B's qkv (n = 6,144: 384 blocks → 192) with the attention's whole ring of 4 pages before
     its wait, −0.010 ms/token at 128 cached tokens and −0.018…−0.020 at 4,096 (4 pages alone −0.002 / −0.004);
     3 passes (128 blocks, one per SM) +0.054 / +0.034; Qwen3-0.6B's qkv (n = 4,096: 256 blocks, one wave) in 2 passes
-    (128 blocks) +0.026 at 128: the rule keeps it at 1. The lm_head in 2 or 4 passes: nothing (+0.003 / +0.001)."""
+    (128 blocks) +0.026 at 128: the rule keeps it at 1. The lm_head in 2 or 4 passes: nothing (+0.003 / +0.001).
+    Raises ValueError unless n, cols_per_warp, warps and sms are ≥ 1 and ksplit ≥ 1 divides warps."""
+    if min(n, cols_per_warp, warps, ksplit, sms) < 1 or warps % ksplit:
+        raise ValueError(f"gemv_passes: n = {n}, cols_per_warp = {cols_per_warp}, warps = {warps}, ksplit = {ksplit}, "
+                         f"sms = {sms}: each must be ≥ 1 and ksplit must divide warps (the index's WARPS constexpr)")
     blocks = gemv_blocks(n, cols_per_warp, warps, ksplit)
     if ksplit == 1 and blocks > 2 * sms and gemv_blocks(n, cols_per_warp, warps, ksplit, QKV_PASSES) >= sms:
         return QKV_PASSES
     return 1
+
+
+def gemv_pass_entry(name: str, passes: int) -> str:
+    """The kernel index name of entry `name` in `passes` row passes per block: `name` itself for 1, else its row-pass
+    instance `NAME_pP` (catalog._gemv_passes_kernels: `kern_gemv_norm_m1_p2`, whose PASSES constexpr is P)."""
+    return name if passes == 1 else f"{name}_p{passes}"
 
 
 def gemv_lane_loads(k: int, ksplit: int) -> int:

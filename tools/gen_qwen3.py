@@ -24,7 +24,8 @@ op entries (tools/README.md is the contract):
   `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
   row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
-  and lm_head)
+  and lm_head; for the GEMV before the attention, `kern_gemv_norm_m1_p2` of `gemv_p2.cubin`, two 16-row units per
+  block, where its default grid is more than one wave of two blocks per SM: `gemv_plan.gemv_passes`; in 4B, qkv)
   or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
@@ -82,7 +83,8 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_unroll, gemv_passes, plan_gemvp  # noqa: E402
+from gemv_plan import (GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_unroll, gemv_pass_entry, gemv_passes,  # noqa: E402
+                       plan_gemvp)
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -809,7 +811,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
         passes = gemv_passes(n, cols, warps_per_block, ksplit, sms=GEMV_SMS) if op in GEMV_OPS_BEFORE_ATTENTION else 1
         if passes > 1:  # the row-pass module (gemv_plan.gemv_passes): room for the attention's CTAs beside it
-            pname = f"{kname}_p{passes}"
+            pname = gemv_pass_entry(kname, passes)
             if pname not in b.index:
                 raise GenError(f"op `{op}` (n = {n}, ksplit {ksplit}) wants `{pname}` (gemv.cu in {passes} row passes, "
                                f"tools/gemv_plan.py gemv_passes), which the kernel index lacks: rebuild the kernels "
@@ -1042,7 +1044,15 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             if kk % 8 or kk <= 0 or n <= 0:
                 err(f"{where}: k = {kk} must be a positive multiple of 8 and n = {n} positive")
             cols, warps = int(k.constexprs.get("COLS_PER_WARP", 0)), int(k.constexprs.get("WARPS", 0))
-            passes = int(k.constexprs.get("PASSES", 1))
+            # row passes per block: the index's PASSES (absent: 1), which a row-pass entry's name (`_p2`:
+            # declare_gemv's naming) must agree with, else the grid below would be checked against the wrong rule
+            passes, named = k.constexprs.get("PASSES", 1), re.search(r"_p(\d+)$", k.name)
+            if type(passes) is not int or passes < 1 or (named and int(named[1]) != passes):
+                err(f"{where}: index constexpr PASSES {k.constexprs.get('PASSES')!r}"
+                    + (f" where its name says {int(named[1])} row passes per block" if named else
+                       " (row passes per block: an integer ≥ 1)")
+                    + ": a stale or damaged index; rebuild the kernels with tools/build_kernels.py")
+                continue
             if split not in GEMV_KSPLITS or not cols or warps % split:
                 err(f"{where}: ksplit {split} must divide the block's {warps} warps (one of {GEMV_KSPLITS})")
                 continue
