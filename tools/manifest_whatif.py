@@ -24,7 +24,9 @@ never use its tokens (a build checked bit-identical, such as -DGEMV_PASSES below
 --module NAME=FILE
     Module NAME loaded from FILE in the --kernels dir instead (pinned by its sha256): a what-if build of the same
     source with the same entries and params, e.g. gemv.cu built with -DGEMV_NO_WAIT (its kernels do not wait for
-    their predecessors; NOTES.md 47), which serves all five decode GEMV ops:
+    their predecessors; NOTES.md 47), which serves the decode GEMV ops on module `gemv`: all five in 0.6B, all but
+    the qkv in 4B, whose qkv is on `gemv_p2` since session 18 (add --module gemv_p2=FILE, a build with
+    -DGEMV_NO_WAIT -DGEMV_PASSES=2, for it too):
 
         cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT -o KDIR/gemv_nowait.cubin gemv.cu
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --module gemv=gemv_nowait.cubin --out OUT.json
@@ -39,6 +41,8 @@ never use its tokens (a build checked bit-identical, such as -DGEMV_PASSES below
 
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --op-module down=gemv_nowait.cubin --out OUT.json
 
+    The launch keeps its grid: 4B's qkv (on gemv_p2, 192 blocks of 32 rows) on a build of the default form would
+    cover half its rows; give it --op-grid qkv=384 too, or build the what-if with -DGEMV_PASSES=2.
     Refused: an op whose launches use no module (a built-in) or two, an op given twice or also dropped.
 
 --op-grid OP=GX[,GY,GZ]
@@ -46,12 +50,11 @@ never use its tokens (a build checked bit-identical, such as -DGEMV_PASSES below
     in every program that calls it (the tool says which). For a what-if build whose blocks do other work than the
     module's, e.g. gemv.cu built with -DGEMV_PASSES=2 (each block owns 2 units of 16 rows, ksplit 1, grid.x =
     ceil_div(n, 32); NOTES.md 54): the 4B lm_head (n = 151,936) on it, with 4,748 blocks where the default module
-    has 9,496 (session 18 measured the qkv this way, 384 → 192 blocks, before the generator put 4B's qkv on the
-    module build_kernels.py now builds from it, gemv_p2.cubin):
+    has 9,496 (session 18 measured the qkv this way, 384 → 192 blocks, before the generator put 4B's qkv on it).
+    tools/build_kernels.py builds it as gemv_p2.cubin, so a kernels dir it wrote already holds the file:
 
-        cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_PASSES=2 -o KDIR/gemv_p2x.cubin gemv.cu
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --out OUT.json \\
-            --op-module lm_head=gemv_p2x.cubin --op-grid lm_head=4748
+            --op-module lm_head=gemv_p2.cubin --op-grid lm_head=4748
 
     The grid is taken as given: kern-verify checks it against CUDA's limits (and a cluster kernel's cluster shape),
     not against what the kernel covers with it. Refused: an op with other than one launch, a launch with no grid (a

@@ -2,8 +2,8 @@
 
 Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_passes_gpu.py -q
 
-The build (an experiment, not built by tools/build_kernels.py; tools/manifest_whatif.py --op-module with --op-grid
-puts an op on it): the plain, residual and norm entries with each block owning P consecutive 16-row units (ksplit 1,
+The build (P = 2 is tools/build_kernels.py's gemv_p2.cubin, 4B's qkv since session 18; tools/manifest_whatif.py
+--op-module with --op-grid puts another op on it): the plain, residual and norm entries with each block owning P consecutive 16-row units (ksplit 1,
 grid.x = ceil_div(n, 16·P)), the warp's stages one register pipeline over its P row pairs. Its outputs must equal the
 default entries' (grid ceil_div(n, 16), ksplit 1) bit for bit: kern_gemv_norm_m1, kern_gemv_m1, kern_gemv_residual_m1
 and their `_u5` twins, P = 2 and 3, over the 4B decode shapes (qkv, o, gate_up's k in down, the lm_head), n not a
