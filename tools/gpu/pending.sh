@@ -56,7 +56,14 @@
 #               test_pdl_chain_gpu), the 0.6B transformers equivalence, bench_decode 0.6B at 128 and 4B at 4,096
 #               cached tokens for the BENCHMARKS summary, and bench_kernels' decode attention rows (issue 4's figure,
 #               also in the decode program's order); logs and the tables tarred into $OUT/da-merge.tgz. About 8
-#               minutes on a fresh machine.
+#               minutes on a fresh machine. (Ran in session 18, call 1: all passed; BENCHMARKS.md "Session 18".)
+#   s18-module  (owed by session 18) the committed decode_attention_pdl.cubin of f60e464 (857e2d91...: the rope-cluster
+#               form with 4 pre-wait pages, the cluster and split forms with 2) as a module: session 18 ran every GPU
+#               test and the e2e test on the build with 4 pages in both forms, and checked each entry's code sections
+#               byte-identical to the build measured for it, but had no device time left to run the module itself.
+#               The decode-attention, PDL-chain, rope and passes GPU tests, the transformers equivalence (0.6B, 4B),
+#               bench_decode 4B and bench_kernels' decode attention rows (the cluster forms' figures); $OUT/s18-module.tgz.
+#               About 6 minutes on a fresh machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -211,6 +218,22 @@ for stage in "${stages[@]}"; do
       step dam-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
         --md "$OUT/da-merge-BENCHMARKS.md"
       (cd "$OUT" && tar czf da-merge.tgz dam-*.log da-merge-BENCHMARKS.md && rm -f dam-*.log)  # at most 8 files back
+      ;;
+    s18-module)
+      K=/tmp/kern-e2e
+      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      step s18-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
+      KERN_KERNELS_DIR="$K/kernels" step s18-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_decode_attention_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py \
+        tests-integration/gpu/test_rope_attention_gpu.py tests-integration/gpu/test_gemv_passes_gpu.py
+      KERN_E2E_DIR="$K" KERN_E2E_OUT="$OUT" step s18-e2e 300 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_e2e_qwen3.py
+      cp BENCHMARKS.md "$OUT/s18-BENCHMARKS.md"
+      step s18-bench-4b 150 python3 tools/bench_decode.py --work "$K" --geometry 4b \
+        --skip hf-eager,hf-compile,gpt-fast --append "$OUT/s18-BENCHMARKS.md"
+      step s18-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
+        --md "$OUT/s18-BENCHMARKS.md"
+      (cd "$OUT" && tar czf s18-module.tgz s18-*.log s18-BENCHMARKS.md && rm -f s18-*.log)  # at most 8 files back
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
