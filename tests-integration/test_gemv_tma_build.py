@@ -130,13 +130,20 @@ def test_probe_manifest_variant_verifies(builds, built_kernels, tmp_path):
                                [probe.SHORT["lm_head"]])
     # 4B's qkv is on the row-pass module: named, it is refused; by default every op on `gemv` moves, qkv stays
     with pytest.raises(ValueError,
-                       match=r"op `gemv_norm_qkv` does not launch module `gemv` \(gemv.cu.s default form\) first but `gemv_p2`"):
+                       match=r"op `gemv_norm_qkv` does not launch module `gemv` \(gemv.cu.s default form\) first but "
+                             r"`gemv_p2`; a TMA module replaces only that \(the TMA form has no row passes"):
         probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "qkv", probe.ring_bytes(64, 2), tmp_path,
                                [probe.SHORT["qkv"]])
-    v = json.loads(probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "all", probe.ring_bytes(64, 2),
-                                          tmp_path).read_text())
+    text = probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "all", probe.ring_bytes(64, 2), tmp_path).read_text()
+    assert not [d for d in verify_text(text, kernels_dir=kernels) if d.severity == "error"]
+    v = json.loads(text)
     assert {op: v["ops"][op]["impl"]["launches"][0]["module"] for op in probe.GEMV_OPS} == {
         op: "gemv_p2" if op == "gemv_norm_qkv" else "gemv_tma_c64_s2" for op in probe.GEMV_OPS}
+    # by default, a manifest with no GEMV op on `gemv` any more is refused, not written unchanged
+    with pytest.raises(ValueError, match=r"no decode GEMV op launches module `gemv` \(gemv.cu.s default form\)"):
+        probe.manifest_variant(tmp_path / "manifest-tma-all.json", kernels, builds["tma"], "none",
+                               probe.ring_bytes(64, 2), tmp_path)
+    assert not (tmp_path / "manifest-tma-none.json").exists()
 
 
 def test_probe_refuses_bad_specs(capsys):

@@ -186,7 +186,7 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
     launching the TMA module `cubin` (copied into `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same
     entry) with `ring` more bytes of dynamic shared memory after its own (rounded up to 128); modules no launch uses
     any more are dropped (the verifier refuses an unused module). Returns the path. Raises ValueError for an op of
-    `ops` that does not launch `gemv`."""
+    `ops` that does not launch `gemv`, and where `ops` is None and no decode GEMV op does."""
     v = json.loads(manifest.read_text())
     mod = "gemv_tma_" + cubin.stem.removeprefix("gemv_tma_")
     dst = kernels / f"{mod}.cubin"
@@ -196,12 +196,16 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
 
     if ops is None:
         ops = [op for op in GEMV_OPS if first_launch(op).get("module") == "gemv"]
+        if not ops:
+            raise ValueError(f"{manifest}: no decode GEMV op launches module `gemv` (gemv.cu's default form), which "
+                             f"a TMA module replaces (a manifest of `gen_qwen3.py --gemv gemv` is needed)")
     for op in ops:
         launch = first_launch(op)
-        if launch.get("module") != "gemv":
+        if (got := launch.get("module")) != "gemv":
             raise ValueError(f"{manifest}: op `{op}` does not launch module `gemv` (gemv.cu's default form) first but "
-                             f"`{launch.get('module')}`; a TMA module replaces only that (the TMA form has no row "
-                             f"passes: 4B's qkv is on gemv_p2 since session 18)")
+                             f"`{got}`; a TMA module replaces only that"
+                             + (" (the TMA form has no row passes: 4B's qkv is on gemv_p2 since session 18)"
+                                if str(got).startswith("gemv_p") else ""))
         launch["module"] = mod
         launch["shared_mem"] = ((launch.get("shared_mem", 0) + 127) & ~127) + ring
         if launch["shared_mem"] > SMEM_MAX:
