@@ -376,6 +376,31 @@ def test_gemv_u5_entry_missing_from_index(fake_kernels: Path, tmp_path: Path) ->
     _build("0.6b", d)  # 0.6B needs none of them
 
 
+def test_gemv_row_pass_entry_missing_or_stale(fake_kernels: Path, tmp_path: Path) -> None:
+    """An index without the row-pass entry (built before it) is refused for 4B, whose qkv needs it, with the entry
+    named, not silently replaced by the default entry; one whose `_p2` entry has another PASSES is a stale index.
+    0.6B needs none."""
+    d = tmp_path / "k"
+    d.mkdir()
+    for f in fake_kernels.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    full = json.loads((d / "index.json").read_text())
+    idx = copy.deepcopy(full)
+    del idx["kernels"]["kern_gemv_norm_m1_p2"]
+    (d / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(gen.GenError, match=r"op `gemv_norm_qkv` \(n = 6144, ksplit 1\) wants `kern_gemv_norm_m1_p2` "
+                                           r"\(gemv.cu in 2 row passes, tools/gemv_plan.py gemv_passes\), which the "
+                                           r"kernel index lacks: rebuild the kernels with tools/build_kernels.py"):
+        _build("4b", d)
+    _build("0.6b", d)
+    idx = copy.deepcopy(full)
+    idx["kernels"]["kern_gemv_norm_m1_p2"]["constexprs"]["PASSES"] = 3
+    (d / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(gen.GenError, match=r"kernel `kern_gemv_norm_m1_p2` in the index has PASSES 3, not 2: a stale "
+                                           r"index; rebuild the kernels with tools/build_kernels.py"):
+        _build("4b", d)
+
+
 def test_gemv_k_must_be_a_multiple_of_8(fake_kernels: Path) -> None:
     b = gen.ManifestBuilder(Qwen3Config.preset("0.6b"), gen.load_index(fake_kernels))
     with pytest.raises(gen.GenError, match=r"op `gemv_residual_down_proj`: k = 3076 is not a multiple of 8"):
