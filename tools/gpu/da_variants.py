@@ -2,7 +2,7 @@
 
 Runs on the GPU machine (torch, cuda.bindings, nvcc); `--dry-run` only builds the variants (no GPU):
 
-    python3 tools/gpu/da_variants.py --kernels DIR --variant base=GIT=HEAD --variant two=DA_PRE_PAGES=2 \\
+    python3 tools/gpu/da_variants.py --kernels DIR --variant base=GIT=HEAD --variant four=DA_PRE_PAGES=4 \\
         [--lengths 130 1024 4096 16384] [--rounds 6]
 
 Each `--variant NAME=SPEC[,SPEC...]` is one build of tools/kernels-src/decode_attention.cu (PDL form, -DKERN_PDL)
@@ -48,7 +48,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     empty name or a SPEC that is none of M=V, NOPDL, SRC=path, GIT=rev."""
     name, _, specs = text.partition("=")
     if not name:
-        raise ValueError(f"--variant {text!r}: NAME=SPEC[,SPEC...], e.g. two=DA_PRE_PAGES=2")
+        raise ValueError(f"--variant {text!r}: NAME=SPEC[,SPEC...], e.g. four=DA_PRE_PAGES=4")
     out = [s for s in specs.split(",") if s] if specs else []
     for s in out:
         if s != "NOPDL" and "=" not in s:
