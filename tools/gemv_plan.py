@@ -76,10 +76,30 @@ def gemv_passes(n: int, cols_per_warp: int, warps: int, ksplit: int, sms: int = 
     return 1
 
 
-def gemv_pass_entry(name: str, passes: int) -> str:
+def gemv_pass_entry(name: str, passes: int, constexprs_of=None, who: str = "this launch") -> str:
     """The kernel index name of entry `name` in `passes` row passes per block: `name` itself for 1, else its row-pass
-    instance `NAME_pP` (catalog._gemv_passes_kernels: `kern_gemv_norm_m1_p2`, whose PASSES constexpr is P)."""
-    return name if passes == 1 else f"{name}_p{passes}"
+    instance `NAME_pP` (catalog._gemv_passes_kernels: `kern_gemv_norm_m1_p2`, whose PASSES constexpr is P).
+
+    `constexprs_of` (optional): index name -> that kernel's constexprs, or None where the index has no such kernel.
+    Given it, a row-pass name is also checked against the index (gen_qwen3 and bench_kernels launch it so). Raises
+    ValueError: the index lacks it ("`who` wants `NAME_pP` ..."), gives it no PASSES, or another PASSES (a stale
+    index); each message says to rebuild the kernels."""
+    if passes == 1:
+        return name
+    pname = f"{name}_p{passes}"
+    if constexprs_of is None:
+        return pname
+    cx = constexprs_of(pname)
+    if cx is None:
+        raise ValueError(f"{who} wants `{pname}` (gemv.cu in {passes} row passes, tools/gemv_plan.py gemv_passes), which the "
+                         f"kernel index lacks: rebuild the kernels with tools/build_kernels.py")
+    if "PASSES" not in cx:
+        raise ValueError(f"kernel `{pname}`: the index gives no constexpr `PASSES` (needed for its grid); rebuild the "
+                         f"kernels with tools/build_kernels.py")
+    if (got := int(cx["PASSES"])) != passes:
+        raise ValueError(f"kernel `{pname}` in the index has PASSES {got}, not {passes}: a stale index; rebuild the "
+                         f"kernels with tools/build_kernels.py")
+    return pname
 
 
 def gemv_lane_loads(k: int, ksplit: int) -> int:

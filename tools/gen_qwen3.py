@@ -810,16 +810,11 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
                            f"kernels with tools/build_kernels.py")
         assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
         passes = gemv_passes(n, cols, warps_per_block, ksplit, sms=GEMV_SMS) if op in GEMV_OPS_BEFORE_ATTENTION else 1
-        if passes > 1:  # the row-pass module (gemv_plan.gemv_passes): room for the attention's CTAs beside it
-            pname = gemv_pass_entry(kname, passes)
-            if pname not in b.index:
-                raise GenError(f"op `{op}` (n = {n}, ksplit {ksplit}) wants `{pname}` (gemv.cu in {passes} row passes, "
-                               f"tools/gemv_plan.py gemv_passes), which the kernel index lacks: rebuild the kernels "
-                               f"with tools/build_kernels.py")
-            if (got := b.constexpr(pname, "PASSES")) != passes:
-                raise GenError(f"kernel `{pname}` in the index has PASSES {got}, not {passes}: a stale index; rebuild "
-                               f"the kernels with tools/build_kernels.py")
-            kname = pname
+        try:  # the row-pass module where gemv_plan.gemv_passes says so: room for the attention's CTAs beside it
+            kname = gemv_pass_entry(kname, passes, lambda nm: b.index[nm].constexprs if nm in b.index else None,
+                                    who=f"op `{op}` (n = {n}, ksplit {ksplit})")
+        except ValueError as e:
+            raise GenError(str(e)) from None
         grid = [gemv_blocks(n, cols, warps_per_block, ksplit, passes), 1, 1]
         launch = b.launch(op, iface, kname, grid, n=n, k=k, ksplit=ksplit, **wiring)
     if pdl:
