@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gemv_plan import gemv_blocks  # noqa: E402
 from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 MODULE = "gemv_pf0"
@@ -71,9 +72,9 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
         n_params = len(m["ops"][op]["params"])
         if ln.get("module") != "gemv":
             # a row-pass module (4B's qkv on gemv_p2 since session 18): the `_pf` entry is the default form, whose
-            # grid is the default's (ksplit the launch's last literal, 16 / ksplit rows per block)
+            # grid is the default's (ksplit the launch's last literal; 2 rows per warp group, 8 warps per block)
             n_out, ksplit = ln["args"][4 if "norm" in base else 3]["i32"], ln["args"][-1]["i32"]
-            ln["grid"] = [-(-n_out // (16 // ksplit)), 1, 1]
+            ln["grid"] = [gemv_blocks(n_out, 2, 8, ksplit), 1, 1]
         ln.update(module=MODULE, entry=entry)
         ln["params"] = [*ln["params"], "in buffer<bf16>", "u64"]
         ln["args"] = [*ln["args"], {"param": n_params}, {"u64": rows * k * 2}]
