@@ -223,6 +223,29 @@ def _pin_build(m: dict, module: str, new: str, file: str, kernels: Path, what: s
                            f"(rebuild it with -arch=sm_{old_arch})")
 
 
+def _op_specs(m: dict, specs: list[str], program: str, flag: str, form: str, parse=lambda spec, value: value):
+    """Each `OP=VALUE` of `specs` (--op-module's and --op-grid's form): yields (spec, op, parse(spec, VALUE)), OP
+    resolved in `program` as --drop's names are (resolve_op). Raises VariantError naming the spec: malformed
+    (`flag SPEC: expected FORM`), whatever `parse` or resolve_op raise, an op given twice."""
+    seen: set[str] = set()
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name or not value:
+            raise VariantError(f"{flag} {spec}: expected {form}")
+        parsed = parse(spec, value)
+        op = resolve_op(m, name, program, flag)
+        if op in seen:
+            raise VariantError(f"{flag} {spec}: op `{op}` is given twice")
+        seen.add(op)
+        yield spec, op, parsed
+
+
+def _also_in(m: dict, op: str, program: str) -> str:
+    """A note's tail naming the programs other than `program` that call `op` (they change too), or ""."""
+    others = [p for p, v in m["programs"].items() if p != program and op in {c["op"] for c in v["calls"]}]
+    return f"; it changes in {', '.join(others)} too" if others else ""
+
+
 def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = "decode") -> tuple[dict, list[str]]:
     """Manifest `m` (not modified) with the launches of each `OP=FILE`'s op loaded from KDIR/FILE instead of their
     module: a new module `MODULE__OP` (pinned by its sha256) for that op alone, so that one op of a shared module (the
@@ -232,16 +255,9 @@ def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = 
     malformed, an op the program does not call, an op whose launches use no module (a built-in) or several, an op given
     twice, a FILE that is missing or for another architecture."""
     out = copy.deepcopy(m)
-    seen: set[str] = set()
     notes: list[str] = []
-    for spec in specs:
-        name, sep, file = spec.partition("=")
-        if not sep or not name or not file:
-            raise VariantError(f"--op-module {spec}: expected OP=FILE (an op of `{program}`, a cubin in {kernels})")
-        op = resolve_op(out, name, program, "--op-module")
-        if op in seen:
-            raise VariantError(f"--op-module {spec}: op `{op}` is given twice")
-        seen.add(op)
+    for spec, op, file in _op_specs(out, specs, program, "--op-module",
+                                    f"OP=FILE (an op of `{program}`, a cubin in {kernels})"):
         launches = out["ops"][op]["impl"]["launches"]
         mods = list(dict.fromkeys(ln["module"] for ln in launches if ln.get("module")))
         if len(mods) != 1:
@@ -255,9 +271,7 @@ def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = 
         for ln in launches:
             if ln.get("module") == mods[0]:
                 ln["module"] = new
-        others = [p for p, v in out["programs"].items() if p != program and op in {c["op"] for c in v["calls"]}]
-        notes.append(f"op `{op}` now loads module `{new}` ({file})"
-                     + (f"; it changes in {', '.join(others)} too" if others else ""))
+        notes.append(f"op `{op}` now loads module `{new}` ({file})" + _also_in(out, op, program))
     prune(out)
     return out, notes
 
@@ -284,17 +298,9 @@ def set_op_grids(m: dict, specs: list[str], program: str = "decode") -> tuple[di
     positive, an op the program does not call, an op with other than one launch or whose launch has no grid (a
     built-in), an op given twice."""
     out = copy.deepcopy(m)
-    seen: set[str] = set()
     notes: list[str] = []
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        if not sep or not name or not value:
-            raise VariantError(f"--op-grid {spec}: expected OP=GX[,GY,GZ] (an op of `{program}`, e.g. qkv=192)")
-        grid = parse_grid(spec, value)
-        op = resolve_op(out, name, program, "--op-grid")
-        if op in seen:
-            raise VariantError(f"--op-grid {spec}: op `{op}` is given twice")
-        seen.add(op)
+    for spec, op, grid in _op_specs(out, specs, program, "--op-grid",
+                                    f"OP=GX[,GY,GZ] (an op of `{program}`, e.g. qkv=192)", parse_grid):
         launches = out["ops"][op]["impl"]["launches"]
         if len(launches) != 1:
             raise VariantError(f"--op-grid {spec}: op `{op}` has {len(launches)} launches; --op-grid sets the grid of "
@@ -303,9 +309,8 @@ def set_op_grids(m: dict, specs: list[str], program: str = "decode") -> tuple[di
             raise VariantError(f"--op-grid {spec}: op `{op}`'s launch has no grid (a built-in such as cuBLASLt)")
         old = launches[0]["grid"]
         launches[0]["grid"] = grid
-        others = [p for p, v in out["programs"].items() if p != program and op in {c["op"] for c in v["calls"]}]
         notes.append(f"op `{op}` now launches grid {json.dumps(grid)} (was {json.dumps(old)})"
-                     + (f"; it changes in {', '.join(others)} too" if others else ""))
+                     + _also_in(out, op, program))
     return out, notes
 
 
