@@ -36,6 +36,10 @@ PASSES = (2, 3)
 GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
 SENTINEL = 12352.0
 ENTRIES = [f"kern_gemv{v}_m1{u}" for v in ("_norm", "", "_residual") for u in ("", "_u5")]
+#: The m > 1 entries of the same module (speculative verification's rows; unused by the generator today): a row of x
+#: per m, each normalized on its own, y [M, n]
+MULTI = [f"kern_gemv{v}_m{m}" for v in ("_norm", "", "_residual") for m in (2, 4, 8)]
+MULTI_SHAPES = [(6144, 2560), (1000, 1024), (33, 8), (264, 2816)]
 #: (n, k): the 4B qkv, o, down, lm_head and 0.6B-sized shapes; n not a multiple of 16·P; k of 1, 33 and 352 loads per
 #: row (lane 0: 1, 2, 11 loads; stages per row pair S = 1, 1, 3 at U = 4 and 5; 2,560's S is 3 at U = 4, 2 at U = 5)
 SHAPES = [(6144, 2560), (2560, 4096), (2560, 9728), (151936, 2560), (4096, 1024), (1000, 1024), (24, 2560),
@@ -62,7 +66,7 @@ def fns():
     out = {}
     for P, cubin in data.items():
         mod = check(cu.cuModuleLoadData(cubin))
-        out[P] = {e: check(cu.cuModuleGetFunction(mod, e.encode())) for e in ENTRIES}
+        out[P] = {e: check(cu.cuModuleGetFunction(mod, e.encode())) for e in ENTRIES + MULTI}
     return out
 
 
@@ -89,12 +93,13 @@ def launch(f, grid: int, args: list, smem: int) -> None:
 
 
 def reference(entry: str, x, nw, w, res) -> torch.Tensor:
-    """The entry's output in float32 from the bf16 operands (the norm rounded where the kernel rounds)."""
+    """The entry's output in float32 from the bf16 operands (the norm rounded where the kernel rounds); x [k] or
+    [M, k] (each row normalized on its own), the result [n] or [M, n]."""
     xf = x.float()
     if "_norm" in entry:
-        xn = (xf * torch.rsqrt(xf.pow(2).mean() + EPS)).to(BF).float()
+        xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(BF).float()
         xf = (nw.float() * xn).to(BF).float()
-    y = w.float() @ xf
+    y = xf @ w.float().t()
     return res.float() + y.to(BF).float() if "_residual" in entry else y
 
 
@@ -121,6 +126,40 @@ def test_passes_entry_is_the_default_bit_for_bit(fns, entry: str, n: int, k: int
         assert bool((store[:GUARD] == SENTINEL).all() and (store[GUARD + n:] == SENTINEL).all()), (entry, P)
         assert not torch.isnan(store.float()).any(), (entry, P, "NaN left in the output")
         return store[GUARD:GUARD + n]
+
+    base = run(1)
+    ref = reference(entry, x, nw, w, res)
+    assert ((base.float() - ref).norm() / ref.norm()).item() < 2e-2, entry
+    for P in PASSES:
+        assert torch.equal(bits(run(P)), bits(base)), (entry, n, k, P)
+
+
+@pytest.mark.parametrize("entry", MULTI)
+@pytest.mark.parametrize(("n", "k"), MULTI_SHAPES, ids=[f"{n}x{k}" for n, k in MULTI_SHAPES])
+def test_passes_multi_row_entry_is_the_default_bit_for_bit(fns, entry: str, n: int, k: int) -> None:
+    """The m = 2, 4, 8 entries of the row-pass module: y [M, n] equal to the default module's bit for bit."""
+    m = int(entry.rsplit("_m", 1)[1])
+    x = torch.randn(m, k, device=DEV).to(BF)
+    nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF)
+    w = (torch.randn(n, k, device=DEV) * 0.02).to(BF)
+    res = torch.randn(m, n, device=DEV).to(BF)
+    size = m * n
+    store0 = torch.full((size + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
+    store0[GUARD:GUARD + size] = res.reshape(-1) if "_residual" in entry else float("nan")
+    smem = 2 * m * k if "_norm" in entry else 0
+
+    def run(P: int) -> torch.Tensor:
+        store = store0.clone()
+        y = store[GUARD:GUARD + size]
+        if "_residual" in entry or "_norm" not in entry:
+            args = [x, w, y, n, k, 1]
+        else:
+            args = [x, nw, w, y, n, k, EPS, 1]
+        launch(fns[P][entry], math.ceil(n / (16 * P)), args, smem)
+        torch.cuda.synchronize()
+        assert bool((store[:GUARD] == SENTINEL).all() and (store[GUARD + size:] == SENTINEL).all()), (entry, P)
+        assert not torch.isnan(store.float()).any(), (entry, P, "NaN left in the output")
+        return store[GUARD:GUARD + size].reshape(m, n)
 
     base = run(1)
     ref = reference(entry, x, nw, w, res)

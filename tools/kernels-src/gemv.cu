@@ -744,6 +744,25 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
 
+// The stores of a warp's R rows once their sums are final (acc holds the warp totals): lane r·M + m writes row r's
+// output m, y[m, row] = bf16(acc) (plain), or residual[m, row] = bf16(residual + bf16(acc)) in place (RESIDUAL, HF's
+// two roundings). Rows with valid[r] false (past n) write nothing. Both forms of gemv_rows use it.
+template <int M, bool RESIDUAL, typename Gate>
+__device__ __forceinline__ void store_rows(const float (&acc)[R][M], const long (&rows)[R], const bool (&valid)[R],
+                                           __nv_bfloat16 *__restrict__ y, int n, int lane, const Gate &gate) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            if (lane == r * M + m && valid[r]) {
+                const long i = (long)m * n + rows[r];
+                if (RESIDUAL)
+                    y[i] = tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m])));
+                else
+                    y[i] = tobf(acc[r][m]);
+            }
+}
+
 // The row-pass form (-DGEMV_PASSES=P, P = 2…8, a module of its own; tools/build_kernels.py builds P = 2: gemv_p2.cubin,
 // entry kern_gemv_norm_m1_p2, for the GEMV gemv_plan.gemv_passes picks: 4B's qkv): the plain, residual and norm entries
 // with the same params and bits, but each block owns P consecutive row units of 2·WARPS rows (ksplit must be 1),
@@ -791,20 +810,18 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+        long rows[R];
+        bool valid[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            rows[r] = base + (long)p * WARPS * R + r;
+            valid[r] = rows[r] < n;
+        }
+        store_rows<M, RESIDUAL>(acc, rows, valid, y, n, lane, gate);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-                const long row = base + (long)p * WARPS * R + r;
-                if (lane == r * M + m && row < n) {
-                    const long i = (long)m * n + row;
-                    if (RESIDUAL)
-                        y[i] = tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m])));
-                    else
-                        y[i] = tobf(acc[r][m]);
-                }
-                acc[r][m] = 0.f;
-            }
+            for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
     };
     uint4 a[R][U], b[R][U];
     ld(a, 0);
@@ -853,17 +870,7 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
     if (warp % ksplit != 0) return;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-            if (lane == r * M + m && valid[r]) {
-                const long i = (long)m * n + rows[r];
-                if (RESIDUAL)
-                    y[i] = tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m])));
-                else
-                    y[i] = tobf(acc[r][m]);
-            }
+    store_rows<M, RESIDUAL>(acc, rows, valid, y, n, lane, gate);
 #endif
 }
 
