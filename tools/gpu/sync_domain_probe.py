@@ -26,7 +26,10 @@ cuGraphKernelNodeSetAttribute(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP) between c
               from its predecessor's (the decode attention's 137 KB CTAs after a GEMV's 5 KB blocks) may have to wait
               for whole SMs to drain; one configuration for every kernel would let them co-reside (NOTES.md 19–20:
               100 on the GEMV chain alone cost it its L1).
-    A+B       both (e.g. alt2+co72)
+    coP@OP[,OP]  the same for the functions the named decode ops launch only (e.g. co72@gemv_norm_qkv); ops that share a
+              function share its carveout (give one its own module copy with tools/manifest_whatif.py --op-module and
+              time that manifest with --manifest)
+    A+B       several (e.g. alt2+co72, co100@attention_decode_rope+co72@gemv_norm_qkv)
 
 Prints per mode the ms/token of every round, the median, the difference from `default`'s median and whether the
 tokens equal default's. A probe, not a kern feature: the runtime is patched in this process only.
@@ -48,17 +51,20 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 DOMAIN_MODES = ("default", "same1", "alt2", "cycle4")
 
 
-def parse_mode(mode: str) -> tuple[str, int | None]:
-    """(domain mode, carveout percent or None) of a mode string; raises ValueError naming a bad part."""
-    dom, co = "default", None
+def parse_mode(mode: str) -> tuple[str, dict[str | None, int]]:
+    """(domain mode, {op name or None for every function: carveout percent}) of a mode string; raises ValueError
+    naming a bad part."""
+    dom, co = "default", {}
     for part in mode.split("+"):
+        pct, _, ops = part.partition("@")
         if part in DOMAIN_MODES:
             dom = part
-        elif part.startswith("co") and part[2:].isdigit() and 0 <= int(part[2:]) <= 100:
-            co = int(part[2:])
+        elif pct.startswith("co") and pct[2:].isdigit() and 0 <= int(pct[2:]) <= 100 and (ops or "@" not in part):
+            for op in ops.split(",") if ops else [None]:
+                co[op] = int(pct[2:])
         else:
-            raise ValueError(f"mode {mode!r}: {part!r} is neither a domain mode ({', '.join(DOMAIN_MODES)}) nor coP "
-                             "with P in 0..100")
+            raise ValueError(f"mode {mode!r}: {part!r} is neither a domain mode ({', '.join(DOMAIN_MODES)}) nor "
+                             "coP[@OP,...] with P in 0..100")
     return dom, co
 
 
@@ -92,15 +98,29 @@ def patch_runtime(mode: str) -> dict:
 
     stats = {"graphs": 0, "kernel_nodes": 0, "domains": set(), "domain_count": None, "carveout_functions": 0}
 
-    if carveout is not None:
+    if carveout:
         load = kr.Runtime._load
 
         def _load(self, *args, **kw):
             load(self, *args, **kw)
-            for h in {int(e.handle): e.handle for e in self.entries.values()}.values():
+            by_handle: dict[int, tuple] = {}
+            unknown = {op for op in carveout if op is not None} - {op for op, _ in self.entries}
+            if unknown:
+                raise SystemExit(f"sync_domain_probe: no op {sorted(unknown)} in the manifest "
+                                 f"(ops: {sorted({op for op, _ in self.entries})})")
+            for (op, _), e in self.entries.items():
+                pct = carveout.get(op, carveout.get(None))
+                if pct is None:
+                    continue
+                key = int(e.handle)
+                if key in by_handle and by_handle[key][1] != pct:
+                    raise SystemExit(f"sync_domain_probe: op {op} shares entry `{e.entry}` with op {by_handle[key][2]},"
+                                     f" which was given carveout {by_handle[key][1]}, not {pct}")
+                by_handle[key] = (e.handle, pct, op)
+            for h, pct, op in by_handle.values():
                 ok(drv.cuFuncSetAttribute(
-                    h, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout),
-                    f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT = {carveout})")
+                    h, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, pct),
+                    f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT = {pct}) for op {op}")
                 stats["carveout_functions"] += 1
 
         kr.Runtime._load = _load
@@ -151,7 +171,7 @@ def child(a) -> None:
 
     stats = patch_runtime(a.child)
     p = paths(a.work, a.geometry)
-    got = time_one(a.work, a.geometry, p["manifest"], p["kernels"], a.context, a.steps)
+    got = time_one(a.work, a.geometry, a.manifest or p["manifest"], p["kernels"], a.context, a.steps)
     got["stats"] = {**stats, "domains": sorted(stats["domains"])}
     print(json.dumps(got))
 
@@ -161,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--geometry", default="4b")
     ap.add_argument("--mode", action="append", help="modes to time (default: the domain modes; `default` always)")
+    ap.add_argument("--manifest", type=Path, help="another manifest of the model (default: the work dir's), verified "
+                    "against the work dir's kernels when loaded")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=256)
@@ -181,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in modes:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--work", str(a.work), "--geometry", a.geometry,
                    "--context", str(a.context), "--steps", str(a.steps), "--child", m]
+            if a.manifest:
+                cmd += ["--manifest", str(a.manifest)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             last = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
             if done.returncode or not last:
