@@ -41,10 +41,10 @@ _ARG_KINDS = ARG_KINDS  # backwards-compatible private alias
 OFFSET_KINDS: frozenset[str] = frozenset(("scratch", "buf", "state"))
 _OFFSET_KINDS = OFFSET_KINDS
 
-#: Launch fields of the kernel form (all but `shared_mem` required there, all absent in the
-#: extern form). The `pdl` flag (default false) is not among them: kern-verify refuses
-#: `"pdl": true` on an extern launch with its own code.
-KERNEL_LAUNCH_FIELDS: tuple[str, ...] = ("module", "entry", "params", "block", "grid", "shared_mem")
+#: Launch fields of the kernel form (the first five required there, `shared_mem` and `carveout`
+#: optional; all absent in the extern form). The `pdl` flag (default false) is not among them:
+#: kern-verify refuses `"pdl": true` on an extern launch with its own code.
+KERNEL_LAUNCH_FIELDS: tuple[str, ...] = ("module", "entry", "params", "block", "grid", "shared_mem", "carveout")
 
 Number = int | float
 
@@ -230,8 +230,9 @@ class Launch(_Base, kw_only=True):
 
     Kernel launch: `module`, `entry` (cubin symbol), `params` (the kernel's real parameter
     list, type strings), `block` [x, y, z], `grid` [E, E, E], optional `shared_mem`
-    (dynamic shared memory, bytes), optional `pdl` (programmatic dependent launch, default
-    false; omitted from `dump` when false), `args`. Built-in: `extern` (e.g.
+    (dynamic shared memory, bytes), optional `carveout` (the preferred shared-memory carveout,
+    percent), optional `pdl` (programmatic dependent launch, default false; omitted from `dump`
+    when false), `args`. Built-in: `extern` (e.g.
     `cublaslt.gemm_bf16_tn`) and `args` only (`"pdl": true` on a built-in decodes, and
     kern-verify refuses it with its own code, E0090).
 
@@ -245,6 +246,16 @@ class Launch(_Base, kw_only=True):
     block: Dim3 | None = None
     grid: Grid3 | None = None
     shared_mem: Annotated[int, Meta(description="Dynamic shared memory in bytes (≤ 232448).")] | None = None
+    carveout: Annotated[
+        int,
+        Meta(description="The launch's preferred shared-memory carveout (kernel launches only; absent: the "
+             "driver's choice, which maximizes the kernel's own occupancy): percent 0..100 of the device's maximum "
+             "shared memory per SM, CUDA's CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT. 0 asks for the "
+             "smallest shared-memory configuration that fits the launch's blocks, i.e. the most L1; 100 for the "
+             "most shared memory. A hint: the driver rounds it to a supported configuration and raises it where a "
+             "block needs more. An SM runs one configuration at a time, so a launch's configuration also sets the "
+             "L1 of whatever runs beside it on that SM."),
+    ] | None = None
     pdl: Annotated[
         bool,
         Meta(description="Programmatic dependent launch (kernel launches only; default false): the launch may "
