@@ -78,7 +78,7 @@ kernel_launches = st.builds(
     Launch,
     module=names, entry=names, params=st.lists(param_types, max_size=4),
     block=st.lists(small_ints, min_size=3, max_size=3), grid=st.lists(exprs, min_size=3, max_size=3),
-    shared_mem=st.none() | small_ints, pdl=st.booleans(), args=arg_lists,
+    shared_mem=st.none() | small_ints, carveout=st.none() | small_ints, pdl=st.booleans(), args=arg_lists,
 )
 extern_launches = st.builds(Launch, extern=names, args=arg_lists)
 impls = st.builds(
@@ -144,7 +144,7 @@ def test_dump_keeps_map_order_and_omits_defaults():
 
 
 def test_committed_examples_dump_byte_identically():
-    """The optional launch fields (`shared_mem`, `pdl`) are omitted at their defaults, so
+    """The optional launch fields (`shared_mem`, `carveout`, `pdl`) are omitted at their defaults, so
     adding a field never changes an existing manifest's canonical text."""
     from pathlib import Path
 

@@ -184,7 +184,7 @@ def test_kernel_launch_lists_all_missing_fields():
         dec(Launch, {k: v for k, v in KERNEL.items() if k != "args"})
 
 
-@pytest.mark.parametrize("extra", ["module", "entry", "params", "block", "grid", "shared_mem"])
+@pytest.mark.parametrize("extra", ["module", "entry", "params", "block", "grid", "shared_mem", "carveout"])
 def test_extern_launch_refuses_kernel_fields(extra):
     doc = {"extern": "cublaslt.gemm_bf16_tn", "args": [], extra: KERNEL.get(extra, 0)}
     with pytest.raises(msgspec.ValidationError, match=f"only `extern` and `args`; remove `{extra}`"):
@@ -210,6 +210,31 @@ def test_pdl_on_an_extern_decodes_for_the_verifier_to_refuse():
     # the form is valid (a boolean on a launch); kern-verify reports E0090 with its own hint
     ext = dec(Launch, {"extern": "cublaslt.gemm_bf16_tn", "args": [], "pdl": True})
     assert ext.is_extern and ext.pdl is True
+
+
+def test_carveout_is_optional_and_omitted_when_absent():
+    launch = dec(Launch, KERNEL)
+    assert launch.carveout is None
+    assert "carveout" not in msgspec.json.decode(msgspec.json.encode(launch))  # existing manifests dump unchanged
+    for pct in (0, 50, 100):
+        on = dec(Launch, {**KERNEL, "carveout": pct})
+        assert on.carveout == pct and msgspec.json.decode(msgspec.json.encode(on))["carveout"] == pct
+        assert dec(Launch, msgspec.json.decode(msgspec.json.encode(on))) == on
+    # the range 0..100 is the verifier's (E0095), like shared_mem's: the form only asks for an int
+    assert dec(Launch, {**KERNEL, "carveout": 101}).carveout == 101
+
+
+@pytest.mark.parametrize("value, got", [(50.0, "float"), ("50", "str"), (True, "bool")])
+def test_carveout_is_an_int(value, got):
+    with pytest.raises(msgspec.ValidationError, match=rf"Expected `int \| null`, got `{got}`"):
+        dec(Launch, {**KERNEL, "carveout": value})
+
+
+def test_carveout_on_an_extern_is_refused_at_decode():
+    with pytest.raises(msgspec.ValidationError, match="only `extern` and `args`; remove `carveout`"):
+        dec(Launch, {"extern": "cublaslt.gemm_bf16_tn", "args": [], "carveout": 0})
+    with pytest.raises(ValueError, match="remove `shared_mem`, `carveout`"):
+        Launch(extern="cublaslt.gemm_bf16_tn", args=[], shared_mem=0, carveout=100)
 
 
 @pytest.mark.parametrize("field", ["block", "grid"])

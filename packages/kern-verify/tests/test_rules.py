@@ -130,6 +130,12 @@ CASES = [
     ("grid-two-dims", "launch", lambda d: launch(d, "rms_norm")["grid"].pop(), [("E0033", "ops.rms_norm.impl.launches[0].grid")]),
     ("shared-mem", "launch", lambda d: launch(d, "rms_norm").update(shared_mem=232449),
      [("E0034", "ops.rms_norm.impl.launches[0].shared_mem")]),
+    ("carveout-over-100", "launch", lambda d: launch(d, "rms_norm").update(carveout=101),
+     [("E0095", "ops.rms_norm.impl.launches[0].carveout")]),
+    ("carveout-negative", "launch", lambda d: launch(d, "rms_norm").update(carveout=-1),
+     [("E0095", "ops.rms_norm.impl.launches[0].carveout")]),
+    ("extern-with-carveout", "gemm", lambda d: launch(d, "gemm").update(carveout=0),
+     [("E0031", "ops.gemm.impl.launches[0]")]),
     ("launch-arity", "launch", lambda d: launch(d, "rms_norm")["args"].pop(), [("E0035", "ops.rms_norm.impl.launches[0].args")]),
     ("extern-extra-arg", "gemm", lambda d: launch(d, "gemm")["args"].append({"i32": 1}), [("E0035", "ops.gemm.impl.launches[0].args")]),
     ("extern-missing-arg", "gemm", lambda d: launch(d, "gemm")["args"].pop(),
@@ -294,6 +300,36 @@ def test_pdl_after_a_kernel_is_clean(mutate):
         assert found(diags) == [("E0091", "programs.decode.calls[0]")]
     else:
         assert diags == []
+
+
+@pytest.mark.parametrize("carveout", [0, 50, 100])
+def test_carveout_in_range_is_clean(carveout):
+    d = fixture("launch")
+    launch(d, "rms_norm").update(carveout=carveout, shared_mem=1024)
+    assert check(d) == []
+
+
+def test_carveout_error_names_op_launch_and_value():
+    d = fixture("launch")
+    launch(d, "rms_norm").update(carveout=150)
+    (diag,) = check(d)
+    assert diag.code == "E0095" and diag.severity == "error"
+    assert "op `rms_norm` launch 0" in diag.message and "carveout 150 is outside 0..100" in diag.message
+    assert "0 (the most L1)" in diag.hint and "100 (the most shared memory)" in diag.hint
+    assert "omit it for the driver's choice" in diag.hint
+
+
+@pytest.mark.parametrize("field", ["shared_mem", "carveout"])
+def test_extern_launch_with_kernel_field_set_in_python_is_e0031(field):
+    """Decoding refuses `shared_mem`/`carveout` on an extern (E0031 above); a Launch changed after construction
+    (its `__post_init__` does not run again) still gets E0031 from the rule, at the field."""
+    from kern_schema import decode
+    from kern_verify import verify
+    from verify_helpers import text_of
+
+    m = decode(text_of(fixture("gemm")))
+    setattr(m.ops["gemm"].impl.launches[0], field, 0)
+    assert found(verify(m)) == [("E0031", f"ops.gemm.impl.launches[0].{field}")]
 
 
 def test_pdl_warning_names_the_builtin():

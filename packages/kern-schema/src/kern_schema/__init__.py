@@ -49,7 +49,7 @@ from .manifest import (
 from .params import DIRECTIONS, ParamType, ParamTypeError, parse_param_type
 from .source import DuplicateKey, Path, Position, SourceMap, SourceScanError, format_path
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "DTYPES", "POINTER_SIZE", "SCALARS", "ScalarType",

@@ -7,7 +7,8 @@ E002x type strings and expressions (and E0022, the buffer class: E001x was
 full), E003x launches (group 5), E004x impl against interface (group 6), E005x
 calls (group 7), E006x program dataflow (group 8), E007x unused declarations
 (group 9), E008x cubin checks (`--kernels`), E009x launch attributes
-(programmatic dependent launch, `pdl`), E0099 internal errors.
+(programmatic dependent launch, `pdl`; the shared-memory carveout, E0095) and the
+cubin checks that did not fit E008x (E0092–E0094), E0099 internal errors.
 """
 
 from __future__ import annotations
@@ -348,6 +349,14 @@ _CODES: list[Code] = [
          "(cuFuncSetAttribute), so every launch would fail. (kern's runtime raises that attribute whenever static + "
          "dynamic exceeds the 48 KB default, not only the dynamic part.)",
          '"shared_mem": 229376    // the kernel also declares __shared__ float buf[2048] (8 KB)'),
+    Code("E0095", "error", "carveout outside 0..100",
+         "A kernel launch's `carveout` (the preferred shared-memory carveout, CUDA's "
+         "CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) is a percent of the device's maximum shared memory "
+         "per SM: 0 asks for the smallest shared-memory configuration that fits the launch's blocks (the most L1), "
+         "100 for the most shared memory; no other value means anything (the driver's default, -1 in CUDA's "
+         "runtime API, is spelled by omitting the field). Within the range it is a hint: the driver rounds it to "
+         "a supported configuration and raises it where a block needs more.",
+         '"shared_mem": 140288, "carveout": 150    // 100 is the most shared memory'),
     Code("E0099", "error", "internal verifier error",
          "The verifier itself failed on this input. This is a bug in kern-verify; please report it with "
          "the manifest.",

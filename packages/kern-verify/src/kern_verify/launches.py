@@ -2,8 +2,8 @@
 (group 6).
 
 Launch: module known (E0030), well-formed (E0031), block (E0032), grid (E0033),
-shared memory (E0034), argument count (E0035) and each argument against its launch
-param (E0036–E0040, E0053), extern name and signature (E0039).
+shared memory (E0034), shared-memory carveout (E0095), argument count (E0035) and each
+argument against its launch param (E0036–E0040, E0053), extern name and signature (E0039).
 Impl: no write through an `in` param (E0037), `out` params written (E0041) and not
 read before (E0046), every interface param used (E0042), scratch fits (E0043), is
 written before read (E0044) and used (E0045); over-wide directions warn (E0047); an impl has a launch (E0048).
@@ -24,6 +24,7 @@ from .externs import EXTERNS
 MAX_SHARED = 232448
 GRID_MAX = (2**31 - 1, 65535, 65535)
 BLOCK_MAX = (1024, 1024, 64)
+CARVEOUT_MAX = 100  # percent of the device's maximum shared memory per SM
 _KERNEL_FIELDS = ("module", "entry", "params", "block", "grid")
 
 
@@ -124,7 +125,7 @@ def _launch(ctx: Context, oname: str, op: Op, iface: list[ParamType | None], li:
     params: list[ParamType | None] | None
     if launch.extern is not None:
         what = f"op `{oname}` launch {li} (extern `{launch.extern}`)"
-        for f in _KERNEL_FIELDS + ("shared_mem",):
+        for f in _KERNEL_FIELDS + ("shared_mem", "carveout"):
             if getattr(launch, f) is not None:
                 r.add("E0031", lpath + (f,), f"{what}: an extern launch takes no `{f}`",
                       "an extern launch has only `extern` and `args`")
@@ -158,6 +159,10 @@ def _launch(ctx: Context, oname: str, op: Op, iface: list[ParamType | None], li:
         if launch.shared_mem is not None and not 0 <= launch.shared_mem <= MAX_SHARED:
             r.add("E0034", lpath + ("shared_mem",), f"{what}: shared_mem {launch.shared_mem} bytes is outside 0..{MAX_SHARED}",
                   "sm_90 allows at most 227 KiB (232448 bytes) of shared memory per block")
+        if launch.carveout is not None and not 0 <= launch.carveout <= CARVEOUT_MAX:
+            r.add("E0095", lpath + ("carveout",), f"{what}: carveout {launch.carveout} is outside 0..{CARVEOUT_MAX}",
+                  "the carveout is a percent of the maximum shared memory per SM: 0 (the most L1) … 100 (the most "
+                  "shared memory); omit it for the driver's choice")
         params = [parse_type(t) for t in launch.params] if launch.params is not None else None
         if params is not None and len(launch.args) != len(params):
             r.add("E0035", lpath + ("args",), f"{what}: {len(launch.args)} args for {len(params)} declared params",
