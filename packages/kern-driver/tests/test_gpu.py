@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from kern_driver import KernDriverError, Runtime
-from kern_driver.testing import (CLUSTER16_CU, SMEM_CU, PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
-                                 vadd_manifest, write_safetensors)
+from kern_driver.testing import (CLUSTER16_CU, SMEM_CU, PDL_CU, RESIDENT_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16,
+                                 gemm_manifest, peak_residency, resident_manifest, sha256, to_bf16, vadd_manifest,
+                                 write_safetensors)
 
 pytestmark = pytest.mark.gpu
 
@@ -351,6 +352,62 @@ def test_pdl_takes_effect(tmp_path, pdl_cubin):
         np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
         g = rt.capture("main", n=n)
         assert g.programmatic_edges == 0
+
+
+# ---------------------------------------------------------------- shared-memory carveout
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["carveout", "pdl+carveout"])
+def test_carveout_consumer_computes_the_same_eagerly_and_in_a_graph(tmp_path, pdl_cubin, pdl):
+    """The pdl pair with `"carveout": 0` on the consumer (through cuLaunchKernelEx, alone or beside the pdl
+    attribute): the results are those of the plain launch, eagerly and in a graph."""
+    rt, w = load_pdl(tmp_path, pdl_cubin, spin=SPIN, trigger_early=True, wait=True, pdl=pdl, carveout=0)
+    with rt:
+        text = rt.describe()
+        assert "carveout 0%" in text and "1 with a carveout" in text
+        assert ("PDL (programmatic dependent launch)" in text) is pdl
+        for n in (1, 1000, N_MAX):
+            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+            rt.write_input("x", x, prefix=True)
+            rt.run("main", n=n)
+            np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+        n = 3000
+        g = rt.capture("main", n=n)
+        assert g.programmatic_edges == (1 if pdl else 0), repr(g)
+        x = np.random.default_rng(300).standard_normal(n).astype(np.float32)
+        rt.write_input("x", x, prefix=True)
+        g.replay()
+        np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+
+
+@pytest.fixture(scope="module")
+def resident_cubin(tmp_path_factory):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    return build_cubin(RESIDENT_CU, tmp_path_factory.mktemp("k") / "resident.cubin")
+
+
+def test_carveout_takes_effect_eagerly_and_in_a_graph(tmp_path, resident_cubin):
+    """The control experiment: blocks with 40 KB of dynamic shared memory (41 KB with sm_90's reserved 1 KB) fit
+    five to an SM in the 228 KB configuration the driver picks by default and with carveout 100, but one at a time
+    with carveout 0 (the smallest configuration that fits a block: 64 KB). Each launch's blocks record when they
+    ran on which SM; the peak per SM shows the configuration, so this fails if the attribute is dropped, eagerly
+    or by stream capture."""
+    peaks = {}
+    for carveout in (None, 0, 100):
+        d = tmp_path / f"c{carveout}"
+        d.mkdir()
+        (d / "resident.cubin").write_bytes(resident_cubin)
+        (d / "m.json").write_text(json.dumps(resident_manifest(sha256(resident_cubin), carveout=carveout)))
+        with Runtime.load(d / "m.json", d, None) as rt:
+            blocks = 2048  # ≥ 5 per SM on any H100/H200: every SM fills up
+            rt.run("main", blocks=blocks)
+            eager = peak_residency(rt.read_output("out"))
+            rt.run("main", graph=True, blocks=blocks)
+            graph = peak_residency(rt.read_output("out"))
+        peaks[carveout] = (eager, graph)
+    assert peaks[0] == (1, 1), peaks
+    assert min(peaks[None]) >= 2 and min(peaks[100]) >= 2, peaks
 
 
 # ---------------------------------------------------------------- static + dynamic shared memory over 48 KB

@@ -18,8 +18,8 @@ from kern_driver import FakeModuleTable, KernDriverError, prepare
 from kern_driver.plan import layout
 from kern_driver.resolve import Dyn, Ptr, check_vars, resolve_entries, resolve_program
 from kern_driver.staging import StagedProgram, pack_scalar
-from kern_driver.testing import (CLUSTER16_CU, PDL_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest, sha256, to_bf16,
-                                 vadd_manifest, write_safetensors)
+from kern_driver.testing import (CLUSTER16_CU, PDL_CU, RESIDENT_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16, gemm_manifest,
+                                 peak_residency, resident_manifest, sha256, to_bf16, vadd_manifest, write_safetensors)
 from kern_driver.weights import read_header
 
 BASE = 0x7F00_0000_0000
@@ -234,6 +234,84 @@ def test_pdl_launch_config_is_built_once_with_the_attribute():
     # the parameters are staged exactly as for cuLaunchKernel
     w, y, z, n, wait = struct.unpack("<QQQii", sp.param_bytes(1))
     assert (n, wait) == (257, 1) and sp.sizes[1] == 32
+
+
+def test_carveout_reaches_the_steps_and_makes_an_ex_step():
+    _, _, sp = staged_pdl(pdl=False, carveout=0)
+    assert [(s.pdl, s.carveout, s.ex) for s in sp.steps] == [(False, None, False), (False, 0, True)]
+    assert sp.pdl_steps == [] and sp.ex_steps == [1]
+    assert sp.steps[1].attributes_text() == "carveout 0"
+    _, _, both = staged_pdl(carveout=100)
+    assert both.pdl_steps == [1] and both.ex_steps == [1]
+    assert both.steps[1].attributes_text() == "programmatic dependent launch, carveout 100"
+    _, _, neither = staged_pdl(pdl=False)
+    assert [s.ex for s in neither.steps] == [False, False] and neither.ex_steps == [] and neither.make_configs(0) == {}
+
+
+def test_carveout_only_launch_config_has_exactly_the_carveout_attribute():
+    drv = pytest.importorskip("cuda.bindings.driver")
+    _, _, sp = staged_pdl(pdl=False, carveout=0)
+    cfgs = sp.make_configs(drv.CUstream(0x1234))
+    assert list(cfgs) == [1]
+    cfg = cfgs[1]
+    assert (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ) == (256, 1, 1) and int(cfg.hStream) == 0x1234
+    assert cfg.numAttrs == 1
+    (attr,) = cfg.attrs
+    assert attr.id == drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    assert attr.value.sharedMemCarveout == 0
+    sp.refresh({"n": 1000})  # a var-dependent grid is kept current as for pdl launches
+    assert sp.configs[1] is cfg and (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ) == (4, 1, 1)
+
+
+def test_pdl_and_carveout_launch_config_has_both_attributes():
+    drv = pytest.importorskip("cuda.bindings.driver")
+    _, _, sp = staged_pdl(carveout=37)
+    cfg = sp.make_configs(drv.CUstream(0))[1]
+    assert cfg.numAttrs == 2
+    pdl, carve = cfg.attrs
+    assert pdl.id == drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert pdl.value.programmaticStreamSerializationAllowed == 1
+    assert carve.id == drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    assert carve.value.sharedMemCarveout == 37
+
+
+def test_carveout_outside_0_100_is_refused_before_the_bindings():
+    """kern-verify refuses it (E0095) before load; a Step built around the verifier still gets a clear error."""
+    from kern_driver.staging import launch_config
+
+    _, _, sp = staged_pdl(pdl=False, carveout=0)
+    step = sp.steps[1]
+    step.carveout = -1
+    with pytest.raises(KernDriverError) as e:
+        launch_config(step, (1, 1, 1), 0)
+    assert "carveout -1 is outside 0..100" in str(e.value) and "call `consume`" in str(e.value)
+
+
+def test_carveout_out_of_range_is_refused_by_prepare(tmp_path):
+    d = pdl_manifest("0" * 64, carveout=101)
+    (tmp_path / "m.json").write_text(json.dumps(d))
+    with pytest.raises(KernDriverError) as e:
+        prepare(tmp_path / "m.json", tmp_path, [])
+    assert "E0095" in str(e.value)
+
+
+def test_resident_test_manifest_verifies_and_matches_the_real_cubin(tmp_path):
+    """The GPU test of the carveout's effect (test_gpu.py) runs this manifest: it must load as written."""
+    for carveout in (None, 0, 100):
+        assert [str(d) for d in verify(manifest(resident_manifest("0" * 64, carveout=carveout)))] == []
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    cubin = build_cubin(RESIDENT_CU, tmp_path / "resident.cubin")
+    from kern_verify import verify_text
+    assert [str(d) for d in verify_text(json.dumps(resident_manifest(sha256(cubin), carveout=0)), kernels_dir=tmp_path)] == []
+    entries = resolve_entries(manifest(resident_manifest(sha256(cubin))), FakeModuleTable.from_cubins({"resident": cubin}))
+    assert [(s.offset, s.size) for s in entries[("resident", 0)].layout] == [(0, 8), (8, 8)]
+
+
+def test_peak_residency_counts_overlapping_blocks_per_sm():
+    out = np.array([[0, 0, 10], [0, 5, 15], [0, 15, 20], [1, 0, 10], [1, 0, 10], [1, 0, 10], [2, 3, 4]])
+    assert peak_residency(out) == 3  # SM 1: three at once; SM 0: two (one ending as the next starts is not overlap)
+    assert peak_residency(out[:3]) == 2 and peak_residency(out.ravel()[:3]) == 1
 
 
 def test_pdl_test_manifest_verifies_and_matches_the_real_cubin(tmp_path):

@@ -26,7 +26,7 @@ from .reads import PendingRead
 from .resolve import EXTERNS, FakeModuleTable
 from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "PendingRead", "Prepared",

@@ -217,6 +217,9 @@ class Step:
         grid: 3 expressions (kernel launches), block, shared_mem.
         pdl: programmatic dependent launch (the launch's `"pdl": true`): launched with
             `cuLaunchKernelEx` and `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
+        carveout: the launch's preferred shared-memory carveout, percent 0..100 of the device's
+            maximum shared memory per SM (its `"carveout"`), or None (the CUDA driver's choice):
+            launched with `cuLaunchKernelEx` and `CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`.
     """
 
     program: str
@@ -232,6 +235,20 @@ class Step:
     block: tuple[int, int, int] = (1, 1, 1)
     shared_mem: int = 0
     pdl: bool = False
+    carveout: int | None = None
+
+    @property
+    def ex(self) -> bool:
+        """True for a kernel launch that goes through `cuLaunchKernelEx`: it has a launch
+        attribute (`pdl`, `carveout`)."""
+        return self.extern is None and (self.pdl or self.carveout is not None)
+
+    def attributes_text(self) -> str:
+        """The launch attributes in words, e.g. "programmatic dependent launch, carveout 0" ("" without any)."""
+        parts = ["programmatic dependent launch"] if self.pdl else []
+        if self.carveout is not None:
+            parts.append(f"carveout {self.carveout}")
+        return ", ".join(parts)
 
     def where(self) -> str:
         """`program P, call LABEL (#i, op O), launch j (module M, entry E)`."""
@@ -359,6 +376,7 @@ def resolve_program(
                 step.block = tuple(launch.block or [1, 1, 1])  # type: ignore[assignment]
                 step.shared_mem = launch.shared_mem or 0
                 step.pdl = bool(launch.pdl)
+                step.carveout = launch.carveout
             steps.append(step)
     return steps
 

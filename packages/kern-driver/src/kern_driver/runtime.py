@@ -22,10 +22,12 @@ same way on any machine:
 
 `run` then only re-packs var-dependent slots (when the values changed) and
 enqueues `cuLaunchKernel`s and cuBLASLt matmuls on the runtime's own stream.
-Launches with `"pdl": true` go through `cuLaunchKernelEx` with a launch
-configuration built at load (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`
-= 1): they may begin while the previous kernel drains, and a captured graph keeps
-that as a programmatic edge.
+Launches with launch attributes go through `cuLaunchKernelEx` with a launch
+configuration built at load, one attribute per feature: `"pdl": true`
+(`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` = 1) may begin while the
+previous kernel drains, and a captured graph keeps that as a programmatic edge;
+`"carveout": P` (`CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` = P) asks for
+the shared-memory configuration of the SMs it runs on.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def shared_opt_ins(needs: dict[Any, tuple[int, str]], static: dict[Any, int], de
 LAUNCH_MODES = ("packed", "params")
 
 # kinds of the prepared launch items (`Runtime._build_items`), compared by identity
-_KERNEL, _PDL, _EXTERN = "kernel", "pdl", "extern"
+_KERNEL, _EX, _EXTERN = "kernel", "ex", "extern"
 
 
 @dataclass
@@ -434,7 +436,7 @@ class Runtime:
         for name in m.programs:
             steps = resolve_program(m, name, p, self._arena, self.entries)
             staged = StagedProgram(steps)
-            staged.make_configs(self._stream)  # CUlaunchConfig of each pdl launch, once
+            staged.make_configs(self._stream)  # CUlaunchConfig of each pdl / carveout launch, once
             prog = _Program(name, staged, set(staged.vars), writes=written_buffers(m, name))
             self._programs[name] = prog
             self._build_items(prog)
@@ -442,8 +444,9 @@ class Runtime:
                 self._plan_gemms(prog, {})
 
     def _build_items(self, prog: _Program) -> None:
-        # items[i][0] is the kind: _KERNEL (cuLaunchKernel), _PDL (cuLaunchKernelEx with the
-        # step's prebuilt CUlaunchConfig) or _EXTERN (cuBLASLt); the last field is the step index
+        # items[i][0] is the kind: _KERNEL (cuLaunchKernel), _EX (cuLaunchKernelEx with the
+        # step's prebuilt CUlaunchConfig: pdl and/or carveout) or _EXTERN (cuBLASLt); the last
+        # field is the step index
         items: list[tuple] = []
         st = prog.staged
         for i, s in enumerate(st.steps):
@@ -451,8 +454,8 @@ class Runtime:
                 items.append((_EXTERN, i, s.extern.endswith("_acc")))
                 continue
             kp, ex = (0, st.extra_addr(i)) if self.launch_mode == "packed" else (st.kparams_addr(i), 0)
-            if s.pdl:
-                items.append((_PDL, st.configs[i], s.entry.handle, kp, ex, i))  # type: ignore[union-attr]
+            if s.ex:
+                items.append((_EX, st.configs[i], s.entry.handle, kp, ex, i))  # type: ignore[union-attr]
                 continue
             bx, by, bz = s.block
             items.append((_KERNEL, s.entry.handle, bx, by, bz, s.shared_mem, kp, ex, i))  # type: ignore[union-attr]
@@ -540,7 +543,7 @@ class Runtime:
                     self._launch_failed(prog, it[8], r[0])
                 if sync:
                     self._debug_sync(prog, it[8])
-            elif kind is _PDL:
+            elif kind is _EX:
                 r = launch_ex(it[1], it[2], it[3], it[4])
                 if r[0] != SUCCESS:
                     self._launch_failed(prog, it[5], r[0])
@@ -556,7 +559,7 @@ class Runtime:
     def _launch_failed(self, prog: _Program, i: int, err: Any) -> None:
         s = prog.steps[i]
         g = prog.staged.grids[i]
-        raise_error(err, "cuLaunchKernelEx (programmatic dependent launch)" if s.pdl else "cuLaunchKernel",
+        raise_error(err, f"cuLaunchKernelEx ({s.attributes_text()})" if s.ex else "cuLaunchKernel",
                     where=f"{s.where()}, grid {list(g)}, block {list(s.block)}, shared_mem {s.shared_mem}, "
                     f"{prog.staged.sizes[i]} parameter bytes ({self.launch_mode} mode)")
 
@@ -969,14 +972,17 @@ class Runtime:
                 L.append(f"    [{i}] {e.entry} in module `{e.module}` ({Path(prep.modules[e.module].path).name}); "
                          f"params {e.param_bytes} B [{lay}]; block {list(l.block or [1, 1, 1])}"
                          + (f"; shared {l.shared_mem} B" if l.shared_mem else "")
+                         + (f"; carveout {l.carveout}% (preferred shared memory per SM)" if l.carveout is not None else "")
                          + ("; PDL (programmatic dependent launch)" if l.pdl else ""))
         L.append(f"weights: {len(prep.bindings)} tensors bound, {mib(self.weight_bytes)} from "
                  + (", ".join(Path(f).name for f in prep.weight_files) or "(no file)"))
         for pn, prog in self._programs.items():
             nk = sum(1 for s in prog.steps if s.extern is None)
             npdl = len(prog.staged.pdl_steps)
+            ncarve = sum(1 for s in prog.steps if s.extern is None and s.carveout is not None)
             L.append(f"program {pn}: {len(m.programs[pn].calls)} calls, {len(prog.steps)} launches "
                      f"({nk} kernels" + (f", {npdl} of them with PDL" if npdl else "")
+                     + (f", {ncarve} with a carveout" if ncarve else "")
                      + f", {len(prog.steps) - nk} cuBLASLt); vars: {', '.join(sorted(prog.required)) or '(none)'}")
         for w in prep.warnings:
             L.append(f"verifier warning: {w}")

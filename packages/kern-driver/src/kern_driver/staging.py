@@ -20,11 +20,12 @@ Only the slots whose value depends on vars (`{"var": ...}` and `{"expr": ...}`
 arguments with a var) and the grids are recomputed by `refresh`, and only when
 the var values differ from the previous refresh.
 
-Launches with `"pdl": true` (programmatic dependent launch) go through
-`cuLaunchKernelEx`, whose launch configuration (`CUlaunchConfig`: grid, block,
-shared memory, stream and one `CUlaunchAttribute`,
-`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` = 1) is built once per
-launch by `make_configs` and only has its grid rewritten by `refresh` when the
+Launches with launch attributes — `"pdl": true` (programmatic dependent launch) or a
+`"carveout"` (preferred shared-memory carveout) — go through `cuLaunchKernelEx`, whose
+launch configuration (`CUlaunchConfig`: grid, block, shared memory, stream and one
+`CUlaunchAttribute` per feature: `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`
+= 1, `CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` = the percent) is built once
+per launch by `make_configs` and only has its grid rewritten by `refresh` when the
 grid depends on vars. The parameters are the same packed buffer / pointer array
 as for `cuLaunchKernel`.
 """
@@ -175,7 +176,7 @@ class StagedProgram:
             else:
                 self.grids[i] = self._grid(s, {})
         self.env: dict[str, int] | None = None
-        #: step index -> CUlaunchConfig of each `pdl` launch (filled by `make_configs`).
+        #: step index -> CUlaunchConfig of each `cuLaunchKernelEx` launch (`ex_steps`, filled by `make_configs`).
         self.configs: dict[int, Any] = {}
 
     @property
@@ -183,10 +184,20 @@ class StagedProgram:
         """Indices of the kernel launches with programmatic dependent launch."""
         return [i for i, s in enumerate(self.steps) if s.extern is None and s.pdl]
 
+    @property
+    def ex_steps(self) -> list[int]:
+        """Indices of the kernel launches that go through `cuLaunchKernelEx`: those with
+        programmatic dependent launch or a shared-memory carveout (`Step.ex`)."""
+        return [i for i, s in enumerate(self.steps) if s.ex]
+
     def make_configs(self, stream: Any) -> dict[int, Any]:
-        """Build the `CUlaunchConfig` of every `pdl` launch for `stream` (once, at load;
-        `refresh` keeps var-dependent grids current). Needs cuda.bindings, not a GPU."""
-        self.configs = {i: launch_config(self.steps[i], self.grids[i], stream) for i in self.pdl_steps}
+        """Build the `CUlaunchConfig` of every `cuLaunchKernelEx` launch (`ex_steps`) for
+        `stream` (once, at load; `refresh` keeps var-dependent grids current). Needs
+        cuda.bindings, not a GPU.
+
+        Raises:
+            KernDriverError: as `launch_config`."""
+        self.configs = {i: launch_config(self.steps[i], self.grids[i], stream) for i in self.ex_steps}
         return self.configs
 
     def param_bytes(self, i: int) -> bytes:
@@ -271,33 +282,58 @@ class StagedProgram:
         return True
 
 
-def launch_config(step: Step, grid: tuple[int, int, int], stream: Any) -> Any:
-    """The `CUlaunchConfig` of a programmatic dependent launch of `step` on `stream`.
+#: The range of a launch's `carveout` (percent of the device's maximum shared memory per SM).
+CARVEOUT_MAX = 100
 
-    One attribute, `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` with
-    `programmaticStreamSerializationAllowed = 1`: the launch may begin before the
-    previous work on the stream completes; the kernel orders its dependent reads with
-    `griddepcontrol.wait`. Under stream capture the dependency becomes a programmatic
-    edge of the graph (CUDA ≥ 12.3). The bindings copy the attribute array on
-    assignment, so the config owns it.
+
+def launch_config(step: Step, grid: tuple[int, int, int], stream: Any) -> Any:
+    """The `CUlaunchConfig` of a `cuLaunchKernelEx` launch of `step` on `stream`: its grid,
+    block, dynamic shared memory and stream, and one `CUlaunchAttribute` per feature, in
+    this order:
+
+    - `step.pdl`: `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` with
+      `programmaticStreamSerializationAllowed = 1`: the launch may begin before the
+      previous work on the stream completes; the kernel orders its dependent reads with
+      `griddepcontrol.wait`. Under stream capture the dependency becomes a programmatic
+      edge of the graph (CUDA ≥ 12.3).
+    - `step.carveout` (not None): `CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` with
+      `sharedMemCarveout` = the percent (0..100) of the device's maximum shared memory per
+      SM; a hint the CUDA driver rounds to a supported configuration, raised where a block
+      needs more.
+
+    A step with neither gets a config without attributes (`make_configs` builds none for it).
+    The bindings copy the attribute array on assignment, so the config owns it.
 
     Raises:
-        KernDriverError: cuda-bindings is not importable.
+        KernDriverError: cuda-bindings is not importable, or the carveout is outside 0..100
+            (kern-verify refuses it first, E0095).
     """
+    if step.carveout is not None and not 0 <= step.carveout <= CARVEOUT_MAX:
+        raise KernDriverError(f"carveout {step.carveout} is outside 0..{CARVEOUT_MAX}", where=step.where(),
+                              hint="percent of the maximum shared memory per SM: 0 (the most L1) … 100 (the most shared "
+                                   "memory); omit it for the driver's choice (kern-verify E0095)")
     try:
         from cuda.bindings import driver as drv
     except ImportError as e:  # pragma: no cover - depends on the installation
         raise KernDriverError(f"cuda-bindings is not importable ({e})", where=step.where()) from None
-    attr = drv.CUlaunchAttribute()
-    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
+    attrs = []
+    if step.pdl:
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    if step.carveout is not None:
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        attr.value.sharedMemCarveout = step.carveout
+        attrs.append(attr)
     cfg = drv.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = step.block
     cfg.sharedMemBytes = step.shared_mem
     cfg.hStream = stream
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
     return cfg
 
 

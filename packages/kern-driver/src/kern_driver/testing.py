@@ -6,7 +6,9 @@
 - `find_nvcc` / `build_cubin`: compile CUDA C to an sm_90 cubin;
 - `VADD_CU`, `vadd_manifest`, `gemm_manifest`: the small manifests the tests use;
 - `PDL_CU`, `pdl_manifest`: a producer kernel and a consumer launched with programmatic
-  dependent launch (`"pdl": true`).
+  dependent launch (`"pdl": true`) and optionally a shared-memory carveout (`"carveout"`);
+- `RESIDENT_CU`, `resident_manifest`: blocks that record their SM and residency interval,
+  to observe how many run on one SM at once under a launch's `"carveout"`.
 """
 
 from __future__ import annotations
@@ -198,9 +200,11 @@ extern "C" __global__ void consume(const float* __restrict__ w, const float* __r
 
 
 def pdl_manifest(cubin_sha: str | None, *, n_max: int = 4096, pdl: bool = True, wait: bool = True,
-                 trigger_early: bool = True, spin: int = 0, source: str = "pdl.cubin") -> dict[str, Any]:
+                 trigger_early: bool = True, spin: int = 0, source: str = "pdl.cubin",
+                 carveout: int | None = None) -> dict[str, Any]:
     """Program `main`: `produce` (y = 2x + 1, workspace) then `consume` (z = y + w, output),
-    the consumer's launch with `"pdl": pdl`. x input f32[n], w weight f32[n_max]."""
+    the consumer's launch with `"pdl": pdl` and, when given, `"carveout": carveout` (percent).
+    x input f32[n], w weight f32[n_max]."""
     mod: dict[str, Any] = {"source": source}
     if cubin_sha is not None:
         mod["sha256"] = cubin_sha
@@ -213,6 +217,8 @@ def pdl_manifest(cubin_sha: str | None, *, n_max: int = 4096, pdl: bool = True, 
     }
     if pdl:
         consume["pdl"] = True
+    if carveout is not None:
+        consume["carveout"] = carveout
     return {
         "schema_version": 4,
         "model": "pdl-test",
@@ -245,6 +251,71 @@ def pdl_manifest(cubin_sha: str | None, *, n_max: int = 4096, pdl: bool = True, 
             {"label": "consume", "op": "consume", "args": [{"buf": "w"}, {"buf": "y"}, {"buf": "z"}, {"var": "n"}]},
         ]}},
     }
+
+
+RESIDENT_CU = r"""
+// resident: thread 0 of each block records [SM id, start ns, end ns] (%globaltimer) around a spin of
+// `spin` clock cycles, in out[3 * block + 0..2]; the block holds the launch's dynamic shared memory
+// meanwhile, so the number of blocks resident on one SM at once shows the SM's shared-memory
+// configuration (what a launch's carveout chooses).
+extern "C" __global__ void resident(long long* __restrict__ out, long long spin) {
+    extern __shared__ volatile int dyn[];
+    if (threadIdx.x != 0) return;
+    unsigned smid;
+    unsigned long long t0, t1;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    dyn[0] = (int)smid;
+    const long long c0 = clock64();
+    while (clock64() - c0 < spin) {
+    }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    out[3 * blockIdx.x] = dyn[0];
+    out[3 * blockIdx.x + 1] = (long long)t0;
+    out[3 * blockIdx.x + 2] = (long long)t1;
+}
+"""
+
+
+def resident_manifest(cubin_sha: str | None, *, shared_mem: int = 40960, carveout: int | None = None,
+                      spin: int = 50_000, blocks_max: int = 4096, source: str = "resident.cubin") -> dict[str, Any]:
+    """Program `main`: one launch of `resident` with var `blocks` blocks of 32 threads and `shared_mem`
+    bytes of dynamic shared memory each, with `"carveout": carveout` when given; output `out` i64[blocks, 3]
+    (per block: SM id, start and end in ns). See `peak_residency`."""
+    mod: dict[str, Any] = {"source": source}
+    if cubin_sha is not None:
+        mod["sha256"] = cubin_sha
+    launch: dict[str, Any] = {
+        "module": "resident", "entry": "resident", "params": ["out buffer<i64>", "i64"],
+        "block": [32, 1, 1], "grid": ["blocks", 1, 1], "shared_mem": shared_mem,
+        "args": [{"param": 0}, {"i64": spin}],
+    }
+    if carveout is not None:
+        launch["carveout"] = carveout
+    return {
+        "schema_version": 4,
+        "model": "resident-test",
+        "vars": {"blocks": {"min": 1, "max": blocks_max}},
+        "states": {},
+        "buffers": {"out": {"dtype": "i64", "shape": ["blocks", 3], "class": "output"}},
+        "modules": {"resident": mod},
+        "ops": {"resident": {"params": ["out buffer<i64>"], "impl": {"launches": [launch]}}},
+        "programs": {"main": {"calls": [{"label": "resident", "op": "resident", "args": [{"buf": "out"}]}]}},
+    }
+
+
+def peak_residency(out: Any) -> int:
+    """The most blocks resident on one SM at once, from `resident`'s [blocks, 3] output (SM id, start, end)."""
+    peak = 0
+    rows = np.asarray(out).reshape(-1, 3)
+    for sm in np.unique(rows[:, 0]):
+        ev = sorted([(int(t), 1) for t in rows[rows[:, 0] == sm, 1]] + [(int(t), -1) for t in rows[rows[:, 0] == sm, 2]],
+                    key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+        now = 0
+        for _, d in ev:
+            now += d
+            peak = max(peak, now)
+    return peak
 
 
 def gemm_manifest(n: int, k: int, *, m_max: int = 64) -> dict[str, Any]:
