@@ -72,9 +72,12 @@ def test_index_format(built):
     need |= {f"kern_gemvp{v}_m1" for v in ("", "_norm", "_norm_silu", "_residual")}
     assert need <= set(idx["kernels"]), need - set(idx["kernels"])
     for name, k in idx["kernels"].items():
-        assert set(k) - {"pdl"} == {"module", "sha256", "entry", "params", "param_names", "aligned16", "block",
-                                    "shared_mem", "shared_mem_per", "grid", "constexprs", "doc"}, name
+        assert set(k) - {"pdl", "carveout"} == {"module", "sha256", "entry", "params", "param_names", "aligned16",
+                                                "block", "shared_mem", "shared_mem_per", "grid", "constexprs", "doc"}, name
         assert k.get("pdl", True) is True and ("pdl" in k) == name.endswith("_pdl"), name
+        # the one launch with a carveout: the decode program's rope-cluster attention (catalog.DA_ROPE_CARVEOUT)
+        assert ("carveout" in k) == (name == "decode_attention_rope_cluster_pdl"), name
+        assert k.get("carveout", 0) == 0, name
         assert set(k["shared_mem_per"]) <= set(k["param_names"]), name
         assert all(isinstance(c, int) and c > 0 for c in k["shared_mem_per"].values()), name
         assert len(k["params"]) == len(k["param_names"]) == len(set(k["param_names"])), name
@@ -329,16 +332,31 @@ def test_pdl_build_keeps_every_base_entry(built_base, built_pdl):
 
 def test_pdl_entries_are_twins_that_wait(built_pdl):
     """Each NAME_pdl has its twin's ABI (params, block, shared memory, grid), says `pdl: true`, and its
-    entry's code contains griddepcontrol.wait (SASS ACQBULK: what kern-verify E0088 checks)."""
+    entry's code contains griddepcontrol.wait (SASS ACQBULK: what kern-verify E0088 checks). The one exception to the
+    shared memory: the rope-cluster attention's PDL form, whose ring is catalog.DA_ROPE_SLOTS pages per warp (its
+    constexpr SLOTS) instead of DA_CLUSTER_SLOTS, launched with carveout DA_ROPE_CARVEOUT."""
+    sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+    try:
+        from catalog import DA_CLUSTER_SLOTS, DA_RECV_BYTES, DA_ROPE_CARVEOUT, DA_ROPE_SLOTS, DA_SLOT_BYTES, DA_WARPS
+    finally:
+        del sys.path[0]
     p, pidx = built_pdl
     for base in PDL_BASE:
         k, t = pidx["kernels"][base + "_pdl"], pidx["kernels"][base]
         assert k.get("pdl") is True, base
+        rope = base == "decode_attention_rope_cluster"
         for f in ("entry", "params", "param_names", "aligned16", "block", "shared_mem", "shared_mem_per", "grid"):
-            assert k[f] == t[f], (base, f)
+            if not (rope and f == "shared_mem"):
+                assert k[f] == t[f], (base, f)
         cx = dict(k["constexprs"])
         if cx.pop("PDL", None) is not None:
             assert k["module"] == base + "_pdl.cubin"  # Triton: the same function with PDL = True
+        if rope:
+            assert (cx.pop("SLOTS"), t["constexprs"]["SLOTS"]) == (DA_ROPE_SLOTS, DA_CLUSTER_SLOTS)
+            assert k["shared_mem"] == DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES
+            assert t["shared_mem"] == DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES
+            assert k["carveout"] == DA_ROPE_CARVEOUT and "carveout" not in t
+            cx["SLOTS"] = t["constexprs"]["SLOTS"]
         assert cx == t["constexprs"], base
         cub = read_cubin((p / k["module"]).read_bytes(), k["module"])
         assert cub.entries[k["entry"]].grid_dep_wait is True, base

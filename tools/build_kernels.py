@@ -221,6 +221,8 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
             }
             if k.pdl:  # only on the PDL instances: the base entries are unchanged
                 index["kernels"][k.name]["pdl"] = True
+            if k.carveout is not None:  # the launch's preferred shared-memory carveout (percent): only where set
+                index["kernels"][k.name]["carveout"] = k.carveout
             if not quiet:
                 print(f"  {k.name:32s} {mod:36s} block {k.block[0]:4d} smem {shared:6d}", file=sys.stderr)
     text = json.dumps(index, indent=1, sort_keys=True) + "\n"

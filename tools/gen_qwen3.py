@@ -165,6 +165,8 @@ class Kernel:
     doc: str
     #: dynamic shared memory that grows with a scalar param: shared_mem + Σ coeff × value (index format 1)
     shared_mem_per: dict[str, int] = field(default_factory=dict)
+    #: the launch's preferred shared-memory carveout (percent 0..100, the manifest field `carveout`), or None
+    carveout: int | None = None
 
 
 def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str, Kernel]:
@@ -198,9 +200,12 @@ def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str
                        aligned16=frozenset(e.get("aligned16", ())), block=tuple(e["block"]),
                        shared_mem=int(e.get("shared_mem", 0)), constexprs=dict(e.get("constexprs", {})),
                        doc=e.get("doc", ""),
-                       shared_mem_per={p: int(c) for p, c in e.get("shared_mem_per", {}).items()})
+                       shared_mem_per={p: int(c) for p, c in e.get("shared_mem_per", {}).items()},
+                       carveout=e.get("carveout"))
         except KeyError as missing:
             raise GenError(f"{path}: kernel `{name}` has no field {missing}") from None
+        if k.carveout is not None and (type(k.carveout) is not int or not 0 <= k.carveout <= 100):
+            raise GenError(f"{path}: kernel `{name}`: carveout {k.carveout!r} is not a percent 0..100; {rebuild}")
         if len(k.params) != len(k.param_names):
             raise GenError(f"{path}: kernel `{name}`: {len(k.params)} params but {len(k.param_names)} param_names")
         if not set(k.shared_mem_per) <= set(k.param_names):
@@ -437,7 +442,8 @@ class ManifestBuilder:
         mod = Path(k.module).stem
         self.modules.setdefault(mod, Module(source=k.module, sha256=k.sha256))
         return Launch(module=mod, entry=k.entry, params=list(k.params), block=list(k.block), grid=list(grid),
-                      shared_mem=launch_shared_mem(k, args, f"op `{op}`, kernel `{kname}`") or None, args=args)
+                      shared_mem=launch_shared_mem(k, args, f"op `{op}`, kernel `{kname}`") or None,
+                      carveout=k.carveout, args=args)
 
     def op(self, name: str, iface: list[tuple[str, str]], launches: list[Launch],
            scratch: dict[str, Scratch] | None = None) -> None:
@@ -1232,6 +1238,12 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
             err(f"programs.{pname}: weight `{w}` is used by {sorted(users)}")
 
     _check_gemv(m, cfg, index, kernels_of, err)
+
+    # -- every kernel launch carries its index entry's carveout (or none where the entry has none) --
+    for op_name, kerns in kernels_of.items():
+        for i, (k, la) in enumerate(zip(kerns, [la for la in m.ops[op_name].impl.launches if not la.extern])):
+            if la.carveout != k.carveout:
+                err(f"ops.{op_name} kernel `{k.name}`: carveout {la.carveout} != its index entry's {k.carveout}")
 
     # -- the kernels' view of the same layout: head counts, qkv row, page stride --
     for op_name, kerns in kernels_of.items():

@@ -196,9 +196,16 @@ def test_rope_cluster_two_sequences(ks, cos_sin):
         assert relerr(out[b: b + 1], ref) <= TOL, f"sequence {b}"
 
 
-@pytest.mark.parametrize("nq,L", [(32, 4096), (16, 17), (64, 1000), (40, 40000)])
+#: The PDL form's ring (catalog.DA_ROPE_SLOTS pages per warp, 2) ends at 16 * 8 CTAs * 4 warps * 2 = 1,024 tokens;
+#: the plain form's (4 pages) at 2,048: lengths on both sides of each
+ROPE_RING_EDGE = 16 * CLUSTER * 4 * 2
+
+
+@pytest.mark.parametrize("nq,L", [(32, 4096), (16, 17), (64, 1000), (40, 40000), (32, ROPE_RING_EDGE),
+                                  (32, ROPE_RING_EDGE + 1), (8, ROPE_RING_EDGE + 16), (32, 2048), (32, 2049)])
 def test_rope_cluster_pdl_twin(ks, cos_sin, nq, L):
-    """The `_pdl` form launched without the attribute (griddepcontrol is then a no-op) equals the plain form."""
+    """The `_pdl` form launched without the attribute (griddepcontrol is then a no-op) equals the plain form, although
+    its ring is 2 pages per warp and the plain form's 4 (the same pages in the same order per warp)."""
     c = Case(ks, cos_sin, nq, L)
     kv1, kv2 = c.kv.clone(), c.kv.clone()
     o1, o2 = nan_like((1, nq * D)), nan_like((1, nq * D))

@@ -63,7 +63,12 @@
 #               byte-identical to the build measured for it, but had no device time left to run the module itself.
 #               The decode-attention, PDL-chain, rope and passes GPU tests, the transformers equivalence (0.6B, 4B),
 #               bench_decode 4B and bench_kernels' decode attention rows (the cluster forms' figures); $OUT/s18-module.tgz.
-#               About 6 minutes on a fresh machine.
+#               About 6 minutes on a fresh machine. (Ran in session 19, call 1: all passed; BENCHMARKS.md "Session 19".)
+#   s19-carveout  the rope-cluster attention's 2-page ring launched with `"carveout": 0` (NOTES.md 55) as the
+#               committed kernels, kern-driver and manifests run it: prepare (both manifests == examples), the
+#               rope, PDL-chain and kern-driver GPU tests (the module's other entries are byte-identical to those
+#               test_decode_attention_gpu passed in session 19's call 1), the transformers equivalence (0.6B, 4B),
+#               bench_decode 4B and 0.6B at 128 cached tokens; $OUT/s19-carveout.tgz. About 5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -234,6 +239,22 @@ for stage in "${stages[@]}"; do
       step s18-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
         --md "$OUT/s18-BENCHMARKS.md"
       (cd "$OUT" && tar czf s18-module.tgz s18-*.log s18-BENCHMARKS.md && rm -f s18-*.log)  # at most 8 files back
+      ;;
+    s19-carveout)
+      K=/tmp/kern-e2e
+      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      step s19-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
+      KERN_KERNELS_DIR="$K/kernels" step s19-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_rope_attention_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py \
+        packages/kern-driver/tests
+      KERN_E2E_DIR="$K" KERN_E2E_OUT="$OUT" step s19-e2e 300 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_e2e_qwen3.py
+      cp BENCHMARKS.md "$OUT/s19-BENCHMARKS.md"
+      for g in 4b 0.6b; do
+        step s19-bench-$g 150 python3 tools/bench_decode.py --work "$K" --geometry $g \
+          --skip hf-eager,hf-compile,gpt-fast --append "$OUT/s19-BENCHMARKS.md"
+      done
+      (cd "$OUT" && tar czf s19-carveout.tgz s19-*.log s19-BENCHMARKS.md && rm -f s19-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac

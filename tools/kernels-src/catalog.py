@@ -62,6 +62,9 @@ class Kernel:
     pdl: bool = False
     # CUDA only: the launch's dynamic shared memory in bytes (Triton: what its compiler reports).
     shared_mem: int = 0
+    # The launch's preferred shared-memory carveout (percent 0..100, the manifest launch field `carveout`), or None for
+    # the driver's choice; written as `"carveout"` in its index entry, which gen_qwen3.py copies into the launch.
+    carveout: int | None = None
 
     @property
     def block(self) -> list[int]:
@@ -77,7 +80,7 @@ class Kernel:
     def key(self):
         return (self.lang, self.source, self.entry, self.params, tuple(sorted(self.constexprs.items())),
                 self.num_warps, self.num_stages, self.block_x, tuple(sorted(self.shared_mem_per.items())),
-                self.defines, self.module_suffix, self.pdl, self.shared_mem)
+                self.defines, self.module_suffix, self.pdl, self.shared_mem, self.carveout)
 
 
 def P(name, type_, div16=False, elem=None):
@@ -233,12 +236,18 @@ DA_SLOT_BYTES = 16 * DA_ROW
 DA_SPLIT_SLOTS = 2
 DA_CLUSTER = 8
 DA_CLUSTER_SLOTS = 4
+#: The rope-cluster form's ring in the PDL module (decode_attention.cu DA_ROPE_SLOTS; the plain module's is
+#: DA_CLUSTER_SLOTS), launched with carveout 0 (DA_ROPE_CARVEOUT): the driver then gives its SMs the 100 KB
+#: shared-memory configuration (164 KB for 4 slots; 228 KB for 2 slots without the carveout, to fit three CTAs per
+#: SM), which leaves the GEMV blocks beside and after it 156 KB of L1 (H200, session 19, NOTES.md 55).
+DA_ROPE_SLOTS = 2
+DA_ROPE_CARVEOUT = 0
 #: Of a cluster-form warp's first DA_CLUSTER_SLOTS pages, those its PDL form issues before griddepcontrol.wait
 #: (decode_attention.cu DA_PRE_PAGES), and the same for the rope-cluster form (DA_ROPE_PRE_PAGES: its whole ring
 #: since session 18, where the qkv GEMV before it leaves its CTAs room; NOTES.md 54). The plain module issues 2 before
 #: q's load in both.
 DA_PRE_PAGES = 2
-DA_ROPE_PRE_PAGES = 4
+DA_ROPE_PRE_PAGES = DA_ROPE_SLOTS
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
@@ -523,7 +532,8 @@ def _pdl_kernels() -> list[Kernel]:
     Triton: the same function with the constexpr `PDL` = True (the default instances compile
     it with False, which prunes every PDL branch: byte-identical to the kernel without it).
     CUDA C: the same source compiled with `-DKERN_PDL` into its own module (`*_pdl.cubin`).
-    Same params, grid, block and shared memory as the default instance.
+    Same params, grid, block and shared memory as the default instance, except the rope-cluster form's ring (and
+    so its shared memory) and its carveout (DA_ROPE_SLOTS, DA_ROPE_CARVEOUT).
     """
     base = {k.name: k for k in _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels()}
     out = []
@@ -532,6 +542,13 @@ def _pdl_kernels() -> list[Kernel]:
         extra = dict(defines=("KERN_PDL",), module_suffix="_pdl") if k.lang == "cuda" else \
             dict(constexprs={**k.constexprs, "PDL": True})
         doc = k.doc + PDL_DOC.format(base=f"`{name}`") + PDL_EXTRA_DOC.get(name, "")
+        if name == DECODE_ATTENTION_ROPE_CLUSTER:  # its own ring and carveout in the PDL module (DA_ROPE_SLOTS)
+            extra.update(shared_mem=DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES,
+                         constexprs={**k.constexprs, "SLOTS": DA_ROPE_SLOTS}, carveout=DA_ROPE_CARVEOUT)
+            doc += (f" In this module its ring is {DA_ROPE_SLOTS} pages per warp (dynamic shared memory "
+                    f"{DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES} bytes), launched with carveout "
+                    f"{DA_ROPE_CARVEOUT}: the smallest shared-memory configuration that fits one CTA per SM, so that "
+                    "the GEMV blocks beside and after it keep their L1.")
         out.append(replace(k, name=name + "_pdl", pdl=True, doc=doc, **extra))
     return out
 

@@ -37,6 +37,8 @@
 //                          int num_kv_heads, int q_stride, int bt_stride, int page_bytes, float sm_scale)
 //     grid (NKV, 8, seqs) (grid.y must be 8: the compiled cluster is (1, 8, 1)), block (128,1,1),
 //     dynamic shared memory DA_CLUSTER_SMEM (136.5 KB).
+//   decode_attention_rope_cluster: the cluster form's grid and block; dynamic shared memory DA_ROPE_SMEM (136.5 KB
+//     in the plain module, 70.5 KB in the PDL module: a ring of DA_ROPE_SLOTS = 2 pages per warp there).
 //
 // Work split.  With n = ceil(L/16) pages, the split launch uses ns = splits_for(L, S) =
 // min(S, 64, max(1, ceil(n / 4))) of its S CTAs per kv head (a short context uses few splits: at
@@ -88,7 +90,8 @@
 // (4.1 without the early pages), 4.4 at 1,024 (5.1), 7.75-7.77 at 4,096 (8.2; 8.15 with all four ring pages early);
 // kern-run 4B 2.81-2.82 ms/token at 4,096 (2.86-2.95 without). decode_attention_rope_cluster (the generator's
 // default since session 8) does the same with its early pages (DA_ROPE_PRE_PAGES of them: in the PDL module since
-// session 18 its whole ring of 4, NOTES.md 54): the current token's row is the one it computes
+// session 18 its whole ring, NOTES.md 54; since session 19 that ring is 2 pages, DA_ROPE_SLOTS, NOTES.md 55): the
+// current token's row is the one it computes
 // (Inject), whatever the copy read. Its launch follows the qkv GEMV, which triggers early, so earlier layers'
 // kernels may still run (they write other layers' rows, other bytes of the same pages); no launch of a decode step
 // but this one writes this layer's rows, and every launch of earlier runs (earlier steps, prefill) has completed
@@ -183,6 +186,19 @@ __shared__ __align__(8) unsigned long long da_recv_bar;
 #ifndef DA_CLUSTER_SLOTS
 #define DA_CLUSTER_SLOTS 4
 #endif
+// The rope-cluster form's ring: DA_CLUSTER_SLOTS pages per warp, except in the PDL module (the decode program's form),
+// where it is 2 (DA_ROPE_SMEM, 70.5 KB): with its launch's carveout 0 the driver gives its SMs the 100 KB shared-memory
+// configuration instead of the 164 KB that 4 slots need, and the GEMV blocks that run beside and after it there keep
+// 156 KB of L1 instead of 92 (H200, session 19, NOTES.md 55: 4B decode -0.028 ms/token at 128 cached tokens, -0.016
+// at 4,096; without the carveout the driver picks 228 KB to fit three 70 KB CTAs per SM, +0.13).
+#ifndef DA_ROPE_SLOTS
+#ifdef KERN_PDL
+#define DA_ROPE_SLOTS 2
+#else
+#define DA_ROPE_SLOTS DA_CLUSTER_SLOTS
+#endif
+#endif
+static_assert(DA_ROPE_SLOTS >= 1 && DA_ROPE_SLOTS <= 8, "DA_ROPE_SLOTS: 1 to 8 pages per warp");
 // Of a warp's first SLOTS pages, those issued before after_issue() (the PDL wait and q's load; plain: q's load), then
 // the rest: DA_PRE_PAGES for the split and cluster forms (2), DA_ROPE_PRE_PAGES for the rope-cluster form (its PDL form:
 // the whole ring, 4, since session 18, NOTES.md 54: it follows the qkv GEMV, whose row passes leave its CTAs room to
@@ -196,7 +212,7 @@ __shared__ __align__(8) unsigned long long da_recv_bar;
 #define DA_PRE_PAGES 2
 #ifndef DA_ROPE_PRE_PAGES
 #ifdef KERN_PDL
-#define DA_ROPE_PRE_PAGES 4
+#define DA_ROPE_PRE_PAGES DA_ROPE_SLOTS
 #else
 #define DA_ROPE_PRE_PAGES 2
 #endif
@@ -219,6 +235,7 @@ static_assert(DA_MAX_G * DA_D / DA_CLUSTER <= DA_WARPS * 32,
               "threads, so DA_CLUSTER >= 8 with DA_MAX_G 8");
 #define DA_SPLIT_SMEM (DA_BAR_BYTES + DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES)
 #define DA_CLUSTER_SMEM (DA_BAR_BYTES + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
+#define DA_ROPE_SMEM (DA_BAR_BYTES + DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
 #ifdef DA_BULK
 static_assert(DA_CLUSTER_SLOTS <= 8 && DA_SPLIT_SLOTS <= 8, "DA_BULK: at most 8 slots (mbarriers) per warp");
 #endif
@@ -227,6 +244,8 @@ static_assert(DA_CLUSTER_SLOTS <= 8 && DA_SPLIT_SLOTS <= 8, "DA_BULK: at most 8 
 #define DA_RED_FLOATS (2 * DA_MAX_G + DA_MAX_G * DA_D)
 
 static_assert(DA_WARPS * DA_RED_FLOATS * 4 <= DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES, "merge area fits the ring");
+static_assert(DA_WARPS * DA_RED_FLOATS * 4 <= DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES,
+              "merge area fits the rope-cluster form's ring");
 
 typedef __nv_bfloat16 bf16;
 
@@ -813,10 +832,11 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
 // counting its 4 bytes on the owner's mbarrier; each CTA then waits for its own bytes (the mbarrier's phase 0,
 // acquire at cluster scope; no CTA leaves before every push to it has landed) and writes its slice of out_h
 // (the G*128 outputs of this kv head).  -DDA_MERGE_BARRIER: plain stores, then a cluster barrier.
+template <int SLOTS>  // the form's ring: `recv` follows it
 __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float* smem, int s, int G,
                                               const float (&M)[DA_MAX_G], const float (&Ls)[DA_MAX_G],
                                               const float (&A)[DA_MAX_G], bf16* out_h) {
-    float* recv = smem + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES / 4;
+    float* recv = smem + DA_WARPS * SLOTS * DA_SLOT_BYTES / 4;
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
@@ -975,7 +995,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     cta_attend<DA_CLUSTER_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
 #endif
     DA_TRIGGER_AT_POINT(2);
-    cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
+    cluster_merge<DA_CLUSTER_SLOTS>(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
 
 // ---- decode_attention_rope_cluster: qk_norm_rope_kv's decode work fused into the cluster attention ----
@@ -1150,15 +1170,15 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         after_wait();
         DA_TRIGGER_AT_POINT(1);
     };
-    cta_attend<DA_CLUSTER_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
+    cta_attend<DA_ROPE_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
 #else
     DA_TRIGGER_AT_POINT(4);
     DA_PDL_WAIT();
     DA_TRIGGER_AT_POINT(0);
     after_wait();
     DA_TRIGGER_AT_POINT(1);
-    cta_attend<DA_CLUSTER_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
+    cta_attend<DA_ROPE_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
 #endif
     DA_TRIGGER_AT_POINT(2);
-    cluster_merge(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
+    cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
 }
