@@ -7,6 +7,11 @@ tensors); launches go on torch's current stream so events and torch ops order wi
     ks = KernelSet("build/kernels")                # reads index.json
     ks.launch("rms_norm_h2560", grid=(T, 1, 1), args=[x, w, out, 1e-6])
 
+An index entry's ``carveout`` (percent; kern's launch field of the same name) becomes the function's
+CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT when it is loaded, so that every launch of it here gets the
+shared-memory configuration kern's launches get (the function attribute and kern-driver's per-launch attribute
+of cuLaunchKernelEx set the same preference).
+
 ``args`` are the kernel's params *without* Triton's two hidden trailing u64 params
 (appended as 0): a torch tensor or an int address for buffer/ptr params, Python
 numbers for scalars (packed as the index's i32/i64/u32/u64/f32 type).
@@ -65,6 +70,10 @@ class KernelSet:
             self._funcs[name] = check(cu.cuModuleGetFunction(mod, k["entry"].encode()))
             self._smem_limit[name] = 48 * 1024
             self._allow_smem(name, k["shared_mem"])
+            if k.get("carveout") is not None:  # as the manifest launches it (its launch field `carveout`)
+                check(cu.cuFuncSetAttribute(
+                    self._funcs[name], cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    int(k["carveout"])))
         return self._funcs[name]
 
     def _allow_smem(self, name: str, smem: int) -> None:
