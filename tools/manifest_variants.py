@@ -13,7 +13,7 @@ program calls (argmax has two launches: its first is changed):
   PASSES > 1: 4B's qkv on gemv_p2.cubin).
 - `entry=NAME`: the same kernel with another unroll: an entry of the same module with the same params and
   the same index constexprs but UNROLL (e.g. `kern_gemv_norm_silu_m1` for `kern_gemv_norm_silu_m1_u5`); the
-  launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`).
+  launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`), and so does its `carveout`.
 - `pdl=0|1`: the launch's programmatic-dependent-launch flag.
 
 The result is checked by kern-verify (with the kernels dir: each launch's params against its cubin) before it is
@@ -154,6 +154,10 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                 launch["shared_mem"] = smem
             else:
                 launch.pop("shared_mem", None)
+            if new.get("carveout") is not None:  # the carveout follows the index too (none: the driver's choice)
+                launch["carveout"] = new["carveout"]
+            else:
+                launch.pop("carveout", None)
         elif option == "pdl":
             if value not in ("0", "1"):
                 raise VariantError(f"`{change}`: pdl is 0 or 1")
