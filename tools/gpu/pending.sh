@@ -68,7 +68,15 @@
 #               committed kernels, kern-driver and manifests run it: prepare (both manifests == examples), the
 #               rope, PDL-chain and kern-driver GPU tests (the module's other entries are byte-identical to those
 #               test_decode_attention_gpu passed in session 19's call 1), the transformers equivalence (0.6B, 4B),
-#               bench_decode 4B and 0.6B at 128 cached tokens; $OUT/s19-carveout.tgz. About 5 minutes.
+#               bench_decode 4B and 0.6B at 128 cached tokens; $OUT/s19-carveout.tgz. About 5 minutes. (Ran in session
+#               19, call 7: all passed, 4B 2.436 ms/token; BENCHMARKS.md "Session 19, call 7".)
+#   s19-configs (next, from NOTES.md 55) the GEMVs' shared-memory configurations around the attention's 100 KB one:
+#               sync_domain_probe on the default manifest with o_proj on its own module copy, per-op carveouts that
+#               put qkv and/or o in the attention's 100 KB configuration (co40; co72 on qkv, 228 KB, cost nothing
+#               in call 4, perhaps because the attention's CTAs could then share its SMs), the residual GEMVs in the
+#               norm GEMVs' 32 KB one (co10), at 128 and 4,096 cached tokens; then bench_kernels' decode attention
+#               rows (issue 4's figures on the 2-page ring, launched with its carveout by cubin_launch);
+#               $OUT/s19-configs.tgz. About 7 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -255,6 +263,23 @@ for stage in "${stages[@]}"; do
           --skip hf-eager,hf-compile,gpt-fast --append "$OUT/s19-BENCHMARKS.md"
       done
       (cd "$OUT" && tar czf s19-carveout.tgz s19-*.log s19-BENCHMARKS.md && rm -f s19-*.log)
+      ;;
+    s19-configs)
+      K=/tmp/kern-e2e
+      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      step s19c-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
+      cp "$K/kernels/gemv.cubin" "$K/kernels/gemv_o.cubin"
+      step s19c-whatif 60 python3 tools/manifest_whatif.py "$K/qwen3-4b/manifest.json" --kernels "$K/kernels" \
+        --op-module gemv_residual_o_proj=gemv_o.cubin --out "$K/o_copy.json"
+      for ctx in 128 4096; do
+        step s19c-probe-$ctx 330 python3 tools/gpu/sync_domain_probe.py --work "$K" --geometry 4b --context $ctx \
+          --rounds 2 --manifest "$K/o_copy.json" --mode co40@gemv_norm_qkv --mode co40@gemv_residual_o_proj \
+          --mode co40@gemv_norm_qkv,gemv_residual_o_proj --mode co10@gemv_residual_o_proj,gemv_residual_down_proj
+      done
+      cp BENCHMARKS.md "$OUT/s19c-BENCHMARKS.md"
+      step s19c-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
+        --md "$OUT/s19c-BENCHMARKS.md"
+      (cd "$OUT" && tar czf s19-configs.tgz s19c-*.log s19c-BENCHMARKS.md && rm -f s19c-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
