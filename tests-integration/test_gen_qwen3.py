@@ -52,6 +52,7 @@ def write_fake_index(d: Path, geometries: list[str]) -> Path:
             "params": params, "param_names": names, "aligned16": [p.name for p in k.params if p.div16],
             "block": k.block, "shared_mem": 0, "shared_mem_per": dict(k.shared_mem_per), "grid": k.grid,
             "constexprs": dict(k.constexprs), "doc": k.doc, **({"pdl": True} if k.pdl else {}),
+            **({"carveout": k.carveout} if k.carveout is not None else {}),  # only where set, as build_kernels
         }
     (d / "index.json").write_text(json.dumps({"format": 1, "target": "sm_90", "kernels": kernels}, indent=1))
     return d
@@ -666,6 +667,12 @@ def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
         calls(t)["l0.o_proj_add"].args[0] = ks.Arg(buf="attn", offset=8)
     assert "`kern_gemv_residual_m1` needs `x` 16-byte aligned, gets offset 8" in tampered(gemv_unaligned)
 
+    # a launch whose carveout is not its index entry's (the entry has none; and one that lost the entry's)
+    def carveout(t):
+        t.ops["gemv_residual_o_proj"].impl.launches[0].carveout = 50
+    assert ("ops.gemv_residual_o_proj kernel `kern_gemv_residual_m1`: carveout 50 != its index entry's absent "
+            "(ManifestBuilder.launch copies the entry's `carveout`)") in tampered(carveout)
+
     # an unused declaration
     def unused(t):
         t.buffers["spare"] = ks.Buffer(dtype="bf16", shape=[4], class_="workspace")
@@ -742,6 +749,37 @@ def test_stale_index_is_refused(fake_kernels: Path, tmp_path: Path) -> None:
         gen.load_index(d)
     with pytest.raises(gen.GenError, match="no kernel index"):
         gen.load_index(tmp_path)
+
+
+@pytest.mark.parametrize("value", [101, -1, 50.0, "0", True, [0]])
+def test_index_carveout_must_be_an_int_percent(fake_kernels: Path, tmp_path: Path, value) -> None:
+    """An index entry's `carveout` becomes the manifest launch's: anything but an int 0..100 (JSON: a float, a string,
+    a bool) is refused at load, naming the file, the kernel and the value, with the way to rebuild the index."""
+    index = json.loads((fake_kernels / "index.json").read_text())
+    index["kernels"]["decode_attention_rope_cluster_pdl"]["carveout"] = value
+    d = tmp_path / "k"
+    d.mkdir()
+    (d / "index.json").write_text(json.dumps(index))
+    with pytest.raises(gen.GenError) as e:
+        gen.load_index(d, check_files=False)
+    assert str(e.value) == (f"{d / 'index.json'}: kernel `decode_attention_rope_cluster_pdl`: carveout {value!r} is not "
+                            "an int percent 0..100 (the launch's preferred shared-memory carveout; absent: the driver's "
+                            f"choice); rebuild it with tools/build_kernels.py --out {d}")
+
+
+def test_index_carveout_reaches_the_launch(fake_kernels: Path, tmp_path: Path) -> None:
+    """The generator copies each entry's carveout as it is (0 and 100 alike; absent stays absent) and adds none: an
+    index that gives the qkv GEMV's entry 100 and takes the attention's away gives a manifest that says exactly that."""
+    index = json.loads((fake_kernels / "index.json").read_text())
+    index["kernels"]["kern_gemv_norm_m1_p2"]["carveout"] = 100
+    del index["kernels"]["decode_attention_rope_cluster_pdl"]["carveout"]
+    d = tmp_path / "k"
+    d.mkdir()
+    (d / "index.json").write_text(json.dumps(index))
+    m = gen.build_manifest(Qwen3Config.preset("4b"), gen.load_index(d, check_files=False))
+    assert {(op, la.entry, la.carveout) for op, o in m.ops.items() for la in o.impl.launches
+            if la.carveout is not None} == {("gemv_norm_qkv", "kern_gemv_norm_m1", 100)}
+    assert kern_verify.verify(m) == []
 
 
 # ------------------------------------------------------------------ the committed examples
@@ -1042,6 +1080,7 @@ def test_rope_attention_every_geometry(preset: str, pdl: bool, fake_kernels: Pat
     (cla,) = c.ops["attention_decode"].impl.launches
     assert la.entry == "decode_attention_rope_cluster" and la.grid == [cfg.num_key_value_heads, gen.CLUSTER_SPLITS, 1]
     assert m.modules[la.module].source == f"decode_attention{'_pdl' if pdl else ''}.cubin" and bool(la.pdl) == pdl
+    assert la.carveout == (0 if pdl else None) and cla.carveout is None  # the PDL module's entry has one (catalog)
     assert [a.param for a in la.args[:10]] == list(range(10))
     assert la.args[10:16] == cla.args[5:] and la.args[16].literal == cfg.rms_norm_eps
     calls = {call.label: call for call in c.programs["decode"].calls}
@@ -1105,6 +1144,18 @@ def test_default_is_rope_cluster_pdl(preset: str, fake_kernels: Path) -> None:
     assert {c.op for c in m.programs["decode"].calls if c.label.endswith(".attn")} == {gen.ROPE_ATTENTION_OP}
     assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].entry == "decode_attention_rope_cluster"
     assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].pdl
+    # the attention's index entry's carveout (catalog.DA_ROPE_CARVEOUT, 0) on its launch, and on no other launch
+    import catalog
+
+    assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].carveout == catalog.DA_ROPE_CARVEOUT == 0
+    assert [(op, i) for op, o in m.ops.items() for i, la in enumerate(o.impl.launches) if la.carveout is not None] \
+        == [(gen.ROPE_ATTENTION_OP, 0)]
+    assert ks.dump(m).count(b'"carveout"') == 1  # absent elsewhere, not null
+    lost = ks.load(ks.dump(m))
+    lost.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].carveout = None
+    with pytest.raises(gen.WiringError, match=rf"ops.{gen.ROPE_ATTENTION_OP} kernel `decode_attention_rope_cluster_pdl`: "
+                                              r"carveout absent != its index entry's 0"):
+        gen.check_wiring(lost, cfg, gen.make_layout(cfg), gen.load_index(fake_kernels))
     cl = _build(preset, fake_kernels, pdl=True)
     assert m.programs["prefill"] == cl.programs["prefill"]
     assert [c for c in m.programs["decode"].calls if not c.label.endswith(".attn")] == \

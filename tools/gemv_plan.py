@@ -58,12 +58,12 @@ def gemv_passes(n: int, cols_per_warp: int, warps: int, ksplit: int, sms: int = 
     for the GEMV launched right before the decode attention: QKV_PASSES where, at ksplit 1, the default grid is more
     than one wave of two blocks per SM and the pass grid still covers every SM; else 1. The default grid then holds
     every SM's registers (two 30,720-register blocks) until its last wave drains, so the attention's CTAs (21,504
-    registers, 137 KB of shared memory) cannot be resident, or issue the K|V pages they read before their PDL wait,
-    while the GEMV streams.
+    registers; 137 KB of shared memory in session 18, 70.5 KB since session 19) cannot be resident, or issue the K|V
+    pages they read before their PDL wait, while the GEMV streams.
 
     Measured (H200, kern-run decode, one runtime per process, identical tokens; NOTES.md 54, BENCHMARKS.md
     "Session 18"): Qwen3-4B's qkv (n = 6,144: 384 blocks → 192) with the attention's whole ring of 4 pages before
-    its wait, −0.010 ms/token at 128 cached tokens and −0.018…−0.020 at 4,096 (4 pages alone −0.002 / −0.004);
+    its wait (its ring since session 19: 2 pages, all before the wait; NOTES.md 55), −0.010 ms/token at 128 cached tokens and −0.018…−0.020 at 4,096 (4 pages alone −0.002 / −0.004);
     3 passes (128 blocks, one per SM) +0.054 / +0.034; Qwen3-0.6B's qkv (n = 4,096: 256 blocks, one wave) in 2 passes
     (128 blocks) +0.026 at 128: the rule keeps it at 1. The lm_head in 2 or 4 passes: nothing (+0.003 / +0.001).
     Raises ValueError unless n, cols_per_warp, warps and sms are ≥ 1 and ksplit ≥ 1 divides warps."""

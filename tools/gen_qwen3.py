@@ -30,6 +30,11 @@ op entries (tools/README.md is the contract):
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
 
+Every kernel launch carries its index entry's `carveout` (the preferred shared-memory carveout, percent),
+and none where the entry has none: in the default build only `decode_attention_rope_cluster_pdl`'s, 0
+(catalog `DA_ROPE_CARVEOUT`: its 2-page ring fits the 100 KB configuration, which leaves the GEMVs beside it
+their L1; NOTES.md 55). An index entry whose carveout is not an int 0..100 is refused.
+
 Before writing, the generator checks its own wiring (`check_wiring`): the q/k/v column
 ranges of the fused qkv buffer lie inside a row and do not overlap, and every kernel that
 addresses them agrees with that one layout; each layer's calls use that layer's weights
@@ -38,8 +43,8 @@ stride passed to the kernels; parameters the kernels require 16-byte aligned are
 launch's grid, ksplit and shared memory follow its kernel's rules (a persistent GEMV's grid,
 piece_chunks and shared memory are tools/gemv_plan.py's plan) and its call's buffers have
 its n and k; in decode, `residual` is written only by the embedding and then in place by the
-gemv_residual ops (o, down of each layer, in order); every declaration is used. The output is deterministic: the same config and index give the same
-bytes.
+gemv_residual ops (o, down of each layer, in order); each kernel launch's carveout is its index entry's; every
+declaration is used. The output is deterministic: the same config and index give the same bytes.
 
 Decode attention (`--decode-attention`; default `rope-cluster`, below): the op `attention_decode` has one
 interface and three impls:
@@ -205,7 +210,8 @@ def load_index(kernels_dir: str | Path, *, check_files: bool = True) -> dict[str
         except KeyError as missing:
             raise GenError(f"{path}: kernel `{name}` has no field {missing}") from None
         if k.carveout is not None and (type(k.carveout) is not int or not 0 <= k.carveout <= 100):
-            raise GenError(f"{path}: kernel `{name}`: carveout {k.carveout!r} is not a percent 0..100; {rebuild}")
+            raise GenError(f"{path}: kernel `{name}`: carveout {k.carveout!r} is not an int percent 0..100 (the launch's "
+                           f"preferred shared-memory carveout; absent: the driver's choice); {rebuild}")
         if len(k.params) != len(k.param_names):
             raise GenError(f"{path}: kernel `{name}`: {len(k.params)} params but {len(k.param_names)} param_names")
         if not set(k.shared_mem_per) <= set(k.param_names):
@@ -311,8 +317,8 @@ def gemv_ksplit(warps: int, k: int, *, after_attention: bool = False) -> int:
     Measured in the program, not in a chain of GEMVs (kern-run Qwen3-4B decode, H200, session 10,
     NOTES.md 32): o at ksplit 2 2.481 ms/token against 2.535–2.536 at 1 in two alternating rounds
     (down at 2 or 4: 2.62–2.63; qkv at 2: 2.62–2.63; gate_up at 2: 2.58), while in the GEMV chain, where
-    o follows the qkv GEMV, 1 was the faster. The attention's 64 CTAs hold 137 KB of shared memory on
-    their SMs, so o's blocks cannot fill the GPU evenly when they launch; twice as many blocks of half
+    o follows the qkv GEMV, 1 was the faster. The attention's 64 CTAs held 137 KB of shared memory on
+    their SMs (70.5 KB since session 19), so o's blocks cannot fill the GPU evenly when they launch; twice as many blocks of half
     the work each balance it (a reading of the result, not measured separately). Measured with the
     PDL manifests only; `--no-pdl` manifests get the same split, unmeasured.
 
@@ -1114,6 +1120,11 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             f"o_proj_add and down_proj_add")
 
 
+def _carveout_text(carveout: int | None) -> str:
+    """A launch's or index entry's carveout in words: `0`, or `absent` (the driver's choice)."""
+    return "absent" if carveout is None else str(carveout)
+
+
 def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str, Kernel]) -> None:
     """Assert the manifest's wiring against `layout`. Raises WiringError listing every fault.
 
@@ -1239,18 +1250,15 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 
     _check_gemv(m, cfg, index, kernels_of, err)
 
-    # -- every kernel launch carries its index entry's carveout (or none where the entry has none) --
-    for op_name, kerns in kernels_of.items():
-        for i, (k, la) in enumerate(zip(kerns, [la for la in m.ops[op_name].impl.launches if not la.extern])):
-            if la.carveout != k.carveout:
-                err(f"ops.{op_name} kernel `{k.name}`: carveout {la.carveout} != its index entry's {k.carveout}")
-
-    # -- the kernels' view of the same layout: head counts, qkv row, page stride --
+    # -- the kernels' view of the same layout: head counts, qkv row, page stride; and each launch's carveout --
     for op_name, kerns in kernels_of.items():
         kern_launches = [la for la in m.ops[op_name].impl.launches if not la.extern]
         for k, launch in zip(kerns, kern_launches):
             lit = {pn: a.literal for pn, a in zip(k.param_names, launch.args) if a.literal is not None}
             where = f"ops.{op_name} kernel `{k.name}`"
+            if launch.carveout != k.carveout:  # the index entry's, or none where the entry has none
+                err(f"{where}: carveout {_carveout_text(launch.carveout)} != its index entry's "
+                    f"{_carveout_text(k.carveout)} (ManifestBuilder.launch copies the entry's `carveout`)")
             if "page_bytes" in lit and lit["page_bytes"] != layout.kv_page_bytes:
                 err(f"{where}: page_bytes {lit['page_bytes']} != page stride {layout.kv_page_bytes}")
             if "num_q_heads" in lit and "num_kv_heads" in lit:
