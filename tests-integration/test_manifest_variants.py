@@ -56,6 +56,31 @@ def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_k
     assert mv.verify(m, built_kernels) == []
 
 
+def test_entry_takes_the_new_entrys_carveout_from_the_index(base, index, built_kernels):
+    """`entry=` sets the launch's carveout to the new entry's (the default build gives one to the rope attention's PDL
+    entry only, so an index with one on a GEMV entry stands in for a kernel author's) and removes it where the new
+    entry has none; the other changes keep it."""
+    assert launch(base, "attention_decode_rope")["carveout"] == 0  # the example, from its index entry
+    assert "carveout" not in launch(base, "gemv_norm_silu_gate_up")
+    idx = {key: dict(k) for key, k in index.items()}
+    idx[("gemv.cubin", "kern_gemv_norm_silu_m1")]["carveout"] = 25
+    m = mv.apply(base, "gu.entry=kern_gemv_norm_silu_m1", idx)
+    assert launch(m, "gemv_norm_silu_gate_up")["carveout"] == 25
+    assert "carveout" not in launch(mv.apply(m, "gu.entry=kern_gemv_norm_silu_m1_u5", idx), "gemv_norm_silu_gate_up")
+    kept = mv.apply(base, "attn.pdl=0", index)
+    assert launch(kept, "attention_decode_rope")["carveout"] == 0
+    assert mv.verify(m, built_kernels) == [] and mv.verify(kept, built_kernels) == []
+
+
+def test_carveout_sets_or_removes_the_launch_field(base, index, built_kernels):
+    m = mv.apply(base, "attn.carveout=none+o.carveout=100", index)
+    assert "carveout" not in launch(m, "attention_decode_rope")
+    assert launch(m, "gemv_residual_o_proj")["carveout"] == 100
+    assert launch(mv.apply(m, "attn.carveout=0", index), "attention_decode_rope")["carveout"] == 0
+    assert mv.verify(m, built_kernels) == []
+    assert launch(base, "attention_decode_rope")["carveout"] == 0  # the input is not changed
+
+
 def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     """4B's qkv runs on the row-pass module (gemv_p2.cubin, PASSES 2: 32 rows per block, ksplit 1 only): ksplit 1
     keeps its 192 blocks (not the default entry's 384), another ksplit (which the kernel traps on) is refused with the
@@ -85,8 +110,12 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
     # 4B's qkv runs on the row-pass module, which holds only that entry
     ("qkv.entry=kern_gemv_norm_m1_u5", "no entry `kern_gemv_norm_m1_u5` in module gemv_p2.cubin (it has: kern_gemv_norm_m1)"),
-    ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl)"),
+    ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl, carveout)"),
     ("attn.pdl=2", "pdl is 0 or 1"),
+    ("attn.carveout=101", "`attn.carveout=101`: carveout is a percent 0..100 of the maximum shared memory per SM (0: "
+                          "the most L1), or `none` for the driver's choice"),
+    ("attn.carveout=-1", "`attn.carveout=-1`: carveout is a percent 0..100"),
+    ("attn.carveout=50%", "`attn.carveout=50%`: carveout is a percent 0..100"),
     ("o.ksplit=2+o.ksplit=x", "`o.ksplit=x`: ksplit must be one of"),
 ])
 def test_bad_changes_say_what_is_wrong(base, index, spec, needle):
@@ -121,9 +150,10 @@ def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, caps
     (work / "kernels").symlink_to(built_kernels)
     (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
     args = ["--work", str(work), "--geometry", "4b", "--dry-run"]
-    assert program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "attn.pdl=0"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["manifest: verified; 2 variant(s)", "variant o.ksplit=1: verified",
-                                                    "variant attn.pdl=0: verified"]
+    assert program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "attn.pdl=0",
+                                      "--variant", "attn.carveout=none"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["manifest: verified; 3 variant(s)", "variant o.ksplit=1: verified",
+                                                    "variant attn.pdl=0: verified", "variant attn.carveout=none: verified"]
     assert program_sweep.main(args + ["--variant", "o.ksplit=5"]) == 1
     assert "ksplit must be one of" in capsys.readouterr().err
     assert program_sweep.main(["--work", str(tmp_path), "--geometry", "4b", "--dry-run"]) == 1

@@ -15,6 +15,10 @@ program calls (argmax has two launches: its first is changed):
   the same index constexprs but UNROLL (e.g. `kern_gemv_norm_silu_m1` for `kern_gemv_norm_silu_m1_u5`); the
   launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`), and so does its `carveout`.
 - `pdl=0|1`: the launch's programmatic-dependent-launch flag.
+- `carveout=P|none`: the launch's preferred shared-memory carveout (percent 0..100; `none` removes the field: the
+  driver's choice), e.g. `attn.carveout=none` against the default's `"carveout": 0` (NOTES.md 55).
+
+The other changes keep the launch's `carveout`, except `entry=`, which takes the new entry's from the index.
 
 The result is checked by kern-verify (with the kernels dir: each launch's params against its cubin) before it is
 written; its errors refuse the variant, its warnings are printed (E0088: a `pdl` launch of a kernel that does not
@@ -45,6 +49,7 @@ SHORT = {
     "attn": ("attention_decode_rope", "attention_decode"), "argmax": ("argmax",),
 }
 KSPLITS = (1, 2, 4, 8)
+CARVEOUT_MAX = 100  # a launch's `carveout` is a percent (kern-verify E0095)
 
 
 class VariantError(ValueError):
@@ -103,9 +108,9 @@ def apply(m: dict, spec: str, index: dict) -> dict:
     """A copy of manifest `m` (a decoded JSON dict) with variant `spec` applied (see the module docstring).
 
     Raises:
-        VariantError: a malformed change, an unknown op or option, a value out of range, an entry the index
-            lacks or whose params differ, a launch without a `ksplit` param, a ksplit other than 1 on a row-pass
-            entry.
+        VariantError: a malformed change, an unknown op or option, a value out of range (a carveout that is not
+            0..100 or `none` too), an entry the index lacks or whose params differ, a launch without a `ksplit` param,
+            a ksplit other than 1 on a row-pass entry.
     """
     out = copy.deepcopy(m)
     for change in spec.split("+"):
@@ -165,8 +170,16 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                 launch["pdl"] = True
             else:
                 launch.pop("pdl", None)
+        elif option == "carveout":
+            if value == "none":
+                launch.pop("carveout", None)
+            elif value.isdigit() and int(value) <= CARVEOUT_MAX:
+                launch["carveout"] = int(value)
+            else:
+                raise VariantError(f"`{change}`: carveout is a percent 0..{CARVEOUT_MAX} of the maximum shared memory "
+                                   "per SM (0: the most L1), or `none` for the driver's choice")
         else:
-            raise VariantError(f"`{change}`: unknown option `{option}` (ksplit, entry, pdl)")
+            raise VariantError(f"`{change}`: unknown option `{option}` (ksplit, entry, pdl, carveout)")
     return out
 
 
