@@ -59,7 +59,8 @@ def parse_mode(mode: str) -> tuple[str, dict[str | None, int]]:
         pct, _, ops = part.partition("@")
         if part in DOMAIN_MODES:
             dom = part
-        elif pct.startswith("co") and pct[2:].isdigit() and 0 <= int(pct[2:]) <= 100 and (ops or "@" not in part):
+        elif (pct.startswith("co") and pct[2:].isdigit() and 0 <= int(pct[2:]) <= 100
+              and ("@" not in part or all(ops.split(",")))):
             for op in ops.split(",") if ops else [None]:
                 co[op] = int(pct[2:])
         else:
