@@ -23,13 +23,16 @@ cuGraphKernelNodeSetAttribute(CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP) between c
     coP       every function of the runtime with CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = P (percent of
               the 228 KB maximum; a hint the driver rounds to a supported configuration). An SM runs blocks of one
               shared-memory configuration at a time, so a PDL successor whose driver-chosen configuration differs
-              from its predecessor's (the decode attention's 137 KB CTAs after a GEMV's 5 KB blocks) may have to wait
-              for whole SMs to drain; one configuration for every kernel would let them co-reside (NOTES.md 19–20:
-              100 on the GEMV chain alone cost it its L1).
+              from its predecessor's (the decode attention's 137 KB CTAs, before session 19, after a GEMV's 5 KB
+              blocks) may have to wait for whole SMs to drain; one configuration for every kernel would let them
+              co-reside (NOTES.md 19–20: 100 on the GEMV chain alone cost it its L1). A launch whose manifest gives
+              it a `carveout` (since session 19 the default's decode attention, 0) keeps it: CUDA's launch attribute
+              takes precedence over the function attribute. The child's stats name those ops (`carveout_kept_ops`).
     coP@OP[,OP]  the same for the functions the named decode ops launch only (e.g. co72@gemv_norm_qkv); ops that share a
               function share its carveout (give one its own module copy with tools/manifest_whatif.py --op-module and
-              time that manifest with --manifest)
-    A+B       several (e.g. alt2+co72, co100@attention_decode_rope+co72@gemv_norm_qkv)
+              time that manifest with --manifest). An op whose launch has its own `carveout` is refused (this mode
+              could not change it): time a manifest with `tools/manifest_variants.py --variant OP.carveout=P` instead.
+    A+B       several (e.g. alt2+co72, co40@gemv_norm_qkv+co10@gemv_residual_o_proj)
 
 Prints per mode the ms/token of every round, the median, the difference from `default`'s median and whether the
 tokens equal default's. A probe, not a kern feature: the runtime is patched in this process only.
@@ -82,6 +85,45 @@ def domain_of(mode: str, i: int, count: int) -> int | None:
     raise ValueError(f"unknown domain mode {mode!r} (one of {', '.join(DOMAIN_MODES)})")
 
 
+def function_carveouts(manifest, entries: dict, carveout: dict[str | None, int]) -> tuple[list[tuple], list[str]]:
+    """The functions a coP mode gives a preferred carveout, as [(handle, percent, op)] (one per function), and the
+    ops whose launches keep the manifest's own `carveout` (CUDA: the launch attribute takes precedence over the
+    function attribute, so the mode cannot change them). `manifest`: the kern_schema Manifest; `entries`:
+    kern_driver's {(op, launch index): resolved entry} (`.handle`, `.entry`); `carveout`: parse_mode's.
+
+    Raises:
+        ValueError: an op of `carveout` the manifest lacks; an op named whose launch carries its own carveout; two
+            ops that share a function given different percents.
+    """
+    ops = {op for op, _ in entries}
+    named = {op for op in carveout if op is not None}
+    if unknown := sorted(named - ops):
+        raise ValueError(f"no op {unknown} in the manifest (ops: {sorted(ops)})")
+    by_handle: dict[int, tuple] = {}
+    kept: list[str] = []
+    for (op, li), e in entries.items():
+        pct = carveout.get(op, carveout.get(None))
+        if pct is None:
+            continue
+        own = manifest.ops[op].impl.launches[li].carveout
+        if own is not None:
+            if op in named:
+                raise ValueError(
+                    f"co{pct}@{op}: op {op}'s launch {li} carries its own carveout {own} (the manifest's `carveout`), "
+                    "which takes precedence over the function attribute this mode sets; time a manifest with the "
+                    f"launch's carveout changed instead: tools/manifest_variants.py MANIFEST --kernels KDIR --variant "
+                    f"{op}.carveout={pct} --out V.json, then --manifest V.json")
+            kept.append(op)
+            continue
+        key = int(e.handle)
+        if key in by_handle and by_handle[key][1] != pct:
+            raise ValueError(f"op {op} shares entry `{e.entry}` with op {by_handle[key][2]}, which was given carveout "
+                             f"{by_handle[key][1]}, not {pct} (give one its own module copy: tools/manifest_whatif.py "
+                             "--op-module)")
+        by_handle[key] = (e.handle, pct, op)
+    return list(by_handle.values()), sorted(set(kept))
+
+
 def patch_runtime(mode: str) -> dict:
     """Make kern_driver.runtime's cuGraphInstantiate first set each kernel node's domain map per `mode`, and its
     Runtime set every function's preferred carveout after loading. Returns the counters it fills (graphs, kernel
@@ -97,28 +139,19 @@ def patch_runtime(mode: str) -> dict:
             raise SystemExit(f"sync_domain_probe: {what} failed: {err}")
         return r[1] if isinstance(r, tuple) and len(r) == 2 else r
 
-    stats = {"graphs": 0, "kernel_nodes": 0, "domains": set(), "domain_count": None, "carveout_functions": 0}
+    stats = {"graphs": 0, "kernel_nodes": 0, "domains": set(), "domain_count": None, "carveout_functions": 0,
+             "carveout_kept_ops": []}
 
     if carveout:
         load = kr.Runtime._load
 
         def _load(self, *args, **kw):
             load(self, *args, **kw)
-            by_handle: dict[int, tuple] = {}
-            unknown = {op for op in carveout if op is not None} - {op for op, _ in self.entries}
-            if unknown:
-                raise SystemExit(f"sync_domain_probe: no op {sorted(unknown)} in the manifest "
-                                 f"(ops: {sorted({op for op, _ in self.entries})})")
-            for (op, _), e in self.entries.items():
-                pct = carveout.get(op, carveout.get(None))
-                if pct is None:
-                    continue
-                key = int(e.handle)
-                if key in by_handle and by_handle[key][1] != pct:
-                    raise SystemExit(f"sync_domain_probe: op {op} shares entry `{e.entry}` with op {by_handle[key][2]},"
-                                     f" which was given carveout {by_handle[key][1]}, not {pct}")
-                by_handle[key] = (e.handle, pct, op)
-            for h, pct, op in by_handle.values():
+            try:
+                funcs, stats["carveout_kept_ops"] = function_carveouts(self.manifest, self.entries, carveout)
+            except ValueError as e:
+                raise SystemExit(f"sync_domain_probe: {e}") from None
+            for h, pct, op in funcs:
                 ok(drv.cuFuncSetAttribute(
                     h, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, pct),
                     f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT = {pct}) for op {op}")
