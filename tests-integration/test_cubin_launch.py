@@ -1,5 +1,5 @@
 """tools/kernels-src/cubin_launch.py without a GPU: the launch config for programmatic dependent launch (the struct
-only) and the dynamic shared memory of a launch (index entries with `shared_mem_per`)."""
+only), the dynamic shared memory of a launch (index entries with `shared_mem_per`) and an index entry's carveout."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 cu = pytest.importorskip("cuda.bindings.driver")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "kernels-src"))
-from cubin_launch import pdl_config, shared_mem_of  # noqa: E402
+from cubin_launch import index_carveout, pdl_config, shared_mem_of  # noqa: E402
 
 
 def test_pdl_config_carries_the_geometry_and_the_one_attribute():
@@ -43,3 +43,14 @@ def test_shared_mem_of_takes_numpy_ints():
 def test_shared_mem_of_wants_an_int_for_a_sizing_param(k):
     with pytest.raises(ValueError, match="param `k` sizes the dynamic shared memory"):
         shared_mem_of(GEMV_ENTRY, [0, 0, 0, 0, 6144, k, 1e-6, 1])
+
+
+def test_index_carveout():
+    assert index_carveout({"entry": "e"}, "k") is None  # none: the driver's choice, no attribute set
+    assert index_carveout({"carveout": 0}, "k") == 0 and index_carveout({"carveout": 100}, "k") == 100
+    for bad in (101, -1, 50.0, "0", True):
+        with pytest.raises(ValueError) as e:
+            index_carveout({"carveout": bad}, "build/kernels/index.json: kernel `x`")
+        assert str(e.value) == (f"build/kernels/index.json: kernel `x`: carveout {bad!r} is not an int percent 0..100 "
+                                "(the preferred shared-memory carveout; absent: the driver's choice); rebuild the "
+                                "kernels dir with tools/build_kernels.py")

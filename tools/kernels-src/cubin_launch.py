@@ -43,6 +43,16 @@ def check(res):
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
+def index_carveout(k: dict, where: str) -> int | None:
+    """Index entry `k`'s `carveout` (percent 0..100), or None where it has none. Raises ValueError, starting with
+    `where`, when it is not an int in 0..100 (gen_qwen3.py refuses such an index too)."""
+    c = k.get("carveout")
+    if c is not None and (type(c) is not int or not 0 <= c <= 100):
+        raise ValueError(f"{where}: carveout {c!r} is not an int percent 0..100 (the preferred shared-memory carveout; "
+                         "absent: the driver's choice); rebuild the kernels dir with tools/build_kernels.py")
+    return c
+
+
 class KernelSet:
     def __init__(self, kernels_dir):
         self.dir = Path(kernels_dir)
@@ -70,10 +80,11 @@ class KernelSet:
             self._funcs[name] = check(cu.cuModuleGetFunction(mod, k["entry"].encode()))
             self._smem_limit[name] = 48 * 1024
             self._allow_smem(name, k["shared_mem"])
-            if k.get("carveout") is not None:  # as the manifest launches it (its launch field `carveout`)
+            carveout = index_carveout(k, f"{self.dir / 'index.json'}: kernel `{name}`")
+            if carveout is not None:  # as the manifest launches it (its launch field `carveout`)
                 check(cu.cuFuncSetAttribute(
                     self._funcs[name], cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    int(k["carveout"])))
+                    carveout))
         return self._funcs[name]
 
     def _allow_smem(self, name: str, smem: int) -> None:
