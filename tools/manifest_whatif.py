@@ -8,6 +8,8 @@ it: an upper bound for any faster or fused form of them.
 
 The result computes wrong values (whatever the dropped calls wrote is stale, a what-if build skips work): time it,
 never use its tokens (a build checked bit-identical, such as -DGEMV_PASSES below with its grid, is the exception).
+A launch that stays keeps its entry and so its configuration (`pdl`, shared memory, `carveout`): only what an option
+names changes (its module, or its grid).
 
 --drop OP
     OP is a short name of tools/manifest_variants.py for the decode program's ops (`attn`, `qkv`, `o`, `gate_up`,

@@ -28,7 +28,7 @@ counter pairs: words 0-1 for gate_up -> down, words 2-3 for down -> qkv.
   the manifest's; nothing waits on the count or resets it, so it only grows (it wraps after 2^32 signals: ~98,000
   4B tokens).
 
-Everything else (grids, ksplits, `pdl` flags, the other ops) is the manifest's. Timing experiment: the program must
+Everything else (grids, ksplits, `pdl` flags, carveouts, the other ops) is the manifest's. Timing experiment: the program must
 compute the default's tokens (program_sweep compares them); kern-verify warns E0088 for each waiting entry (a `pdl`
 launch whose code never executes griddepcontrol.wait: its dependency is the counter). Refused by name: a manifest
 whose GEMV ops launch other entries than the ones this rewrite knows, a cubin without the flag entries.

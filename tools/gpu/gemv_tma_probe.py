@@ -18,7 +18,8 @@ for the weight ring, after the norm variants' x (rounded up to 128 bytes). For e
 
 With `--manifest`, also writes per `--tma` a decode manifest whose GEMV ops OPS (`+`-joined short names: qkv, o,
 gate_up, down, lm_head; default every one that launches gemv.cubin: all but 4B's qkv, which runs on the row-pass
-module gemv_p2 since session 18) launch that module (`manifest_variant`), for tools/gpu/program_sweep.py
+module gemv_p2 since session 18) launch that module (`manifest_variant`; the same entry, so each launch keeps its
+`pdl` flag and any `carveout`), for tools/gpu/program_sweep.py
 `--manifest-variant LABEL=D/manifest-tma-LABEL.json`. `--geometry none`: only the manifests.
 
 Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical wherever checked; alone,

@@ -9,7 +9,8 @@ prefetch right after their first weight stages, before griddepcontrol.wait; thei
 L2::evict_first policy unless also built with -DGEMV_PF_EVICT_FIRST=0). Each `--prefetch` moves every decode call
 of one op onto its `_pf` entry (same arithmetic, bit for bit) with the range [FIRST_ROW, FIRST_ROW + ROWS) of a
 weight as the range to prefetch, split evenly over all the launch's blocks (gemv.cu's header), so the blocks that
-start late issue their share late too. ROWS = 0 is the control: the `_pf` form with nothing to prefetch.
+start late issue their share late too; the launch keeps the rest of its configuration (`pdl`, shared memory, a
+`carveout` where it has one), and the grid where its module is `gemv`. ROWS = 0 is the control: the `_pf` form with nothing to prefetch.
 
 - OP: `qkv` (gemv_norm_qkv on kern_gemv_norm_m1) or `o` (gemv_residual_o_proj on kern_gemv_residual_m1);
 - TARGET: `self` (the op's own weight in that layer) or `gate_up` (the same layer's gate_up weight).

@@ -10,9 +10,9 @@ build, whose larger dynamic shared memory is set from the entry the cubin has), 
 fixed-point accumulator buffer `mlp_acc` (i64 [hidden]); the next layer's `norm_qkv` (kern_gemv_norm_acc_m1{,_u5})
 and the final `norm_lm_head` normalize residual + that output, the next `o_proj_add` (kern_gemv_residual_acc_m1) adds
 both to the residual and clears the accumulator, and the step's embedding (kern_embedding_acc) clears it for layer
-0. The qkv, o_proj and lm_head launches keep the manifest's grids, ksplits and `pdl` flags; the MLP launch takes
-gate_up's `pdl` flag, grid n/8 (8 columns per CTA, ksplit 1) and 2·k bytes of dynamic shared memory (18·k for the
-prewait build). The result is verified with kern-verify against KDIR before it is written; what the rewrite does not
+0. The qkv, o_proj and lm_head launches keep the manifest's grids, ksplits, `pdl` flags and carveouts (none in the
+generator's); the MLP launch takes gate_up's `pdl` flag, grid n/8 (8 columns per CTA, ksplit 1) and 2·k bytes of
+dynamic shared memory (18·k for the prewait build), and no carveout (its entry is in no kernel index). The result is verified with kern-verify against KDIR before it is written; what the rewrite does not
 know (other entries, a PDL embedding, shapes the kernel refuses) is refused by name.
 """
 

@@ -244,11 +244,18 @@ DA_ROPE_SLOTS = 2
 DA_ROPE_CARVEOUT = 0
 #: Of a cluster-form warp's first DA_CLUSTER_SLOTS pages, those its PDL form issues before griddepcontrol.wait
 #: (decode_attention.cu DA_PRE_PAGES), and the same for the rope-cluster form (DA_ROPE_PRE_PAGES: its whole ring
-#: since session 18, where the qkv GEMV before it leaves its CTAs room; NOTES.md 54). The plain module issues 2 before
-#: q's load in both.
+#: since session 18, where the qkv GEMV before it leaves its CTAs room, NOTES.md 54; 4 pages then, DA_ROPE_SLOTS = 2
+#: since session 19). The plain module issues 2 before q's load in both.
 DA_PRE_PAGES = 2
 DA_ROPE_PRE_PAGES = DA_ROPE_SLOTS
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
+
+
+def da_cluster_smem(slots: int) -> int:
+    """Dynamic shared memory of the cluster and rope-cluster forms with a ring of `slots` pages per warp (decode_attention.cu
+    DA_CLUSTER_SMEM / DA_ROPE_SMEM): the warps' rings, then the cluster's partials pushed to each CTA."""
+    return DA_WARPS * slots * DA_SLOT_BYTES + DA_RECV_BYTES
+
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
 DECODE_ATTENTION_CLUSTER = "decode_attention_cluster"
@@ -298,7 +305,7 @@ def _decode_attention_cuda_kernels() -> list[Kernel]:
         ),
         Kernel(
             name=DECODE_ATTENTION_CLUSTER, lang="cuda", source="decode_attention.cu", entry="decode_attention_cluster",
-            block_x=32 * DA_WARPS, shared_mem=DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES,
+            block_x=32 * DA_WARPS, shared_mem=da_cluster_smem(DA_CLUSTER_SLOTS),
             params=head + (P("out", BF16_OUT, True),) + ATTN_TAIL,
             grid=f"(NKV, {DA_CLUSTER}, seqs): grid.y must be {DA_CLUSTER}, the compiled cluster is (1, {DA_CLUSTER}, 1)",
             doc=f"Decode attention in ONE launch (CUDA C): a thread-block cluster of {DA_CLUSTER} CTAs per (kv head, "
@@ -313,7 +320,7 @@ def _decode_attention_cuda_kernels() -> list[Kernel]:
         Kernel(
             name=DECODE_ATTENTION_ROPE_CLUSTER, lang="cuda", source="decode_attention.cu",
             entry="decode_attention_rope_cluster",
-            block_x=32 * DA_WARPS, shared_mem=DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES,
+            block_x=32 * DA_WARPS, shared_mem=da_cluster_smem(DA_CLUSTER_SLOTS),
             params=(P("qkv", BF16_IN, True), P("positions", "in buffer<i64>", True),
                     P("slot_mapping", "in buffer<i64>", True), P("q_norm_w", BF16_IN, True),
                     P("k_norm_w", BF16_IN, True), P("cos_sin", "in buffer<f32>", True),
@@ -543,10 +550,10 @@ def _pdl_kernels() -> list[Kernel]:
             dict(constexprs={**k.constexprs, "PDL": True})
         doc = k.doc + PDL_DOC.format(base=f"`{name}`") + PDL_EXTRA_DOC.get(name, "")
         if name == DECODE_ATTENTION_ROPE_CLUSTER:  # its own ring and carveout in the PDL module (DA_ROPE_SLOTS)
-            extra.update(shared_mem=DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES,
+            extra.update(shared_mem=da_cluster_smem(DA_ROPE_SLOTS),
                          constexprs={**k.constexprs, "SLOTS": DA_ROPE_SLOTS}, carveout=DA_ROPE_CARVEOUT)
             doc += (f" In this module its ring is {DA_ROPE_SLOTS} pages per warp (dynamic shared memory "
-                    f"{DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES} bytes), launched with carveout "
+                    f"{da_cluster_smem(DA_ROPE_SLOTS)} bytes), launched with carveout "
                     f"{DA_ROPE_CARVEOUT}: the smallest shared-memory configuration that fits one CTA per SM, so that "
                     "the GEMV blocks beside and after it keep their L1.")
         out.append(replace(k, name=name + "_pdl", pdl=True, doc=doc, **extra))

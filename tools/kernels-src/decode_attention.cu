@@ -201,9 +201,9 @@ __shared__ __align__(8) unsigned long long da_recv_bar;
 static_assert(DA_ROPE_SLOTS >= 1 && DA_ROPE_SLOTS <= 8, "DA_ROPE_SLOTS: 1 to 8 pages per warp");
 // Of a warp's first SLOTS pages, those issued before after_issue() (the PDL wait and q's load; plain: q's load), then
 // the rest: DA_PRE_PAGES for the split and cluster forms (2), DA_ROPE_PRE_PAGES for the rope-cluster form (its PDL form:
-// the whole ring, 4, since session 18, NOTES.md 54: it follows the qkv GEMV, whose row passes leave its CTAs room to
-// be resident and stream them while the GEMV runs; the cluster form follows qk_norm_rope_kv, where 4 cost ~0.4 us per
-// layer at 4,096 tokens: its q load queues behind them). -DDA_PRE_PAGES=N alone sets both.
+// the whole ring since session 18, 4 pages then, DA_ROPE_SLOTS = 2 since 19; NOTES.md 54: it follows the qkv GEMV, whose
+// row passes leave its CTAs room to be resident and stream them while it runs; the cluster form follows qk_norm_rope_kv,
+// where 4 cost ~0.4 us per layer at 4,096 tokens: its q load queues behind them). -DDA_PRE_PAGES=N alone sets both.
 #ifdef DA_PRE_PAGES
 #ifndef DA_ROPE_PRE_PAGES
 #define DA_ROPE_PRE_PAGES DA_PRE_PAGES
