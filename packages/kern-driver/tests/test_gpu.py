@@ -282,25 +282,31 @@ def expected(x, w):
     return (np.float32(2.0) * x + np.float32(1.0)) + w[: x.shape[0]]
 
 
+def check_eagerly_and_in_a_graph(rt, w, edges: int) -> None:
+    """The pair's z equals `expected` after eager runs at n = 1, 1000, N_MAX, and after replays, on fresh x, of a
+    graph captured at n = 3000 with `edges` programmatic edges."""
+    for n in (1, 1000, N_MAX):
+        x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        rt.write_input("x", x, prefix=True)
+        rt.run("main", n=n)
+        np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+    n = 3000
+    g = rt.capture("main", n=n)
+    assert g.programmatic_edges == edges, f"stream capture of the pair gave {g!r}"
+    for seed in (1, 2, 3):
+        x = np.random.default_rng(100 + seed).standard_normal(n).astype(np.float32)
+        rt.write_input("x", x, prefix=True)
+        g.replay()
+        np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+
+
 @pytest.mark.parametrize("mode", ["packed", "params"])
 def test_pdl_consumer_sees_the_producers_output_eagerly_and_in_a_graph(tmp_path, pdl_cubin, mode):
     rt, w = load_pdl(tmp_path, pdl_cubin, spin=SPIN, trigger_early=True, wait=True, launch_mode=mode)
     with rt:
         text = rt.describe()
         assert "PDL (programmatic dependent launch)" in text and "1 of them with PDL" in text
-        for n in (1, 1000, N_MAX):
-            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
-            rt.write_input("x", x, prefix=True)
-            rt.run("main", n=n)
-            np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
-        n = 3000
-        g = rt.capture("main", n=n)
-        assert g.programmatic_edges == 1, f"stream capture of the pdl launch gave {g!r}"
-        for seed in (1, 2, 3):
-            x = np.random.default_rng(100 + seed).standard_normal(n).astype(np.float32)
-            rt.write_input("x", x, prefix=True)
-            g.replay()
-            np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+        check_eagerly_and_in_a_graph(rt, w, edges=1)
         assert "1 programmatic edges" in rt.describe()
 
 
@@ -366,18 +372,7 @@ def test_carveout_consumer_computes_the_same_eagerly_and_in_a_graph(tmp_path, pd
         text = rt.describe()
         assert "carveout 0%" in text and "1 with a carveout" in text
         assert ("PDL (programmatic dependent launch)" in text) is pdl
-        for n in (1, 1000, N_MAX):
-            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
-            rt.write_input("x", x, prefix=True)
-            rt.run("main", n=n)
-            np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
-        n = 3000
-        g = rt.capture("main", n=n)
-        assert g.programmatic_edges == (1 if pdl else 0), repr(g)
-        x = np.random.default_rng(300).standard_normal(n).astype(np.float32)
-        rt.write_input("x", x, prefix=True)
-        g.replay()
-        np.testing.assert_array_equal(rt.read_output("z"), expected(x, w))
+        check_eagerly_and_in_a_graph(rt, w, edges=1 if pdl else 0)
 
 
 @pytest.fixture(scope="module")
