@@ -224,7 +224,8 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
             if k.carveout is not None:  # the launch's preferred shared-memory carveout (percent): only where set
                 index["kernels"][k.name]["carveout"] = k.carveout
             if not quiet:
-                print(f"  {k.name:32s} {mod:36s} block {k.block[0]:4d} smem {shared:6d}", file=sys.stderr)
+                print(f"  {k.name:32s} {mod:36s} block {k.block[0]:4d} smem {shared:6d}"
+                      + (f" carveout {k.carveout}" if k.carveout is not None else ""), file=sys.stderr)
     text = json.dumps(index, indent=1, sort_keys=True) + "\n"
     (out_dir / "index.json").write_text(text)
     return index
