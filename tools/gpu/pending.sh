@@ -75,8 +75,9 @@
 #               put qkv and/or o in the attention's 100 KB configuration (co40; co72 on qkv, 228 KB, cost nothing
 #               in call 4, perhaps because the attention's CTAs could then share its SMs), the residual GEMVs in the
 #               norm GEMVs' 32 KB one (co10), at 128 and 4,096 cached tokens; then bench_kernels' decode attention
-#               rows (issue 4's figures on the 2-page ring, launched with its carveout by cubin_launch);
-#               $OUT/s19-configs.tgz. About 7 minutes.
+#               rows (issue 4's figures on the 2-page ring, launched with its carveout by cubin_launch); first, the
+#               GPU tests edited after session 19's last device call (row-pass, DA experiments, kern-driver);
+#               $OUT/s19-configs.tgz. About 9 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -268,6 +269,11 @@ for stage in "${stages[@]}"; do
       K=/tmp/kern-e2e
       compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
       step s19c-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
+      # GPU tests edited after session 19's last device call (helper-54's merged checks; the DA experiments now
+      # build the PDL rope entry with its 2-page ring): not yet run on a GPU
+      KERN_KERNELS_DIR="$K/kernels" step s19c-tests 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_gemv_passes_gpu.py tests-integration/gpu/test_da_experiments_gpu.py \
+        packages/kern-driver/tests
       cp "$K/kernels/gemv.cubin" "$K/kernels/gemv_o.cubin"
       step s19c-whatif 60 python3 tools/manifest_whatif.py "$K/qwen3-4b/manifest.json" --kernels "$K/kernels" \
         --op-module gemv_residual_o_proj=gemv_o.cubin --out "$K/o_copy.json"
