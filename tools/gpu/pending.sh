@@ -98,13 +98,15 @@ step() {  # name timeout_s command...: runs, logs to $OUT/name.log, prints its t
   [ $rc -eq 0 ] || { echo "=== $name: exit $rc"; status=1; }
   return $rc
 }
+wheels() {  # log: installs the carried .whl/ wheels (msgspec, nvmath-python, pyelftools) where there are any
+  compgen -G ".whl/*.whl" > /dev/null || return 0
+  python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$1" 2>&1
+}
 
 for stage in "${stages[@]}"; do
   case $stage in
     prep)
-      if compgen -G ".whl/*.whl" > /dev/null; then
-        python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/pip.log" 2>&1 || echo "pip install of .whl/ failed"
-      fi
+      wheels "$OUT/pip.log" || echo "pip install of .whl/ failed"
       step prepare 400 python3 tools/gpu/prepare.py --work "$W" --geometry 0.6b --geometry 4b
       # the opt-in kernel forms (--fused-attention) are added beside the default ones (default cubins unchanged)
       step build-optin 200 python3 tools/build_kernels.py --out "$W/kernels" --pdl --fused-attention -q
@@ -164,7 +166,7 @@ for stage in "${stages[@]}"; do
       ;;
     prime-probe)
       K=/tmp/kern-prime
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       step prime-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
       KERN_KERNELS_DIR="$K/kernels" step prime-driver 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
         packages/kern-driver
@@ -175,7 +177,7 @@ for stage in "${stages[@]}"; do
       ;;
     prime-bench)
       K=/tmp/kern-prime
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       step prime-prepare-both 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
       cp BENCHMARKS.md "$OUT/prime-BENCHMARKS.md"
       for g in 4b 0.6b; do
@@ -192,7 +194,7 @@ for stage in "${stages[@]}"; do
     wait-by-op|wait-by-op-noattn)
       K=/tmp/kern-e2e
       M="$K/qwen3-4b/manifest.json"
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       [ -f "$M" ] || step wbo-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
       NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
       (cd tools/kernels-src && "$NVCC" -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT \
@@ -217,7 +219,7 @@ for stage in "${stages[@]}"; do
       ;;
     da-merge)
       K=/tmp/kern-e2e
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       step dam-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
       KERN_KERNELS_DIR="$K/kernels" step dam-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
         tests-integration/gpu/test_decode_attention_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py
@@ -235,7 +237,7 @@ for stage in "${stages[@]}"; do
       ;;
     s18-module)
       K=/tmp/kern-e2e
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       step s18-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
       KERN_KERNELS_DIR="$K/kernels" step s18-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
         tests-integration/gpu/test_decode_attention_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py \
@@ -251,7 +253,7 @@ for stage in "${stages[@]}"; do
       ;;
     s19-carveout)
       K=/tmp/kern-e2e
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       step s19-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
       KERN_KERNELS_DIR="$K/kernels" step s19-tests 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
         tests-integration/gpu/test_rope_attention_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py \
@@ -267,7 +269,7 @@ for stage in "${stages[@]}"; do
       ;;
     s19-configs)
       K=/tmp/kern-e2e
-      compgen -G ".whl/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps .whl/*.whl > /dev/null 2>&1
+      wheels /dev/null
       step s19c-prepare 300 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
       # GPU tests edited after session 19's last device call (helper-54's merged checks; the DA experiments now
       # build the PDL rope entry with its 2-page ring): not yet run on a GPU
