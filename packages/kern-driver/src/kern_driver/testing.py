@@ -136,13 +136,20 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def module_entry(source: str, cubin_sha: str | None) -> dict[str, Any]:
+    """A manifest `modules` entry: `{"source": source, "sha256": cubin_sha}`, without `sha256` when it is None
+    (the tests of a missing pin)."""
+    mod: dict[str, Any] = {"source": source}
+    if cubin_sha is not None:
+        mod["sha256"] = cubin_sha
+    return mod
+
+
 def vadd_manifest(cubin_sha: str | None, *, n_max: int = 4096, alpha: float = 2.0, n_type: str = "i32",
                   calls: int = 1, source: str = "vadd.cubin") -> dict[str, Any]:
     """`out[i] = x[i] + alpha · w[i]` for i < n: input x f32[n], weight w f32[n_max],
     output out f32[n]; program `main` makes `calls` identical calls (labels add0, add1...)."""
-    mod: dict[str, Any] = {"source": source}
-    if cubin_sha is not None:
-        mod["sha256"] = cubin_sha
+    mod = module_entry(source, cubin_sha)
     return {
         "schema_version": 4,
         "model": "vadd-test",
@@ -205,9 +212,7 @@ def pdl_manifest(cubin_sha: str | None, *, n_max: int = 4096, pdl: bool = True, 
     """Program `main`: `produce` (y = 2x + 1, workspace) then `consume` (z = y + w, output),
     the consumer's launch with `"pdl": pdl` and, when given, `"carveout": carveout` (percent).
     x input f32[n], w weight f32[n_max]."""
-    mod: dict[str, Any] = {"source": source}
-    if cubin_sha is not None:
-        mod["sha256"] = cubin_sha
+    mod = module_entry(source, cubin_sha)
     grid = [{"ceil_div": ["n", 256]}, 1, 1]
     consume: dict[str, Any] = {
         "module": "pdl", "entry": "consume",
@@ -282,9 +287,7 @@ def resident_manifest(cubin_sha: str | None, *, shared_mem: int = 40960, carveou
     """Program `main`: one launch of `resident` with var `blocks` blocks of 32 threads and `shared_mem`
     bytes of dynamic shared memory each, with `"carveout": carveout` when given; output `out` i64[blocks, 3]
     (per block: SM id, start and end in ns). See `peak_residency`."""
-    mod: dict[str, Any] = {"source": source}
-    if cubin_sha is not None:
-        mod["sha256"] = cubin_sha
+    mod = module_entry(source, cubin_sha)
     launch: dict[str, Any] = {
         "module": "resident", "entry": "resident", "params": ["out buffer<i64>", "i64"],
         "block": [32, 1, 1], "grid": ["blocks", 1, 1], "shared_mem": shared_mem,
