@@ -11,6 +11,8 @@ repository) and torch.
 - the float64 reference of paged decode attention (kv_geom, pool, gather_kv, ref_attention) and
   DecodeContext, one sequence's KV pool and launch arguments (test_decode_attention_gpu.py,
   test_fused_attention_gpu.py; test_kernels_gpu.py uses kv_geom and gather_kv);
+- ref_norm_rope, rope_reference: the float64 reference of the rope-cluster decode attention (q/k RMS norm,
+  rotary, the token's k/v row, attention; test_rope_attention_gpu.py, test_qkv_attention_gpu.py);
 - decode_chains, run_generations: a generated decode program run end to end through kern-run (the 0.6B
   chains of test_decode_attention_gpu.py and test_fused_attention_gpu.py).
 
@@ -199,3 +201,26 @@ def run_generations(chain: dict[str, Path], which: str, graph: bool, *, capacity
         return tokens, logits
     finally:
         rt.close()
+
+
+def ref_norm_rope(x, w, cs, eps=1e-6):
+    """x float64 [h, D], cs [D] (cos|sin) -> rope(rmsnorm(x) * w), float64 (Qwen3's q_norm/k_norm, then neox rotary)."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    cos, sin = cs[: D // 2].double(), cs[D // 2:].double()
+    return torch.cat([y[:, : D // 2] * cos - y[:, D // 2:] * sin, y[:, D // 2:] * cos + y[:, : D // 2] * sin], -1)
+
+
+def rope_reference(qkv_row, kv, off, page_elems, tok, bt_row, L, nq, qw, kw, cs, slot):
+    """float64 (out [1, nq*D], k [NKV, D]): q, k = rope(rmsnorm(.) * w) of the bf16 inputs; attention over the
+    cache (from layer offset `off`) whose row at `slot` holds bf16(k) and v, as the kernels store them."""
+    x = qkv_row.double()
+    q = ref_norm_rope(x[: nq * D].view(nq, D), qw, cs)
+    k = ref_norm_rope(x[nq * D:(nq + NKV) * D].view(NKV, D), kw, cs)
+    kv = kv.clone()
+    row = slot // 16 * page_elems + slot % 16 * tok + off
+    kv[row: row + tok].view(NKV, 2, D)[:, 0] = k.to(BF)
+    kv[row: row + tok].view(NKV, 2, D)[:, 1] = qkv_row[(nq + NKV) * D:].view(NKV, D)
+    K, V = gather_kv(kv[off:], page_elems, bt_row, L)
+    G = nq // NKV
+    s = torch.einsum("hd,lhd->hl", q, K.repeat_interleave(G, 1)) / math.sqrt(D)
+    return torch.einsum("hl,lhd->hd", s.softmax(-1), V.repeat_interleave(G, 1)).reshape(1, nq * D), k

@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import torch, BF, D, DEV, NKV, bits, gather_kv, kernels_dir, nan_like, pool, rope_table  # noqa: E402
+from gpu_helpers import (torch, BF, D, DEV, NKV, bits, kernels_dir, nan_like, pool,  # noqa: E402
+                         rope_reference as reference, rope_table)
 
 TOL = 1e-2
 CLUSTER = 8
@@ -56,13 +57,6 @@ def cos_sin():
 def relerr(out, ref):
     assert not torch.isnan(out).any(), "NaN in the output"
     return ((out.double() - ref).norm() / ref.norm()).item()
-
-
-def ref_norm_rope(x, w, cs):
-    """x float64 [h, D], cs [D] (cos|sin) -> rope(rmsnorm(x) * w), float64."""
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
-    cos, sin = cs[: D // 2].double(), cs[D // 2:].double()
-    return torch.cat([y[:, : D // 2] * cos - y[:, D // 2:] * sin, y[:, D // 2:] * cos + y[:, : D // 2] * sin], -1)
 
 
 class Case:
@@ -99,22 +93,6 @@ class Case:
     def reference(self):
         return reference(self.qkv[0], self.kv, self.off, self.page_elems, self.tok, self.bt, self.L, self.nq,
                          self.qw, self.kw, self.cos_sin[self.L - 1], int(self.slot))
-
-
-def reference(qkv_row, kv, off, page_elems, tok, bt_row, L, nq, qw, kw, cs, slot):
-    """float64 (out [1, nq*D], k [NKV, D]): q, k = rope(rmsnorm(.) * w) of the bf16 inputs; attention over the
-    cache (from layer offset `off`) whose row at `slot` holds bf16(k) and v, as the kernels store them."""
-    x = qkv_row.double()
-    q = ref_norm_rope(x[: nq * D].view(nq, D), qw, cs)
-    k = ref_norm_rope(x[nq * D:(nq + NKV) * D].view(NKV, D), kw, cs)
-    kv = kv.clone()
-    row = slot // 16 * page_elems + slot % 16 * tok + off
-    kv[row: row + tok].view(NKV, 2, D)[:, 0] = k.to(BF)
-    kv[row: row + tok].view(NKV, 2, D)[:, 1] = qkv_row[(nq + NKV) * D:].view(NKV, D)
-    K, V = gather_kv(kv[off:], page_elems, bt_row, L)
-    G = nq // NKV
-    s = torch.einsum("hd,lhd->hl", q, K.repeat_interleave(G, 1)) / math.sqrt(D)
-    return torch.einsum("hl,lhd->hd", s.softmax(-1), V.repeat_interleave(G, 1)).reshape(1, nq * D), k
 
 
 def guarded(nq, rows=1):

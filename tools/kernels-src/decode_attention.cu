@@ -1024,6 +1024,12 @@ __device__ __forceinline__ void load8f(const float* p, float (&x)[8]) {
 // out[e+64] = a[e+64]*cos + a[e]*sin for e < 64; one rounding to bf16). Lane (g, t) holds elements 32kp + 8t + j
 // (kp = 0..3, j = 0..7) of head g, so each rotary pair (kp, kp+2) is in one lane and a head's sum of squares is a
 // quad's. qw[kp]: q_norm_w's 8 elements at 32kp + 8t; cs: this position's cos row (sin at cs + 64).
+// Load: how the q|k|v row is read (16 bytes at a time): LoadCg, through L2 (an earlier launch wrote it; the default),
+// or, in qkv_attention.cu's fused form, from the shared-memory copy of the kv group's GEMV outputs.
+struct LoadCg {
+    __device__ __forceinline__ uint4 operator()(const uint4* p) const { return __ldcg(p); }
+};
+template <class Load = LoadCg>
 __device__ __forceinline__ void load_q_rope(const bf16* q, int64_t b, int q_stride, int h, int G, const uint4 (&qw)[4],
                                             const float* cs, float eps, uint32_t (&qa)[4][4]) {
     const int lane = threadIdx.x & 31;
@@ -1033,7 +1039,7 @@ __device__ __forceinline__ void load_q_rope(const bf16* q, int64_t b, int q_stri
     float ss = 0.f;
 #pragma unroll
     for (int kp = 0; kp < 4; ++kp) {
-        unpack8(g < G ? __ldcg(qp + 4 * kp) : make_uint4(0, 0, 0, 0), x[kp]);
+        unpack8(g < G ? Load{}(qp + 4 * kp) : make_uint4(0, 0, 0, 0), x[kp]);
 #pragma unroll
         for (int j = 0; j < 8; ++j) ss += x[kp][j] * x[kp][j];
     }
@@ -1067,11 +1073,12 @@ __device__ __forceinline__ void load_q_rope(const bf16* q, int64_t b, int q_stri
 // after k := rope(rmsnorm(k) * k_norm_w) (as load_q_rope), lane i >= 16 v elements 8(i-16).. unchanged; i.e.
 // lane i's 16 bytes of the 512-byte row. kw: k_norm_w's 8 elements at 8(i%16); c, sn: cos and sin of rotary
 // index 8(i%8) + j. Every lane of the warp must call it (shuffles).
+template <class Load = LoadCg>
 __device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
                                              int num_kv_heads, int h, const uint4 kw, const float (&c)[8],
                                              const float (&sn)[8], float eps) {
     const int lane = threadIdx.x & 31, half = lane >> 4;
-    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(
+    const uint4 raw = Load{}(reinterpret_cast<const uint4*>(
         qkv + b * q_stride + int64_t(num_q_heads + half * num_kv_heads + h) * DA_D + 8 * (lane & 15)));
     float x[8], w[8];
     unpack8(raw, x);
