@@ -80,7 +80,7 @@ def qa(ks, tmp_path_factory):
                         "qkv_attention.cu"], cwd=ROOT / "tools" / "kernels-src", check=True, capture_output=True)
         f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(cubin.read_bytes())), ENTRY.encode()))
         check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    227 * 1024))
+                                    200 * 1024))
         out[name] = _launcher(f)
     return out
 
@@ -246,7 +246,7 @@ d = Path(tempfile.mkdtemp())
 subprocess.run([bk._nvcc(), *bk.NVCC_FLAGS, '-DKERN_PDL', '-o', str(d / 'q.cubin'), 'qkv_attention.cu'],
                cwd={str(ROOT / 'tools' / 'kernels-src')!r}, check=True)
 f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData((d / 'q.cubin').read_bytes())), b'{ENTRY}'))
-check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 227 * 1024))
+check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 200 * 1024))
 from cubin_launch import KernelSet
 c = t.Case(None, t.rope_table(), 32, 2560, 130)
 _, out = t.guarded(32)

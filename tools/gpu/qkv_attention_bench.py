@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""The fused qkv GEMV + rope-cluster attention (tools/kernels-src/qkv_attention.cu, an experiment; NOTES.md 56)
+against the two launches it replaces, kernel against kernel: 36 layers in one CUDA graph, Qwen3-4B geometry.
+
+    python3 tools/gpu/qkv_attention_bench.py --kernels KDIR --cubin NAME=FILE[:SLOTS:SLOT_BYTES[:THREADS]] ...
+        [--context 130 --context 4096] [--replays 30]
+
+KDIR: a build_kernels.py dir with kern_gemv_norm_m1 and decode_attention_rope_cluster_pdl (the pair, launched as the
+decode program launches them: 192-block row-pass grid where KDIR has kern_gemv_norm_m1_p2, PDL on every launch).
+Each --cubin: a qkv_attention.cu build (its slot count and bytes, as built with -DQA_SLOTS/-DQA_SLOT_BYTES; THREADS
+128, or 256 for a -DDA_WARPS=8 build). Per context: µs per layer of the pair and of each build, median of the
+replays (each replay: 36 layers over 36 distinct weight sets and KV layers, x shared), and the floor (the layer's
+qkv weight + K|V bytes at 4.25 TB/s). A probe: prints a table, appends nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integration" / "gpu"):
+    sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+from cuda.bindings import driver as cu  # noqa: E402
+from cubin_launch import KernelSet, check, launch_function  # noqa: E402
+
+NQ, NKV, D, K, LAYERS, EPS = 32, 8, 128, 2560, 36, 1e-6
+N = (NQ + 2 * NKV) * D
+BF = torch.bfloat16
+
+
+def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
+    f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"qkv_attention_rope_cluster"))
+    smem = 72192 + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K
+    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
+
+    def launch(args):
+        hold = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else
+                ctypes.c_float(a) if isinstance(a, float) else ctypes.c_int32(a) for a in args]
+        ptrs = (ctypes.c_void_p * len(hold))(*[ctypes.addressof(h) for h in hold])
+        launch_function(f, (NKV, 8, 1), (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
+                        ctypes.addressof(ptrs), pdl=True)
+    return launch
+
+
+def time_graph(body, replays: int) -> float:
+    """µs per layer: body() captured once into a CUDA graph, replayed; median over the replays."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        body()  # warm (module loads, smem attributes)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        body()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / LAYERS)
+    return statistics.median(ts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", type=Path, required=True)
+    ap.add_argument("--cubin", action="append", default=[], metavar="NAME=FILE[:SLOTS:SLOT_BYTES[:THREADS]]")
+    ap.add_argument("--context", type=int, action="append")
+    ap.add_argument("--replays", type=int, default=30)
+    a = ap.parse_args()
+    torch.empty(1, device="cuda")
+    ks = KernelSet(a.kernels)
+    p2 = "kern_gemv_norm_m1_p2" in ks.kernels
+    gemv = "kern_gemv_norm_m1_p2" if p2 else "kern_gemv_norm_m1"
+    grid = (192,) if p2 else (-(-N // 16),)
+    builds = {}
+    for spec in a.cubin:
+        name, _, rest = spec.partition("=")
+        f, *geo = rest.split(":")
+        slots, slot_bytes, threads = (int(geo[0]), int(geo[1]), int(geo[2]) if len(geo) > 2 else 128) if geo \
+            else (4, 20480, 128)
+        builds[name] = fused_launcher(Path(f), slots, slot_bytes, threads)
+    from gpu_helpers import pool, rope_table
+
+    cos_sin = rope_table()
+    torch.manual_seed(0)
+    x = (torch.randn(1, K, device="cuda") * 3).to(BF)
+    ws = [(torch.randn(N, K, device="cuda") / math.sqrt(K)).to(BF) for _ in range(LAYERS)]
+    nw = (torch.rand(K, device="cuda") + 0.5).to(BF)
+    qw, kw = (torch.rand(D, device="cuda") + 0.5).to(BF), (torch.rand(D, device="cuda") + 0.5).to(BF)
+    print(f"Qwen3-4B geometry, {LAYERS} layers per graph, µs per layer (median of {a.replays} replays); "
+          f"pair = {gemv} (grid {grid[0]}) + decode_attention_rope_cluster_pdl, every launch PDL")
+    print("| context | floor µs | pair | " + " | ".join(builds) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(builds))
+    for L in a.context or [130, 4096]:
+        kv, bt, tok, page_elems = pool(L, LAYERS)
+        seq = torch.tensor([L], dtype=torch.int32, device="cuda")
+        pos = torch.tensor([L - 1], dtype=torch.int64, device="cuda")
+        slot = (bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
+        qkv = torch.empty(1, N, dtype=BF, device="cuda")
+        out = torch.empty(1, NQ * D, dtype=BF, device="cuda")
+        tail = [bt.numel(), page_elems * 2, 1 / math.sqrt(D), EPS]
+
+        def pair():
+            for layer in range(LAYERS):
+                ks.launch(gemv, grid, [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
+                ks.launch("decode_attention_rope_cluster_pdl", (NKV, 8, 1),
+                          [qkv, pos, slot, qw, kw, cos_sin, kv[layer * 16 * tok:], bt, seq, out, NQ, NKV, N, *tail],
+                          pdl=True)
+
+        row = [time_graph(pair, a.replays)]
+        for launch in builds.values():
+            def fused(launch=launch):
+                for layer in range(LAYERS):
+                    launch([x, nw, ws[layer], pos, slot, qw, kw, cos_sin, kv[layer * 16 * tok:], bt, seq, out,
+                            NQ, NKV, K, *tail])
+            row.append(time_graph(fused, a.replays))
+        floor = (N * K * 2 + L * NKV * 512) / 4.25e6
+        print(f"| {L} | {floor:.2f} | " + " | ".join(f"{t:.2f}" for t in row) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
