@@ -14,7 +14,8 @@ boundaries and ring edges, GQA groups 2, 4 and 8, hidden sizes 1,024 (one 8-row 
 2. the KV cache: every byte but the current token's row untouched; that row's k and v within 1e-2 of the float64
    reference;
 3. slot_mapping < 0: nothing stored, the same output; two sequences (grid z); launched twice, the same bits;
-   a build with 3 slots of 16 KB (other slot geometry, same arithmetic per row) gives the same bits;
+   a build with another ring (3 slots of 16 KB; the tensor-core form -DQA_MMA with 2 slots instead of 4) gives the
+   same bits. Each case runs both GEMV forms: CUDA cores (default) and tensor cores (-DQA_MMA);
 4. too little dynamic shared memory: the kernel traps (a launch error), it does not corrupt memory.
 
 qkv_attention.cu is built here by nvcc (-DKERN_PDL, as the experiment's module); the two-launch kernels come from
@@ -46,7 +47,11 @@ EPS = 1e-6
 ROPE, GEMV = "decode_attention_rope_cluster_pdl", "kern_gemv_norm_m1"
 ENTRY = "qkv_attention_rope_cluster"
 #: build name -> (defines, slots, slot bytes)
-BUILDS = {"default": ((), 4, 20480), "s3": (("QA_SLOTS=3", "QA_SLOT_BYTES=16384"), 3, 16384)}
+BUILDS = {"default": ((), 4, 20480), "s3": (("QA_SLOTS=3", "QA_SLOT_BYTES=16384"), 3, 16384),
+          "mma": (("QA_MMA", "QA_SLOT_BYTES=20736"), 4, 20736),
+          "mma2": (("QA_MMA", "QA_SLOTS=2", "QA_SLOT_BYTES=20736"), 2, 20736)}
+#: the GEMV forms, and a build of each with another ring (the same arithmetic: the same bits)
+FORMS = {"default": "s3", "mma": "mma2"}
 ROPE_SMEM = 72192  # decode_attention_rope_cluster's dynamic shared memory in the PDL module (2-page ring)
 GUARD = 64
 
@@ -168,15 +173,16 @@ CASES = [(16, 1024, 1), (16, 1024, 130), (32, 2560, 1), (32, 2560, 17), (32, 256
          (32, 2560, 1025), (32, 2560, 4096), (64, 2560, 1000), (64, 5120, 333), (32, 4096, 2049), (16, 1024, 4096)]
 
 
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("nq,k,L", CASES)
-def test_fused_vs_two_launches(ks, qa, cos_sin, nq, k, L):
+def test_fused_vs_two_launches(ks, qa, cos_sin, nq, k, L, form):
     c = Case(ks, cos_sin, nq, k, L)
     x0, w0 = c.x.clone(), c.w.clone()
     kv_a, kv_b = c.kv.clone(), c.kv.clone()
     _, out_a = guarded(nq)
     buf_b, out_b = guarded(nq)
     c.two_launch(kv_a, out_a)
-    c.fused(qa, kv_b, out_b)
+    c.fused(qa, kv_b, out_b, build=form)
     torch.cuda.synchronize()
     assert torch.isnan(buf_b[nq * D:]).all(), "wrote past the output"
     assert torch.equal(bits(c.x), bits(x0)) and torch.equal(bits(c.w), bits(w0)), "x and w are read only"
@@ -191,7 +197,7 @@ def test_fused_vs_two_launches(ks, qa, cos_sin, nq, k, L):
     assert relerr(row[:, 0], k_ref) <= TOL, "k row"
     assert relerr(row[:, 1], c.qkv64()[(nq + NKV) * D:].view(NKV, D).double()) <= TOL, "v row"
     # twice in a row (the row it wrote is rewritten identically), and the other slot geometry: the same bits
-    for build in ("default", "s3"):
+    for build in (form, FORMS[form]):
         _, out_c = guarded(nq)
         c.fused(qa, kv_b, out_c, build=build)
         torch.cuda.synchronize()

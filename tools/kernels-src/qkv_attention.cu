@@ -17,6 +17,14 @@
 // into the cache at slot_mapping[b] and into its page's shared-memory copy, the pages, the cluster merge. Each
 // warp's first DA_ROPE_PRE_PAGES pages also go out before the wait, as in the rope-cluster form.
 //
+// Tensor-core form (-DQA_MMA): a slot holds one 16-row run's KC columns instead (KC: the largest multiple of
+// 16*DA_WARPS dividing k with 16 rows of 2*KC + 16 bytes in a slot: one bulk copy per row, rows padded so that
+// ldmatrix is free of bank conflicts; e.g. 640 for k = 2,560 with QA_SLOT_BYTES 20,736); warp w takes KC/DA_WARPS of
+// them as mma.sync m16n8k16 steps (A: the 16 rows by ldmatrix, B: xn in column 0, zeros elsewhere; fp32
+// accumulators), and after the run's last chunk the warps' 16 partial sums are added in warp order. The CUDA-core
+// form (default) issues ~26 instructions per 16 weight bytes, too many for one CTA of 4 warps per SM to keep up with
+// the SM's share of the bus (NOTES.md 56); the tensor-core form ~3 per 512 bytes.
+//
 // Numerics: the GEMV sums in another order than gemv.cu's (so the q|k|v values may differ from the two-launch
 // program's by a bf16 rounding step), everything after it is decode_attention_rope_cluster's arithmetic.
 //
@@ -93,16 +101,28 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
     const int G = num_q_heads / num_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tig = lane & 3;
     const int row_bytes = 2 * k, nv = k / 8;
+#ifdef QA_MMA
+    // a slot: 16 rows (one run) x KC columns, each row a bulk copy of 2*KC bytes at a padded stride of 2*KC + 16
+    // (ldmatrix's 8 rows then hit distinct banks); KC: the largest multiple of 16*DA_WARPS dividing k that fits
+    int KC = 0;
+    for (int c = 16 * DA_WARPS; c <= k; c += 16 * DA_WARPS)
+        if (k % c == 0 && 16 * (2 * c + 16) <= QA_SLOT_BYTES) KC = c;
+    const int SR = 16, CPR = KC > 0 ? k / KC : 1, pitch = 2 * KC + 16;  // chunks per row
+    const bool fits = KC > 0;
+#else
     int SR = 16;  // rows per slot
     while (SR > 1 && SR * row_bytes > QA_SLOT_BYTES) SR >>= 1;
+    const int CPR = 1;
+    const bool fits = row_bytes <= QA_SLOT_BYTES;
+#endif
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (k % 8 != 0 || row_bytes > QA_SLOT_BYTES || G < 1 || G > DA_MAX_G || num_q_heads % num_kv_heads != 0 ||
+        if (k % 8 != 0 || !fits || G < 1 || G > DA_MAX_G || num_q_heads % num_kv_heads != 0 ||
             gridDim.y != DA_CLUSTER || dyn < uint32_t(QA_XN_OFF + row_bytes))
             __trap();
     }
-    const int R = (G + 2) * 16, NS = R / SR;  // this CTA's rows and slots (SR divides 16: a slot is one run)
+    const int R = (G + 2) * 16, NS = R / SR * CPR;  // this CTA's rows and slots (SR divides 16: a slot is one run)
     // local row i -> its weight row: q run s of the group, then k run s, then v run s
     const auto wrow = [&](int i) -> int64_t {
         if (i < G * 16) return int64_t(h) * G * DA_D + s * G * 16 + i;
@@ -110,13 +130,28 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
         return int64_t(num_q_heads + num_kv_heads + h) * DA_D + s * 16 + (i - G * 16 - 16);
     };
     const uint32_t bars = base_a + QA_BARS_OFF, ring = base_a + QA_RING_OFF;
+    // slot t of this CTA's stream (one thread): rows t*SR.. (QA_MMA: the 16 rows of run t / CPR, columns
+    // (t % CPR)*KC .. +KC, one copy per row)
+    const auto issue = [&](int t) {
+#ifdef QA_MMA
+        const uint32_t bar = bars + uint32_t(t % QA_SLOTS) * 8, dst = ring + uint32_t(t % QA_SLOTS) * QA_SLOT_BYTES;
+        const bf16* src = w + wrow((t / CPR) * 16) * k + (t % CPR) * KC;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(uint32_t(32 * KC))
+                     : "memory");
+        for (int r = 0; r < 16; ++r)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(dst + uint32_t(r * pitch)), "l"(__cvta_generic_to_global(src + int64_t(r) * k)),
+                         "r"(uint32_t(2 * KC)), "r"(bar) : "memory");
+#else
+        qa_issue(ring, bars, t, w + wrow(t * SR) * k, uint32_t(SR * row_bytes));
+#endif
+    };
     if (tid == 0) {  // weights (no launch writes them): the ring's first slots before the PDL wait
 #pragma unroll
         for (int i = 0; i < QA_SLOTS; ++i)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + uint32_t(i * 8)) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int t = 0; t < min(QA_SLOTS, NS); ++t)
-            qa_issue(ring, bars, t, w + wrow(t * SR) * k, uint32_t(SR * row_bytes));
+        for (int t = 0; t < min(QA_SLOTS, NS); ++t) issue(t);
     }
     cluster_entry(num_q_heads, num_kv_heads);
     const int gw = s * DA_WARPS + warp, step = DA_WARPS * DA_CLUSTER;
@@ -144,6 +179,10 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
     bf16* qkv_s = reinterpret_cast<bf16*>(base + QA_QKV_OFF);
     uint4* xn = reinterpret_cast<uint4*>(base + QA_XN_OFF);
 
+#ifdef QA_MMA
+    __shared__ float mma_red[2 * DA_WARPS * 16];  // per run: each warp's 16 partial sums (double-buffered by run)
+    float mma_d[4] = {0.f, 0.f, 0.f, 0.f};
+#endif
     // Every warp calls this once, after issuing its first pages (cta_attend's hook): all 128 threads run it.
     const auto after_issue = [&]() {
         DA_TRIGGER_AT_POINT(4);
@@ -171,6 +210,42 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
         for (int t = 0; t < NS; ++t) {
             qa_mbar_wait(bars + uint32_t(t % QA_SLOTS) * 8, uint32_t(t / QA_SLOTS) & 1u);
             const uint32_t sl = ring + uint32_t(t % QA_SLOTS) * QA_SLOT_BYTES;
+#ifdef QA_MMA
+            {
+                // warp w: columns (t % CPR)*KC + w*KC/DA_WARPS .. of the run's 16 rows, KC/DA_WARPS/16 k-steps of
+                // mma m16n8k16 (A: the rows, by ldmatrix; B: xn in column 0, the other columns zero)
+                const int g = lane >> 2, c0 = (t % CPR) * KC + warp * (KC / DA_WARPS);
+                const uint32_t a_lane = sl + uint32_t((lane & 15) * pitch + (lane >> 4) * 16 + warp * (KC / DA_WARPS) * 2);
+                const uint32_t* xw = reinterpret_cast<const uint32_t*>(xn);
+                for (int ks = 0; ks < KC / DA_WARPS / 16; ++ks) {
+                    uint32_t a[4];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(a_lane + uint32_t(ks * 32)));
+                    const int kk = c0 + ks * 16 + 2 * tig;  // this lane's B rows 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1)
+                    const uint32_t b0 = g == 0 ? xw[kk / 2] : 0u, b1 = g == 0 ? xw[kk / 2 + 4] : 0u;
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(mma_d[0]), "+f"(mma_d[1]), "+f"(mma_d[2]), "+f"(mma_d[3])
+                        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+                }
+                if (t % CPR == CPR - 1) {  // the run's last chunk: the warps' partials (column 0: lanes tig 0)
+                    float* red = mma_red + ((t / CPR) & 1) * (DA_WARPS * 16);
+                    if (tig == 0) {
+                        red[warp * 16 + g] = mma_d[0];
+                        red[warp * 16 + g + 8] = mma_d[2];
+                    }
+                    mma_d[0] = mma_d[1] = mma_d[2] = mma_d[3] = 0.f;
+                }
+            }
+            __syncthreads();  // every warp is done with the slot (and the run's partials are in)
+            if (t % CPR == CPR - 1 && tid < 16) {
+                const float* red = mma_red + ((t / CPR) & 1) * (DA_WARPS * 16);
+                float y = 0.f;
+#pragma unroll
+                for (int ww = 0; ww < DA_WARPS; ++ww) y += red[ww * 16 + tid];
+                qa_out[(t / CPR) * 16 + tid] = __float2bfloat16_rn(y);
+            }
+#else
             for (int r = warp; r < SR; r += DA_WARPS) {
                 const uint32_t row = sl + uint32_t(r * row_bytes);
                 float a0 = 0.f, a1 = 0.f;
@@ -184,12 +259,16 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
                 if (lane == 0) qa_out[t * SR + r] = __float2bfloat16_rn(y);
             }
             __syncthreads();  // every warp is done with the slot (and, after the last, qa_out is complete)
+#endif
             if (tid == 0 && t + QA_SLOTS < NS) {
                 // the warps' generic-proxy reads of the slot before the bulk copy's async-proxy writes
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                qa_issue(ring, bars, t + QA_SLOTS, w + wrow((t + QA_SLOTS) * SR) * k, uint32_t(SR * row_bytes));
+                issue(t + QA_SLOTS);
             }
         }
+#ifdef QA_MMA
+        __syncthreads();  // the last run's sums are in qa_out
+#endif
         // every CTA of the cluster has started (the entry's arrive): push this CTA's (G+2) runs of 16 values into
         // every CTA's q|k|v copy, 16 bytes per store (q: elements s*G*16.., k: G*128 + s*16.., v: (G+1)*128 + s*16..)
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
