@@ -124,6 +124,36 @@ def test_bad_changes_say_what_is_wrong(base, index, spec, needle):
     assert needle in str(e.value)
 
 
+def test_merge_pairs():
+    """The rewrites' pair merge (tools/gpu/mlp_variant.py, qkv_attention_variant.py): each `a` call and the `b` call
+    right after it become merge's one call, the others stay; a pair out of order is refused by the call's label."""
+    def call(label, op):
+        return {"label": label, "op": op, "args": []}
+
+    def merge(c, d):
+        return {"label": c["label"] + "+" + d["label"], "op": "ab", "args": []}
+
+    src = [call("e", "x"), call("l0.a", "a"), call("l0.b", "b"), call("m", "x"), call("l1.a", "a"), call("l1.b", "b")]
+    before = json.dumps(src)
+    out = mv.merge_pairs(src, "a", "b", merge, "MISSING", "STRAY")
+    assert [c["label"] for c in out] == ["e", "l0.a+l0.b", "m", "l1.a+l1.b"] and out[0] is src[0]
+    assert json.dumps(src) == before  # the input list is left as it was
+    assert mv.merge_pairs([], "a", "b", merge, "MISSING", "STRAY") == []
+    for calls, needle in [([call("l0.a", "a"), call("m", "x"), call("l0.b", "b")], "call `l0.a`: MISSING"),
+                          ([call("l0.a", "a")], "call `l0.a`: MISSING"),
+                          ([call("l0.b", "b"), call("l0.a", "a")], "call `l0.b`: STRAY"),
+                          ([call("l0.a", "a"), call("l0.b", "b"), call("l1.b", "b")], "call `l1.b`: STRAY")]:
+        with pytest.raises(mv.VariantError) as e:
+            mv.merge_pairs(calls, "a", "b", merge, "MISSING", "STRAY")
+        assert str(e.value) == needle
+
+    def refuse(c, d):
+        raise mv.VariantError(f"call `{d['label']}`: refused")
+
+    with pytest.raises(mv.VariantError, match="call `l0.b`: refused"):
+        mv.merge_pairs(src, "a", "b", refuse, "MISSING", "STRAY")
+
+
 def test_cli_writes_a_verified_variant_and_refuses_a_bad_one(built_kernels, tmp_path, capsys):
     out = tmp_path / "v.json"
     assert mv.main([str(EXAMPLE), "--kernels", str(built_kernels), "--variant", "o.ksplit=1", "--out", str(out)]) == 0

@@ -33,6 +33,7 @@ import copy
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,6 +229,33 @@ def prune(m: dict) -> None:
     mods = {ln.get("module") for o in m["ops"].values() for ln in o["impl"]["launches"]}
     for mod in [mod for mod in m["modules"] if mod not in mods]:
         del m["modules"][mod]
+
+
+def merge_pairs(calls: list[dict], first: str, second: str, merge: Callable[[dict, dict], dict], missing: str,
+                stray: str) -> list[dict]:
+    """A program's call list with each call of op `first` and the call right after it, which must be of op `second`,
+    replaced by the one call `merge(first_call, second_call)` returns (merge may raise VariantError naming what does
+    not fit); every other call is kept as it is. Returns the new list (`calls` is not changed).
+
+    Raises:
+        VariantError: "call `LABEL`: " + `missing` for a `first` call not followed by a `second` call, and
+            + `stray` for a `second` call not right after a `first` call (the first such call in program order).
+    """
+    out, i = [], 0
+    while i < len(calls):
+        c = calls[i]
+        if c["op"] == first:
+            d = calls[i + 1] if i + 1 < len(calls) else None
+            if d is None or d["op"] != second:
+                raise VariantError(f"call `{c['label']}`: {missing}")
+            out.append(merge(c, d))
+            i += 2
+        elif c["op"] == second:
+            raise VariantError(f"call `{c['label']}`: {stray}")
+        else:
+            out.append(c)
+            i += 1
+    return out
 
 
 def rewrite_main(ap: argparse.ArgumentParser, manifest: Path, kernels: Path, out: Path, rewrite, what: str) -> int:

@@ -18,13 +18,13 @@ know (other entries, a PDL embedding, shapes the kernel refuses) is refused by n
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
+from manifest_variants import (VariantError, merge_pairs, pin_module, prune, rewrite_main,  # noqa: E402
+                               rewrite_parser)
 
 ACC = "mlp_acc"
 MODULE = "gemv_mlp"
@@ -111,30 +111,26 @@ def rewrite(m: dict, kernels: Path, cubin_name: str = f"{MODULE}.cubin") -> dict
     out["ops"]["gemv_norm_mlp"] = op([bf, bf, bf, bf, acc_io], mlp)
 
     acc = {"buf": ACC}
-    calls, src = [], m["programs"]["decode"]["calls"]
-    i = 0
-    while i < len(src):
-        c = src[i]
+
+    def merge(c: dict, d: dict) -> dict:
+        """A layer's gate_up call `c` and its down_proj call `d` -> the one mlp call."""
+        x, nw, wgu = c["args"][:3]
+        return {"label": c["label"].rsplit(".", 1)[0] + ".mlp", "op": "gemv_norm_mlp",
+                "args": [x, nw, wgu, d["args"][1], acc]}
+
+    def with_acc(c: dict) -> dict:
+        """Call `c` on its accumulator form (the embedding, the norm GEMVs, the o_proj), other calls as they are."""
         if c["op"] == "embedding":
-            calls.append({**c, "op": "embedding_acc", "args": [*c["args"], acc]})
-        elif c["op"] in ("gemv_norm_qkv", "gemv_norm_lm_head"):
-            calls.append({**c, "op": c["op"].replace("norm", "norm_acc"), "args": [c["args"][0], acc, *c["args"][1:]]})
-        elif c["op"] == "gemv_residual_o_proj":
-            calls.append({**c, "op": "gemv_residual_acc_o_proj", "args": [*c["args"], acc]})
-        elif c["op"] == "gemv_norm_silu_gate_up":
-            d = src[i + 1] if i + 1 < len(src) else None
-            if d is None or d["op"] != "gemv_residual_down_proj":
-                raise VariantError(f"call `{c['label']}`: not followed by a down_proj call")
-            x, nw, wgu = c["args"][:3]
-            calls.append({"label": c["label"].rsplit(".", 1)[0] + ".mlp", "op": "gemv_norm_mlp",
-                          "args": [x, nw, wgu, d["args"][1], acc]})
-            i += 1
-        elif c["op"] == "gemv_residual_down_proj":
-            raise VariantError(f"call `{c['label']}`: a down_proj call not right after its gate_up call")
-        else:
-            calls.append(c)
-        i += 1
-    out["programs"]["decode"] = {**m["programs"]["decode"], "calls": calls}
+            return {**c, "op": "embedding_acc", "args": [*c["args"], acc]}
+        if c["op"] in ("gemv_norm_qkv", "gemv_norm_lm_head"):
+            return {**c, "op": c["op"].replace("norm", "norm_acc"), "args": [c["args"][0], acc, *c["args"][1:]]}
+        if c["op"] == "gemv_residual_o_proj":
+            return {**c, "op": "gemv_residual_acc_o_proj", "args": [*c["args"], acc]}
+        return c
+
+    calls = merge_pairs(m["programs"]["decode"]["calls"], "gemv_norm_silu_gate_up", "gemv_residual_down_proj", merge,
+                        "not followed by a down_proj call", "a down_proj call not right after its gate_up call")
+    out["programs"]["decode"] = {**m["programs"]["decode"], "calls": [with_acc(c) for c in calls]}
     prune(out)
     return out
 

@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
+from manifest_variants import (VariantError, merge_pairs, pin_module, prune, rewrite_main,  # noqa: E402
+                               rewrite_parser)
 
 MODULE = "qkv_attention"
 ENTRY = "qkv_attention_rope_cluster"
@@ -110,26 +111,17 @@ def rewrite(m: dict, kernels: Path, cubin_name: str = f"{MODULE}.cubin", slots: 
         ln["pdl"] = True
     out["ops"][OP] = {"params": params, "impl": {"launches": [ln]}}
 
-    calls, src = [], m["programs"]["decode"]["calls"]
-    i = 0
-    while i < len(src):
-        c = src[i]
-        if c["op"] == "gemv_norm_qkv":
-            d = src[i + 1] if i + 1 < len(src) else None
-            if d is None or d["op"] != "attention_decode_rope":
-                raise VariantError(f"call `{c['label']}`: not followed by its attention call (attention_decode_rope)")
-            if d["args"][0] != c["args"][3]:
-                raise VariantError(f"call `{d['label']}`: reads qkv from {d['args'][0]}, not from `{c['label']}`'s "
-                                   f"output {c['args'][3]}")
-            x, nw, wqkv = c["args"][:3]
-            calls.append({"label": c["label"].rsplit(".", 1)[0] + ".qkv_attn", "op": OP,
-                          "args": [x, nw, wqkv, *d["args"][1:]]})
-            i += 1
-        elif c["op"] == "attention_decode_rope":
-            raise VariantError(f"call `{c['label']}`: an attention call not right after its norm_qkv call")
-        else:
-            calls.append(c)
-        i += 1
+    def merge(c: dict, d: dict) -> dict:
+        """A layer's norm_qkv call `c` and its attention call `d` -> the one qkv_attn call."""
+        if d["args"][0] != c["args"][3]:
+            raise VariantError(f"call `{d['label']}`: reads qkv from {d['args'][0]}, not from `{c['label']}`'s "
+                               f"output {c['args'][3]}")
+        x, nw, wqkv = c["args"][:3]
+        return {"label": c["label"].rsplit(".", 1)[0] + ".qkv_attn", "op": OP, "args": [x, nw, wqkv, *d["args"][1:]]}
+
+    calls = merge_pairs(m["programs"]["decode"]["calls"], "gemv_norm_qkv", "attention_decode_rope", merge,
+                        "not followed by its attention call (attention_decode_rope)",
+                        "an attention call not right after its norm_qkv call")
     out["programs"]["decode"] = {**m["programs"]["decode"], "calls": calls}
     prune(out)
     return out
