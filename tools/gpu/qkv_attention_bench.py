@@ -7,10 +7,12 @@ against the two launches it replaces, kernel against kernel: 36 layers in one CU
 
 KDIR: a build_kernels.py dir with kern_gemv_norm_m1 and decode_attention_rope_cluster_pdl (the pair, launched as the
 decode program launches them: 192-block row-pass grid where KDIR has kern_gemv_norm_m1_p2, PDL on every launch).
-Each --cubin: a qkv_attention.cu build (its slot count and bytes, as built with -DQA_SLOTS/-DQA_SLOT_BYTES; THREADS
-128, or 256 for a -DDA_WARPS=8 build). Per context: µs per layer of the pair and of each build, median of the
-replays (each replay: 36 layers over 36 distinct weight sets and KV layers, x shared), and the floor (the layer's
-qkv weight + K|V bytes at 4.25 TB/s). A probe: prints a table, appends nothing.
+Each --cubin: a -DKERN_PDL qkv_attention.cu build, its slot count and bytes as built with -DQA_SLOTS/-DQA_SLOT_BYTES
+(default 4 and 20480) and THREADS 128, or 256 for a -DDA_WARPS=8 -DDA_ROPE_SLOTS=1 build (the launch's dynamic shared
+memory assumes the PDL module's attention ring of 72,192 bytes, which that 8-warp build keeps; a build that needs
+more traps). Per context: µs per layer of the pair and of each build, median of the replays (each replay: 36 layers
+over 36 distinct weight sets and KV layers, x shared), and the floor (the layer's qkv weight + K|V bytes at 4.25
+TB/s). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
 """
 
 from __future__ import annotations
@@ -26,18 +28,34 @@ ROOT = Path(__file__).resolve().parents[2]
 for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integration" / "gpu"):
     sys.path.insert(0, str(p))
 
-import torch  # noqa: E402
-from cuda.bindings import driver as cu  # noqa: E402
-from cubin_launch import KernelSet, check, launch_function  # noqa: E402
-
 NQ, NKV, D, K, LAYERS, EPS = 32, 8, 128, 2560, 36, 1e-6
 N = (NQ + 2 * NKV) * D
-BF = torch.bfloat16
+ROPE_SMEM = 72192  # decode_attention_rope_cluster's dynamic shared memory in the PDL module (2-page ring)
+
+
+def parse_cubin(spec: str) -> tuple[str, Path, int, int, int]:
+    """A --cubin NAME=FILE[:SLOTS:SLOT_BYTES[:THREADS]] -> (name, file, slots, slot bytes, threads); raises
+    ValueError naming what is wrong."""
+    name, eq, rest = spec.partition("=")
+    f, *geo = rest.split(":")
+    if not (eq and name and f) or len(geo) not in (0, 2, 3) or not all(g.isdigit() for g in geo):
+        raise ValueError(f"--cubin {spec}: NAME=FILE[:SLOTS:SLOT_BYTES[:THREADS]] (e.g. qa=qa.cubin:4:20480)")
+    slots, slot_bytes, threads = (int(geo[0]), int(geo[1]), int(geo[2]) if len(geo) > 2 else 128) if geo \
+        else (4, 20480, 128)
+    if threads not in (128, 256):
+        raise ValueError(f"--cubin {spec}: THREADS is 128 (the default build) or 256 (-DDA_WARPS=8)")
+    if not Path(f).is_file():
+        raise ValueError(f"--cubin {spec}: no file {f}")
+    return name, Path(f), slots, slot_bytes, threads
 
 
 def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
+    import torch
+    from cuda.bindings import driver as cu
+    from cubin_launch import check, launch_function
+
     f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"qkv_attention_rope_cluster"))
-    smem = 72192 + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K
+    smem = ROPE_SMEM + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K  # qkv_attention.cu's QA_XN_OFF + 2k
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
 
@@ -52,6 +70,8 @@ def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
 
 def time_graph(body, replays: int) -> float:
     """µs per layer: body() captured once into a CUDA graph, replayed; median over the replays."""
+    import torch
+
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         body()  # warm (module loads, smem attributes)
@@ -70,25 +90,40 @@ def time_graph(body, replays: int) -> float:
     return statistics.median(ts)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernels", type=Path, required=True)
-    ap.add_argument("--cubin", action="append", default=[], metavar="NAME=FILE[:SLOTS:SLOT_BYTES[:THREADS]]")
-    ap.add_argument("--context", type=int, action="append")
-    ap.add_argument("--replays", type=int, default=30)
-    a = ap.parse_args()
+    ap.add_argument("--kernels", type=Path, required=True, help="a build_kernels.py dir (with its PDL forms)")
+    ap.add_argument("--cubin", action="append", default=[], metavar="NAME=FILE[:SLOTS:SLOT_BYTES[:THREADS]]",
+                    help="a -DKERN_PDL qkv_attention.cu build to time (repeatable; default ring 4:20480, 128 threads)")
+    ap.add_argument("--context", type=int, action="append", help="cached tokens, repeatable (default: 130 and 4096)")
+    ap.add_argument("--replays", type=int, default=30, help="graph replays per median (default: %(default)s)")
+    a = ap.parse_args(argv)
+    try:
+        specs = [parse_cubin(spec) for spec in a.cubin]
+    except ValueError as e:
+        ap.error(str(e))
+    if any(L < 1 for L in a.context or []) or a.replays < 1:
+        ap.error("--context and --replays: positive ints")
+    if not (a.kernels / "index.json").is_file():
+        ap.error(f"--kernels {a.kernels}: no index.json (a tools/build_kernels.py dir)")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
+    return run(a, specs)
+
+
+def run(a: argparse.Namespace, specs: list[tuple[str, Path, int, int, int]]) -> int:
+    import torch
+    from cubin_launch import KernelSet
+
+    BF = torch.bfloat16
     torch.empty(1, device="cuda")
     ks = KernelSet(a.kernels)
     p2 = "kern_gemv_norm_m1_p2" in ks.kernels
     gemv = "kern_gemv_norm_m1_p2" if p2 else "kern_gemv_norm_m1"
     grid = (192,) if p2 else (-(-N // 16),)
-    builds = {}
-    for spec in a.cubin:
-        name, _, rest = spec.partition("=")
-        f, *geo = rest.split(":")
-        slots, slot_bytes, threads = (int(geo[0]), int(geo[1]), int(geo[2]) if len(geo) > 2 else 128) if geo \
-            else (4, 20480, 128)
-        builds[name] = fused_launcher(Path(f), slots, slot_bytes, threads)
+    builds = {name: fused_launcher(f, slots, slot_bytes, threads) for name, f, slots, slot_bytes, threads in specs}
     from gpu_helpers import pool, rope_table
 
     cos_sin = rope_table()
