@@ -8,11 +8,12 @@ replays, one cuGraphLaunch per token) against N copies of the step captured into
 DIR is tools/gpu/prepare.py's layout. One runtime (kern_driver.Runtime) in this process: a `--context`-token random
 prompt is prefilled and the decode inputs staged for the next position (Qwen3Session); then, per N of --steps, the
 decode program is stream-captured N times back to back into one CUDA graph (the same inputs every time: each copy
-rewrites the same KV slot and the same next_token, so the values are those of one step) and that graph replayed
-back to back, µs per step = elapsed / (replays * N), median over rounds. N = 1 is kern-run's graph. The difference
-between N = 1 and large N is what a launch of the whole step graph costs beyond its kernels (the gap between two
-replays: the graph launch, its first node's start), i.e. what decoding several tokens per graph launch could save.
-A probe: prints a table, changes nothing in kern.
+rewrites the same KV slot and the same next_token, so the values are those of one step) and that graph launched
+--replays // N times back to back (after two untimed launches), µs per step = elapsed / ((replays // N) * N), median
+over --rounds rounds; the table's "vs first" is against the first N of --steps. N = 1 is kern-run's graph. The
+difference between N = 1 and large N is what a launch of the whole step graph costs beyond its kernels (the gap
+between two replays: the graph launch, its first node's start), i.e. what decoding several tokens per graph launch
+could save. A probe: prints a table, changes nothing in kern.
 """
 
 from __future__ import annotations
@@ -53,9 +54,14 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=64, help="graph launches per round for N = 1 (N: replays/N)")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    ns = [int(x) for x in a.steps.split(",")]
+    try:
+        ns = [int(x) for x in a.steps.split(",")]
+    except ValueError:
+        ap.error(f"--steps {a.steps}: comma-separated positive ints (e.g. 1,2,4,8)")
     if any(n < 1 for n in ns) or a.replays < max(ns):
-        ap.error("--steps: positive ints, each at most --replays")
+        ap.error(f"--steps {a.steps}: positive ints, each at most --replays ({a.replays})")
+    if a.context < 1 or a.rounds < 1:
+        ap.error("--context and --rounds: positive ints")
 
     from bench_decode import random_prompt
     from benchinfo import kv_capacity
