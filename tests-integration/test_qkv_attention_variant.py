@@ -6,11 +6,11 @@ GEMV + decode attention of tools/kernels-src/qkv_attention.cu: no GPU needed.
   with the two calls' args in the kernel's order, and op `qkv_attention_decode`'s one launch has the attention's grid,
   scalars and `pdl`, the GEMV's k, and the attention's dynamic shared memory + 128 + slots·slot_bytes + 2560 + 2·k;
 - what it cannot rewrite (calls out of order, an attention not reading its GEMV's output, other entries or modules,
-  an eps or n that does not fit, too much shared memory) is refused by name, on the command line too;
+  an eps or n that does not fit, too much shared memory, a ring no build has) is refused by name, on the command line
+  too;
 - verification: the result verifies against the built kernels with a stub of the kernel's ABI (an nvcc build of an
   empty entry with its parameters, cluster and PDL wait), and the command line verifies before it writes (a stand-in
-  that is no cubin is refused); with tools/kernels-src/qkv_attention.cu present, against its -DKERN_PDL build
-  (skipped while the source does not exist).
+  that is no cubin is refused); and against the real -DKERN_PDL build of tools/kernels-src/qkv_attention.cu.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "tools" / "kernels-src"
 EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("4b", "0.6b")}
 
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
@@ -223,8 +222,12 @@ def test_rewrite_refuses_shared_memory_and_what_is_missing(tmp_path):
                                               r"\(72192 of the attention \+ 128 \+ 8·20480 .* over sm_90's 232448"):
         qa.rewrite(m, kernels, slots=8)
     assert qa.rewrite(m, kernels, slots=7)["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == 223360
-    with pytest.raises(qa.VariantError, match="--slots 0, --slot-bytes 20480: both are positive"):
-        qa.rewrite(m, kernels, slots=0)
+    for slots, slot_bytes in [(0, 20480), (1, 20480), (17, 1024), (4, 20487), (4, 1008)]:
+        with pytest.raises(qa.VariantError, match=f"--slots {slots}, --slot-bytes {slot_bytes}: the build's "
+                                                  "-DQA_SLOTS is 2 to 16 and its -DQA_SLOT_BYTES a multiple of 16"):
+            qa.rewrite(m, kernels, slots=slots, slot_bytes=slot_bytes)
+    assert qa.rewrite(m, kernels, slots=2, slot_bytes=1024)["ops"]["qkv_attention_decode"]["impl"]["launches"][0][
+        "shared_mem"] == 72192 + 128 + 2 * 1024 + 2560 + 2 * 2560
     with pytest.raises(qa.VariantError, match="no op `gemv_norm_qkv`"):
         qa.rewrite(qa.rewrite(m, kernels), kernels)
     with pytest.raises(qa.VariantError, match="not a path"):
@@ -288,8 +291,6 @@ def test_command_line(stub_kernels, tmp_path, capsys):
 
 @pytest.mark.parametrize("geometry", list(EXAMPLES))
 def test_rewrite_verifies_on_the_real_build(built_kernels, tmp_path, geometry):
-    if not (SRC / "qkv_attention.cu").is_file():
-        pytest.skip("tools/kernels-src/qkv_attention.cu does not exist yet: nothing to build the real cubin from")
     cubin = nvcc_builds(tmp_path, {"pdl": ("qkv_attention.cu", ("KERN_PDL",), "qkv_attention.cubin")})["pdl"]
     k = tmp_path / "kernels"
     shutil.copytree(built_kernels, k)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Rewrite a Qwen3 decode program onto the qkv GEMV + decode attention in one launch of tools/kernels-src/qkv_attention.cu
-(experiment).
+"""Rewrite a Qwen3 decode program onto the qkv GEMV + decode attention in one launch of
+tools/kernels-src/qkv_attention.cu (experiment; NOTES.md 56).
 
     python3 tools/gpu/qkv_attention_variant.py MANIFEST --kernels KDIR --out OUT.json [--cubin qkv_attention.cubin]
         [--slots 4] [--slot-bytes 20480]
@@ -10,15 +10,16 @@ KDIR holds the manifest's modules and the qkv_attention.cu build named by --cubi
 `norm_qkv` (gemv_norm_qkv on gemv.cu's kern_gemv_norm_m1{,_u5}, module gemv or gemv_p2) + `attn`
 (attention_decode_rope on decode_attention_rope_cluster) become one `qkv_attn` call of op `qkv_attention_decode`
 (qkv_attention_rope_cluster): the input norm and the qkv GEMV, the q/k norms, rotary and KV write, and the attention,
-with (residual, input_layernorm, qkv_proj, positions, slot_mapping, q_norm, k_norm, rope.cos_sin, the layer's KV
-state argument with its offset, block_table, seq_lens, attn) from the two calls; qkv never leaves the kernel. The
-launch takes the attention launch's grid, scalars (num_q_heads, num_kv_heads, bt_stride, page_bytes, sm_scale, eps)
-and `pdl` flag, the GEMV's k (hidden) as K, block 128, carveout 0, and dynamic shared memory = the attention launch's
-+ 128 (the ring's mbarriers) + slots·slot_bytes (the weight ring: --slots and --slot-bytes must match the build's
--DQA_SLOTS and -DQA_SLOT_BYTES) + 2560 (the q|k|v copy) + 2·K (x), at most 232448 bytes (227 KB). Prefill, and the
-`qkv` buffer it uses, are untouched. The result is verified with kern-verify against KDIR before it is written; what
-the rewrite does not know (other entries, calls out of order, a GEMV whose n is not (num_q_heads + 2·num_kv_heads)·128
-or whose eps is not the attention's: the kernel uses one eps for both norms) is refused by name.
+with (residual, input_layernorm, qkv_proj, positions, slot_mapping, q_norm, k_norm, rope.cos_sin, the layer's KV state
+argument with its offset, block_table, seq_lens, attn) from the two calls; qkv never leaves the kernel. The launch
+takes the attention launch's grid, scalars (num_q_heads, num_kv_heads, bt_stride, page_bytes, sm_scale, eps) and `pdl`
+flag, the GEMV's k (hidden) as K, block 128 (a 4-warp build: a -DDA_WARPS=8 one needs 256), carveout 0, and dynamic
+shared memory = the attention launch's + 128 (the ring's mbarriers) + slots·slot_bytes (the weight ring: --slots and
+--slot-bytes must match the build's -DQA_SLOTS and -DQA_SLOT_BYTES) + 2560 (the q|k|v copy) + 2·K (x), at most 232448
+bytes (227 KB). Prefill, and the `qkv` buffer it uses, are untouched. The result is verified with kern-verify against
+KDIR before it is written; what the rewrite does not know (other entries, calls out of order, a GEMV whose n is not
+(num_q_heads + 2·num_kv_heads)·128 or whose eps is not the attention's: the kernel uses one eps for both norms) is
+refused by name.
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ def rewrite(m: dict, kernels: Path, cubin_name: str = f"{MODULE}.cubin", slots: 
     if not isinstance(attn_smem, int):
         raise VariantError("op `attention_decode_rope` launches with no (literal) shared_mem: the kernel's dynamic "
                            "shared memory starts with the attention's")
-    if slots < 1 or slot_bytes < 1:
-        raise VariantError(f"--slots {slots}, --slot-bytes {slot_bytes}: both are positive (the build's -DQA_SLOTS, "
-                           "-DQA_SLOT_BYTES)")
+    if not 2 <= slots <= 16 or slot_bytes % 16 or slot_bytes < 1024:
+        raise VariantError(f"--slots {slots}, --slot-bytes {slot_bytes}: the build's -DQA_SLOTS is 2 to 16 and its "
+                           "-DQA_SLOT_BYTES a multiple of 16, at least 1024 (qkv_attention.cu's static_asserts)")
     smem = attn_smem + 128 + slots * slot_bytes + 2560 + 2 * k
     if smem > MAX_SHARED:
         raise VariantError(f"op `{OP}`: {smem} bytes of dynamic shared memory ({attn_smem} of the attention + 128 + "
