@@ -11,8 +11,8 @@
 // of QA_SLOT_BYTES, one cp.async.bulk per slot (SR consecutive rows: the largest power of two <= 16 whose bytes fit
 // a slot), mbarrier-counted, the first QA_SLOTS slots before the PDL wait (weights are written by no launch). After
 // the wait: x (the residual) into shared memory and HF's RMS norm in place (gemv_common.cuh's sumsq8/rms_scale8),
-// then the dot products (warp w takes rows w, w+4, .. of each slot; fp32, two accumulators per lane, a warp sum),
-// the results rounded to bf16 and pushed (16-byte DSMEM stores) into every CTA's copy of the group's (G+2)*128
+// then the dot products (warp w takes rows w, w + DA_WARPS, .. of each slot; fp32, two accumulators per lane, a warp
+// sum), the results rounded to bf16 and pushed (16-byte DSMEM stores) into every CTA's copy of the group's (G+2)*128
 // q|k|v values; a cluster barrier (release/acquire); then decode_attention_rope_cluster's work reading q, k and v
 // from that copy (load_q_rope / kv_row_rope with LoadShared): q/k RMS norm and rotary, the current token's k|v row
 // into the cache at slot_mapping[b] and into its page's shared-memory copy, the pages, the cluster merge. Each
@@ -37,11 +37,12 @@
 //                                  decode_attention_rope_cluster's params (out: bf16 [seqs, NQ*128])
 //                              int num_q_heads, int num_kv_heads, int k, int bt_stride, int page_bytes,
 //                              float sm_scale, float eps)     eps: of the input norm and of q/k's norms
-//   grid (NKV, 8, seqs), block (128, 1, 1), dynamic shared memory QA_XN_OFF + 2*k bytes (the rope-cluster form's
-//   DA_ROPE_SMEM, 128 bytes of mbarriers, the weight ring, the q|k|v copy, x). Traps when k % 8 != 0, a row does
-//   not fit a slot, G > 8, grid.y != 8 or the dynamic shared memory is short.
-// Build: nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DKERN_PDL [-DQA_SLOTS=S] [-DQA_SLOT_BYTES=B] qkv_attention.cu
-//   (the module also holds decode_attention.cu's entries, unused).
+//   grid (NKV, 8, seqs), block (DA_THREADS, 1, 1) (128; 256 with -DDA_WARPS=8), dynamic shared memory
+//   QA_XN_OFF + 2*k bytes (the rope-cluster form's DA_ROPE_SMEM, 128 bytes of mbarriers, the weight ring, the q|k|v
+//   copy, x). Traps when k % 8 != 0, a row does not fit a slot (-DQA_MMA: no KC), num_q_heads is not G * num_kv_heads
+//   with 1 <= G <= 8, grid.y != DA_CLUSTER (8) or the dynamic shared memory is short.
+// Build: nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DKERN_PDL [-DQA_SLOTS=S] [-DQA_SLOT_BYTES=B] [-DQA_MMA]
+//   qkv_attention.cu (the module also holds decode_attention.cu's entries, unused).
 #include "decode_attention.cu"
 
 namespace qa {
