@@ -231,6 +231,19 @@ def prune(m: dict) -> None:
         del m["modules"][mod]
 
 
+def known_launch(m: dict, op: str, known: tuple[str, ...]) -> dict:
+    """The first launch of op `op` of manifest `m`, whose entry must be one of `known` (tools/gpu's rewrites of a
+    generated decode program). Raises VariantError naming the op: the manifest has none, or it launches another
+    entry."""
+    if op not in m["ops"]:
+        raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program from tools/gen_qwen3.py, "
+                           "not yet rewritten, is expected)")
+    ln = m["ops"][op]["impl"]["launches"][0]
+    if ln.get("entry") not in known:
+        raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(known)}")
+    return ln
+
+
 def merge_pairs(calls: list[dict], first: str, second: str, merge: Callable[[dict, dict], dict], missing: str,
                 stray: str) -> list[dict]:
     """A program's call list with each call of op `first` and the call right after it, which must be of op `second`,

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from manifest_variants import (VariantError, merge_pairs, pin_module, prune, rewrite_main,  # noqa: E402
-                               rewrite_parser)
+from manifest_variants import (VariantError, known_launch, merge_pairs, pin_module, prune,  # noqa: E402
+                               rewrite_main, rewrite_parser)
 
 MODULE = "qkv_attention"
 ENTRY = "qkv_attention_rope_cluster"
@@ -50,13 +50,7 @@ GEMV_SCALARS = (("n", "i32"), ("k", "i32"), ("eps", "f32"), ("ksplit", "i32"))
 
 
 def _launch(m: dict, op: str) -> dict:
-    if op not in m["ops"]:
-        raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program from tools/gen_qwen3.py, "
-                           "not yet rewritten, is expected)")
-    ln = m["ops"][op]["impl"]["launches"][0]
-    if ln.get("entry") not in KNOWN[op]:
-        raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(KNOWN[op])}")
-    return ln
+    return known_launch(m, op, KNOWN[op])
 
 
 def _scalars(op: str, ln: dict, names: tuple[tuple[str, str], ...], first: int) -> dict:
