@@ -398,6 +398,12 @@ class ManifestBuilder:
 
     def kernel(self, name: str) -> Kernel:
         k = self.index.get(name)
+        if k is None and any(x.entry.endswith("_hm") for x in self.index.values()):
+            raise GenError(
+                f"the kernel index has no `{name}`: its kernels dir was built for the head-major KV layout "
+                f"(tools/build_kernels.py --kv-layout head-major), where `{name}` has no form; use the default "
+                f"--decode-attention (rope-cluster) with it, or a kernels dir built without --kv-layout"
+            )
         if k is None:
             raise GenError(
                 f"the kernel index has no `{name}` (needed for hidden_size {self.cfg.hidden_size}); "

@@ -396,3 +396,149 @@ def paged_prefill_attention(q, kv, block_table, seq_lens, cu_seqlens_q, out,
     o = acc / l_i[:, None]
     tl.store(out + rowp[:, None] * (num_q_heads * D) + j * D + d[None, :], o.to(tl.bfloat16),
              mask=mmask[:, None])
+
+
+# ---- The head-major KV layout (opt-in: build_kernels.py --kv-layout head-major; NOTES.md 58) -------------------
+# [page][layer][NKV][16 tokens][k|v][D]: kv head h's 16-token slice of a page is 8 KB contiguous (decode_attention.cu
+# -DDA_BULK copies it with one bulk copy), and token t's 512-byte k|v row holds its logical 16-byte chunk c (8
+# elements; k chunks 0..15, v chunks 16..31) at chunk c ^ (t % 8), so that the CUDA kernel's shared-memory copy is
+# free of bank conflicts without padding. Appended here, not folded into the kernels above: their cubins (whose line
+# tables name these lines) are pinned by examples/*.json. Same math as qk_norm_rope_kv and paged_prefill_attention.
+
+
+@triton.jit
+def _hm_chunk(c, t):
+    """Element offset of logical 16-byte chunk `c` of token slot `t`'s k|v row (head-major layout)."""
+    return (c ^ (t % 8)) * 8
+
+
+@triton.jit
+def qk_norm_rope_kv_hm(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, kv,
+                       num_q_heads, num_kv_heads, eps, page_bytes,
+                       D: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
+    """qk_norm_rope_kv on the head-major KV layout: the same q/k/v math and params; the token's k|v row of kv head
+    g goes to kv + page*page_bytes + g*16*512 + (slot % 16)*512 bytes, chunk c at chunk c ^ (slot % 8)."""
+    t = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    G = num_q_heads // num_kv_heads
+    row = qkv + t * ((num_q_heads + 2 * num_kv_heads) * D)
+    d = tl.arange(0, HALF)
+
+    pos = tl.load(positions + t)
+    cos = tl.load(cos_sin + pos * D + d)
+    sin = tl.load(cos_sin + pos * D + HALF + d)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+    rows = tl.arange(0, BLOCK_G)
+    rmask = rows[:, None] < G
+    qp = row + (g * G + rows)[:, None] * D + d[None, :]
+    q1 = tl.load(qp, mask=rmask, other=0.0).to(tl.float32)
+    q2 = tl.load(qp + HALF, mask=rmask, other=0.0).to(tl.float32)
+    r = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)
+    a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
+    b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
+    tl.store(qp, (a * cos[None, :] - b * sin[None, :]).to(tl.bfloat16), mask=rmask)
+    tl.store(qp + HALF, (b * cos[None, :] + a * sin[None, :]).to(tl.bfloat16), mask=rmask)
+
+    kp = row + num_q_heads * D + g * D
+    k1 = tl.load(kp + d).to(tl.float32)
+    k2 = tl.load(kp + HALF + d).to(tl.float32)
+    rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
+    ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
+    kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
+    vp = row + (num_q_heads + num_kv_heads) * D + g * D
+    v1 = tl.load(vp + d)
+    v2 = tl.load(vp + HALF + d)
+    slot = tl.load(slot_mapping + t)
+    if slot >= 0:
+        page_elems = (page_bytes // 512).to(tl.int64) * 256
+        dst = kv + (slot // 16) * page_elems + g * (16 * 2 * D) + (slot % 16) * (2 * D)
+        c = d // 8  # logical chunk of element d of each 64-element quarter of the row
+        e = d % 8
+        tl.store(dst + _hm_chunk(c, slot) + e, (ka * cos - kb * sin).to(tl.bfloat16))
+        tl.store(dst + _hm_chunk(c + HALF // 8, slot) + e, (kb * cos + ka * sin).to(tl.bfloat16))
+        tl.store(dst + _hm_chunk(c + D // 8, slot) + e, v1)
+        tl.store(dst + _hm_chunk(c + (D + HALF) // 8, slot) + e, v2)
+
+
+@triton.jit
+def _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale,
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
+    """_prefill_tile on the head-major layout: a tile's k and v rows loaded as [BLOCK_N, D/8 chunks, 8] (each
+    chunk's 8 elements contiguous: 16-byte loads) at their swizzled chunks, then reshaped to [BLOCK_N, D]."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    c = tl.arange(0, D // 8)
+    e = tl.arange(0, 8)
+    if CAUSAL_MASK:
+        nmask = offs_n < L
+        page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt + offs_n // 16).to(tl.int64)
+    tok = page * page_elems + (offs_n % 16) * (2 * D)
+    koff = tok[:, None, None] + _hm_chunk(c[None, :, None], offs_n[:, None, None]) + e[None, None, :]
+    voff = tok[:, None, None] + _hm_chunk(c[None, :, None] + D // 8, offs_n[:, None, None]) + e[None, None, :]
+    if CAUSAL_MASK:
+        k = tl.load(kvh + koff, mask=nmask[:, None, None], other=0.0)
+    else:
+        k = tl.load(kvh + koff)
+    k = tl.reshape(k, [BLOCK_N, D])
+    qk = tl.dot(qt, tl.trans(k)) * scale
+    if CAUSAL_MASK:
+        qk = tl.where((offs_n[None, :] <= pos_m[:, None]) & nmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if CAUSAL_MASK:
+        v = tl.load(kvh + voff, mask=nmask[:, None, None], other=0.0)
+    else:
+        v = tl.load(kvh + voff)
+    v = tl.reshape(v, [BLOCK_N, D])
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def paged_prefill_attention_hm(q, kv, block_table, seq_lens, cu_seqlens_q, out,
+                               num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
+                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """paged_prefill_attention on the head-major layout (same params, grid and math)."""
+    mb = tl.program_id(0)
+    j = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    q_start = tl.load(cu_seqlens_q + b)
+    q_len = tl.load(cu_seqlens_q + b + 1) - q_start
+    if mb * BLOCK_M >= q_len:
+        return
+    L = tl.load(seq_lens + b)
+    ctx = L - q_len
+    h = j // (num_q_heads // num_kv_heads)
+
+    d = tl.arange(0, D)
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = offs_m < q_len
+    rowp = (q_start + offs_m).to(tl.int64)
+    qt = tl.load(q + rowp[:, None] * q_stride + j * D + d[None, :], mask=mmask[:, None], other=0.0)
+    pos_m = ctx + offs_m
+
+    page_elems = (page_bytes // 512).to(tl.int64) * 256
+    kvh = kv + h * (16 * 2 * D)
+    bt = block_table + b * bt_stride
+    scale = sm_scale * 1.4426950408889634
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    full_end = ((ctx + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(L, ctx + (mb + 1) * BLOCK_M)
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale, D, BLOCK_N,
+                                         False)
+    for n0 in range(full_end, hi, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale, D, BLOCK_N,
+                                         True)
+    o = acc / l_i[:, None]
+    tl.store(out + rowp[:, None] * (num_q_heads * D) + j * D + d[None, :], o.to(tl.bfloat16), mask=mmask[:, None])

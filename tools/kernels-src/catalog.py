@@ -593,13 +593,49 @@ def _fused_attention_kernels(pdl: bool) -> list[Kernel]:
     return out
 
 
+#: The KV layouts a kernels dir can be built for (build_kernels.py --kv-layout; the index's `kv_layout`).
+#: token-major (default): [page][layer][16 tokens][NKV][k|v][D]; head-major: [page][layer][NKV][16 tokens][k|v][D]
+#: with token t's 16-byte chunk c at c ^ (t % 8) (decode_attention.cu -DDA_BULK; attention.py's `_hm` kernels).
+KV_LAYOUTS = ("token-major", "head-major")
+#: decode_attention.cu's DA_BAR_BYTES under -DDA_BULK: one mbarrier per slot, 8 slots per warp, before the rings.
+DA_BULK_BAR_BYTES = DA_WARPS * 8 * 8
+#: Kernels that read or write the KV cache and have no head-major form: left out of a head-major kernels dir (the
+#: generator then refuses the options that launch them, by name).
+KV_TOKEN_MAJOR_ONLY = ("paged_decode_attention", "paged_decode_attention_pdl", FUSED_ATTENTION,
+                       FUSED_ATTENTION + "_pdl")
+#: Triton kernels with a head-major form: their `_hm` function in attention.py (same params and math).
+KV_HEAD_MAJOR_TRITON = ("qk_norm_rope_kv", "paged_prefill_attention")
+
+
+def _head_major(k: Kernel) -> Kernel:
+    """Kernel `k` as built for the head-major KV layout (NOTES.md 58): decode_attention.cu's modules with -DDA_BULK
+    (their files get `_hm`; every entry's shared memory + DA_BULK_BAR_BYTES but the merge's, which has none), the
+    Triton KV kernels from their `_hm` functions; every other kernel unchanged."""
+    if k.source == "decode_attention.cu":
+        return replace(k, defines=k.defines + ("DA_BULK",), module_suffix=k.module_suffix + "_hm",
+                       shared_mem=k.shared_mem + (DA_BULK_BAR_BYTES if k.shared_mem else 0),
+                       doc=k.doc + " Head-major KV layout (-DDA_BULK: one bulk copy per page).")
+    if k.lang == "triton" and k.entry in KV_HEAD_MAJOR_TRITON:
+        return replace(k, entry=k.entry + "_hm", doc=k.doc + " Head-major KV layout (attention.py `"
+                       + k.entry + "_hm`).")
+    return k
+
+
 def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention: bool = False,
-              l2_prefetch: bool = False) -> list[Kernel]:
+              l2_prefetch: bool = False, kv_layout: str = "token-major") -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME.
 
     `pdl`: add the PDL instances (`_pdl_kernels`; build_kernels.py adds them unless --no-pdl); `fused_attention`:
     add the opt-in fused decode attention (`_fused_attention_kernels`, with its PDL form when `pdl`); `l2_prefetch`:
-    add the opt-in L2-prefetch GEMV forms (`_gemv_pf_kernels`); the other instances are unchanged."""
+    add the opt-in L2-prefetch GEMV forms (`_gemv_pf_kernels`); the other instances are unchanged. `kv_layout`
+    "head-major" (opt-in, not yet validated on a GPU as a whole program: NOTES.md 58): the KV kernels on that layout
+    (`_head_major`), those without a head-major form left out (KV_TOKEN_MAJOR_ONLY; with `fused_attention` that is
+    refused). Raises ValueError for another layout or that combination."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout {kv_layout!r}: one of {', '.join(KV_LAYOUTS)}")
+    if kv_layout == "head-major" and fused_attention:
+        raise ValueError("the fused decode attention (paged_decode_attention_fused) has no head-major form: "
+                         "build it with kv_layout token-major")
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
         + _gemvp_kernels() + (_pdl_kernels() if pdl else []) \
@@ -608,6 +644,8 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")
         out[k.name] = k
+    if kv_layout == "head-major":
+        return [_head_major(out[n]) for n in sorted(out) if n not in KV_TOKEN_MAJOR_ONLY]
     return [out[n] for n in sorted(out)]
 
 
