@@ -83,8 +83,9 @@
 #               dir bit for bit against its token-major twin on the converted cache), then the transformers equivalence
 #               (0.6B, 4B) on manifests generated from a head-major kernels dir; $OUT/kv-layout.tgz. About 8 minutes.
 #   kv-layout-sweep  the head-major manifests beside the default in program_sweep (4B and 0.6B, 128 and 4,096 cached
-#               tokens; their tokens must be identical: same kernels' math, bit for bit), after `kv-layout` in the same
-#               call or on a machine where it ran (it reuses /tmp/kern-hm); $OUT/kv-layout-sweep.tgz. About 5 minutes.
+#               tokens; their tokens must be identical: same kernels' math, bit for bit) and bench_decode 4B on the head-major
+#               manifest (its prefill rows), after `kv-layout` in the same call or on a machine where it ran (it reuses
+#               /tmp/kern-hm); $OUT/kv-layout-sweep.tgz. About 6 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -337,7 +338,12 @@ PY
             --rounds 3 --manifest-variant head-major="$K/hm-$g.json"
         done
       done
-      (cd "$OUT" && tar czf kv-layout-sweep.tgz kvs-*.log && rm -f kvs-*.log)
+      # prefill and decode speed of the head-major program (bench_decode, kern only; the token-major figures: the
+      # same call's program_sweep, and BENCHMARKS.md's prefill rows)
+      cp BENCHMARKS.md "$OUT/kvs-BENCHMARKS.md"
+      step kvs-bench-4b 300 python3 tools/bench_decode.py --work "$H" --geometry 4b --skip hf-eager,hf-compile,gpt-fast \
+        --append "$OUT/kvs-BENCHMARKS.md"
+      (cd "$OUT" && tar czf kv-layout-sweep.tgz kvs-*.log kvs-BENCHMARKS.md && rm -f kvs-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
