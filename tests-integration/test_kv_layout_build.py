@@ -118,8 +118,9 @@ def test_catalog_head_major_instances(pdl):
             changed.add(name)
             assert "DA_BULK" in k.defines and k.defines == t.defines + ("DA_BULK",), name
             assert k.module.endswith("_hm.cubin") and k.module == t.module.removesuffix(".cubin") + "_hm.cubin", name
-            bar = catalog.DA_BULK_BAR_BYTES if t.shared_mem else 0
-            assert k.shared_mem == t.shared_mem + bar, name
+            assert k.shared_mem == catalog.da_bulk_smem(t), name
+            rows = catalog.DA_WARPS * t.constexprs.get("SLOTS", 0) * 16 * (catalog.DA_ROW - 512)  # padding gone
+            assert k.shared_mem == (t.shared_mem + catalog.DA_BULK_BAR_BYTES - rows if t.shared_mem else 0), name
             assert (t.shared_mem == 0) == (t.entry == "decode_attention_merge"), name
             assert k.doc.startswith(t.doc) and "Head-major" in k.doc, name
             assert (k.entry, k.params, k.constexprs, k.block_x, k.pdl, k.carveout, k.grid) == \
@@ -129,8 +130,8 @@ def test_catalog_head_major_instances(pdl):
             assert k.entry == t.entry + "_hm", name
             assert (k.params, k.constexprs, k.num_warps, k.num_stages) == \
                 (t.params, t.constexprs, t.num_warps, t.num_stages), name
-            assert (k.module, k.grid, k.pdl, k.shared_mem_per, k.defines) == \
-                (t.module, t.grid, t.pdl, t.shared_mem_per, t.defines), name
+            assert k.module == t.module.removesuffix(".cubin") + "_hm.cubin", name
+            assert (k.grid, k.pdl, k.shared_mem_per, k.defines) == (t.grid, t.pdl, t.shared_mem_per, t.defines), name
         else:
             assert k.key() == t.key() and k == t, name
     da = {n for n, t in tm.items() if t.source == "decode_attention.cu"}
@@ -194,10 +195,12 @@ def test_index_matches_cubins(built_hm):
 def test_untouched_kernels_are_the_token_major_build(built_hm, built_tm):
     """Every kernel the layout does not touch is the token-major build's index entry and cubin, byte for byte; the
     touched ones keep their ABI fields, and only the layout's modules are new or changed."""
-    catalog, _, _, _ = _tools()
+    catalog, geometries, _, _ = _tools()
     d, idx = built_hm
     t, tidx = built_tm
     hk, tk = idx["kernels"], tidx["kernels"]
+    geoms = [geometries.load_geometry("0.6b"), geometries.load_geometry("4b")]
+    tm_kernels = {k.name: k for k in catalog.instances(geoms, pdl=True)}
     assert set(hk) == set(tk) - set(catalog.KV_TOKEN_MAJOR_ONLY)
     da = {n for n, e in tk.items() if e["module"] in ("decode_attention.cubin", "decode_attention_pdl.cubin")}
     assert len(da) == 8
@@ -206,10 +209,11 @@ def test_untouched_kernels_are_the_token_major_build(built_hm, built_tm):
         if name in da:
             assert e["module"] == te["module"].removesuffix(".cubin") + "_hm.cubin", name
             assert e["entry"] == te["entry"], name
-            assert e["shared_mem"] == te["shared_mem"] + (catalog.DA_BULK_BAR_BYTES if te["shared_mem"] else 0), name
+            assert e["shared_mem"] == catalog.da_bulk_smem(tm_kernels[name]), name
             assert e.get("carveout") == te.get("carveout") and e.get("pdl") == te.get("pdl"), name
         elif name in HM_TRITON:
-            assert e["module"] == te["module"] and e["entry"] == te["entry"] + "_hm", name
+            assert e["module"] == te["module"].removesuffix(".cubin") + "_hm.cubin", name
+            assert e["entry"] == te["entry"] + "_hm", name
             assert e["sha256"] != te["sha256"], name
             assert e.get("pdl") == te.get("pdl"), name
         else:
@@ -274,9 +278,9 @@ def test_da_hm_pdl_ptx_bulk_copies_after_the_wait():
 
 
 def _normalized(m: dict) -> dict:
-    """A head-major manifest with the layout's differences undone: the `_hm` entries, the `_hm` module and the
-    DA_BULK mbarriers' shared memory; the prefill attention's shared memory (Triton's own) and the two Triton
-    modules' sha256 set aside (returned as they are in the manifest, for the caller to check)."""
+    """A head-major manifest with the layout's differences undone: the `_hm` entries and modules; the decode
+    attention's shared memory (DA_BULK's, removed), the prefill attention's (Triton's own) and the three modules'
+    sha256 set aside (the last two returned as they are in the manifest, for the caller to check)."""
     catalog, _, _, _ = _tools()
     m = copy.deepcopy(m)
     for op in HM_OPS:
@@ -284,7 +288,8 @@ def _normalized(m: dict) -> dict:
             la["entry"] = la["entry"].removesuffix("_hm")
             if la["module"].endswith("_hm"):
                 la["module"] = la["module"].removesuffix("_hm")
-                la["shared_mem"] -= catalog.DA_BULK_BAR_BYTES
+                if la["module"].startswith("decode_attention"):
+                    la.pop("shared_mem")  # DA_BULK's own (catalog.da_bulk_smem): checked by the caller
     mods = m["modules"]
     for name in [n for n in mods if n.endswith("_hm")]:
         mod = mods.pop(name)
@@ -311,14 +316,15 @@ def test_gen_qwen3_head_major_manifest(built_hm, preset, tmp_path, capsys):
     for op in m["ops"]:
         if op not in HM_OPS:
             assert m["ops"][op] == ex["ops"][op], op
-    # the layout's launches: the `_hm` entries, decode's attention from the `_hm` module with 256 bytes more
+    # the layout's launches: the `_hm` entries and modules, decode's attention with DA_BULK's shared memory (the
+    # slots' mbarriers, unpadded page rows)
     qk, pre, dec = (m["ops"][op]["impl"]["launches"] for op in HM_OPS)
-    assert [(la["module"], la["entry"]) for la in qk] == [("qk_norm_rope_kv", "qk_norm_rope_kv_hm")]
-    assert [(la["module"], la["entry"]) for la in pre] == [("paged_prefill_attention", "paged_prefill_attention_hm")]
+    assert [(la["module"], la["entry"]) for la in qk] == [("qk_norm_rope_kv_hm", "qk_norm_rope_kv_hm")]
+    assert [(la["module"], la["entry"]) for la in pre] == [("paged_prefill_attention_hm", "paged_prefill_attention_hm")]
     assert [(la["module"], la["entry"]) for la in dec] == [("decode_attention_pdl_hm", "decode_attention_rope_cluster")]
     exdec = ex["ops"]["attention_decode_rope"]["impl"]["launches"]
     rope = idx["kernels"]["decode_attention_rope_cluster_pdl"]
-    assert dec[0]["shared_mem"] == exdec[0]["shared_mem"] + 256 == rope["shared_mem"]
+    assert dec[0]["shared_mem"] == rope["shared_mem"] == exdec[0]["shared_mem"] + 256 - 4 * 2 * 16 * 16  # 70,400
     assert pre[0]["shared_mem"] == idx["kernels"]["paged_prefill_attention"]["shared_mem"]
     assert m["modules"]["decode_attention_pdl_hm"]["source"] == "decode_attention_pdl_hm.cubin"
     assert "decode_attention_pdl" not in m["modules"]
@@ -327,12 +333,15 @@ def test_gen_qwen3_head_major_manifest(built_hm, preset, tmp_path, capsys):
     n = _normalized(m)
     expre = ex["ops"]["attention_prefill"]["impl"]["launches"][0]
     n["ops"]["attention_prefill"]["impl"]["launches"][0]["shared_mem"] = expre["shared_mem"]
-    assert n["ops"] == ex["ops"]
+    ex_ops = copy.deepcopy(ex["ops"])
+    ex_ops["attention_decode_rope"]["impl"]["launches"][0].pop("shared_mem")
+    assert n["ops"] == ex_ops
     assert set(n["modules"]) == set(ex["modules"])
     for name, mod in n["modules"].items():
         if name in ("qk_norm_rope_kv", "paged_prefill_attention"):
             assert mod["source"] == ex["modules"][name]["source"] and mod["sha256"] != ex["modules"][name]["sha256"]
-            assert mod["sha256"] == hashlib.sha256((d / mod["source"]).read_bytes()).hexdigest(), name
+            hm_file = d / mod["source"].replace(".cubin", "_hm.cubin")
+            assert mod["sha256"] == hashlib.sha256(hm_file.read_bytes()).hexdigest(), name
         elif name == "decode_attention_pdl":
             assert mod["sha256"] == hashlib.sha256((d / "decode_attention_pdl_hm.cubin").read_bytes()).hexdigest()
         else:
@@ -372,7 +381,7 @@ def test_gen_qwen3_other_cuda_decode_attentions(built_hm, impl, tmp_path, capsys
     launches = [la for op in m["ops"].values() for la in op["impl"]["launches"] if "module" in la]  # not the externs
     assert {la["module"] for la in launches if la["module"].startswith("decode_attention")} == \
         {"decode_attention_pdl_hm"}
-    assert {la["entry"] for la in launches if la["module"] == "qk_norm_rope_kv_pdl"} == {"qk_norm_rope_kv_hm"}
+    assert {la["entry"] for la in launches if la["module"] == "qk_norm_rope_kv_pdl_hm"} == {"qk_norm_rope_kv_hm"}
     capsys.readouterr()
 
 

@@ -200,9 +200,11 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
                 proc.wait()
         for mod, job in nvcc.items():
             modules[mod] = finish_cuda(job)
+        by_name = {k.name: k for k in tri}
         for name, (cubin, entry, shared) in results:
-            modules[name + ".cubin"] = cubin
-            built[name] = (name + ".cubin", entry, shared)
+            mod = by_name[name].module  # NAME.cubin (NAME_hm.cubin in a head-major dir)
+            modules[mod] = cubin
+            built[name] = (mod, entry, shared)
         for mod, data in modules.items():
             (out_dir / mod).write_bytes(data)
         for k in kernels:

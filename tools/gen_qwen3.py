@@ -405,7 +405,8 @@ class ManifestBuilder:
             raise GenError(
                 f"the kernel index has no `{name}`: its kernels dir was built for the head-major KV layout "
                 f"(tools/build_kernels.py --kv-layout head-major), where `{name}` has no form; use the default "
-                f"--decode-attention (rope-cluster) with it, or a kernels dir built without --kv-layout"
+                f"--decode-attention (rope-cluster), or cluster or cuda, with it, or a kernels dir built without "
+                f"--kv-layout"
             )
         if k is None:
             raise GenError(

@@ -54,7 +54,8 @@ class Kernel:
     shared_mem_per: dict = field(default_factory=dict)
     # CUDA only: preprocessor macros (-D) of this instance's module, and the suffix that names
     # that module (`embedding` + `_pdl` -> embedding_pdl.cubin); all kernels of one source with
-    # the same defines share a module.
+    # the same defines share a module. Triton: the suffix names its own module (NAME + suffix;
+    # `_hm` in a head-major kernels dir).
     defines: tuple[str, ...] = ()
     module_suffix: str = ""
     # Programmatic dependent launch: the instance keeps the manifest's `"pdl": true` contract
@@ -75,7 +76,7 @@ class Kernel:
         """The cubin file of this instance in the kernels dir."""
         if self.lang == "cuda":
             return self.source.rsplit(".", 1)[0] + self.module_suffix + ".cubin"
-        return self.name + ".cubin"
+        return self.name + self.module_suffix + ".cubin"
 
     def key(self):
         return (self.lang, self.source, self.entry, self.params, tuple(sorted(self.constexprs.items())),
@@ -607,17 +608,28 @@ KV_TOKEN_MAJOR_ONLY = ("paged_decode_attention", "paged_decode_attention_pdl", F
 KV_HEAD_MAJOR_TRITON = ("qk_norm_rope_kv", "paged_prefill_attention")
 
 
+def da_bulk_smem(k: Kernel) -> int:
+    """Dynamic shared memory of decode_attention.cu instance `k` built with -DDA_BULK (decode_attention.cu
+    DA_SPLIT_SMEM / DA_CLUSTER_SMEM / DA_ROPE_SMEM there): the slots' mbarriers (DA_BULK_BAR_BYTES), then the warps'
+    rings of unpadded pages (16 rows of 512 bytes: a bulk copy cannot pad), then, for the cluster forms, the
+    partials pushed to each CTA; the merge has none."""
+    if not k.shared_mem:
+        return 0
+    rings = DA_WARPS * k.constexprs["SLOTS"] * 16 * 512
+    return DA_BULK_BAR_BYTES + rings + (DA_RECV_BYTES if k.entry != "decode_attention_split" else 0)
+
+
 def _head_major(k: Kernel) -> Kernel:
     """Kernel `k` as built for the head-major KV layout (NOTES.md 58): decode_attention.cu's modules with -DDA_BULK
-    (their files get `_hm`; every entry's shared memory + DA_BULK_BAR_BYTES but the merge's, which has none), the
-    Triton KV kernels from their `_hm` functions; every other kernel unchanged."""
+    (their files get `_hm`; shared memory `da_bulk_smem`), the Triton KV kernels from their `_hm` functions into
+    `NAME_hm.cubin` modules; every other kernel unchanged."""
     if k.source == "decode_attention.cu":
         return replace(k, defines=k.defines + ("DA_BULK",), module_suffix=k.module_suffix + "_hm",
-                       shared_mem=k.shared_mem + (DA_BULK_BAR_BYTES if k.shared_mem else 0),
+                       shared_mem=da_bulk_smem(k),
                        doc=k.doc + " Head-major KV layout (-DDA_BULK: one bulk copy per page).")
     if k.lang == "triton" and k.entry in KV_HEAD_MAJOR_TRITON:
-        return replace(k, entry=k.entry + "_hm", doc=k.doc + " Head-major KV layout (attention.py `"
-                       + k.entry + "_hm`).")
+        return replace(k, entry=k.entry + "_hm", module_suffix="_hm", doc=k.doc + " Head-major KV layout "
+                       "(attention.py `" + k.entry + "_hm`).")
     return k
 
 
