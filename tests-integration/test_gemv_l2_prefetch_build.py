@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+from index_checks import check_index_against_cubins  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "tools" / "build_kernels.py"
@@ -31,15 +32,10 @@ SRC = ROOT / "tools" / "kernels-src"
 
 read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
 
-_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
-_PTR = re.compile(r"^(in|out|inout) (buffer<\w+>|ptr)$")
 EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b.json"]
 VARIANTS = ("", "_norm", "_norm_silu", "_residual")
 PF = {f"kern_gemv{v}_m1_pf" for v in VARIANTS}
 
-
-def _size(t: str) -> int:
-    return 8 if _PTR.match(t) else _SIZES[t]
 
 
 def _catalog():
@@ -111,24 +107,7 @@ def test_pf_entries_are_twins_plus_two_params(built_pf):
 def test_index_matches_cubins_with_pf(built_pf):
     """The ABI-index-vs-ELF check of test_kernels_build.py, over the whole --l2-prefetch build."""
     d, idx = built_pf
-    for name, k in idx["kernels"].items():
-        data = (d / k["module"]).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == k["sha256"], name
-        cub = read_cubin(data, k["module"])
-        assert cub.arch == 90, (name, cub.arch)
-        assert k["entry"] in cub.entries, (name, k["entry"], list(cub.entries))
-        info = cub.entries[k["entry"]]
-        slots = sorted(info.params, key=lambda s: s.index)
-        assert len(slots) == len(k["params"]), (name, slots, k["params"])
-        off = 0
-        for slot, t in zip(slots, k["params"]):
-            size = _size(t)
-            off = (off + size - 1) // size * size
-            assert (slot.offset, slot.size) == (off, size), (name, slot, t)
-            off += size
-        if info.max_threads is not None:
-            bx, by, bz = k["block"]
-            assert bx * by * bz <= info.max_threads[0] * info.max_threads[1] * info.max_threads[2], name
+    check_index_against_cubins(d, idx)
 
 
 def _ptx(defines: tuple[str, ...]) -> str:

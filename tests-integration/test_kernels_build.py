@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "tools" / "build_kernels.py"
 
 read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
-
-_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
-_PTR = re.compile(r"^(in|out|inout) (buffer<\w+>|ptr)$")
-
-
-def _size(t: str) -> int:
-    return 8 if _PTR.match(t) else _SIZES[t]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from index_checks import check_index_against_cubins  # noqa: E402  (this folder's helper)
 
 
 def _build(out: Path, *extra: str, cwd: Path | None = None) -> dict:
@@ -138,26 +132,7 @@ def test_gemv_entries(built):
 
 def test_index_matches_cubins(built):
     a, idx = built
-    for name, k in idx["kernels"].items():
-        data = (a / k["module"]).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == k["sha256"], name
-        cub = read_cubin(data, k["module"])
-        assert cub.arch == 90, (name, cub.arch)
-        assert k["entry"] in cub.entries, (name, k["entry"], list(cub.entries))
-        info = cub.entries[k["entry"]]
-        slots = sorted(info.params, key=lambda s: s.index)
-        assert len(slots) == len(k["params"]), (name, slots, k["params"])
-        off = 0
-        for slot, t in zip(slots, k["params"]):
-            size = _size(t)
-            off = (off + size - 1) // size * size
-            assert (slot.offset, slot.size) == (off, size), (name, slot, t)
-            off += size
-        block = tuple(k["block"])
-        if info.required_block is not None:
-            assert info.required_block == block, (name, info.required_block, block)
-        if info.max_threads is not None:
-            assert block[0] * block[1] * block[2] <= info.max_threads[0] * info.max_threads[1] * info.max_threads[2]
+    check_index_against_cubins(a, idx)
 
 
 # ------------------------------------------------------------------ the CUDA C decode attention

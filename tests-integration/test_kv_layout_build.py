@@ -34,6 +34,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ptx_entries import ptx_entries  # noqa: E402  (this folder's helper)
+from index_checks import check_index_against_cubins  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "kernels-src"
@@ -41,8 +42,6 @@ EXAMPLES = {"0.6b": ROOT / "examples" / "qwen3-0.6b.json", "4b": ROOT / "example
 
 read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
 
-_SIZES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
-_PTR = re.compile(r"^(in|out|inout) (buffer<\w+>|ptr)$")
 
 #: Instances the layout changes: decode_attention.cu's (all of them) and the Triton KV kernels.
 HM_TRITON = ("qk_norm_rope_kv", "qk_norm_rope_kv_pdl", "paged_prefill_attention")
@@ -51,9 +50,6 @@ HM_OPS = ("qk_norm_rope_kv", "attention_prefill", "attention_decode_rope")
 #: Triton index fields the layout keeps (shared_mem is the compiler's, the doc names the layout).
 SAME_FIELDS = ("params", "param_names", "aligned16", "block", "shared_mem_per", "grid", "constexprs")
 
-
-def _size(t: str) -> int:
-    return 8 if _PTR.match(t) else _SIZES[t]
 
 
 def _tools():
@@ -168,26 +164,7 @@ def test_index_says_the_layout(built_hm, built_tm):
 def test_index_matches_cubins(built_hm):
     """The ABI-index-vs-ELF check of test_kernels_build.py, over the whole head-major build."""
     d, idx = built_hm
-    for name, k in idx["kernels"].items():
-        data = (d / k["module"]).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == k["sha256"], name
-        cub = read_cubin(data, k["module"])
-        assert cub.arch == 90, (name, cub.arch)
-        assert k["entry"] in cub.entries, (name, k["entry"], list(cub.entries))
-        info = cub.entries[k["entry"]]
-        slots = sorted(info.params, key=lambda s: s.index)
-        assert len(slots) == len(k["params"]), (name, slots, k["params"])
-        off = 0
-        for slot, t in zip(slots, k["params"]):
-            size = _size(t)
-            off = (off + size - 1) // size * size
-            assert (slot.offset, slot.size) == (off, size), (name, slot, t)
-            off += size
-        block = tuple(k["block"])
-        if info.required_block is not None:
-            assert info.required_block == block, (name, info.required_block, block)
-        if info.max_threads is not None:
-            assert block[0] * block[1] * block[2] <= info.max_threads[0] * info.max_threads[1] * info.max_threads[2]
+    check_index_against_cubins(d, idx)
     files = {p.name for p in d.iterdir()} - {"index.json"}
     assert files == {k["module"] for k in idx["kernels"].values()}  # no stray module
 
