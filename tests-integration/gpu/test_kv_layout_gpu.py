@@ -13,7 +13,9 @@ fresh random caches, tokens and weights:
    1..3,000 cached tokens;
 3. decode_attention.cu built with -DDA_BULK (decode_attention_hm.cubin, decode_attention_pdl_hm.cubin): the
    rope-cluster form (plain and PDL module: output and the row it stores), the cluster form and split + merge: the
-   same bits as the token-major module on the converted cache, at lengths across pages and the rings' edges.
+   same bits as the token-major module on the converted cache, at lengths across pages and the rings' edges;
+   the PDL forms launched without the attribute too (their early pages and the cluster form's refresh of row L-1
+   included), each against the token-major PDL form.
 
 Kernels: the token-major set from $KERN_KERNELS_DIR if its index has them (else built here), the head-major set from
 $KERN_KERNELS_DIR_HM if its index says `"kv_layout": "head-major"` (else built here).
@@ -41,12 +43,17 @@ CLUSTER = 8
 LAYERS, LAYER = 3, 1
 ROPE, CLU, SPLIT, MERGE = ("decode_attention_rope_cluster", "decode_attention_cluster", "decode_attention_split",
                            "decode_attention_merge")
-NEEDED = ("qk_norm_rope_kv", "paged_prefill_attention", ROPE, ROPE + "_pdl", CLU, SPLIT, MERGE)
+NEEDED = ("qk_norm_rope_kv", "qk_norm_rope_kv_pdl", "paged_prefill_attention", ROPE, ROPE + "_pdl", CLU, CLU + "_pdl",
+          SPLIT, SPLIT + "_pdl", MERGE, MERGE + "_pdl")
 
 
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
-    return kernels_dir(tmp_path_factory, "kernels-tm", ["0.6b", "4b"], NEEDED, pdl=True)
+    d = kernels_dir(tmp_path_factory, "kernels-tm", ["0.6b", "4b"], NEEDED, pdl=True)
+    if json.loads((Path(d) / "index.json").read_text()).get("kv_layout", "token-major") != "token-major":
+        pytest.fail(f"$KERN_KERNELS_DIR {d} is a head-major kernels dir: this test needs the token-major one there "
+                    "(and the head-major one in $KERN_KERNELS_DIR_HM)")
+    return d
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +94,9 @@ def test_conversion_round_trip():
     assert torch.equal(bits(hm[row + 7 * 8: row + 8 * 8]), bits(src))
 
 
+@pytest.mark.parametrize("form", ["", "_pdl"])  # the PDL form launched without the attribute: the plain form's work
 @pytest.mark.parametrize("T,nq", [(1, 32), (7, 16), (300, 32), (33, 64)])
-def test_prologue(ks, ks_hm, T, nq):
+def test_prologue(ks, ks_hm, T, nq, form):
     tok = NKV * 2 * D
     cos_sin = rope_table()
     pos0 = 30000 + int(torch.randint(0, 5000, (1,)))
@@ -103,7 +111,8 @@ def test_prologue(ks, ks_hm, T, nq):
     qw, kw = (torch.rand(D, device=DEV) + 0.5).to(BF), (torch.rand(D, device=DEV) + 0.5).to(BF)
     off = LAYER * 16 * tok
     for k, q, c in ((ks, qkv, kv), (ks_hm, qkv_hm, kv_hm)):
-        k.launch("qk_norm_rope_kv", (T, NKV), [q, pos, slots, qw, kw, cos_sin, c[off:], nq, NKV, EPS, page_elems * 2])
+        k.launch("qk_norm_rope_kv" + form, (T, NKV),
+                 [q, pos, slots, qw, kw, cos_sin, c[off:], nq, NKV, EPS, page_elems * 2])
     torch.cuda.synchronize()
     assert torch.equal(bits(qkv_hm), bits(qkv)), "q rotated in place differently"
     assert torch.equal(bits(kv_hm), bits(to_head_major(kv))), "the cache written differs (converted)"
@@ -162,9 +171,10 @@ def test_rope_cluster(ks, ks_hm, nq, L, form):
     assert torch.equal(bits(kv_hm), bits(to_head_major(kv))), "the stored row differs (converted)"
 
 
+@pytest.mark.parametrize("form", ["", "_pdl"])  # the PDL module's forms (early pages, the refresh of row L-1) too
 @pytest.mark.parametrize("L", LENGTHS)
 @pytest.mark.parametrize("nq", [16, 64])
-def test_cluster_and_split(ks, ks_hm, nq, L):
+def test_cluster_and_split(ks, ks_hm, nq, L, form):
     tok = NKV * 2 * D
     kv, bt, _, page_elems = pool(L, LAYERS)
     kv_hm = to_head_major(kv)
@@ -176,11 +186,11 @@ def test_cluster_and_split(ks, ks_hm, nq, L):
     for k, c in ((ks, kv), (ks_hm, kv_hm)):
         layer = c[LAYER * 16 * tok:]
         out_c, out_s = nan_like((1, nq * D)), nan_like((1, nq * D))
-        k.launch(CLU, (NKV, CLUSTER, 1), [q, layer, bt, seq, out_c] + tail)
+        k.launch(CLU + form, (NKV, CLUSTER, 1), [q, layer, bt, seq, out_c] + tail)
         acc = torch.full((1, nq, S, D), float("nan"), device=DEV)
         ml = torch.full((1, nq, S, 2), float("nan"), device=DEV)
-        k.launch(SPLIT, (NKV, S, 1), [q, layer, bt, seq, acc, ml] + tail)
-        k.launch(MERGE, (nq, 1, 1), [acc, ml, seq, out_s, nq, S])
+        k.launch(SPLIT + form, (NKV, S, 1), [q, layer, bt, seq, acc, ml] + tail)
+        k.launch(MERGE + form, (nq, 1, 1), [acc, ml, seq, out_s, nq, S])
         res.append((out_c, out_s))
     torch.cuda.synchronize()
     assert torch.equal(bits(res[1][0]), bits(res[0][0])), "cluster form differs"

@@ -467,24 +467,26 @@ def qk_norm_rope_kv_hm(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin
 @triton.jit
 def _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
-    """_prefill_tile on the head-major layout: a tile's k and v rows loaded as [BLOCK_N, D/8 chunks, 8] (each
-    chunk's 8 elements contiguous: 16-byte loads) at their swizzled chunks, then reshaped to [BLOCK_N, D]."""
+    """_prefill_tile on the head-major layout: element d of token t's k (v: + D) at d ^ ((t % 8) * 8) of its row, the
+    chunk swizzle as an XOR on the element index (8 * (c ^ s) + e = (8c + e) ^ 8s); the hints say each run of 8 stays
+    contiguous and 8-aligned, so the loads are 16-byte cp.async straight into the dot's operand buffers, as the
+    token-major tile's (a [BLOCK_N, 16, 8] load reshaped to [BLOCK_N, D] staged every tile through registers and
+    scalar shared-memory stores instead: helper-58's PTX review, session 20)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    c = tl.arange(0, D // 8)
-    e = tl.arange(0, 8)
     if CAUSAL_MASK:
         nmask = offs_n < L
         page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
     else:
         page = tl.load(bt + offs_n // 16).to(tl.int64)
     tok = page * page_elems + (offs_n % 16) * (2 * D)
-    koff = tok[:, None, None] + _hm_chunk(c[None, :, None], offs_n[:, None, None]) + e[None, None, :]
-    voff = tok[:, None, None] + _hm_chunk(c[None, :, None] + D // 8, offs_n[:, None, None]) + e[None, None, :]
+    dd = tl.arange(0, D)
+    sw = ((offs_n % 8) * 8)[:, None]
+    koff = tok[:, None] + tl.max_contiguous(tl.multiple_of(dd[None, :] ^ sw, [1, 8]), [1, 8])
+    voff = tok[:, None] + D + tl.max_contiguous(tl.multiple_of(dd[None, :] ^ sw, [1, 8]), [1, 8])
     if CAUSAL_MASK:
-        k = tl.load(kvh + koff, mask=nmask[:, None, None], other=0.0)
+        k = tl.load(kvh + koff, mask=nmask[:, None], other=0.0)
     else:
         k = tl.load(kvh + koff)
-    k = tl.reshape(k, [BLOCK_N, D])
     qk = tl.dot(qt, tl.trans(k)) * scale
     if CAUSAL_MASK:
         qk = tl.where((offs_n[None, :] <= pos_m[:, None]) & nmask[None, :], qk, float("-inf"))
@@ -493,10 +495,9 @@ def _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if CAUSAL_MASK:
-        v = tl.load(kvh + voff, mask=nmask[:, None, None], other=0.0)
+        v = tl.load(kvh + voff, mask=nmask[:, None], other=0.0)
     else:
         v = tl.load(kvh + voff)
-    v = tl.reshape(v, [BLOCK_N, D])
     acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
     return acc, m_new, l_i
 
