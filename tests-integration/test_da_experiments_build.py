@@ -2,13 +2,14 @@
 da_timeline.py time them, tests-integration/gpu/test_da_experiments_gpu.py checks their numerics): no GPU needed.
 
 - the hooks leave the default modules unchanged: the PDL build's sha256 is the one examples/qwen3-4b.json pins;
-- every experiment build (`DA_BULK`, with `KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`, `DA_MERGE_BARRIER`) exports the default's
+- every experiment build (`KERN_PDL`, `DA_PAIR`, `DA_WARPS=8`, `DA_NO_MATH`, `DA_MERGE_BARRIER`) exports the default's
   four entries with the same parameter tables;
 - the default cluster merge is st.async on an mbarrier (one cluster arrive), `DA_MERGE_BARRIER` the barrier merge;
-- in the PTX of the `DA_BULK` build, the page copies of the attention entries are bulk copies counted on an
-  mbarrier (fenced after its init, and a proxy fence before the refills), with no 16-byte cp.async left in them; the
-  default's attention entries use no bulk copy;
-- da_variants' launch geometry for each build (threads, dynamic shared memory) and its option parsing.
+- in the PTX of the default plain and PDL builds, the page copies of the attention entries are bulk copies counted on
+  an mbarrier (fenced after its init, and a proxy fence before the refills), with no 16-byte cp.async left in them:
+  the head-major KV layout, one bulk copy per page, is the only one (the experiment `DA_BULK` that made it is gone);
+- da_variants' launch geometry for each build (threads, dynamic shared memory), its option parsing, and its refusal
+  of `DA_BULK`.
 """
 
 from __future__ import annotations
@@ -29,18 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
 from ptx_entries import ptx_entries  # noqa: E402
 
-EXPERIMENTS = {"bulk": ("DA_BULK",), "bulk_pdl": ("DA_BULK", "KERN_PDL"), "pair": ("DA_PAIR",),
-               "bulk_w8": ("DA_BULK", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"), "no_math": ("DA_NO_MATH",),
-               "merge_barrier": ("DA_MERGE_BARRIER", "KERN_PDL")}
+EXPERIMENTS = {"pdl": ("KERN_PDL",), "pair": ("DA_PAIR",), "w8": ("DA_WARPS=8", "DA_CLUSTER_SLOTS=2"),
+               "no_math": ("DA_NO_MATH",), "merge_barrier": ("DA_MERGE_BARRIER", "KERN_PDL")}
 ATTENTION = ("decode_attention_split", "decode_attention_cluster", "decode_attention_rope_cluster")
 BULK_COPY = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """The default plain and PDL cubins and PTX, and every experiment's cubin (and DA_BULK's PTX)."""
+    """The default plain and PDL cubins and PTX, and every experiment's cubin."""
     jobs = {"plain.cubin": ((), "plain.cubin"), "pdl.cubin": (("KERN_PDL",), "pdl.cubin"),
-            "plain.ptx": ((), "plain.ptx"), "bulk.ptx": (("DA_BULK",), "bulk.ptx"),
+            "plain.ptx": ((), "plain.ptx"), "pdl.ptx": (("KERN_PDL",), "pdl.ptx"),
             "barrier.ptx": (("DA_MERGE_BARRIER",), "barrier.ptx"),
             **{f"{n}.cubin": (d, f"{n}.cubin") for n, d in EXPERIMENTS.items()}}
     return nvcc_builds(tmp_path_factory.mktemp("da_experiments"),
@@ -61,16 +61,15 @@ def test_experiment_keeps_the_abi(builds, name):
         assert [(p.offset, p.size) for p in exp[e].params] == [(p.offset, p.size) for p in plain[e].params], e
 
 
-def test_bulk_pages_are_bulk_copies(builds):
-    bulk = ptx_entries(builds["bulk.ptx"].read_text())
-    plain = ptx_entries(builds["plain.ptx"].read_text())
+@pytest.mark.parametrize("build", ["plain", "pdl"])
+def test_pages_are_bulk_copies(builds, build):
+    ptx = ptx_entries(builds[f"{build}.ptx"].read_text())
     for e in ATTENTION:
-        text = "\n".join(bulk[e])
+        text = "\n".join(ptx[e])
         assert BULK_COPY in text and "mbarrier.try_wait.parity" in text, e
         # the slots' mbarriers fenced after their init, and the refills fenced between the proxies
         assert "fence.mbarrier_init.release.cluster" in text and "fence.proxy.async.shared::cta" in text, e
         assert "cp.async.cg.shared.global" not in text, e
-        assert "cp.async.bulk" not in "\n".join(plain[e]), e
 
 
 def test_cluster_merge_is_st_async(builds):
@@ -95,12 +94,14 @@ def test_da_variants_geometry():
     import catalog
 
     default = next(k for k in catalog._decode_attention_cuda_kernels() if k.name == catalog.DECODE_ATTENTION_CLUSTER)
-    assert da_variants.cluster_smem([]) == default.shared_mem == 4 * 4 * 16 * 528 + 8 * (16 + 128) * 4
-    assert da_variants.cluster_smem(["DA_BULK=1"]) == 256 + 4 * 4 * 8192 + 8 * (16 + 128) * 4
-    assert da_variants.cluster_smem(["DA_BULK=1", "DA_WARPS=8", "DA_CLUSTER_SLOTS=2"]) == 512 + 8 * 2 * 8192 + 4608
-    assert da_variants.cluster_warps(["DA_WARPS=8"]) == 8 and da_variants.cluster_warps(["DA_BULK=1"]) == 4
-    assert da_variants.is_bulk(["DA_BULK"]) and da_variants.is_bulk(["DA_BULK=1"]) and not da_variants.is_bulk(["NOPDL"])
+    # the slots' mbarriers (64 bytes per warp), the rings of 16 unpadded 512-byte rows per page, the partials
+    assert da_variants.cluster_smem([]) == default.shared_mem == 256 + 4 * 4 * 16 * 512 + 8 * (16 + 128) * 4
+    assert da_variants.cluster_smem(["DA_WARPS=8", "DA_CLUSTER_SLOTS=2"]) == 512 + 8 * 2 * 8192 + 4608
+    assert da_variants.cluster_warps(["DA_WARPS=8"]) == 8 and da_variants.cluster_warps(["KERN_PDL=1"]) == 4
+    for gone in (["DA_BULK"], ["DA_BULK=1"], ["DA_PAIR=1", "DA_BULK=0"]):
+        with pytest.raises(ValueError, match="DA_BULK is gone: the head-major KV layout"):
+            da_variants.cluster_smem(gone)
     with pytest.raises(ValueError, match="NAME=SPEC"):
-        da_variants.parse_variant("=DA_BULK=1")
+        da_variants.parse_variant("=DA_PAIR=1")
     with pytest.raises(ValueError, match="'DA_WARPS=eight': DA_WARPS must be an integer"):
         da_variants.cluster_smem(["DA_WARPS=eight"])

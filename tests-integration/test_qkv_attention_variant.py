@@ -48,6 +48,12 @@ qkv_attention_rope_cluster(const unsigned short* residual, const unsigned short*
 """
 
 
+#: The examples' decode attention launch's dynamic shared memory (decode_attention_rope_cluster, PDL module: 256 bytes
+#: of the slots' mbarriers, 4 warps' 2-page rings of 16 unpadded 512-byte rows (the head-major KV layout's page of one
+#: kv head), 4,608 bytes of the cluster's partials), where the one launch's own shared memory starts.
+ATTN = 256 + 4 * 2 * 16 * 512 + 4608  # 70,400
+
+
 def _calls(m: dict) -> list[dict]:
     return m["programs"]["decode"]["calls"]
 
@@ -104,14 +110,14 @@ def test_rewrite(tmp_path, geometry):
     nq, nkv, _q_stride, bt_stride, page_bytes, sm_scale, eps = (next(iter(a.values())) for a in attn["args"][10:])
     assert ln == {"module": "qkv_attention", "entry": "qkv_attention_rope_cluster",
                   "params": [*params, "i32", "i32", "i32", "i32", "i32", "f32", "f32"],
-                  "block": [128, 1, 1], "grid": attn["grid"], "shared_mem": 72192 + 128 + 4 * 20480 + 2560 + 2 * k,
+                  "block": [128, 1, 1], "grid": attn["grid"], "shared_mem": ATTN + 128 + 4 * 20480 + 2560 + 2 * k,
                   "carveout": 0, "pdl": True,
                   "args": [{"param": i} for i in range(12)]
                   + [{"i32": nq}, {"i32": nkv}, {"i32": k}, {"i32": bt_stride}, {"i32": page_bytes},
                      {"f32": sm_scale}, {"f32": eps}]}
-    assert ln["grid"] == [8, 8, 1] and attn["shared_mem"] == 72192
+    assert ln["grid"] == [8, 8, 1] and attn["shared_mem"] == ATTN == 70400
     assert (nq, k) == {"4b": (32, 2560), "0.6b": (16, 1024)}[geometry]
-    assert ln["shared_mem"] == {"4b": 161920, "0.6b": 158848}[geometry]
+    assert ln["shared_mem"] == {"4b": 160128, "0.6b": 157056}[geometry]
 
     # the replaced ops and the modules only they used are gone; everything else is the manifest's
     assert "gemv_norm_qkv" not in out["ops"] and "attention_decode_rope" not in out["ops"]
@@ -129,7 +135,7 @@ def test_rewrite(tmp_path, geometry):
     # the weight ring's size follows --slots / --slot-bytes
     other = qa.rewrite(m, kernels, slots=2, slot_bytes=32768)
     assert other["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == \
-           72192 + 128 + 2 * 32768 + 2560 + 2 * k
+           ATTN + 128 + 2 * 32768 + 2560 + 2 * k
 
 
 def _launch_set(op: str, field: str, value):
@@ -217,17 +223,17 @@ def test_rewrite_refuses_shared_memory_and_what_is_missing(tmp_path):
                                               "tools/kernels-src/qkv_attention.cu with -DKERN_PDL"):
         qa.rewrite(m, tmp_path)
     kernels = _standin(tmp_path)
-    # 72192 + 128 + 8·20480 + 2560 + 2·2560 = 243840 > 227 KB; 7 slots fit (223360)
-    with pytest.raises(qa.VariantError, match=r"op `qkv_attention_decode`: 243840 bytes of dynamic shared memory "
-                                              r"\(72192 of the attention \+ 128 \+ 8·20480 .* over sm_90's 232448"):
+    # 70400 + 128 + 8·20480 + 2560 + 2·2560 = 242048 > 227 KB; 7 slots fit (221568)
+    with pytest.raises(qa.VariantError, match=r"op `qkv_attention_decode`: 242048 bytes of dynamic shared memory "
+                                              r"\(70400 of the attention \+ 128 \+ 8·20480 .* over sm_90's 232448"):
         qa.rewrite(m, kernels, slots=8)
-    assert qa.rewrite(m, kernels, slots=7)["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == 223360
+    assert qa.rewrite(m, kernels, slots=7)["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == 221568
     for slots, slot_bytes in [(0, 20480), (1, 20480), (17, 1024), (4, 20487), (4, 1008)]:
         with pytest.raises(qa.VariantError, match=f"--slots {slots}, --slot-bytes {slot_bytes}: the build's "
                                                   "-DQA_SLOTS is 2 to 16 and its -DQA_SLOT_BYTES a multiple of 16"):
             qa.rewrite(m, kernels, slots=slots, slot_bytes=slot_bytes)
     assert qa.rewrite(m, kernels, slots=2, slot_bytes=1024)["ops"]["qkv_attention_decode"]["impl"]["launches"][0][
-        "shared_mem"] == 72192 + 128 + 2 * 1024 + 2560 + 2 * 2560
+        "shared_mem"] == ATTN + 128 + 2 * 1024 + 2560 + 2 * 2560
     with pytest.raises(qa.VariantError, match="no op `gemv_norm_qkv`"):
         qa.rewrite(qa.rewrite(m, kernels), kernels)
     with pytest.raises(qa.VariantError, match="not a path"):
@@ -264,11 +270,11 @@ def test_command_line(stub_kernels, tmp_path, capsys):
     assert qa.main([str(EXAMPLES["0.6b"]), "--kernels", str(stub_kernels), "--out", str(out)]) == 0
     assert "the one-launch qkv + attention of qkv_attention.cubin (4 slots of 20480 bytes)" in capsys.readouterr().out
     written = json.loads(out.read_text())
-    assert written["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == 158848
+    assert written["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == 157056
     assert qa.main([str(EXAMPLES["0.6b"]), "--kernels", str(stub_kernels), "--out", str(out), "--slots", "2",
                     "--slot-bytes", "16384"]) == 0
     assert json.loads(out.read_text())["ops"]["qkv_attention_decode"]["impl"]["launches"][0]["shared_mem"] == \
-           72192 + 128 + 2 * 16384 + 2560 + 2 * 1024
+           ATTN + 128 + 2 * 16384 + 2560 + 2 * 1024
     capsys.readouterr()
     standin = _standin(tmp_path)
     for f in stub_kernels.iterdir():

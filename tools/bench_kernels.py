@@ -181,7 +181,7 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
                             g.vocab_size, g.num_hidden_layers)
     eps, scale = g.rms_norm_eps, 1 / math.sqrt(D)
     layer_bytes = 16 * NKV * 2 * D * 2  # one layer's 16-token block inside a page
-    page_elems = NL * 16 * NKV * 2 * D  # [page][layer][16 tokens][kv_heads][k|v][head_dim]
+    page_elems = NL * 16 * NKV * 2 * D  # [page][layer][kv_heads][16 tokens][k|v][head_dim], rows swizzled (head-major)
     page_bytes = 2 * page_elems
     QS = (NQ + 2 * NKV) * D
     assert L <= NL, f"in-graph sets use the KV pool's {NL} layer blocks; L={L} > {NL}"

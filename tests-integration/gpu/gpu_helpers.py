@@ -8,16 +8,23 @@ repository) and torch.
 
 - kernels_dir: the kernels a test module launches ($KERN_KERNELS_DIR or a fresh build);
 - nan_like, bits, rope_table: small tensor helpers;
-- the float64 reference of paged decode attention (kv_geom, pool, gather_kv, ref_attention) and
+- the KV layout (kv_geom, slot_offsets, kv_offsets, row_offsets, changed_outside): the one place that knows
+  where a token's k and v are in the paged cache; every test that reads or writes a slot goes through it;
+- the float64 reference of paged decode attention (pool, gather_kv, ref_attention) and
   DecodeContext, one sequence's KV pool and launch arguments (test_decode_attention_gpu.py,
-  test_fused_attention_gpu.py; test_kernels_gpu.py uses kv_geom and gather_kv);
+  test_fused_attention_gpu.py; test_kernels_gpu.py uses kv_geom, slot_offsets and gather_kv);
 - ref_norm_rope, rope_reference: the float64 reference of the rope-cluster decode attention (q/k RMS norm,
   rotary, the token's k/v row, attention; test_rope_attention_gpu.py, test_qkv_attention_gpu.py);
 - decode_chains, run_generations: a generated decode program run end to end through kern-run (the 0.6B
   chains of test_decode_attention_gpu.py and test_fused_attention_gpu.py).
 
-Paged KV layout (the kernels' contract): 16-token pages, each holding `layers` layers one after the
-other; a layer's token is `nkv` heads of K (D elements) then V (D elements), bf16.
+Paged KV layout (the kernels' contract, tools/README.md "KV layout"; head-major, the only one): bf16, 16-token
+pages, each holding `layers` layers one after the other (layer l's part at l * layer_elems, the offset a kernel's
+kv argument gets); a layer's part is `nkv` heads one after the other, each 16 token slots of one 512-byte k|v row
+(k: D elements, then v: D elements), and slot s's row is swizzled: its logical 16-byte chunk c (k chunks 0..15,
+v chunks 16..31) at chunk c ^ (s % 8). So k element d of kv head h of physical slot s is at
+(s // 16) * page_elems + h * 16 * 2 * D + (s % 16) * 2 * D + (d ^ ((s % 8) * 8)) from the layer's offset, and
+its v element d at + D from there (the XOR only touches the low three bits of the chunk index).
 """
 
 from __future__ import annotations
@@ -81,38 +88,71 @@ def rope_table(positions=40960, theta=1e6):
     return torch.cat([ang.cos(), ang.sin()], -1).float().to(DEV)
 
 
-# ---------------------------------------------------------------- paged decode attention, float64 reference
+# ---------------------------------------------------------------- the KV layout; paged decode attention in float64
 
 
 def kv_geom(layers, nkv=NKV):
-    """(tok, page_elems): elements per token of one layer, elements per page (all `layers` layers)."""
-    tok = nkv * 2 * D  # elements per token of one layer
-    return tok, layers * 16 * tok  # page elements
+    """(layer_elems, page_elems): elements of one layer's part of a page (16 token slots of `nkv` heads' k|v; layer
+    l's part starts at l * layer_elems, the offset a kernel's kv argument gets), and elements per page (all
+    `layers` layers). Sizes only: a slot's elements are where slot_offsets says."""
+    layer_elems = nkv * 16 * 2 * D
+    return layer_elems, layers * layer_elems
+
+
+def slot_offsets(slots, page_elems, nkv=NKV):
+    """Element offsets, int64 [n, nkv, D], of the k of physical token slots `slots` (an int tensor of n slots, or
+    one int) of one layer, from the layer's offset, in the head-major swizzled layout (module docstring): k element
+    d of kv head h of slot s at (s // 16) * page_elems + h * 16 * 2 * D + (s % 16) * 2 * D + (d ^ ((s % 8) * 8));
+    its v element d is at the same offset + D."""
+    s = torch.as_tensor(slots, device=DEV).long().reshape(-1)
+    row = (s // 16) * page_elems + (s % 16) * (2 * D)  # [n]: slot s's row of kv head 0
+    head = torch.arange(nkv, device=s.device) * (16 * 2 * D)  # [nkv]: a head's 16 rows
+    d = torch.arange(D, device=s.device)
+    return row[:, None, None] + head[None, :, None] + (d[None, None, :] ^ ((s % 8) * 8)[:, None, None])
+
+
+def kv_offsets(bt, pos, page_elems, nkv=NKV):
+    """slot_offsets [n, nkv, D] of logical positions `pos` (int tensor [n]) of the sequence whose block-table row is
+    `bt` (position p: page bt[p // 16], slot bt[p // 16] * 16 + p % 16); v at + D."""
+    pos = torch.as_tensor(pos, device=DEV).long().reshape(-1)
+    return slot_offsets(bt[pos // 16].long() * 16 + pos % 16, page_elems, nkv)
+
+
+def row_offsets(slot, page_elems, nkv=NKV):
+    """Every element offset of physical token slot `slot` (an int) in one layer, from the layer's offset: k and v of
+    its `nkv` heads (int64 [2 * nkv * D], k's then v's): what storing that token's row writes, and all it may."""
+    k = slot_offsets(int(slot), page_elems, nkv)[0]  # [nkv, D]
+    return torch.cat([k, k + D]).reshape(-1)
+
+
+def changed_outside(new, old, idx):
+    """How many elements of `new` differ from `old` bit for bit (both flat bf16 tensors of one size) at element
+    offsets other than `idx` (an int64 tensor of offsets)."""
+    diff = new.view(torch.int16) != old.view(torch.int16)
+    diff[idx] = False
+    return int(diff.sum())
 
 
 def pool(L, layers):
     """A layer-interleaved KV pool holding L tokens for `layers` layers (NKV heads), pages in random order.
 
-    Returns (kv, bt, tok, page_elems): kv bf16 [npages * page_elems] random (npages = ceil(L/16) + 3),
-    bt int32 [ceil(L/16) + 5] the block table (5 junk entries past the end), tok and page_elems as kv_geom.
+    Returns (kv, bt, layer_elems, page_elems): kv bf16 [npages * page_elems] random (npages = ceil(L/16) + 3; random
+    values, so the layout is the reader's: gather_kv), bt int32 [ceil(L/16) + 5] the block table (5 junk entries
+    past the end), layer_elems and page_elems as kv_geom.
     """
-    tok, page_elems = kv_geom(layers)
+    layer_elems, page_elems = kv_geom(layers)
     n = -(-L // 16)
     npages = n + 3
     kv = torch.randn(npages * page_elems, device=DEV).to(BF)
     bt = torch.randperm(npages, device=DEV)[:n].to(torch.int32)
     bt = torch.cat([bt, torch.full((5,), 10**6, dtype=torch.int32, device=DEV)])  # junk past the end
-    return kv, bt, tok, page_elems
+    return kv, bt, layer_elems, page_elems
 
 
 def gather_kv(kv_layer, page_elems, bt, L, nkv=NKV):
     """K, V as float64 [L, nkv, D] for logical positions 0..L-1 (kv_layer = the pool from the layer's
-    offset, bf16; bt: int32 block-table row)."""
-    pos = torch.arange(L, device=DEV)
-    tok = bt[pos // 16].long() * page_elems + (pos % 16) * (nkv * 2 * D)
-    hs = torch.arange(nkv, device=DEV) * 2 * D
-    dd = torch.arange(D, device=DEV)
-    idx = tok[:, None, None] + hs[None, :, None] + dd
+    offset, bf16; bt: int32 block-table row), read through kv_offsets (the head-major layout)."""
+    idx = kv_offsets(bt, torch.arange(L, device=DEV), page_elems, nkv)
     return kv_layer[idx].double(), kv_layer[idx + D].double()  # [L, nkv, D]
 
 
@@ -135,13 +175,13 @@ class DecodeContext:
 
     def __init__(self, ks, nq, L, S, layers):
         self.ks, self.nq, self.L, self.S, self.layers = ks, nq, L, S, layers
-        self.kv, self.bt, self.tok, self.page_elems = pool(L, layers)
+        self.kv, self.bt, self.layer_elems, self.page_elems = pool(L, layers)
         self.q_stride = (nq + 2 * NKV) * D  # one token's qkv row, elements
         self.seq = torch.tensor([L], dtype=torch.int32, device=DEV)
 
     def layer_kv(self, l):
         """The pool from layer l's offset (bf16, flat)."""
-        return self.kv[l * 16 * self.tok:]
+        return self.kv[l * self.layer_elems:]
 
     def tail(self):
         """The trailing scalar args: num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale."""
@@ -210,16 +250,17 @@ def ref_norm_rope(x, w, cs, eps=1e-6):
     return torch.cat([y[:, : D // 2] * cos - y[:, D // 2:] * sin, y[:, D // 2:] * cos + y[:, : D // 2] * sin], -1)
 
 
-def rope_reference(qkv_row, kv, off, page_elems, tok, bt_row, L, nq, qw, kw, cs, slot):
+def rope_reference(qkv_row, kv, off, page_elems, bt_row, L, nq, qw, kw, cs, slot):
     """float64 (out [1, nq*D], k [NKV, D]): q, k = rope(rmsnorm(.) * w) of the bf16 inputs; attention over the
-    cache (from layer offset `off`) whose row at `slot` holds bf16(k) and v, as the kernels store them."""
+    cache (the whole pool `kv`, the layer from element offset `off`) whose row at physical slot `slot` holds bf16(k)
+    and v, written where slot_offsets puts them, as the kernels store them."""
     x = qkv_row.double()
     q = ref_norm_rope(x[: nq * D].view(nq, D), qw, cs)
     k = ref_norm_rope(x[nq * D:(nq + NKV) * D].view(NKV, D), kw, cs)
     kv = kv.clone()
-    row = slot // 16 * page_elems + slot % 16 * tok + off
-    kv[row: row + tok].view(NKV, 2, D)[:, 0] = k.to(BF)
-    kv[row: row + tok].view(NKV, 2, D)[:, 1] = qkv_row[(nq + NKV) * D:].view(NKV, D)
+    idx = off + slot_offsets(int(slot), page_elems)[0]  # [NKV, D]: the token's k; its v at + D
+    kv[idx] = k.to(BF)
+    kv[idx + D] = qkv_row[(nq + NKV) * D:].view(NKV, D)
     K, V = gather_kv(kv[off:], page_elems, bt_row, L)
     G = nq // NKV
     s = torch.einsum("hd,lhd->hl", q, K.repeat_interleave(G, 1)) / math.sqrt(D)

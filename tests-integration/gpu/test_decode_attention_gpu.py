@@ -6,20 +6,21 @@ Two impls of the `attention_decode` op, both through the cubin (cuLaunchKernel w
 `decode_attention_split` + `decode_attention_merge` (two launches, partials in impl scratch) and
 `decode_attention_cluster` (one launch, a cluster of 8 CTAs merging through distributed shared memory).
 
-1. Against a float64 reference over page-boundary lengths (1, 7, 15, 16, 17, 100, 1000, 4096, 40000),
-   split strides S (1, 7, 32, 64: the kernel uses ns = min(S, max(1, ceil(pages/4))) of them), GQA groups
-   G = NQ/NKV in 1, 2, 4, 5, 8, fresh random inputs, pages in random order, junk block-table entries past
-   the end, every output and the scratch poisoned (NaN) before the launch and a guard after the output:
-   ||out - ref|| / ||ref|| <= 1e-2, no NaN, nothing written past the output; and against the Triton pair
-   (attention.py) on the same inputs: its error is no more than 2x Triton's + 1e-3 (the same roundings:
-   P in bf16 for the PV product, one output rounding; only the summation order differs, so the two
-   are not bit-identical).
+1. Against a float64 reference (reading the pool through gpu_helpers' head-major addressing) over page-boundary
+   lengths (1, 7, 15, 16, 17, 100, 1000, 4096, 40000), split strides S (1, 7, 32, 64: the kernel uses
+   ns = min(S, max(1, ceil(pages/4))) of them), GQA groups G = NQ/NKV in 1, 2, 4, 5, 8, fresh random inputs,
+   pages in random order, junk block-table entries past the end, every output and the scratch poisoned (NaN)
+   before the launch and a guard after the output: ||out - ref|| / ||ref|| <= 1e-2, no NaN, nothing written past
+   the output; and against the Triton pair (attention.py) on the same inputs: its error is no more than 2x
+   Triton's + 1e-3 (the same roundings: P in bf16 for the PV product, one output rounding; only the summation
+   order differs, so the two are not bit-identical).
 2. Two sequences (grid z): block-table rows, seq_lens and outputs per sequence.
 3. Determinism and races: 36 layers launched back to back with shared scratch, eagerly and replayed from
    a CUDA graph several times: every output equals the first eager run bit for bit.
 4. The `_pdl` forms (launched without the attribute) equal the plain forms bit for bit; and the cluster form as
    the decode program launches it, after qk_norm_rope_kv_pdl with programmatic dependent launch (it reads its
-   first pages before its wait), equals the plain pair bit for bit, the current token's row poisoned beforehand.
+   first pages before its wait), equals the plain pair bit for bit, the current token's row poisoned beforehand
+   (and found stored at its head-major positions after).
 5. The 0.6B decode program generated with `--decode-attention cuda` / `cluster` / `rope-cluster` (the
    attention prologue fused in: tests-integration/gpu/test_rope_attention_gpu.py tests that kernel alone)
    (and with --pdl) against
@@ -46,7 +47,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import (torch, BF, D, DEV, NKV, DecodeContext, bits, decode_chains, kernels_dir,  # noqa: E402
-                         nan_like, pool, ref_attention, rope_table, run_generations)
+                         nan_like, pool, ref_attention, rope_table, row_offsets, run_generations, slot_offsets)
 
 TOL = 1e-2
 CLUSTER = 8
@@ -134,8 +135,8 @@ def test_decode_attention_vs_reference(ks, impl, nq, L, S):
 def test_decode_attention_two_sequences(ks, impl):
     """Grid z = 2: sequence b uses block-table row b, seq_lens[b], q row b and output row b."""
     nq, S, Ls = 40, 16, [700, 33]
-    kv, bt0, tok, page_elems = pool(2048, 2)
-    kv_layer = kv[16 * tok:]  # layer 1
+    kv, bt0, layer_elems, page_elems = pool(2048, 2)
+    kv_layer = kv[layer_elems:]  # layer 1
     bt = torch.stack([bt0[:64], bt0[64:128]]).contiguous()
     q_stride = (nq + 2 * NKV) * D
     qkv = torch.randn(2, q_stride, device=DEV).to(BF)
@@ -230,18 +231,21 @@ def test_cluster_pdl_after_prologue(ks, nq, L, graph):
     (position L-1) into one of them; the row is read again after the wait (L <= EARLY_EDGE = 1,024: the warps'
     second pages end at 528 tokens for warp 0, 1,024 for warp 31), or, further out, its page is only issued after
     the wait (the ring's other 2 pages right after q's load, up to RING_EDGE = 2,048 tokens; warp 0's ring ends at
-    1,552; then the page loop, from 2,049). The row in the cache is poisoned
-    (NaN) before the chain, so a stale copy shows. Outputs equal the same chain launched without the attribute,
-    from the plain twins (qk_norm_rope_kv, decode_attention_cluster), bit for bit, and the float64 reference."""
+    1,552; then the page loop, from 2,049). The row in the cache (its k and v at their head-major swizzled positions,
+    gpu_helpers.row_offsets) is poisoned (NaN) before the chain, so a stale copy shows; after it, every layer's row
+    holds the prologue's store there (no NaN left, v bit for bit). Outputs equal the same chain launched without the
+    attribute, from the plain twins (qk_norm_rope_kv, decode_attention_cluster), bit for bit, and the float64
+    reference."""
     layers, eps = 4, 1e-6
     a = Attn(ks, nq, L, 8, layers=layers)
     cos_sin = rope_table()
     pos = torch.tensor([(L + 20000) % cos_sin.shape[0]], dtype=torch.int64, device=DEV)  # rotary: far from 0
     slot = torch.tensor([int(a.bt[(L - 1) // 16]) * 16 + (L - 1) % 16], dtype=torch.int64, device=DEV)
-    # the current token's slot (NKV * 2 * D elements) in every layer: poisoned, the prologue writes it
-    base = int(a.bt[(L - 1) // 16]) * a.page_elems + ((L - 1) % 16) * a.tok
+    # the current token's row (k and v of its NKV heads, at their head-major swizzled positions) in every layer:
+    # poisoned, the prologue writes it
+    row = row_offsets(int(slot), a.page_elems)
     for l in range(layers):
-        a.layer_kv(l)[base: base + a.tok] = float("nan")
+        a.layer_kv(l)[row] = float("nan")
     kv0 = a.kv.clone()
     qkv0 = torch.randn(layers, a.q_stride, device=DEV).to(BF)
     qw = (torch.rand(layers, D, device=DEV) + 0.5).to(BF)
@@ -268,6 +272,10 @@ def test_cluster_pdl_after_prologue(ks, nq, L, graph):
             chain()
         torch.cuda.synchronize()
         outs[form] = out
+        k_idx = slot_offsets(int(slot), a.page_elems)[0]  # [NKV, D]: the row's k; v at + D
+        for l in range(layers):  # the prologue stored the row where the attention (and the reference) reads it
+            assert not torch.isnan(a.layer_kv(l)[row]).any(), f"layer {l}: the current token's row left poisoned"
+            assert torch.equal(bits(a.layer_kv(l)[k_idx + D]), bits(qkv0[l, (nq + NKV) * D:].view(NKV, D))), l
         if form == "pdl":
             for l in (0, layers - 1):
                 ref = ref_attention(qkv[l], a.layer_kv(l), a.page_elems, a.bt, L, nq)

@@ -98,8 +98,8 @@ def test_fused_equals_two_launch(ks, nq, L, S):
 def test_fused_two_sequences(ks):
     """Grid z = 2: sequence b uses block-table row b and counters b*NKV + h of the layer's region."""
     nq, S, Ls = 32, 16, [700, 33]
-    kv, bt0, tok, page_elems = pool(2048, 2)
-    kv_layer = kv[16 * tok:]  # layer 1
+    kv, bt0, layer_elems, page_elems = pool(2048, 2)
+    kv_layer = kv[layer_elems:]  # layer 1
     bt = torch.stack([bt0[:64], bt0[64:128]]).contiguous()
     q_stride = (nq + 2 * NKV) * D
     qkv = torch.randn(2, q_stride, device=DEV).to(BF)
@@ -109,6 +109,9 @@ def test_fused_two_sequences(ks):
     ref2 = nan_like((2, nq * D))
     ks.launch("paged_decode_attention", (NKV, S, 2), [qkv, kv_layer, bt, seq, acc, ml] + tail)
     ks.launch("paged_decode_reduce", (nq, 2), [acc, ml, ref2, nq, S])
+    for b, L in enumerate(Ls):  # the two-launch output against float64 (gpu_helpers' head-major addressing)
+        ref = ref_attention(qkv[b], kv_layer, page_elems, bt[b], L, nq)
+        assert ((ref2[b: b + 1].double() - ref).norm() / ref.norm()).item() <= 1e-2, f"sequence {b}"
     counters = torch.zeros(2 * NKV, dtype=torch.int32, device=DEV)
     for _ in range(3):
         out = nan_like((2, nq * D))

@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import torch, BF, D, DEV, gather_kv, kernels_dir, kv_geom, nan_like, rope_table  # noqa: E402
+from gpu_helpers import (torch, BF, D, DEV, bits, gather_kv, kernels_dir, kv_geom, kv_offsets,  # noqa: E402
+                         nan_like, rope_table, slot_offsets)
 
 TOKENS = [1, 7, 512, 2048]
 TOL = 1e-2
@@ -162,11 +163,39 @@ def ref_norm_rope(x, w, cs, eps):
 # ---------------------------------------------------------------- prologue
 
 
+def test_kv_layout_addressing():
+    """gpu_helpers' addressing is the head-major swizzled layout of tools/README.md "KV layout" (no launch): slot s's
+    k|v row of kv head h at (s // 16) * page_elems + h * 16 * 512 + (s % 16) * 512 bytes of the layer, its logical
+    16-byte chunk c at chunk c ^ (s % 8); and every element of a page's layer part is one slot's k or v element."""
+    nkv, layers = 8, 3
+    layer_elems, page_elems = kv_geom(layers, nkv=nkv)
+    assert (layer_elems, page_elems) == (16 * nkv * 2 * D, layers * 16 * nkv * 2 * D)
+    # slot 5 of page 2, kv head 3: k chunk 2 (elements 16..23) at chunk 2 ^ 5 = 7 of its row; v chunk 1 (logical
+    # chunk 17) at chunk 17 ^ 5 = 20
+    k = slot_offsets(2 * 16 + 5, page_elems, nkv)[0]
+    row = 2 * page_elems + 3 * 16 * 2 * D + 5 * 2 * D
+    assert k[3, 16:24].tolist() == list(range(row + 7 * 8, row + 8 * 8))
+    assert (k[3, 8:16] + D).tolist() == list(range(row + 20 * 8, row + 21 * 8))
+    # slot 8 (s % 8 = 0) unswizzled; its row follows slot 7's
+    assert slot_offsets(8, page_elems, nkv)[0, 0].tolist() == list(range(8 * 2 * D, 8 * 2 * D + D))
+    # a page's layer part: k and v of its 16 slots and nkv heads cover [p * page_elems, + layer_elems) once each
+    idx = slot_offsets(torch.arange(16 * 7, 16 * 8, device=DEV), page_elems, nkv)
+    every = torch.cat([idx.reshape(-1), (idx + D).reshape(-1)]).sort().values
+    assert torch.equal(every, torch.arange(7 * page_elems, 7 * page_elems + layer_elems, device=DEV))
+    # logical positions through a block table
+    bt = torch.tensor([4, 0, 9], dtype=torch.int32, device=DEV)
+    assert torch.equal(kv_offsets(bt, torch.tensor([0, 17, 47], device=DEV), page_elems, nkv),
+                       slot_offsets(torch.tensor([64, 1, 159], device=DEV), page_elems, nkv))
+
+
 @pytest.mark.parametrize("T", TOKENS)
 @pytest.mark.parametrize("nq", [16, 32, 40, 64])
 def test_qk_norm_rope_kv(ks, T, nq):
+    """The prologue's stores: every written slot's k and v at the head-major swizzled positions (gpu_helpers'
+    slot_offsets; v bit for bit, k within 1e-2 of float64), slot -1 written nowhere, and nothing else of the
+    poisoned (NaN) cache touched."""
     nkv, layers, layer, eps = 8, 4, 2, 1e-6
-    tok, page_elems = kv_geom(layers, nkv=nkv)
+    layer_elems, page_elems = kv_geom(layers, nkv=nkv)
     cos_sin = rope_table()
     pos0 = 30000 + int(torch.randint(0, 5000, (1,)))
     pos = torch.arange(pos0, pos0 + T, device=DEV)
@@ -178,7 +207,7 @@ def test_qk_norm_rope_kv(ks, T, nq):
     qkv = torch.randn(T, (nq + 2 * nkv) * D, device=DEV).to(BF)
     qkv0 = qkv.clone()
     qw, kw = (torch.rand(D, device=DEV) + 0.5).to(BF), (torch.rand(D, device=DEV) + 0.5).to(BF)
-    kv_layer = kv[layer * 16 * tok:]
+    kv_layer = kv[layer * layer_elems:]
     ks.launch("qk_norm_rope_kv", (T, nkv), [qkv, pos, slots, qw, kw, cos_sin, kv_layer, nq, nkv, eps,
                                              page_elems * 2])
     torch.cuda.synchronize()
@@ -187,14 +216,11 @@ def test_qk_norm_rope_kv(ks, T, nq):
     assert relerr(qkv[:, : nq * D], q_ref) <= TOL
     assert torch.equal(qkv[:, nq * D:].view(torch.int16), qkv0[:, nq * D:].view(torch.int16))
     k_ref = ref_norm_rope(qkv0[:, nq * D:(nq + nkv) * D].double().view(T, nkv, D), kw, cs, eps)
-    v_ref = qkv0[:, (nq + nkv) * D:].double().view(T, nkv, D)
     written = slots >= 0
-    s = slots[written]
-    base = (s // 16) * page_elems + (s % 16) * tok
-    idx = base[:, None, None] + torch.arange(nkv, device=DEV)[None, :, None] * 2 * D + \
-        torch.arange(D, device=DEV)[None, None, :]
+    idx = slot_offsets(slots[written], page_elems, nkv)  # [written, nkv, D]: k; v at + D
     assert relerr(kv_layer[idx], k_ref[written]) <= TOL
-    assert relerr(kv_layer[idx + D], v_ref[written]) == 0.0
+    assert torch.equal(bits(kv_layer[idx + D]), bits(qkv0[written, (nq + nkv) * D:].reshape(-1, nkv, D))), \
+        "v not stored bit for bit at its swizzled positions"
     n_written = int(written.sum()) * nkv * 2 * D
     assert int((~torch.isnan(kv)).sum()) == n_written, "wrote outside its slots"
 
@@ -203,13 +229,13 @@ def test_qk_norm_rope_kv(ks, T, nq):
 
 
 def random_cache(nkv, L, layers=3, layer=1):
-    tok, page_elems = kv_geom(layers, nkv=nkv)
+    layer_elems, page_elems = kv_geom(layers, nkv=nkv)
     n = -(-L // 16)
     npages = n + 5
     kv = torch.randn(npages * page_elems, device=DEV).to(BF)
     bt = torch.randperm(npages, device=DEV)[:n].to(torch.int32)  # pages in random order
     bt = torch.cat([bt, torch.full((7,), 10**6, dtype=torch.int32, device=DEV)])  # junk past the end
-    return kv, kv[layer * 16 * tok:], bt, page_elems
+    return kv, kv[layer * layer_elems:], bt, page_elems
 
 
 @pytest.mark.parametrize("nq", [16, 32, 40, 64])
@@ -284,11 +310,11 @@ def test_prologue_then_attention_chunks(ks):
     """The contract end to end for one layer: chunked prefill (prologue writes KV, prefill attention
     reads it) then a decode step, against attention over the whole normed/rotated sequence."""
     nq, nkv, layers, layer, eps = 32, 8, 36, 35, 1e-6
-    tok, page_elems = kv_geom(layers, nkv=nkv)
+    layer_elems, page_elems = kv_geom(layers, nkv=nkv)
     total, chunk = 700, 256
     npages = -(-total // 16)
     kv = nan_like((npages * page_elems,))
-    kv_layer = kv[layer * 16 * tok:]
+    kv_layer = kv[layer * layer_elems:]
     bt = torch.arange(npages, dtype=torch.int32, device=DEV)
     cos_sin = rope_table()
     qw, kw = (torch.rand(D, device=DEV) + 0.5).to(BF), (torch.rand(D, device=DEV) + 0.5).to(BF)

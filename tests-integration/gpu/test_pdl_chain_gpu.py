@@ -4,7 +4,8 @@ Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_pdl_chain_gpu.
 
 1. Twins: each `NAME_pdl` launched normally (no PDL attribute: its griddepcontrol
    instructions are no-ops) equals `NAME` bit for bit on fresh random inputs, outputs
-   poisoned identically (both kernels see the same bytes; every byte they leave must match).
+   poisoned identically (both kernels see the same bytes; every byte they leave must match); the
+   prologue's PDL form also stores each written slot's v at its head-major swizzled positions (gpu_helpers).
 2. The whole decode chain: the 0.6B manifest generated with `gen_qwen3.py --pdl` and `--no-pdl`
    (same kernels dir, built with --pdl; random weights written here from the manifest's own
    weight declarations, the rotary table real) runs the same prompt: the greedy tokens and
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import ROOT, torch, BF, D, DEV, bits, kernels_dir, rope_table  # noqa: E402
+from gpu_helpers import ROOT, torch, BF, D, DEV, bits, kernels_dir, kv_geom, rope_table, slot_offsets  # noqa: E402
 
 PDL_BASE = ("embedding", "qk_norm_rope_kv", "paged_decode_attention", "paged_decode_reduce",
             "argmax_partial", "argmax_reduce")
@@ -102,8 +103,7 @@ def test_argmax_twin(ks, rows, n, parts):
 @pytest.mark.parametrize("nq", [16, 32, 64])
 def test_qk_norm_rope_kv_twin(ks, T, nq):
     nkv, layers, layer, eps = 8, 4, 2, 1e-6
-    tok = nkv * 2 * D
-    page_elems = layers * 16 * tok
+    layer_elems, page_elems = kv_geom(layers, nkv=nkv)
     cos_sin = rope_table()
     pos0 = 30000 + int(torch.randint(0, 5000, (1,)))
     pos = torch.arange(pos0, pos0 + T, device=DEV)
@@ -119,22 +119,25 @@ def test_qk_norm_rope_kv_twin(ks, T, nq):
     def args():
         k = kv.clone()
         held.append(k)
-        return [qkv.clone(), pos, slots, qw, kw, cos_sin, k[layer * 16 * tok:], nq, nkv, eps, page_elems * 2]
+        return [qkv.clone(), pos, slots, qw, kw, cos_sin, k[layer * layer_elems:], nq, nkv, eps, page_elems * 2]
 
     twins(ks, "qk_norm_rope_kv", (T, nkv), args, [0])
     assert torch.equal(bits(held[0]), bits(held[1])), "KV state differs"
+    # and the PDL form stored the written slots' v at their head-major swizzled positions (gpu_helpers), bit for bit
+    written = slots >= 0
+    idx = layer * layer_elems + slot_offsets(slots[written], page_elems, nkv) + D
+    assert torch.equal(bits(held[1][idx]), bits(qkv[written, (nq + nkv) * D:].reshape(-1, nkv, D)))
 
 
 @pytest.mark.parametrize("nq", [16, 32, 64])
 @pytest.mark.parametrize("L,S", [(1, 32), (17, 8), (1000, 64), (4096, 32), (40000, 32)])
 def test_decode_attention_twin(ks, nq, L, S):
     nkv, layers, layer = 8, 3, 1
-    tok = nkv * 2 * D
-    page_elems = layers * 16 * tok
+    layer_elems, page_elems = kv_geom(layers, nkv=nkv)
     n = -(-L // 16)
     kv = torch.randn((n + 5) * page_elems, device=DEV).to(BF)
     bt = torch.randperm(n + 5, device=DEV)[:n].to(torch.int32)
-    kv_layer = kv[layer * 16 * tok:]
+    kv_layer = kv[layer * layer_elems:]
     q_stride = (nq + 2 * nkv) * D
     qkv = torch.randn(1, q_stride, device=DEV).to(BF)
     seq = torch.tensor([L], dtype=torch.int32, device=DEV)

@@ -11,12 +11,13 @@ boundaries and ring edges, GQA groups 2, 4 and 8, hidden sizes 1,024, 2,560, 4,0
 1. the output within 1e-2 of a float64 reference (HF's RMS norm with its bf16 roundings, the GEMV in float64, rounded
    to bf16 as the kernels store q|k|v, then the rope-cluster reference) and no worse than 2x the two launches' error
    + 1e-3; poisoned before the launch, nothing written past it;
-2. the KV cache: every byte but the current token's row untouched; that row's k and v within 1e-2 of the float64
-   reference;
+2. the KV cache: every byte but the current token's row untouched; that row's k and v, read at their head-major
+   swizzled positions (gpu_helpers.slot_offsets), within 1e-2 of the float64 reference;
 3. launched twice, the same bits; a build with another ring (3 slots of 16 KB; the tensor-core form -DQA_MMA with 2
    slots instead of 4) gives the same bits. 1 to 3 run both GEMV forms: CUDA cores (default) and tensor cores
    (-DQA_MMA); the CUDA-core form also: slot_mapping < 0, nothing stored and the same output; two sequences (grid z);
-4. one byte too little dynamic shared memory: the kernel traps (a launch error, in a subprocess).
+4. one byte too little dynamic shared memory: the kernel traps (a launch error, in a subprocess); the launches'
+   shared memory starts from ROPE_SMEM, the index's for the PDL rope-cluster form (70,400 bytes).
 
 qkv_attention.cu is built here by nvcc (-DKERN_PDL, as the experiment's module); the two-launch kernels come from
 $KERN_KERNELS_DIR if its index has them, else built here (0.6b, 4b, --pdl).
@@ -35,8 +36,8 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: conftest.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import (torch, BF, D, DEV, NKV, ROOT, bits, kernels_dir, nan_like, pool,  # noqa: E402
-                         rope_reference, rope_table)
+from gpu_helpers import (torch, BF, D, DEV, NKV, ROOT, bits, changed_outside, kernels_dir, nan_like,  # noqa: E402
+                         pool, rope_reference, rope_table, row_offsets, slot_offsets)
 
 from cubin_launch import check, launch_function  # noqa: E402  (tools/kernels-src, put on sys.path by gpu_helpers)
 from cuda.bindings import driver as cu  # noqa: E402
@@ -52,7 +53,10 @@ BUILDS = {"default": ((), 4, 20480), "s3": (("QA_SLOTS=3", "QA_SLOT_BYTES=16384"
           "mma2": (("QA_MMA", "QA_SLOTS=2", "QA_SLOT_BYTES=20736"), 2, 20736)}
 #: the GEMV forms, and a build of each with another ring (the same arithmetic: the same bits)
 FORMS = {"default": "s3", "mma": "mma2"}
-ROPE_SMEM = 72192  # decode_attention_rope_cluster's dynamic shared memory in the PDL module (2-page ring)
+#: decode_attention_rope_cluster's dynamic shared memory in the PDL module (DA_ROPE_SMEM: 256 bytes of the slots'
+#: mbarriers, 4 warps' 2-page rings of 16 unpadded 512-byte rows, the cluster's 4,608 bytes of partials), where
+#: qkv_attention.cu's own shared memory starts (QA_BARS_OFF); test_rope_smem_is_the_index checks it
+ROPE_SMEM = 256 + 4 * 2 * 16 * 512 + 4608  # 70,400
 GUARD = 64
 
 
@@ -123,8 +127,8 @@ class Case:
 
     def __init__(self, ks, cos_sin, nq, k, L, seqs=1, layer=1):
         self.ks, self.cos_sin, self.nq, self.k, self.L = ks, cos_sin, nq, k, L
-        self.kv, self.bt, self.tok, self.page_elems = pool(L, 3)
-        self.off = layer * 16 * self.tok
+        self.kv, self.bt, self.layer_elems, self.page_elems = pool(L, 3)
+        self.off = layer * self.layer_elems
         self.n = (nq + 2 * NKV) * D
         self.x = (torch.randn(seqs, k, device=DEV) * 3).to(BF)
         self.nw = (torch.rand(k, device=DEV) + 0.5).to(BF)
@@ -134,7 +138,9 @@ class Case:
         self.seq = torch.tensor([L], dtype=torch.int32, device=DEV)
         self.pos = torch.tensor([L - 1], dtype=torch.int64, device=DEV)
         self.slot = (self.bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
-        self.row = int(self.slot) // 16 * self.page_elems + int(self.slot) % 16 * self.tok + self.off
+        # the token's row in the pool (gpu_helpers' head-major addressing): its k [NKV, D] (v at + D), every element
+        self.k_idx = self.off + slot_offsets(int(self.slot), self.page_elems)[0]
+        self.row = self.off + row_offsets(int(self.slot), self.page_elems)
 
     def qkv64(self, b=0):
         """The qkv row as the kernels store it: bf16 of the float64 GEMV of the bf16-normalized x."""
@@ -159,7 +165,7 @@ class Case:
         return qkv
 
     def reference(self):
-        return rope_reference(self.qkv64(), self.kv, self.off, self.page_elems, self.tok, self.bt, self.L, self.nq,
+        return rope_reference(self.qkv64(), self.kv, self.off, self.page_elems, self.bt, self.L, self.nq,
                               self.qw, self.kw, self.cos_sin[self.L - 1], int(self.slot))
 
 
@@ -190,12 +196,10 @@ def test_fused_vs_two_launches(ks, qa, cos_sin, nq, k, L, form):
     e, ea = relerr(out_b, ref), relerr(out_a, ref)
     assert e <= TOL, f"relative error {e:.3e} (two launches: {ea:.3e})"
     assert e <= 2 * ea + 1e-3, f"relative error {e:.3e} vs the two launches' {ea:.3e}"
-    r0, r1 = c.row, c.row + c.tok
-    assert torch.equal(bits(kv_b[:r0]), bits(c.kv[:r0])) and torch.equal(bits(kv_b[r1:]), bits(c.kv[r1:])), \
-        "only the current token's row may change"
-    row = kv_b[r0:r1].view(NKV, 2, D)
-    assert relerr(row[:, 0], k_ref) <= TOL, "k row"
-    assert relerr(row[:, 1], c.qkv64()[(nq + NKV) * D:].view(NKV, D).double()) <= TOL, "v row"
+    assert changed_outside(kv_b, c.kv, c.row) == 0, "only the current token's row may change"
+    # the row at its head-major swizzled positions (gpu_helpers.slot_offsets)
+    assert relerr(kv_b[c.k_idx], k_ref) <= TOL, "k row"
+    assert relerr(kv_b[c.k_idx + D], c.qkv64()[(nq + NKV) * D:].view(NKV, D).double()) <= TOL, "v row"
     # twice in a row (the row it wrote is rewritten identically), and the other slot geometry: the same bits
     for build in (form, FORMS[form]):
         _, out_c = guarded(nq)
@@ -230,10 +234,21 @@ def test_fused_two_sequences(ks, qa, cos_sin):
     c.fused(qa, kv, out, slot=slot, pos=pos, seq=seq, bt=bt, grid_z=2)
     torch.cuda.synchronize()
     assert torch.isnan(buf[2 * nq * D:]).all(), "wrote past the output"
+    rows = torch.cat([c.off + row_offsets(int(slot[b]), c.page_elems) for b in range(2)])
+    assert changed_outside(kv, c.kv, rows) == 0, "wrote outside the two tokens' rows"
+    for b in range(2):  # each sequence's row at its slot's head-major positions
+        k_idx = c.off + slot_offsets(int(slot[b]), c.page_elems)[0]
+        assert relerr(kv[k_idx + D], c.qkv64(b)[(nq + NKV) * D:].view(NKV, D).double()) <= TOL, f"sequence {b}: v row"
     for b, L in enumerate(Ls):
-        ref, _ = rope_reference(c.qkv64(b), c.kv, c.off, c.page_elems, c.tok, bt[b], L, nq, c.qw, c.kw,
+        ref, _ = rope_reference(c.qkv64(b), c.kv, c.off, c.page_elems, bt[b], L, nq, c.qw, c.kw,
                                 cos_sin[L - 1], int(slot[b]))
         assert relerr(out[b: b + 1], ref) <= TOL, f"sequence {b}"
+
+
+def test_rope_smem_is_the_index(ks):
+    """ROPE_SMEM (where qa_smem starts) is the shared memory the kernels dir's index gives the PDL rope-cluster form:
+    qkv_attention.cu lays its own shared memory out after decode_attention.cu's DA_ROPE_SMEM."""
+    assert ks.kernels[ROPE]["shared_mem"] == ROPE_SMEM == 70400
 
 
 def test_short_shared_memory_traps(qa):

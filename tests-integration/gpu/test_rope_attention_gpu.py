@@ -10,12 +10,13 @@ fresh random inputs at rotary positions far from 0, contexts crossing page bound
 1. the output: within 1e-2 of a float64 reference (float64 norm + rotary of the bf16 inputs, attention over the
    cache with the float64-computed new k/v row rounded as the kernels store it) and no worse than 2x the
    two-launch path's error + 1e-3; poisoned before the launch, nothing written past it;
-2. the KV cache: every byte but the current token's row is untouched; that row's v is the input's bit for bit
-   and its k within 1e-2 of the float64 reference and within one bf16 rounding of qk_norm_rope_kv's;
+2. the KV cache: every byte but the current token's row is untouched (by either path); that row, read at its
+   head-major swizzled positions (gpu_helpers.slot_offsets), has v the input's bit for bit and k within 1e-2 of the
+   float64 reference and within one bf16 rounding of qk_norm_rope_kv's;
    qkv is read only (unchanged bit for bit);
 3. slot_mapping < 0: nothing stored, the same output (the token's row reaches attention through shared memory);
-4. two sequences (grid z); the `_pdl` form launched without the attribute equals the plain form bit for bit;
-   launched twice in a row, the same bits.
+4. two sequences (grid z; each token's row stored at its slot, nothing else); the `_pdl` form launched without the
+   attribute equals the plain form bit for bit; launched twice in a row, the same bits.
 
 Kernels: $KERN_KERNELS_DIR if its index has them, else built here (0.6b, 4b, --pdl).
 """
@@ -33,8 +34,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import (torch, BF, D, DEV, NKV, bits, kernels_dir, nan_like, pool,  # noqa: E402
-                         rope_reference as reference, rope_table)
+from gpu_helpers import (torch, BF, D, DEV, NKV, bits, changed_outside, kernels_dir, nan_like, pool,  # noqa: E402
+                         rope_reference as reference, rope_table, row_offsets, slot_offsets)
 
 TOL = 1e-2
 CLUSTER = 8
@@ -64,8 +65,8 @@ class Case:
 
     def __init__(self, ks, cos_sin, nq, L, layer=1):
         self.ks, self.cos_sin, self.nq, self.L = ks, cos_sin, nq, L
-        self.kv, self.bt, self.tok, self.page_elems = pool(L, 3)
-        self.off = layer * 16 * self.tok
+        self.kv, self.bt, self.layer_elems, self.page_elems = pool(L, 3)
+        self.off = layer * self.layer_elems
         self.q_stride = (nq + 2 * NKV) * D
         self.qkv = torch.randn(1, self.q_stride, device=DEV).to(BF)
         self.qw = (torch.rand(D, device=DEV) + 0.5).to(BF)
@@ -73,7 +74,10 @@ class Case:
         self.seq = torch.tensor([L], dtype=torch.int32, device=DEV)
         self.pos = torch.tensor([L - 1], dtype=torch.int64, device=DEV)
         self.slot = (self.bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
-        self.row = int(self.slot) // 16 * self.page_elems + int(self.slot) % 16 * self.tok + self.off  # token's row
+        # the token's row in the pool (gpu_helpers' head-major addressing): its k [NKV, D] (v at + D), and every
+        # element of it (what storing it may change)
+        self.k_idx = self.off + slot_offsets(int(self.slot), self.page_elems)[0]
+        self.row = self.off + row_offsets(int(self.slot), self.page_elems)
 
     def tail(self):
         return [self.nq, NKV, self.q_stride, self.bt.numel(), self.page_elems * 2, 1 / math.sqrt(D)]
@@ -91,7 +95,7 @@ class Case:
         return qkv
 
     def reference(self):
-        return reference(self.qkv[0], self.kv, self.off, self.page_elems, self.tok, self.bt, self.L, self.nq,
+        return reference(self.qkv[0], self.kv, self.off, self.page_elems, self.bt, self.L, self.nq,
                          self.qw, self.kw, self.cos_sin[self.L - 1], int(self.slot))
 
 
@@ -124,14 +128,16 @@ def test_rope_cluster_vs_two_launches(ks, cos_sin, nq, L):
     e, ea = relerr(out_b, ref), relerr(out_a, ref)
     assert e <= TOL, f"relative error {e:.3e} (two launches: {ea:.3e})"
     assert e <= 2 * ea + 1e-3, f"relative error {e:.3e} vs the two launches' {ea:.3e}"
-    # the cache: only the token's row changed; v bit for bit, k close to float64 and to qk_norm_rope_kv's
-    r0, r1 = c.row, c.row + c.tok
-    assert torch.equal(bits(kv_b[:r0]), bits(c.kv[:r0])) and torch.equal(bits(kv_b[r1:]), bits(c.kv[r1:]))
-    row_b, row_a = kv_b[r0:r1].view(NKV, 2, D), kv_a[r0:r1].view(NKV, 2, D)
-    assert torch.equal(bits(row_b[:, 1]), bits(qkv0[0, (nq + NKV) * D:].view(NKV, D)))
-    assert relerr(row_b[:, 0], k_ref) <= TOL
-    ulp = (row_a[:, 0].float().abs() * 2.0 ** -7).clamp_min(1e-30)  # one bf16 rounding step
-    assert ((row_b[:, 0].float() - row_a[:, 0].float()).abs() <= ulp).all(), "k differs from qk_norm_rope_kv's"
+    # the cache: only the token's row changed (by either path), at its head-major swizzled positions; v bit for bit,
+    # k close to float64 and to qk_norm_rope_kv's
+    assert changed_outside(kv_b, c.kv, c.row) == 0, "the rope-cluster form wrote outside the token's row"
+    assert changed_outside(kv_a, c.kv, c.row) == 0, "qk_norm_rope_kv wrote outside the token's row"
+    k_b, k_a = kv_b[c.k_idx], kv_a[c.k_idx]
+    assert torch.equal(bits(kv_b[c.k_idx + D]), bits(qkv0[0, (nq + NKV) * D:].view(NKV, D))), "v row"
+    assert torch.equal(bits(kv_a[c.k_idx + D]), bits(kv_b[c.k_idx + D]))
+    assert relerr(k_b, k_ref) <= TOL
+    ulp = (k_a.float().abs() * 2.0 ** -7).clamp_min(1e-30)  # one bf16 rounding step
+    assert ((k_b.float() - k_a.float()).abs() <= ulp).all(), "k differs from qk_norm_rope_kv's"
     # twice in a row: the same bits (the row written by the first launch is rewritten identically)
     _, out_c = guarded(nq)
     c.rope(kv_b, out_c)
@@ -168,8 +174,13 @@ def test_rope_cluster_two_sequences(ks, cos_sin):
                                         nq, NKV, c.q_stride, 64, c.page_elems * 2, 1 / math.sqrt(D), EPS])
     torch.cuda.synchronize()
     check_guard(buf, nq, rows=2)
+    rows = torch.cat([c.off + row_offsets(int(slot[b]), c.page_elems) for b in range(2)])
+    assert changed_outside(kv, c.kv, rows) == 0, "wrote outside the two tokens' rows"
+    for b in range(2):  # each sequence's row at its slot's head-major positions (v bit for bit)
+        k_idx = c.off + slot_offsets(int(slot[b]), c.page_elems)[0]
+        assert torch.equal(bits(kv[k_idx + D]), bits(qkv[b, (nq + NKV) * D:].view(NKV, D))), f"sequence {b}: v row"
     for b, L in enumerate(Ls):
-        ref, _ = reference(qkv[b], c.kv, c.off, c.page_elems, c.tok, bt[b], L, nq, c.qw, c.kw, cos_sin[L - 1],
+        ref, _ = reference(qkv[b], c.kv, c.off, c.page_elems, bt[b], L, nq, c.qw, c.kw, cos_sin[L - 1],
                            int(slot[b]))
         assert relerr(out[b: b + 1], ref) <= TOL, f"sequence {b}"
 

@@ -13,8 +13,9 @@ per context length, replays a CUDA graph of 36 back-to-back calls (one per layer
 heads over 8 kv heads: the 4B shape) and reads the last call's stamps. Prints, median over `--reps` replays,
 each point measured from the grid's first entry (median and max over the 256 warps; 512 with DA_WARPS=8), and the span (first
 entry to last exit) beside the K+V floor (bytes / 4.2 TB/s). `--define M=V`: an extra build macro (e.g.
-DA_CLUSTER_SLOTS=3; with DA_BULK the pool is converted to its layout). NOTES.md 21 asks the question: where are the
-~4.6 µs of every call that are not streaming.
+DA_CLUSTER_SLOTS=3; the launch's block and shared memory follow da_variants.cluster_smem, which refuses the gone
+DA_BULK: the head-major KV layout is every build's). NOTES.md 21 asks the question: where are the ~4.6 µs of every call
+that are not streaming.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests-integration" / "gpu"))
 
 import build_kernels  # noqa: E402
 from bench_gemv import F32, I32, P, capture, check  # noqa: E402
-from da_variants import cluster_smem, cluster_warps, is_bulk, to_head_major  # noqa: E402
+from da_variants import cluster_smem, cluster_warps  # noqa: E402
 from gpu_helpers import BF, D, DEV, NKV, pool  # noqa: E402
 
 POINTS = ("entry", "seq_lens+bt", "pages issued", "first page", "loop done", "CTA merge", "partials in", "exit")
@@ -62,6 +63,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--define", action="append", default=[], help="an extra build macro, e.g. DA_CLUSTER_SLOTS=3")
     args = ap.parse_args(argv)
+    try:
+        cluster_smem(args.define)  # checks the macros (DA_CLUSTER_SLOTS, DA_WARPS; no DA_BULK) before the build
+    except ValueError as e:
+        ap.error(str(e))
     torch.zeros(1, device=DEV)
     f, ptr, size = timeline_function(args.define)
     smem = cluster_smem(args.define)  # this build's dynamic shared memory (the catalog's for the default build)
@@ -69,9 +74,7 @@ def main(argv=None) -> int:
     host = np.zeros(size // 8, dtype=np.uint64)
     q_stride = (NQ + 2 * NKV) * D
     for L in args.lengths:
-        kv, bt, tok, page_elems = pool(L, LAYERS)
-        if is_bulk(args.define):  # -DDA_BULK: the head-major swizzled layout
-            kv = to_head_major(kv, LAYERS)
+        kv, bt, layer_elems, page_elems = pool(L, LAYERS)
         seq = torch.tensor([L], dtype=torch.int32, device=DEV)
         qkv = torch.randn(LAYERS, q_stride, device=DEV).to(BF)
         out = torch.empty(LAYERS, NQ * D, device=DEV, dtype=BF)
@@ -79,8 +82,8 @@ def main(argv=None) -> int:
         def calls():
             stream = torch.cuda.current_stream().cuda_stream
             for l in range(LAYERS):
-                vals = (qkv[l].data_ptr(), kv[l * 16 * tok:].data_ptr(), bt.data_ptr(), seq.data_ptr(), out[l].data_ptr(),
-                        NQ, NKV, q_stride, bt.numel(), page_elems * 2, 1 / math.sqrt(D))
+                vals = (qkv[l].data_ptr(), kv[l * layer_elems:].data_ptr(), bt.data_ptr(), seq.data_ptr(),
+                        out[l].data_ptr(), NQ, NKV, q_stride, bt.numel(), page_elems * 2, 1 / math.sqrt(D))
                 check(cu.cuLaunchKernel(f, NKV, CLUSTER, 1, 32 * warps, 1, 1, smem, stream,
                                         (vals, (P, P, P, P, P, I32, I32, I32, I32, I32, F32)), 0))
 

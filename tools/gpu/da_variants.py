@@ -7,11 +7,15 @@ Runs on the GPU machine (torch, cuda.bindings, nvcc); `--dry-run` only builds th
 
 Each `--variant NAME=SPEC[,SPEC...]` is one build of tools/kernels-src/decode_attention.cu (PDL form, -DKERN_PDL)
 with its SPECs: `M=V` a macro (-DM=V; `DA_CLUSTER=N`, N in 8, 16 (non-portable), sets the CTAs per kv head, and the
-launch's grid.y and shared memory follow; `DA_WARPS`, `DA_CLUSTER_SLOTS` and `DA_BULK=1` set the block and the
-shared memory too: cluster_smem), `NOPDL` the plain form (timed in mode A only: it has no
-griddepcontrol.wait), `SRC=path` another source file, `GIT=rev` the source at a git revision. The first variant
-is the reference of the bitwise comparison. `--kernels` is a built kernels dir (tools/build_kernels.py) for
-qk_norm_rope_kv_pdl.
+launch's grid.y and shared memory follow; `DA_WARPS` and `DA_CLUSTER_SLOTS` set the block and the shared memory too:
+cluster_smem), `NOPDL` the plain form (timed in mode A only: it has no griddepcontrol.wait), `SRC=path` another
+source file, `GIT=rev` the source at a git revision. The first variant is the reference of the bitwise comparison.
+`--kernels` is a built kernels dir (tools/build_kernels.py) for qk_norm_rope_kv_pdl.
+
+Every build reads the KV cache in its one layout, head-major and swizzled, one bulk copy per page (tools/README.md
+"KV layout", NOTES.md 58), and gets the shared memory that layout needs (512-byte rows after the slots' mbarriers);
+`DA_BULK`, the macro that made it an experiment, is gone and a SPEC naming it is refused. A `SRC=` or `GIT=` source
+from before the switch reads the old token-major layout (and needs other shared memory): do not compare against it.
 
 Per context length L, 36 layer calls of `decode_attention_cluster` (32 q / 8 kv heads, the 4B shape) per CUDA graph,
 L2 flushed before each replay, variants alternating over `--rounds` rounds; µs per call (median):
@@ -20,11 +24,9 @@ L2 flushed before each replay, variants alternating over `--rounds` rounds; µs 
   C  each after its layer's qk_norm_rope_kv_pdl, both PDL (the order of `gen_qwen3.py --decode-attention cluster`;
      the prologue writes the current token's row of every layer, so a pre-wait copy of that page is stale)
   D  the prologues alone; C - D is what the attention adds to a decode layer.
-Correctness (mode A, fresh state per variant, and mode C for the PDL variants in the cache's own layout): the
-relative error against float64 (tests-integration/gpu's reference) and whether the output equals the first
-variant's bit for bit. A `DA_BULK` variant attends over its own copy of the pool in its layout (to_head_major);
-its mode C is timed only (the prologue writes the current row in the other layout). Sessions 8-9 ran this as ad-hoc probes
-(NOTES.md 29-30); this is that probe, kept.
+Correctness (mode A, fresh state per variant, and mode C for the PDL variants): the relative error against float64
+(tests-integration/gpu's reference, gpu_helpers' head-major addressing) and whether the output equals the first
+variant's bit for bit. Sessions 8-9 ran this as ad-hoc probes (NOTES.md 29-30); this is that probe, kept.
 """
 
 from __future__ import annotations
@@ -43,16 +45,33 @@ NVCC = ["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17"]
 LAYERS, NQ, NKV, D = 36, 32, 8, 128
 
 
+#: The macro that made the head-major KV layout an experiment (NOTES.md 52, 58): that layout is now the only one.
+GONE = "DA_BULK"
+
+
+def refuse_gone(specs: list[str]) -> None:
+    """Raises ValueError when a SPEC names DA_BULK (alone or `DA_BULK=V`): the head-major KV layout it selected is
+    decode_attention.cu's only one now, so every build has it and the macro means nothing."""
+    for s in specs:
+        if s.partition("=")[0] == GONE:
+            raise ValueError(f"{s!r}: {GONE} is gone: the head-major KV layout (one bulk copy per page) is "
+                             "decode_attention.cu's only layout now, every build has it; drop the spec")
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """'NAME=SPEC[,SPEC...]' -> (NAME, [SPEC, ...]); NAME alone is the default build. Raises ValueError on an
-    empty name or a SPEC that is none of M=V, NOPDL, SRC=path, GIT=rev."""
+    empty name, a SPEC that is none of M=V, NOPDL, SRC=path, GIT=rev, or one naming DA_BULK (refuse_gone)."""
     name, _, specs = text.partition("=")
     if not name:
         raise ValueError(f"--variant {text!r}: NAME=SPEC[,SPEC...], e.g. four=DA_PRE_PAGES=4")
     out = [s for s in specs.split(",") if s] if specs else []
     for s in out:
-        if s != "NOPDL" and "=" not in s:
+        if s != "NOPDL" and "=" not in s and s != GONE:
             raise ValueError(f"--variant {text!r}: {s!r} is not M=V, NOPDL, SRC=path or GIT=rev")
+    try:
+        refuse_gone(out)
+    except ValueError as e:
+        raise ValueError(f"--variant {text!r}: {e}") from None
     return name, out
 
 
@@ -67,11 +86,6 @@ def cluster_size(specs: list[str]) -> int:
         raise ValueError(f"DA_CLUSTER={c}: 8 or 16 CTAs per cluster (the merge needs at least 8; 16 is sm_90's "
                          "non-portable maximum)")
     return int(c)
-
-
-def is_bulk(specs: list[str]) -> bool:
-    """Whether a build is decode_attention.cu's `-DDA_BULK` form (the head-major swizzled KV layout, NOTES.md 52)."""
-    return any(s == "DA_BULK" or s.startswith("DA_BULK=") for s in specs)
 
 
 def macro(specs: list[str], name: str, default: int) -> int:
@@ -92,32 +106,20 @@ def cluster_warps(specs: list[str]) -> int:
 
 
 def cluster_smem(specs: list[str]) -> int:
-    """decode_attention_cluster's dynamic shared memory (bytes) for a build: the DA_WARPS warps' rings of
-    DA_CLUSTER_SLOTS pages (16 rows of 528 bytes; DA_BULK: 512, after 64 bytes of mbarriers per warp) and the
-    cluster's partials pushed to each CTA (decode_attention.cu DA_RECV_FLOATS: DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER)
-    floats)."""
+    """decode_attention_cluster's dynamic shared memory (bytes) for a build (decode_attention.cu DA_CLUSTER_SMEM): the
+    slots' mbarriers (64 bytes per warp: one per slot, up to 8 slots), the DA_WARPS warps' rings of DA_CLUSTER_SLOTS
+    pages (16 unpadded 512-byte rows each: the head-major layout's page of one kv head, one bulk copy) and the
+    cluster's partials pushed to each CTA (DA_RECV_FLOATS: DA_CLUSTER × (2·8 + 8·128/DA_CLUSTER) floats). Raises
+    ValueError for a SPEC naming DA_BULK (refuse_gone) or a bad DA_CLUSTER, DA_WARPS or DA_CLUSTER_SLOTS."""
+    refuse_gone(specs)
     slots, warps, c = macro(specs, "DA_CLUSTER_SLOTS", 4), cluster_warps(specs), cluster_size(specs)
-    row, bars = (512, warps * 64) if is_bulk(specs) else (528, 0)  # a slot's row pitch; the mbarriers before the rings
-    return bars + warps * slots * 16 * row + c * (2 * 8 + 8 * 128 // c) * 4
-
-
-def to_head_major(kv, layers: int, nkv: int = 8):
-    """The DA_BULK layout of a layer-interleaved pool (torch bf16, flat): [page][layer][16 tokens][NKV][32 chunks of
-    16 bytes] -> [page][layer][NKV][16 tokens][32 chunks], token t's logical chunk c at chunk position c ^ (t & 7).
-    `kv`: the whole pool (gpu_helpers.pool's, whole pages of `layers` layers), `nkv`: its kv heads. Returns a new flat
-    tensor; `kv` is unchanged."""
-    import torch
-
-    v = kv.view(-1, layers, 16, nkv, 32, 8)
-    t = torch.arange(16, device=kv.device)
-    c = torch.arange(32, device=kv.device)
-    src = (c[None, :] ^ (t[:, None] & 7))[None, None, :, None, :, None].expand(v.shape)
-    return torch.gather(v, 4, src).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1)
+    return warps * 64 + warps * slots * 16 * 512 + c * (2 * 8 + 8 * 128 // c) * 4
 
 
 def build_variant(name: str, specs: list[str], out_dir: Path) -> Path:
     """Compile one variant to out_dir/NAME.cubin and return its path. Raises RuntimeError with nvcc's or git's
-    message when the build fails."""
+    message when the build fails, ValueError for a SPEC naming DA_BULK (refuse_gone)."""
+    refuse_gone(specs)
     src = SOURCE
     defines = ["-DKERN_PDL"] if "NOPDL" not in specs else []
     for s in specs:
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     try:
         variants = dict(parse_variant(v) for v in (a.variant or ["base"]))
         for specs in variants.values():
-            cluster_smem(specs)  # checks DA_CLUSTER, DA_WARPS and DA_CLUSTER_SLOTS before any build
+            cluster_smem(specs)  # checks DA_CLUSTER, DA_WARPS, DA_CLUSTER_SLOTS (and no DA_BULK) before any build
     except ValueError as e:
         ap.error(str(e))
     tmp = Path(tempfile.mkdtemp())
@@ -191,7 +193,6 @@ def run(a, variants, cubins) -> int:
             check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
         fns[n] = f
     plain = {n for n, s in variants.items() if "NOPDL" in s}
-    bulk = {n for n, s in variants.items() if is_bulk(s)}
     ref_name = next(iter(variants))
     P, I32, F32, I64 = bg.P, bg.I32, bg.F32, ctypes.c_int64
     QS = (NQ + 2 * NKV) * D
@@ -206,9 +207,8 @@ def run(a, variants, cubins) -> int:
         return [t * 1e3 / LAYERS for t in bg.event_times(g.replay, n, warmup=0, before=flush.zero_)]
 
     for L in a.lengths:
-        kv, bt, tok, page_elems = pool(L, LAYERS)
+        kv, bt, layer_elems, page_elems = pool(L, LAYERS)
         kv0 = kv.clone()
-        kvs = {n: to_head_major(kv0, LAYERS) if n in bulk else kv for n in variants}  # each variant's cache
         seq = torch.tensor([L], dtype=torch.int32, device=DEV)
         qkv0 = torch.randn(LAYERS, QS, device=DEV).to(BF)
         qkv = qkv0.clone()
@@ -220,12 +220,12 @@ def run(a, variants, cubins) -> int:
 
         def attn(n, layer, pdl):
             launch(fns[n], (NKV, clusters[n], 1), (threads[n], 1, 1), smems[n],
-                   [(qkv[layer], P), (kvs[n][layer * 16 * tok:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
+                   [(qkv[layer], P), (kv[layer * layer_elems:], P), (bt, P), (seq, P), (outs[n][layer], P), (NQ, I32),
                     (NKV, I32), (QS, I32), (bt.numel(), I32), (page_elems * 2, I32), (1 / math.sqrt(D), F32)], pdl)
 
-        def prologue(layer, pdl, kv=kv):
+        def prologue(layer, pdl):
             ks.launch("qk_norm_rope_kv_pdl", (1, NKV, 1), [qkv[layer], pos, slot, qw[layer], kw[layer], cos_sin,
-                                                           kv[layer * 16 * tok:], NQ, NKV, 1e-6, page_elems * 2],
+                                                           kv[layer * layer_elems:], NQ, NKV, 1e-6, page_elems * 2],
                       pdl=pdl)
 
         graphs = {}
@@ -234,28 +234,26 @@ def run(a, variants, cubins) -> int:
             if n in plain:
                 continue
             graphs[("B", n)] = bg.capture(lambda n=n: [attn(n, layer, layer > 0) for layer in range(LAYERS)])
-            graphs[("C", n)] = bg.capture(lambda n=n: [(prologue(layer, layer > 0, kvs[n]), attn(n, layer, True))
+            graphs[("C", n)] = bg.capture(lambda n=n: [(prologue(layer, layer > 0), attn(n, layer, True))
                                                        for layer in range(LAYERS)])
         graphs[("D", "-")] = bg.capture(lambda: [prologue(layer, layer > 0) for layer in range(LAYERS)])
 
         def check_mode(n, mode):  # (max relative error over 3 layers, the outputs), from the same fresh state
             qkv.copy_(qkv0)
             kv.copy_(kv0)
-            if n in bulk:
-                kvs[n].copy_(to_head_major(kv0, LAYERS))
             outs[n].fill_(float("nan"))
             graphs[(mode, n)].replay()
             torch.cuda.synchronize()
             err = 0.0
             for layer in (0, LAYERS // 2, LAYERS - 1):
-                ref = ref_attention(qkv[layer], kv[layer * 16 * tok:], page_elems, bt, L, NQ)
+                ref = ref_attention(qkv[layer], kv[layer * layer_elems:], page_elems, bt, L, NQ)
                 e = ((outs[n][layer:layer + 1].double() - ref).norm() / ref.norm()).item()
                 err = max(err, e) if math.isfinite(e) else math.inf  # NaN: an output left unwritten (poisoned)
             return err, outs[n].clone()
 
         checks = {n: {"A": check_mode(n, "A")} for n in variants}
-        for n in variants:  # mode C: the prologue writes the current row in the layer-interleaved layout
-            if n not in plain and n not in bulk:
+        for n in variants:  # mode C: after the prologue, which writes the current token's row of every layer
+            if n not in plain:
                 checks[n]["C"] = check_mode(n, "C")
         times = {k: [] for k in graphs}
         for _ in range(a.rounds):
@@ -279,7 +277,7 @@ def run(a, variants, cubins) -> int:
                 row += f"   (D {med[('D', '-')]:.2f}; C-D: " + "  ".join(
                     f"{n} {med[('C', n)] - med[('D', '-')]:.2f}" for n in variants if ("C", n) in med) + ")"
             print(f"  {mode}: {row}", flush=True)
-        del graphs, kv, kv0, kvs
+        del graphs, kv, kv0
         torch.cuda.empty_cache()
     return 0
 

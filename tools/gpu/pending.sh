@@ -78,14 +78,6 @@
 #               rows (issue 4's figures on the 2-page ring, launched with its carveout by cubin_launch); first, the
 #               GPU tests edited after session 19's last device call (row-pass, DA experiments, kern-driver);
 #               $OUT/s19-configs.tgz. About 9 minutes. (Ran in session 20, call 1; BENCHMARKS.md "Session 20, call 1".)
-#   kv-layout   (next, from NOTES.md 58; written in session 20 without device time to run it) the head-major KV layout,
-#               opt-in (build_kernels.py --kv-layout head-major): test_kv_layout_gpu.py (every kernel of a head-major
-#               dir bit for bit against its token-major twin on the converted cache), then the transformers equivalence
-#               (0.6B, 4B) on manifests generated from a head-major kernels dir; $OUT/kv-layout.tgz. About 8 minutes.
-#   kv-layout-sweep  the head-major manifests beside the default in program_sweep (4B and 0.6B, 128 and 4,096 cached
-#               tokens; their tokens must be identical: same kernels' math, bit for bit) and bench_decode 4B on the head-major
-#               manifest (its prefill rows), after `kv-layout` in the same call or on a machine where it ran (it reuses
-#               /tmp/kern-hm); $OUT/kv-layout-sweep.tgz. About 6 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -296,54 +288,6 @@ for stage in "${stages[@]}"; do
       step s19c-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
         --md "$OUT/s19c-BENCHMARKS.md"
       (cd "$OUT" && tar czf s19-configs.tgz s19c-*.log s19c-BENCHMARKS.md && rm -f s19c-*.log)
-      ;;
-    kv-layout)
-      K=/tmp/kern-e2e; H=/tmp/kern-hm
-      wheels /dev/null
-      step kvl-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
-      step kvl-build 300 python3 tools/build_kernels.py --out "$H/kernels" --kv-layout head-major -q
-      for g in 0.6b 4b; do  # the same checkpoints and weights; prepare (run by the e2e test) writes the manifests
-        mkdir -p "$H/qwen3-$g"
-        ln -sfn "$K/qwen3-$g/hf" "$H/qwen3-$g/hf"
-        ln -sfn "$K/qwen3-$g/weights.safetensors" "$H/qwen3-$g/weights.safetensors"
-      done
-      KERN_KERNELS_DIR="$K/kernels" KERN_KERNELS_DIR_HM="$H/kernels" step kvl-tests 300 python3 -m pytest -m gpu \
-        -q -rs -p no:cacheprovider tests-integration/gpu/test_kv_layout_gpu.py
-      KERN_E2E_DIR="$H" KERN_E2E_OUT="$OUT" step kvl-e2e 540 python3 -m pytest -q -rs -p no:cacheprovider \
-        tests-integration/gpu/test_e2e_qwen3.py
-      (cd "$OUT" && tar czf kv-layout.tgz kvl-*.log && rm -f kvl-*.log)
-      ;;
-    kv-layout-sweep)
-      K=/tmp/kern-e2e; H=/tmp/kern-hm
-      wheels /dev/null
-      for g in 4b 0.6b; do
-        # the head-major manifest with its own modules copied into $K/kernels under *_hm names (program_sweep
-        # verifies every manifest against $K/kernels)
-        step kvs-variant-$g 60 python3 - "$H/qwen3-$g/manifest.json" "$H/kernels" "$K/kernels" "$K/hm-$g.json" <<'PY'
-import hashlib, json, shutil, sys
-from pathlib import Path
-src, hdir, kdir, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-m = json.loads(Path(src).read_text())
-for name, mod in m["modules"].items():
-    f = kdir / mod["source"]
-    if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != mod["sha256"]:
-        new = Path(mod["source"]).stem.removesuffix("_hm") + "_hm.cubin"
-        shutil.copyfile(hdir / mod["source"], kdir / new)
-        print(f"module {name}: {mod['source']} -> {new}")
-        mod["source"] = new
-Path(out).write_text(json.dumps(m, indent=1))
-PY
-        for ctx in 128 4096; do
-          step kvs-sweep-$g-$ctx 200 python3 tools/gpu/program_sweep.py --work "$K" --geometry $g --context $ctx \
-            --rounds 3 --manifest-variant head-major="$K/hm-$g.json"
-        done
-      done
-      # prefill and decode speed of the head-major program (bench_decode, kern only; the token-major figures: the
-      # same call's program_sweep, and BENCHMARKS.md's prefill rows)
-      cp BENCHMARKS.md "$OUT/kvs-BENCHMARKS.md"
-      step kvs-bench-4b 300 python3 tools/bench_decode.py --work "$H" --geometry 4b --skip hf-eager,hf-compile,gpt-fast \
-        --append "$OUT/kvs-BENCHMARKS.md"
-      (cd "$OUT" && tar czf kv-layout-sweep.tgz kvs-*.log kvs-BENCHMARKS.md && rm -f kvs-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac

@@ -9,8 +9,9 @@ KDIR: a build_kernels.py dir with kern_gemv_norm_m1 and decode_attention_rope_cl
 decode program launches them: 192-block row-pass grid where KDIR has kern_gemv_norm_m1_p2, PDL on every launch).
 Each --cubin: a -DKERN_PDL qkv_attention.cu build, its slot count and bytes as built with -DQA_SLOTS/-DQA_SLOT_BYTES
 (default 4 and 20480) and THREADS 128, or 256 for a -DDA_WARPS=8 -DDA_ROPE_SLOTS=1 build (the launch's dynamic shared
-memory assumes the PDL module's attention ring of 72,192 bytes, which that 8-warp build keeps; a build that needs
-more traps). Per context: µs per layer of the pair and of each build, median of the replays (each replay: 36 layers
+memory starts with the attention's, rope_smem: 70,400 bytes for the default 4 warps' 2-page rings, 70,656 for that
+8-warp build's 1-page rings, both with the slots' mbarriers and 512-byte rows of the head-major KV layout; a build
+that needs more traps). Per context: µs per layer of the pair and of each build, median of the replays (each replay: 36 layers
 over 36 distinct weight sets and KV layers, x shared), and the floor (the layer's qkv weight + K|V bytes at 4.25
 TB/s). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
 """
@@ -30,7 +31,15 @@ for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integrat
 
 NQ, NKV, D, K, LAYERS, EPS = 32, 8, 128, 2560, 36, 1e-6
 N = (NQ + 2 * NKV) * D
-ROPE_SMEM = 72192  # decode_attention_rope_cluster's dynamic shared memory in the PDL module (2-page ring)
+def rope_smem(threads: int) -> int:
+    """decode_attention_rope_cluster's dynamic shared memory (decode_attention.cu DA_ROPE_SMEM) in a -DKERN_PDL
+    qkv_attention.cu build of `threads` (128 or 256), where qkv_attention.cu's own layout starts (QA_BARS_OFF): the
+    slots' mbarriers (64 bytes per warp), the warps' rings of pages of 16 unpadded 512-byte rows (the head-major KV
+    layout's page of one kv head: 2 pages per warp with 4 warps, the PDL module's DA_ROPE_SLOTS; 1 with 8 warps, the
+    -DDA_WARPS=8 -DDA_ROPE_SLOTS=1 build), then the cluster's 4,608 bytes of partials: 70,400 or 70,656 bytes."""
+    warps = threads // 32
+    slots = 2 if warps == 4 else 1
+    return warps * 64 + warps * slots * 16 * 512 + 8 * (2 * 8 + 8 * D // 8) * 4
 
 
 def parse_cubin(spec: str) -> tuple[str, Path, int, int, int]:
@@ -55,7 +64,7 @@ def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
     from cubin_launch import check, launch_function
 
     f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"qkv_attention_rope_cluster"))
-    smem = ROPE_SMEM + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K  # qkv_attention.cu's QA_XN_OFF + 2k
+    smem = rope_smem(threads) + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K  # qkv_attention.cu's QA_XN_OFF + 2k
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
 
@@ -137,7 +146,7 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int, int, int]]) -> 
     print("| context | floor µs | pair | " + " | ".join(builds) + " |")
     print("|---:|---:|---:|" + "---:|" * len(builds))
     for L in a.context or [130, 4096]:
-        kv, bt, tok, page_elems = pool(L, LAYERS)
+        kv, bt, layer_elems, page_elems = pool(L, LAYERS)
         seq = torch.tensor([L], dtype=torch.int32, device="cuda")
         pos = torch.tensor([L - 1], dtype=torch.int64, device="cuda")
         slot = (bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
@@ -149,14 +158,14 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int, int, int]]) -> 
             for layer in range(LAYERS):
                 ks.launch(gemv, grid, [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
                 ks.launch("decode_attention_rope_cluster_pdl", (NKV, 8, 1),
-                          [qkv, pos, slot, qw, kw, cos_sin, kv[layer * 16 * tok:], bt, seq, out, NQ, NKV, N, *tail],
+                          [qkv, pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out, NQ, NKV, N, *tail],
                           pdl=True)
 
         row = [time_graph(pair, a.replays)]
         for launch in builds.values():
             def fused(launch=launch):
                 for layer in range(LAYERS):
-                    launch([x, nw, ws[layer], pos, slot, qw, kw, cos_sin, kv[layer * 16 * tok:], bt, seq, out,
+                    launch([x, nw, ws[layer], pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out,
                             NQ, NKV, K, *tail])
             row.append(time_graph(fused, a.replays))
         floor = (N * K * 2 + L * NKV * 512) / 4.25e6
