@@ -20,16 +20,16 @@ EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b
 #: used them until session 5, when gemv.cu overtook them). Pinned as the examples had them or as built and tested on
 #: the H200 (tests-integration/gpu: the PDL twins bit-identical to their base forms).
 UNUSED_BY_EXAMPLES = {
-    "paged_decode_attention.cubin": "77354f69eaf21e464d7d4d011a7491d57fa85105ebb605c21d2e9c3a4a5ec8cd",
+    "paged_decode_attention.cubin": "b7ccaee62356398ae78ed5fd75cb88ec62df0d509e70c331a6ff40c7e6515732",
     "paged_decode_reduce.cubin": "4aa5b00c5a5e8e8503ef217ba94f7fca85d256b795c91a189569d63b9db99003",
-    "paged_decode_attention_pdl.cubin": "c51cac0b2b7850cf3280399e1edbb578fd8c3733cdad97886ff5d466b75fba20",
+    "paged_decode_attention_pdl.cubin": "78ebfb7f5611197fc131f9254505eb4c218bbf88672be7d9260a9db98b938d8d",
     "paged_decode_reduce_pdl.cubin": "4a513798e18e2184b16acb05c5d481e06757824509c5950221fea0d7b6ed182d",
     "argmax.cubin": "d128f74af9ac7f8a433fb47a12c5478d51af13da487b07fae2ff4b445f60ee89",
-    "decode_attention.cubin": "4041760a665790afd2fb6f0a2a0aaa34c43e2003d03cfa046e39fc68ea00bd6c",  # session 17: the st.async cluster merge
+    "decode_attention.cubin": "6e3b1c29c798cd77fda1a4d183ff2d245877f226f4f037348dd187e60323d90b",  # session 21: the head-major KV layout
     "embedding_pdl.cubin": "382e706a4e75cbeea6768c01aabd7271c415274bd5e9aeb867e46f01bcfb7704",
     "gemv_persist.cubin": "399ff4e1f58a483e5639ce11f8a24faabfdd5bc9e0a35a5ef607a4c816501255",
     # the decode prologue's PDL form: since session 8 the examples' decode attention (rope-cluster) does its work
-    "qk_norm_rope_kv_pdl.cubin": "6299c006d94697a68616843b2c792cac2625ad4c76b6cb72fc7a89ccab9e9d56",
+    "qk_norm_rope_kv_pdl.cubin": "24f874287b2608a5e1de912825aa5bba0ab5aaa902f607538108e5da2c7fe1a7",
 }
 
 

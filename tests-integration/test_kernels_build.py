@@ -177,10 +177,11 @@ def test_decode_attention_cuda_entries(built):
     for e in (split, merge, clu, rope):
         assert e["entry"] in DA and e["block"] == [128, 1, 1] and e["constexprs"]["D"] == 128
     cx = split["constexprs"]
-    slot = cx["PAGE"] * 528  # one page of one kv head: 16 token rows of k|v (512 bytes) 528 bytes apart
-    assert split["shared_mem"] == cx["WARPS"] * cx["SLOTS"] * slot == 67584 and merge["shared_mem"] == 0
+    slot = cx["PAGE"] * 512  # one page of one kv head: 16 token rows of k|v, 512 bytes each, unpadded (one bulk copy)
+    bars = cx["WARPS"] * 8 * 8  # one mbarrier per slot, up to 8 slots per warp, before the rings
+    assert split["shared_mem"] == bars + cx["WARPS"] * cx["SLOTS"] * slot == 65792 and merge["shared_mem"] == 0
     recv = 8 * (2 * 8 + 8 * 128 // 8) * 4  # what the 8 CTAs of a cluster push to one: m, l of 8 heads, 128 acc
-    assert clu["shared_mem"] == clu["constexprs"]["WARPS"] * clu["constexprs"]["SLOTS"] * slot + recv == 139776
+    assert clu["shared_mem"] == bars + clu["constexprs"]["WARPS"] * clu["constexprs"]["SLOTS"] * slot + recv == 135936
     assert cx["MAX_G"] == 8 and merge["constexprs"]["MAX_SPLITS"] == cx["MAX_SPLITS"] == 64
     assert _cluster_dims(data, "decode_attention_cluster") == (1, clu["constexprs"]["CLUSTER"], 1)
     assert _cluster_dims(data, "decode_attention_split") is None and _cluster_dims(data, "decode_attention_merge") is None
@@ -312,7 +313,7 @@ def test_pdl_entries_are_twins_that_wait(built_pdl):
     constexpr SLOTS) instead of DA_CLUSTER_SLOTS, launched with carveout DA_ROPE_CARVEOUT."""
     sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
     try:
-        from catalog import DA_CLUSTER_SLOTS, DA_RECV_BYTES, DA_ROPE_CARVEOUT, DA_ROPE_SLOTS, DA_SLOT_BYTES, DA_WARPS
+        from catalog import DA_BAR_BYTES, DA_CLUSTER_SLOTS, DA_RECV_BYTES, DA_ROPE_CARVEOUT, DA_ROPE_SLOTS, DA_SLOT_BYTES, DA_WARPS
     finally:
         del sys.path[0]
     p, pidx = built_pdl
@@ -328,8 +329,8 @@ def test_pdl_entries_are_twins_that_wait(built_pdl):
             assert k["module"] == base + "_pdl.cubin"  # Triton: the same function with PDL = True
         if rope:
             assert (cx.pop("SLOTS"), t["constexprs"]["SLOTS"]) == (DA_ROPE_SLOTS, DA_CLUSTER_SLOTS)
-            assert k["shared_mem"] == DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES
-            assert t["shared_mem"] == DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES
+            assert k["shared_mem"] == DA_BAR_BYTES + DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES == 70400
+            assert t["shared_mem"] == DA_BAR_BYTES + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_BYTES
             assert k["carveout"] == DA_ROPE_CARVEOUT and "carveout" not in t
             cx["SLOTS"] = t["constexprs"]["SLOTS"]
         assert cx == t["constexprs"], base
@@ -388,11 +389,11 @@ def test_pdl_ptx_waits_before_any_store(tmp_path):
         # copies global -> shared before the wait only where the catalog documents what they read and why it is safe
         early_copies = [ln for ln in before if "cp.async" in ln]
         assert bool(early_copies) == (name.removesuffix("_pdl") in early), (name, early_copies[:2])
-        if early_copies:  # the cluster forms: catalog.DA_PRE_PAGES pages (the rope form: DA_ROPE_PRE_PAGES), 16 token
-            # rows each, in both of issue_page's unrolled paths (a full page, and the last page with its rows past L
-            # zero-filled)
+        if early_copies:  # the cluster forms: catalog.DA_PRE_PAGES pages (the rope form: DA_ROPE_PRE_PAGES), one bulk
+            # copy of a kv head's page each (the head-major layout), and nothing else
             pre = DA_ROPE_PRE_PAGES if "rope" in name else DA_PRE_PAGES
-            assert len([ln for ln in early_copies if ln.startswith("cp.async.cg")]) == pre * 2 * 16, name
+            assert len([ln for ln in early_copies if ln.startswith("cp.async.bulk.shared")]) == pre, name
+            assert len(early_copies) == pre, (name, early_copies)
         assert any(ln.startswith("griddepcontrol.launch_dependents") for ln in lines), name
         if k.lang == "triton":
             loads = [ln for ln in before if "ld.global" in ln]

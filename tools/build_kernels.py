@@ -32,7 +32,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent / "kernels-src"
 sys.path.insert(0, str(SRC))
 
-from catalog import CUDA_FLAGS, KV_LAYOUTS, TRITON_HIDDEN, Kernel, instances  # noqa: E402
+from catalog import CUDA_FLAGS, TRITON_HIDDEN, Kernel, instances  # noqa: E402
 from geometries import load_geometry  # noqa: E402
 
 TARGET = "sm_90"
@@ -157,23 +157,16 @@ def _triton_job(args):
 
 
 def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, quiet: bool = False,
-          *, pdl: bool = True, fused_attention: bool = False, l2_prefetch: bool = False,
-          kv_layout: str = "token-major") -> dict:
+          *, pdl: bool = True, fused_attention: bool = False, l2_prefetch: bool = False) -> dict:
     """Build the instances of `geometry_specs` into `out_dir`. `pdl` (default True, as the CLI's
     --pdl; False = --no-pdl): also the PDL instances (`NAME_pdl`, catalog `_pdl_kernels`); `fused_attention`: also the opt-in one-launch
     decode attention (`paged_decode_attention_fused`, and `_pdl` with `pdl`); `l2_prefetch`: also the
     opt-in L2-prefetch GEMV forms (`kern_gemv*_m1_pf`, module `gemv_pf.cubin`, catalog
-    `_gemv_pf_kernels`); every other entry and cubin is the same. `kv_layout` "head-major" (opt-in, NOTES.md 58):
-    the KV kernels on the head-major layout (catalog `_head_major`; decode_attention.cu's modules as
-    `decode_attention*_hm.cubin`), the kernels without that form left out, and the index says `"kv_layout":
-    "head-major"` (a token-major index has no such key, so the default index is unchanged)."""
+    `_gemv_pf_kernels`); every other entry and cubin is the same."""
     geoms = [load_geometry(s) for s in geometry_specs]
-    kernels = instances(geoms, pdl=pdl, fused_attention=fused_attention, l2_prefetch=l2_prefetch,
-                        kv_layout=kv_layout)
+    kernels = instances(geoms, pdl=pdl, fused_attention=fused_attention, l2_prefetch=l2_prefetch)
     out_dir.mkdir(parents=True, exist_ok=True)
     index: dict = {"format": 1, "target": TARGET, "kernels": {}}
-    if kv_layout != "token-major":
-        index["kv_layout"] = kv_layout
     with tempfile.TemporaryDirectory(prefix="kern-build-") as tmp:
         _private_env(tmp)
         modules: dict[str, bytes] = {}
@@ -202,7 +195,7 @@ def build(out_dir: Path, geometry_specs: list[str], jobs: int | None = None, qui
             modules[mod] = finish_cuda(job)
         by_name = {k.name: k for k in tri}
         for name, (cubin, entry, shared) in results:
-            mod = by_name[name].module  # NAME.cubin (NAME_hm.cubin in a head-major dir)
+            mod = by_name[name].module  # NAME.cubin
             modules[mod] = cubin
             built[name] = (mod, entry, shared)
         for mod, data in modules.items():
@@ -265,14 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--l2-prefetch", action="store_true",
                     help="also build the L2-prefetch forms of the m1 decode GEMVs (kern_gemv*_m1_pf in gemv_pf.cubin: "
                          "two extra params pf_ptr, pf_bytes; for tools/bench_pdl.py --l2-prefetch)")
-    ap.add_argument("--kv-layout", choices=KV_LAYOUTS, default="token-major",
-                    help="the KV cache layout of the attention kernels (default: %(default)s; head-major: "
-                         "decode_attention.cu -DDA_BULK and attention.py's _hm kernels, an opt-in not yet validated "
-                         "as a whole program, NOTES.md 58; the Triton decode attention and the fused one are left out)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
-    if a.kv_layout == "head-major" and a.fused_attention:
-        ap.error("--fused-attention: the fused decode attention has no head-major form (--kv-layout token-major)")
     for spec in a.geometry or DEFAULT_GEOMETRIES:  # before anything is compiled or written
         try:
             load_geometry(spec)
@@ -283,7 +270,7 @@ def main(argv=None) -> int:
     if blocker := next((p for p in a.out.parents if p.exists() and not p.is_dir()), None):
         ap.error(f"--out {a.out}: {blocker} is a file, not a directory")
     idx = build(a.out, a.geometry or DEFAULT_GEOMETRIES, a.jobs, a.quiet, pdl=a.pdl,
-                fused_attention=a.fused_attention, l2_prefetch=a.l2_prefetch, kv_layout=a.kv_layout)
+                fused_attention=a.fused_attention, l2_prefetch=a.l2_prefetch)
     modules = len({k["module"] for k in idx["kernels"].values()})
     print(f"wrote {len(idx['kernels'])} kernels ({modules} cubins) to {a.out}/index.json", file=sys.stderr)
     return 0

@@ -58,8 +58,8 @@ def gemv_passes(n: int, cols_per_warp: int, warps: int, ksplit: int, sms: int = 
     for the GEMV launched right before the decode attention: QKV_PASSES where, at ksplit 1, the default grid is more
     than one wave of two blocks per SM and the pass grid still covers every SM; else 1. The default grid then holds
     every SM's registers (two 30,720-register blocks) until its last wave drains, so the attention's CTAs (21,504
-    registers; 137 KB of shared memory in session 18, 70.5 KB since session 19) cannot be resident, or issue the K|V
-    pages they read before their PDL wait, while the GEMV streams.
+    registers; 137 KB of shared memory in session 18, 70.5 KB in sessions 19–20, 68.75 KB since 21) cannot be
+    resident, or issue the K|V pages they read before their PDL wait, while the GEMV streams.
 
     Measured (H200, kern-run decode, one runtime per process, identical tokens; NOTES.md 54, BENCHMARKS.md
     "Session 18"): Qwen3-4B's qkv (n = 6,144: 384 blocks → 192) with the attention's whole ring of 4 pages before

@@ -130,9 +130,6 @@ GEMVP_ENTRY = {"gemv_norm": "kern_gemvp_norm_m1", "gemv_norm_silu": "kern_gemvp_
 #: The opt-in one-launch decode attention (build_kernels.py --fused-attention) and its counters' state.
 FUSED_ATTENTION = "paged_decode_attention_fused"
 ATTN_COUNTERS = "attn_counters"
-#: The kernels a head-major kernels dir (build_kernels.py --kv-layout head-major) leaves out: those that read or write
-#: the KV cache and have no head-major form (catalog.KV_TOKEN_MAJOR_ONLY; test_kv_layout_build.py keeps them equal).
-KV_TOKEN_MAJOR_ONLY = ("paged_decode_attention", "paged_decode_attention_pdl", FUSED_ATTENTION, FUSED_ATTENTION + "_pdl")
 #: Bytes of one counter (i32) of the fused decode attention: one per (layer, kv head) for one sequence.
 COUNTER_BYTES = 4
 #: The decode GEMV k-split rule (`gemv_ksplit`; tools/kernels-src/README.md), from tools/bench_gemv.py on the H200.
@@ -401,23 +398,12 @@ class ManifestBuilder:
 
     def kernel(self, name: str) -> Kernel:
         k = self.index.get(name)
-        if k is None and name in KV_TOKEN_MAJOR_ONLY and self.head_major():
-            raise GenError(
-                f"the kernel index has no `{name}`: its kernels dir was built for the head-major KV layout "
-                f"(tools/build_kernels.py --kv-layout head-major), where `{name}` has no form; use the default "
-                f"--decode-attention (rope-cluster), or cluster or cuda, with it, or a kernels dir built without "
-                f"--kv-layout"
-            )
         if k is None:
             raise GenError(
                 f"the kernel index has no `{name}` (needed for hidden_size {self.cfg.hidden_size}); "
                 f"rebuild it with tools/build_kernels.py --geometry for this model"
             )
         return k
-
-    def head_major(self) -> bool:
-        """Whether the index is a head-major kernels dir's (its KV kernels' entries end in `_hm`)."""
-        return any(x.entry.endswith("_hm") for x in self.index.values())
 
     def constexpr(self, kname: str, name: str) -> int:
         """A compile-time constant of index kernel `kname` that the launch geometry depends on."""
@@ -573,8 +559,6 @@ def fused_attention_kernel(b: ManifestBuilder, pdl: bool) -> str:
     """The fused decode attention's index NAME (`_pdl` form with `pdl`), which must be in the index."""
     name = FUSED_ATTENTION + ("_pdl" if pdl else "")
     if name not in b.index:
-        if b.head_major():
-            b.kernel(name)  # refused naming the layout
         flags = "--fused-attention" + (" --pdl" if pdl else "")
         raise GenError(f"the kernel index has no `{name}` (needed by --fused-attention{' --pdl' if pdl else ''}); "
                        f"rebuild it with tools/build_kernels.py {flags}")

@@ -78,6 +78,13 @@
 #               rows (issue 4's figures on the 2-page ring, launched with its carveout by cubin_launch); first, the
 #               GPU tests edited after session 19's last device call (row-pass, DA experiments, kern-driver);
 #               $OUT/s19-configs.tgz. About 9 minutes. (Ran in session 20, call 1; BENCHMARKS.md "Session 20, call 1".)
+#   kv-switch   (written in session 21, NOTES.md 59) the head-major KV layout as the only one, on the committed tree:
+#               prepare (both manifests == examples: the new pinned cubins), then every GPU test (tests-integration/gpu
+#               but the e2e test, and kern-driver's) on its kernels dir; $OUT/kv-switch.tgz. About 7 minutes
+#               on a fresh machine.
+#   kv-switch-e2e  after kv-switch on the same machine (/tmp/kern-e2e): the transformers equivalence (0.6B, 4B),
+#               bench_decode 4B and 0.6B at 128 cached tokens and 4B at 4,096, and bench_kernels (every provider
+#               kernel, issue 4's table, on the one layout); $OUT/kv-switch-e2e.tgz. About 6 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -288,6 +295,29 @@ for stage in "${stages[@]}"; do
       step s19c-bench-kernels 200 python3 tools/bench_kernels.py --kernels "$K/kernels" --only decode_attention \
         --md "$OUT/s19c-BENCHMARKS.md"
       (cd "$OUT" && tar czf s19-configs.tgz s19c-*.log s19c-BENCHMARKS.md && rm -f s19c-*.log)
+      ;;
+    kv-switch)
+      K=/tmp/kern-e2e
+      wheels /dev/null
+      step kvw-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
+      KERN_KERNELS_DIR="$K/kernels" step kvw-gpu-tests 480 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests-integration/gpu packages/kern-driver --ignore=tests-integration/gpu/test_e2e_qwen3.py
+      (cd "$OUT" && tar czf kv-switch.tgz kvw-*.log && rm -f kvw-*.log)
+      ;;
+    kv-switch-e2e)
+      K=/tmp/kern-e2e
+      wheels /dev/null
+      KERN_E2E_DIR="$K" KERN_E2E_OUT="$OUT" step kvx-e2e 300 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_e2e_qwen3.py
+      cp BENCHMARKS.md "$OUT/kvx-BENCHMARKS.md"
+      step kvx-bench-4b 150 python3 tools/bench_decode.py --work "$K" --geometry 4b --skip hf-eager,hf-compile,gpt-fast \
+        --append "$OUT/kvx-BENCHMARKS.md"
+      step kvx-bench-0.6b 150 python3 tools/bench_decode.py --work "$K" --geometry 0.6b \
+        --skip hf-eager,hf-compile,gpt-fast --append "$OUT/kvx-BENCHMARKS.md"
+      step kvx-bench-4b-4096 150 python3 tools/bench_decode.py --work "$K" --geometry 4b --context 4096 \
+        --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/kvx-BENCHMARKS.md"
+      step kvx-bench-kernels 240 python3 tools/bench_kernels.py --kernels "$K/kernels" --md "$OUT/kvx-BENCHMARKS.md"
+      (cd "$OUT" && tar czf kv-switch-e2e.tgz kvx-*.log kvx-BENCHMARKS.md && rm -f kvx-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac

@@ -1,12 +1,19 @@
 """Attention-side Triton kernels over the paged KV state (Qwen3, head_dim D = 128).
 
-KV layout (tools/README.md): bf16, pages of 16 tokens interleaved by layer,
-``[page][layer][16 tokens][NKV][k|v][D]``.  A kernel gets ``kv = state + layer*65536``
-(bytes) and ``page_bytes = L * 16 * NKV * 2 * D * 2`` (the byte stride between pages,
-a multiple of 512).  The token at physical slot ``s`` is at element offset
-``(s // 16) * page_bytes/2 + (s % 16) * NKV*2*D``; kv head ``h``'s k at ``+ h*2*D``,
-its v at ``+ h*2*D + D``.  Attention maps logical position ``j`` of sequence ``b`` to
-page ``block_table[b*bt_stride + j//16]``.  All offsets are computed in int64.
+KV layout (tools/README.md "KV layout"): bf16, pages of 16 tokens interleaved by layer, each
+layer's part head-major, ``[page][layer][NKV][16 tokens][k|v][D]``.  A kernel gets
+``kv = state + layer*16*NKV*2*D*2`` (bytes; 65,536 for NKV = 8) and
+``page_bytes = L * 16 * NKV * 2 * D * 2`` (the byte stride between pages, a multiple of 512).
+Within a page, kv head ``h``'s 16-token slice is 16 * 2*D elements (8 KB) contiguous, one
+512-byte k|v row per token, and token slot ``s``'s row is swizzled: its logical 16-byte
+chunk ``c`` (8 elements; k chunks 0..15, v chunks 16..31) sits at chunk ``c ^ (s % 8)``
+(decode_attention.cu -DDA_BULK copies a page slice with one bulk copy and reads it from
+shared memory free of bank conflicts without padding).  So element ``d`` of slot ``s``'s
+k for kv head ``h`` is at element offset
+``(s // 16) * page_elems + h*16*2*D + (s % 16)*2*D + (d ^ ((s % 8) * 8))``,
+``page_elems = page_bytes/2``; its v element ``d`` at ``+ D`` from there.  Attention maps
+logical position ``j`` of sequence ``b`` to page ``block_table[b*bt_stride + j//16]``.  All
+offsets are computed in int64.
 
 ``q`` is read from (and the prologue writes it back into) the fused qkv buffer
 ``[tokens, (NQ + 2*NKV) * D]``: q heads, then k heads, then v heads.
@@ -29,8 +36,9 @@ seq_lens, block_table; weights: norm weights, the rotary table), then executes
 state or the split scratch and before any store; no program returns before it.  Where
 each kernel executes ``griddepcontrol.launch_dependents`` (``gdc_launch_dependents``) is
 said at the kernel.  With ``PDL`` false every ``if PDL:`` branch is pruned at compile time
-and the compiled code is byte-identical to the kernel without the parameter (the default
-instances' sha256 are pinned by examples/*.json; tests-integration/test_kernels_build.py).
+and the compiled code is that of the kernel without the parameter: the same instructions
+(the default instances' sha256 are pinned by examples/*.json;
+tests-integration/test_kernels_build.py).
 """
 
 import triton
@@ -51,13 +59,20 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     positions, slot_mapping: i64 [tokens]; cos_sin: f32 [max_pos, D] (cos of the D/2
         frequencies, then sin); q_norm_w, k_norm_w: bf16 [D].
     kv: the layer's KV base (inout); k head g := rope(rmsnorm(k) * k_norm_w), v head g := v,
-        written at slot_mapping[t] (a negative slot skips the write).
+        written at slot s = slot_mapping[t] (a negative slot skips the write): kv head g's
+        k|v row of s at kv + (s//16)*page_bytes + g*16*512 + (s%16)*512 bytes, its logical
+        16-byte chunk c at chunk c ^ (s % 8) (the module docstring's layout).
     Rotary (neox, rotate-half over the full D): out[:D/2] = x1*cos - x2*sin,
     out[D/2:] = x2*cos + x1*sin.  fp32 math, one rounding at each store.
 
     PDL: positions and the rotary row are loaded, then the wait (qkv is the previous GEMV's
     output), then launch_dependents at once (the next kernel, decode attention, may then get
-    its programs resident and read its inputs); the rest is the plain form's code.
+    its programs resident and read its inputs); the rest is the plain form's code.  The wait
+    comes before the norm weights and the slot are loaded, so that after it the PDL form is
+    the plain form's instruction stream: loading the weights ahead of the wait let the
+    compiler contract the products differently (q differed in the last bf16 bit from the
+    plain form, twin test on the H200, 2026-11-29), and the PDL form must compute exactly
+    what the plain one does.
     """
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -70,14 +85,8 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     cos = tl.load(cos_sin + pos * D + d)
     sin = tl.load(cos_sin + pos * D + HALF + d)
     if PDL:
-        # The wait comes before the norm weights and the slot are loaded, so that after
-        # this point the PDL form is the plain form's instruction stream: loading the
-        # weights ahead of the wait let the compiler contract the products differently
-        # (q differed in the last bf16 bit from the plain form, twin test on the H200,
-        # 2026-11-29), and the PDL form must compute exactly what the plain one does.
         gdc_wait()
         gdc_launch_dependents()
-        # (lines kept: the plain form's cubin, whose line table names these lines, is pinned)
 
     # q heads of this group: a [BLOCK_G, D/2] tile per half, rows >= G masked off
     rows = tl.arange(0, BLOCK_G)
@@ -86,12 +95,8 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     q1 = tl.load(qp, mask=rmask, other=0.0).to(tl.float32)
     q2 = tl.load(qp + HALF, mask=rmask, other=0.0).to(tl.float32)
     r = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)
-    if False:  # one path for both forms (see the PDL note above); lines kept as they were
-        pass
-        pass
-    else:
-        a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
-        b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
+    a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
+    b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
     tl.store(qp, (a * cos[None, :] - b * sin[None, :]).to(tl.bfloat16), mask=rmask)
     tl.store(qp + HALF, (b * cos[None, :] + a * sin[None, :]).to(tl.bfloat16), mask=rmask)
 
@@ -100,24 +105,22 @@ def qk_norm_rope_kv(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, k
     k1 = tl.load(kp + d).to(tl.float32)
     k2 = tl.load(kp + HALF + d).to(tl.float32)
     rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-    if False:  # one path for both forms, as for q
-        pass
-        pass
-    else:
-        ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
-        kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
+    ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
+    kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
     vp = row + (num_q_heads + num_kv_heads) * D + g * D
     v1 = tl.load(vp + d)
     v2 = tl.load(vp + HALF + d)
-    if True:
-        slot = tl.load(slot_mapping + t)
+    slot = tl.load(slot_mapping + t)
     if slot >= 0:
         page_elems = (page_bytes // 512).to(tl.int64) * 256
-        dst = kv + (slot // 16) * page_elems + (slot % 16) * (num_kv_heads * 2 * D) + g * (2 * D)
-        tl.store(dst + d, (ka * cos - kb * sin).to(tl.bfloat16))
-        tl.store(dst + HALF + d, (kb * cos + ka * sin).to(tl.bfloat16))
-        tl.store(dst + D + d, v1)
-        tl.store(dst + D + HALF + d, v2)
+        dst = kv + (slot // 16) * page_elems + g * (16 * 2 * D) + (slot % 16) * (2 * D)
+        c = d // 8  # logical chunk of element d of each 64-element quarter of the row
+        e = d % 8
+        sw = slot % 8
+        tl.store(dst + (c ^ sw) * 8 + e, (ka * cos - kb * sin).to(tl.bfloat16))
+        tl.store(dst + ((c + HALF // 8) ^ sw) * 8 + e, (kb * cos + ka * sin).to(tl.bfloat16))
+        tl.store(dst + ((c + D // 8) ^ sw) * 8 + e, v1)
+        tl.store(dst + ((c + (D + HALF) // 8) ^ sw) * 8 + e, v2)
 
 
 @triton.jit
@@ -161,21 +164,26 @@ def paged_decode_attention(q, kv, block_table, seq_lens, part_acc, part_ml,
     qt = tl.load(q + b * q_stride + qh[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0)
 
     page_elems = (page_bytes // 512).to(tl.int64) * 256
-    tok_stride = num_kv_heads * (2 * D)
-    kvh = kv + h * (2 * D)
+    kvh = kv + h * (16 * 2 * D)
     bt = block_table + b * bt_stride
     scale = sm_scale * 1.4426950408889634
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
+    tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N: a multiple of the 16-token page")
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
         page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
-        tok = page * page_elems + (offs_n % 16) * tok_stride
-        k = tl.load(kvh + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        v = tl.load(kvh + D + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        tok = page * page_elems + (offs_n % 16) * (2 * D)
+        # the chunk swizzle as an XOR on the element index, in _prefill_tile's form (16-byte loads); offs_n % 8 is
+        # arange % 8 (n0 is a multiple of BLOCK_N: start = s * chunk), which keeps the XOR out of the loop
+        sw = ((tl.arange(0, BLOCK_N) % 8) * 8)[:, None]
+        koff = tok[:, None] + tl.max_contiguous(tl.multiple_of(d[None, :] ^ sw, [1, 8]), [1, 8])
+        voff = tok[:, None] + D + tl.max_contiguous(tl.multiple_of(d[None, :] ^ sw, [1, 8]), [1, 8])
+        k = tl.load(kvh + koff, mask=nmask[:, None], other=0.0)
+        v = tl.load(kvh + voff, mask=nmask[:, None], other=0.0)
         qk = tl.dot(qt, tl.trans(k)) * scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -315,20 +323,30 @@ def paged_decode_attention_fused(q, kv, block_table, seq_lens, part_acc, part_ml
 
 
 @triton.jit
-def _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m, L, scale,
+def _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale,
                   D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
-    d = tl.arange(0, D)
+    """One [BLOCK_N] key tile of paged_prefill_attention (CAUSAL_MASK: the diagonal / last tiles).  kvh: kv head h's
+    base (kv + h*16*2*D).  Element d of token t's k (v: + D) is at d ^ ((t % 8) * 8) of its row: the chunk swizzle
+    as an XOR on the element index (8 * (c ^ s) + e = (8c + e) ^ 8s); the hints say each run of 8 stays contiguous
+    and 8-aligned, so the loads are 16-byte cp.async straight into the dot's operand buffers (98,560 bytes of shared
+    memory with the catalog's instance).  Keep this form: a [BLOCK_N, 16, 8] load reshaped to [BLOCK_N, D] staged
+    every tile through registers and scalar shared-memory stores (helper-58's PTX review, session 20), and other
+    rewrites of these offsets changed the pipelining (49,152 bytes of shared memory)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if CAUSAL_MASK:
         nmask = offs_n < L
         page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
     else:
         page = tl.load(bt + offs_n // 16).to(tl.int64)
-    tok = page * page_elems + (offs_n % 16) * tok_stride
+    tok = page * page_elems + (offs_n % 16) * (2 * D)
+    dd = tl.arange(0, D)
+    sw = ((offs_n % 8) * 8)[:, None]
+    koff = tok[:, None] + tl.max_contiguous(tl.multiple_of(dd[None, :] ^ sw, [1, 8]), [1, 8])
+    voff = tok[:, None] + D + tl.max_contiguous(tl.multiple_of(dd[None, :] ^ sw, [1, 8]), [1, 8])
     if CAUSAL_MASK:
-        k = tl.load(kvh + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        k = tl.load(kvh + koff, mask=nmask[:, None], other=0.0)
     else:
-        k = tl.load(kvh + tok[:, None] + d[None, :])
+        k = tl.load(kvh + koff)
     qk = tl.dot(qt, tl.trans(k)) * scale
     if CAUSAL_MASK:
         qk = tl.where((offs_n[None, :] <= pos_m[:, None]) & nmask[None, :], qk, float("-inf"))
@@ -337,9 +355,9 @@ def _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m,
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if CAUSAL_MASK:
-        v = tl.load(kvh + D + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        v = tl.load(kvh + voff, mask=nmask[:, None], other=0.0)
     else:
-        v = tl.load(kvh + D + tok[:, None] + d[None, :])
+        v = tl.load(kvh + voff)
     acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
     return acc, m_new, l_i
 
@@ -376,8 +394,7 @@ def paged_prefill_attention(q, kv, block_table, seq_lens, cu_seqlens_q, out,
     pos_m = ctx + offs_m
 
     page_elems = (page_bytes // 512).to(tl.int64) * 256
-    tok_stride = num_kv_heads * (2 * D)
-    kvh = kv + h * (2 * D)
+    kvh = kv + h * (16 * 2 * D)
     bt = block_table + b * bt_stride
     scale = sm_scale * 1.4426950408889634
 
@@ -388,158 +405,10 @@ def paged_prefill_attention(q, kv, block_table, seq_lens, cu_seqlens_q, out,
     full_end = ((ctx + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
     hi = tl.minimum(L, ctx + (mb + 1) * BLOCK_M)
     for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m, L,
-                                      scale, D, BLOCK_N, False)
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale, D, BLOCK_N,
+                                      False)
     for n0 in range(full_end, hi, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, tok_stride, n0, pos_m, L,
-                                      scale, D, BLOCK_N, True)
-    o = acc / l_i[:, None]
-    tl.store(out + rowp[:, None] * (num_q_heads * D) + j * D + d[None, :], o.to(tl.bfloat16),
-             mask=mmask[:, None])
-
-
-# ---- The head-major KV layout (opt-in: build_kernels.py --kv-layout head-major; NOTES.md 58) -------------------
-# [page][layer][NKV][16 tokens][k|v][D]: kv head h's 16-token slice of a page is 8 KB contiguous (decode_attention.cu
-# -DDA_BULK copies it with one bulk copy), and token t's 512-byte k|v row holds its logical 16-byte chunk c (8
-# elements; k chunks 0..15, v chunks 16..31) at chunk c ^ (t % 8), so that the CUDA kernel's shared-memory copy is
-# free of bank conflicts without padding. Appended here, not folded into the kernels above: their cubins (whose line
-# tables name these lines) are pinned by examples/*.json. Same math as qk_norm_rope_kv and paged_prefill_attention.
-
-
-@triton.jit
-def _hm_chunk(c, t):
-    """Element offset of logical 16-byte chunk `c` of token slot `t`'s k|v row (head-major layout)."""
-    return (c ^ (t % 8)) * 8
-
-
-@triton.jit
-def qk_norm_rope_kv_hm(qkv, positions, slot_mapping, q_norm_w, k_norm_w, cos_sin, kv,
-                       num_q_heads, num_kv_heads, eps, page_bytes,
-                       D: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
-    """qk_norm_rope_kv on the head-major KV layout: the same q/k/v math and params; the token's k|v row of kv head
-    g goes to kv + page*page_bytes + g*16*512 + (slot % 16)*512 bytes, chunk c at chunk c ^ (slot % 8)."""
-    t = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
-    HALF: tl.constexpr = D // 2
-    G = num_q_heads // num_kv_heads
-    row = qkv + t * ((num_q_heads + 2 * num_kv_heads) * D)
-    d = tl.arange(0, HALF)
-
-    pos = tl.load(positions + t)
-    cos = tl.load(cos_sin + pos * D + d)
-    sin = tl.load(cos_sin + pos * D + HALF + d)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-    rows = tl.arange(0, BLOCK_G)
-    rmask = rows[:, None] < G
-    qp = row + (g * G + rows)[:, None] * D + d[None, :]
-    q1 = tl.load(qp, mask=rmask, other=0.0).to(tl.float32)
-    q2 = tl.load(qp + HALF, mask=rmask, other=0.0).to(tl.float32)
-    r = tl.rsqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / D + eps)
-    a = q1 * r[:, None] * tl.load(q_norm_w + d).to(tl.float32)[None, :]
-    b = q2 * r[:, None] * tl.load(q_norm_w + HALF + d).to(tl.float32)[None, :]
-    tl.store(qp, (a * cos[None, :] - b * sin[None, :]).to(tl.bfloat16), mask=rmask)
-    tl.store(qp + HALF, (b * cos[None, :] + a * sin[None, :]).to(tl.bfloat16), mask=rmask)
-
-    kp = row + num_q_heads * D + g * D
-    k1 = tl.load(kp + d).to(tl.float32)
-    k2 = tl.load(kp + HALF + d).to(tl.float32)
-    rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-    ka = k1 * rk * tl.load(k_norm_w + d).to(tl.float32)
-    kb = k2 * rk * tl.load(k_norm_w + HALF + d).to(tl.float32)
-    vp = row + (num_q_heads + num_kv_heads) * D + g * D
-    v1 = tl.load(vp + d)
-    v2 = tl.load(vp + HALF + d)
-    slot = tl.load(slot_mapping + t)
-    if slot >= 0:
-        page_elems = (page_bytes // 512).to(tl.int64) * 256
-        dst = kv + (slot // 16) * page_elems + g * (16 * 2 * D) + (slot % 16) * (2 * D)
-        c = d // 8  # logical chunk of element d of each 64-element quarter of the row
-        e = d % 8
-        tl.store(dst + _hm_chunk(c, slot) + e, (ka * cos - kb * sin).to(tl.bfloat16))
-        tl.store(dst + _hm_chunk(c + HALF // 8, slot) + e, (kb * cos + ka * sin).to(tl.bfloat16))
-        tl.store(dst + _hm_chunk(c + D // 8, slot) + e, v1)
-        tl.store(dst + _hm_chunk(c + (D + HALF) // 8, slot) + e, v2)
-
-
-@triton.jit
-def _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale,
-                     D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr):
-    """_prefill_tile on the head-major layout: element d of token t's k (v: + D) at d ^ ((t % 8) * 8) of its row, the
-    chunk swizzle as an XOR on the element index (8 * (c ^ s) + e = (8c + e) ^ 8s); the hints say each run of 8 stays
-    contiguous and 8-aligned, so the loads are 16-byte cp.async straight into the dot's operand buffers, as the
-    token-major tile's (a [BLOCK_N, 16, 8] load reshaped to [BLOCK_N, D] staged every tile through registers and
-    scalar shared-memory stores instead: helper-58's PTX review, session 20)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    if CAUSAL_MASK:
-        nmask = offs_n < L
-        page = tl.load(bt + offs_n // 16, mask=nmask, other=0).to(tl.int64)
-    else:
-        page = tl.load(bt + offs_n // 16).to(tl.int64)
-    tok = page * page_elems + (offs_n % 16) * (2 * D)
-    dd = tl.arange(0, D)
-    sw = ((offs_n % 8) * 8)[:, None]
-    koff = tok[:, None] + tl.max_contiguous(tl.multiple_of(dd[None, :] ^ sw, [1, 8]), [1, 8])
-    voff = tok[:, None] + D + tl.max_contiguous(tl.multiple_of(dd[None, :] ^ sw, [1, 8]), [1, 8])
-    if CAUSAL_MASK:
-        k = tl.load(kvh + koff, mask=nmask[:, None], other=0.0)
-    else:
-        k = tl.load(kvh + koff)
-    qk = tl.dot(qt, tl.trans(k)) * scale
-    if CAUSAL_MASK:
-        qk = tl.where((offs_n[None, :] <= pos_m[:, None]) & nmask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if CAUSAL_MASK:
-        v = tl.load(kvh + voff, mask=nmask[:, None], other=0.0)
-    else:
-        v = tl.load(kvh + voff)
-    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def paged_prefill_attention_hm(q, kv, block_table, seq_lens, cu_seqlens_q, out,
-                               num_q_heads, num_kv_heads, q_stride, bt_stride, page_bytes, sm_scale,
-                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """paged_prefill_attention on the head-major layout (same params, grid and math)."""
-    mb = tl.program_id(0)
-    j = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    q_start = tl.load(cu_seqlens_q + b)
-    q_len = tl.load(cu_seqlens_q + b + 1) - q_start
-    if mb * BLOCK_M >= q_len:
-        return
-    L = tl.load(seq_lens + b)
-    ctx = L - q_len
-    h = j // (num_q_heads // num_kv_heads)
-
-    d = tl.arange(0, D)
-    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    mmask = offs_m < q_len
-    rowp = (q_start + offs_m).to(tl.int64)
-    qt = tl.load(q + rowp[:, None] * q_stride + j * D + d[None, :], mask=mmask[:, None], other=0.0)
-    pos_m = ctx + offs_m
-
-    page_elems = (page_bytes // 512).to(tl.int64) * 256
-    kvh = kv + h * (16 * 2 * D)
-    bt = block_table + b * bt_stride
-    scale = sm_scale * 1.4426950408889634
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    full_end = ((ctx + mb * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(L, ctx + (mb + 1) * BLOCK_M)
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale, D, BLOCK_N,
-                                         False)
-    for n0 in range(full_end, hi, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile_hm(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale, D, BLOCK_N,
-                                         True)
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, qt, kvh, bt, page_elems, n0, pos_m, L, scale, D, BLOCK_N,
+                                      True)
     o = acc / l_i[:, None]
     tl.store(out + rowp[:, None] * (num_q_heads * D) + j * D + d[None, :], o.to(tl.bfloat16), mask=mmask[:, None])

@@ -54,8 +54,7 @@ class Kernel:
     shared_mem_per: dict = field(default_factory=dict)
     # CUDA only: preprocessor macros (-D) of this instance's module, and the suffix that names
     # that module (`embedding` + `_pdl` -> embedding_pdl.cubin); all kernels of one source with
-    # the same defines share a module. Triton: the suffix names its own module (NAME + suffix;
-    # `_hm` in a head-major kernels dir).
+    # the same defines share a module. Triton: the suffix names its own module (NAME + suffix).
     defines: tuple[str, ...] = ()
     module_suffix: str = ""
     # Programmatic dependent launch: the instance keeps the manifest's `"pdl": true` contract
@@ -181,7 +180,7 @@ def _attention_kernels() -> list[Kernel]:
             grid="(tokens, NKV, 1): one program per (token, kv head)",
             doc="Fused attention prologue. qkv: bf16 [tokens, (NQ+2*NKV)*128] (q|k|v heads); q heads are "
                 "replaced IN PLACE by rope(rmsnorm(q)*q_norm_w); k := rope(rmsnorm(k)*k_norm_w) and v are "
-                "written to the paged KV (kv = state + layer*65536, page_bytes = L*65536) at slot_mapping[t] "
+                "written to the paged KV (head-major layout, tools/README.md; kv = state + layer*65536, page_bytes = L*65536) at slot_mapping[t] "
                 "(slot < 0: skipped); the k/v columns of qkv are not modified. positions, slot_mapping: i64 "
                 "[tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 [max_pos, 128] (cos then sin); "
                 "eps = rms_norm_eps. Neox rotary over the full head_dim. NQ/NKV <= 16.",
@@ -229,11 +228,14 @@ def _attention_kernels() -> list[Kernel]:
 
 
 #: The CUDA C decode attention (decode_attention.cu): warps per CTA, the ring of page slots per warp
-#: (one slot = one page of one kv head: 16 token rows of k|v, 512 bytes each, DA_ROW bytes apart), the
-#: cluster size, and the partials a cluster CTA receives (per source CTA: m and l of 8 q heads, and 128 acc).
+#: (one slot = one page of one kv head: 16 token rows of k|v, 512 bytes each, unpadded and swizzled as in the
+#: head-major cache: one bulk copy per page), the mbarriers before the rings (one per slot, up to 8 slots per
+#: warp), the cluster size, and the partials a cluster CTA receives (per source CTA: m and l of 8 q heads, and
+#: 128 acc).
 DA_WARPS = 4
-DA_ROW = 528
+DA_ROW = 512
 DA_SLOT_BYTES = 16 * DA_ROW
+DA_BAR_BYTES = DA_WARPS * 8 * 8
 DA_SPLIT_SLOTS = 2
 DA_CLUSTER = 8
 DA_CLUSTER_SLOTS = 4
@@ -253,9 +255,16 @@ DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 
 
 def da_cluster_smem(slots: int) -> int:
-    """Dynamic shared memory of the cluster and rope-cluster forms with a ring of `slots` pages per warp (decode_attention.cu
-    DA_CLUSTER_SMEM / DA_ROPE_SMEM): the warps' rings, then the cluster's partials pushed to each CTA."""
-    return DA_WARPS * slots * DA_SLOT_BYTES + DA_RECV_BYTES
+    """Dynamic shared memory (bytes) of the cluster and rope-cluster forms with a ring of `slots` pages per warp
+    (decode_attention.cu DA_CLUSTER_SMEM / DA_ROPE_SMEM): the slots' mbarriers, the warps' rings, then the cluster's
+    partials pushed to each CTA."""
+    return DA_BAR_BYTES + DA_WARPS * slots * DA_SLOT_BYTES + DA_RECV_BYTES
+
+
+def da_split_smem() -> int:
+    """Dynamic shared memory (bytes) of decode_attention_split (decode_attention.cu DA_SPLIT_SMEM): the slots'
+    mbarriers, then the warps' rings of DA_SPLIT_SLOTS pages."""
+    return DA_BAR_BYTES + DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES
 
 #: Decode attention as the split + merge pair / the one-launch cluster form (gen_qwen3.py --decode-attention).
 DECODE_ATTENTION_CUDA = ("decode_attention_split", "decode_attention_merge")
@@ -283,11 +292,11 @@ def _decode_attention_cuda_kernels() -> list[Kernel]:
     return [
         Kernel(
             name="decode_attention_split", lang="cuda", source="decode_attention.cu", entry="decode_attention_split",
-            block_x=32 * DA_WARPS, shared_mem=DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES,
+            block_x=32 * DA_WARPS, shared_mem=da_split_smem(),
             params=head + (P("part_acc", "out buffer<f32>", True), P("part_ml", "out buffer<f32>", True)) + ATTN_TAIL,
             grid="(NKV, S, seqs), S = the split stride of the scratch (1..64; 32 recommended)",
             doc="Decode attention, split-KV stage (CUDA C, flash decoding: one CTA per (kv head, split) for the whole "
-                "GQA group, K and V read once, cp.async page ring, mma.sync). " + split_doc + " Writes, for the ns "
+                "GQA group, K and V read once, a ring of pages by bulk copy, mma.sync). " + split_doc + " Writes, for the ns "
                 "splits only, paged_decode_attention's scratch layout: part_acc f32 [seqs, NQ, S, 128] (sum p v), "
                 "part_ml f32 [seqs, NQ, S, 2] (running max in log2 units, sum p). " + DA_DOC_COMMON,
             constexprs={**cx, "SLOTS": DA_SPLIT_SLOTS},
@@ -594,60 +603,14 @@ def _fused_attention_kernels(pdl: bool) -> list[Kernel]:
     return out
 
 
-#: The KV layouts a kernels dir can be built for (build_kernels.py --kv-layout; the index's `kv_layout`).
-#: token-major (default): [page][layer][16 tokens][NKV][k|v][D]; head-major: [page][layer][NKV][16 tokens][k|v][D]
-#: with token t's 16-byte chunk c at c ^ (t % 8) (decode_attention.cu -DDA_BULK; attention.py's `_hm` kernels).
-KV_LAYOUTS = ("token-major", "head-major")
-#: decode_attention.cu's DA_BAR_BYTES under -DDA_BULK: one mbarrier per slot, 8 slots per warp, before the rings.
-DA_BULK_BAR_BYTES = DA_WARPS * 8 * 8
-#: Kernels that read or write the KV cache and have no head-major form: left out of a head-major kernels dir (the
-#: generator then refuses the options that launch them, by name).
-KV_TOKEN_MAJOR_ONLY = ("paged_decode_attention", "paged_decode_attention_pdl", FUSED_ATTENTION,
-                       FUSED_ATTENTION + "_pdl")
-#: Triton kernels with a head-major form: their `_hm` function in attention.py (same params and math).
-KV_HEAD_MAJOR_TRITON = ("qk_norm_rope_kv", "paged_prefill_attention")
-
-
-def da_bulk_smem(k: Kernel) -> int:
-    """Dynamic shared memory of decode_attention.cu instance `k` built with -DDA_BULK (decode_attention.cu
-    DA_SPLIT_SMEM / DA_CLUSTER_SMEM / DA_ROPE_SMEM there): the slots' mbarriers (DA_BULK_BAR_BYTES), then the warps'
-    rings of unpadded pages (16 rows of 512 bytes: a bulk copy cannot pad), then, for the cluster forms, the
-    partials pushed to each CTA; the merge has none."""
-    if not k.shared_mem:
-        return 0
-    rings = DA_WARPS * k.constexprs["SLOTS"] * 16 * 512
-    return DA_BULK_BAR_BYTES + rings + (DA_RECV_BYTES if k.entry != "decode_attention_split" else 0)
-
-
-def _head_major(k: Kernel) -> Kernel:
-    """Kernel `k` as built for the head-major KV layout (NOTES.md 58): decode_attention.cu's modules with -DDA_BULK
-    (their files get `_hm`; shared memory `da_bulk_smem`), the Triton KV kernels from their `_hm` functions into
-    `NAME_hm.cubin` modules; every other kernel unchanged."""
-    if k.source == "decode_attention.cu":
-        return replace(k, defines=k.defines + ("DA_BULK",), module_suffix=k.module_suffix + "_hm",
-                       shared_mem=da_bulk_smem(k),
-                       doc=k.doc + " Head-major KV layout (-DDA_BULK: one bulk copy per page).")
-    if k.lang == "triton" and k.entry in KV_HEAD_MAJOR_TRITON:
-        return replace(k, entry=k.entry + "_hm", module_suffix="_hm", doc=k.doc + " Head-major KV layout "
-                       "(attention.py `" + k.entry + "_hm`).")
-    return k
-
-
 def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention: bool = False,
-              l2_prefetch: bool = False, kv_layout: str = "token-major") -> list[Kernel]:
+              l2_prefetch: bool = False) -> list[Kernel]:
     """Distinct kernel instances needed by these geometries, sorted by NAME.
 
     `pdl`: add the PDL instances (`_pdl_kernels`; build_kernels.py adds them unless --no-pdl); `fused_attention`:
     add the opt-in fused decode attention (`_fused_attention_kernels`, with its PDL form when `pdl`); `l2_prefetch`:
-    add the opt-in L2-prefetch GEMV forms (`_gemv_pf_kernels`); the other instances are unchanged. `kv_layout`
-    "head-major" (opt-in, not yet validated on a GPU as a whole program: NOTES.md 58): the KV kernels on that layout
-    (`_head_major`), those without a head-major form left out (KV_TOKEN_MAJOR_ONLY; with `fused_attention` that is
-    refused). Raises ValueError for another layout or that combination."""
-    if kv_layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout {kv_layout!r}: one of {', '.join(KV_LAYOUTS)}")
-    if kv_layout == "head-major" and fused_attention:
-        raise ValueError("the fused decode attention (paged_decode_attention_fused) has no head-major form: "
-                         "build it with kv_layout token-major")
+    add the opt-in L2-prefetch GEMV forms (`_gemv_pf_kernels`); the other instances are unchanged. Every kernel that
+    reads or writes the KV cache uses its one layout, head-major (tools/README.md "KV layout")."""
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
         + _gemvp_kernels() + (_pdl_kernels() if pdl else []) \
@@ -656,8 +619,6 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
         if k.name in out and out[k.name].key() != k.key():
             raise AssertionError(f"two different instances named {k.name}")
         out[k.name] = k
-    if kv_layout == "head-major":
-        return [_head_major(out[n]) for n in sorted(out) if n not in KV_TOKEN_MAJOR_ONLY]
     return [out[n] for n in sorted(out)]
 
 

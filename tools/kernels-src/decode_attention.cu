@@ -10,10 +10,13 @@
 //   decode_attention_rope_cluster                      the cluster form with qk_norm_rope_kv's decode
 //       work fused in (q/k RMS norm, neox rotary, the token's k/v into the cache; see the entry).
 //
-// KV layout (tools/README.md; kernels-src/attention.py): pages of 16 tokens interleaved by layer,
-// [page][layer][16 tokens][NKV][k|v][D] bf16.  `kv` = state + layer*65536 (bytes), `page_bytes` =
-// the byte stride between pages (L*65536).  Token slot t of physical page p, kv head h: its k at
-// kv + p*page_bytes + t*NKV*512 + h*512 (256 bytes), its v in the next 256 bytes.  Logical page j of
+// KV layout (tools/README.md; kernels-src/attention.py), head-major: pages of 16 tokens interleaved by layer,
+// [page][layer][NKV][16 tokens][k|v][D] bf16, each token's 512-byte k|v row XOR-swizzled in 16-byte chunks.
+// `kv` = state + layer*65536 (bytes), `page_bytes` = the byte stride between pages (L*65536).  Token slot t of
+// physical page p, kv head h: its 512-byte row at kv + p*page_bytes + h*16*512 + t*512, whose 16-byte chunk
+// c ^ (t & 7) holds logical chunk c (k: chunks 0..15, elements 8c..8c+7; v: chunks 16..31), so that one kv
+// head's page is 8 KB contiguous (one bulk copy) and the shared-memory reads are free of bank conflicts
+// without padding (NOTES.md 52, 58).  Logical page j of
 // sequence b is block_table[b*bt_stride + j]; keys 0..L-1 (L = seq_lens[b] >= 1, the current token
 // included) are attended.  q: bf16, head i of sequence b at q + b*q_stride + i*D.
 //
@@ -28,7 +31,7 @@
 //                          int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
 //                          int page_bytes, float sm_scale)
 //     grid (NKV, S, seqs), S = gridDim.y = the scratch's split stride (1..64), block (128,1,1),
-//     dynamic shared memory DA_SPLIT_SMEM (66 KB: three CTAs per SM).
+//     dynamic shared memory DA_SPLIT_SMEM (64.25 KB: three CTAs per SM).
 //   decode_attention_merge(const float* part_acc, const float* part_ml, const int* seq_lens,
 //                          bf16* out,              out buffer<bf16> [seqs, NQ*D]
 //                          int num_q_heads, int num_splits)      num_splits = S of the split launch
@@ -36,9 +39,9 @@
 //   decode_attention_cluster(q, kv, block_table, seq_lens, bf16* out, int num_q_heads,
 //                          int num_kv_heads, int q_stride, int bt_stride, int page_bytes, float sm_scale)
 //     grid (NKV, 8, seqs) (grid.y must be 8: the compiled cluster is (1, 8, 1)), block (128,1,1),
-//     dynamic shared memory DA_CLUSTER_SMEM (136.5 KB).
-//   decode_attention_rope_cluster: the cluster form's grid and block; dynamic shared memory DA_ROPE_SMEM (136.5 KB
-//     in the plain module, 70.5 KB in the PDL module: a ring of DA_ROPE_SLOTS = 2 pages per warp there).
+//     dynamic shared memory DA_CLUSTER_SMEM (132.75 KB).
+//   decode_attention_rope_cluster: the cluster form's grid and block; dynamic shared memory DA_ROPE_SMEM (132.75
+//     KB in the plain module, 68.75 KB in the PDL module: a ring of DA_ROPE_SLOTS = 2 pages per warp there).
 //
 // Work split.  With n = ceil(L/16) pages, the split launch uses ns = splits_for(L, S) =
 // min(S, 64, max(1, ceil(n / 4))) of its S CTAs per kv head (a short context uses few splits: at
@@ -50,15 +53,17 @@
 // launch does the same with 8 splits (its 8 CTAs, rank = split).
 //
 // Per warp (4 per CTA, independent until the CTA's merge): each page's K and V of this kv head (16
-// tokens x 512 bytes) stream into a private ring of shared-memory slots with 16-byte cp.async (L2 only;
-// the rows of tokens past L are zero-filled, never used), SLOTS pages in flight.  The scores use tensor
+// tokens x 512 bytes, contiguous) stream into a private ring of shared-memory slots, one bulk copy per page
+// (cp.async.bulk by lane 0, completion counted in bytes on the slot's mbarrier; the rows of tokens past L are
+// zero-filled by the warp, never used), SLOTS pages in flight.  The scores use tensor
 // cores (mma.sync m16n8k16 bf16 -> f32, the G q heads as rows 0..G-1 of a 16-row tile whose rows 8..15
 // stay zero, the page's 16 tokens as two 8-column tiles), then an fp32 online softmax in base 2 (scores
 // scaled by sm_scale*log2(e); running max m and sum l per q head; the accumulators are rescaled only
 // when a running max grows), then P (rounded to bf16, as in flash attention and attention.py) times V,
-// also on tensor cores, into fp32 accumulators.  A slot's token rows are DA_ROW = 528 bytes apart and
-// tokens are read in a fixed permutation (tok_perm), so that both the K reads (128-bit, two tokens per
-// quarter warp) and the V reads (ldmatrix.trans, eight tokens per matrix) are free of bank conflicts.
+// also on tensor cores, into fp32 accumulators.  A slot holds the page's rows as the cache does (DA_ROW = 512
+// bytes, swizzled), and tokens are read in a fixed permutation (tok_perm), so that both the K reads (128-bit,
+// two tokens per quarter warp) and the V reads (ldmatrix.trans, eight tokens per matrix) are free of bank
+// conflicts.
 // The 4 warps' (m, l, acc) are merged through shared memory; then
 //   split:   the CTA's partial goes to part_acc/part_ml (layout of paged_decode_attention: row
 //            (b*NQ + i)*S + s; m in log2 units, l = sum of 2^(score*log2e - m), acc = sum p v);
@@ -158,18 +163,11 @@ static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_MAX_G 8
 #define DA_MIN_PAGES_PER_SPLIT 4
 #define DA_MAX_SPLITS 64
-// -DDA_BULK (experiment, issue 4; NOTES.md 52): the KV cache in a head-major page layout, [page][layer][NKV][16
-// tokens][k|v][D] with each token's 32 16-byte chunks stored XOR-swizzled (chunk c of token slot t at chunk position
-// c ^ (t & 7)), so that a page of one kv head is 8 KB contiguous and one bulk copy (cp.async.bulk, completion counted
-// in bytes on the slot's mbarrier, issued by lane 0) brings it into its slot unpadded, and the swizzle keeps the K
-// and V reads free of bank conflicts. Every other reader and writer of the cache must use the same layout.
-#ifdef DA_BULK
+// The head-major KV layout (the header; NOTES.md 52, 58; the -DDA_BULK experiment until session 21): a page of one
+// kv head is 8 KB contiguous, and one bulk copy brings it into its slot unpadded. Every other reader and writer of the
+// cache (attention.py's kernels, tools/README.md's contract) uses the same layout.
 #define DA_ROW 512  // a token's k|v, swizzled, in a slot (the global layout's bytes)
 #define DA_BAR_BYTES (DA_WARPS * 8 * 8)  // one mbarrier per slot, up to 8 slots per warp, before the rings
-#else
-#define DA_ROW 528                       // a token's k|v (512 bytes) + 16 bytes of padding, in a slot
-#define DA_BAR_BYTES 0
-#endif
 // The cluster merge's pushes are st.async stores that count their bytes on the owner CTA's receive mbarrier (static
 // shared memory, outside the dynamic layout; initialized and armed with the bytes to expect at entry, before the
 // entry's cluster arrive, a release), and each CTA waits on its own mbarrier instead of a second cluster barrier
@@ -236,9 +234,7 @@ static_assert(DA_MAX_G * DA_D / DA_CLUSTER <= DA_WARPS * 32,
 #define DA_SPLIT_SMEM (DA_BAR_BYTES + DA_WARPS * DA_SPLIT_SLOTS * DA_SLOT_BYTES)
 #define DA_CLUSTER_SMEM (DA_BAR_BYTES + DA_WARPS * DA_CLUSTER_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
 #define DA_ROPE_SMEM (DA_BAR_BYTES + DA_WARPS * DA_ROPE_SLOTS * DA_SLOT_BYTES + DA_RECV_FLOATS * 4)
-#ifdef DA_BULK
-static_assert(DA_CLUSTER_SLOTS <= 8 && DA_SPLIT_SLOTS <= 8, "DA_BULK: at most 8 slots (mbarriers) per warp");
-#endif
+static_assert(DA_CLUSTER_SLOTS <= 8 && DA_SPLIT_SLOTS <= 8, "at most 8 slots (mbarriers) per warp");
 // The per-warp merge area (m[8], l[8], acc[8][128] floats per warp) overlays the ring once every warp
 // is done with it.
 #define DA_RED_FLOATS (2 * DA_MAX_G + DA_MAX_G * DA_D)
@@ -307,7 +303,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-#ifdef DA_BULK
 // mbarrier and bulk copy (PTX ISA 8.0, sm_90), as gemv.cu's TMA form
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -323,7 +318,6 @@ __device__ __forceinline__ void bulk_page(uint32_t dst, const void* src, uint32_
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                  "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar) : "memory");
 }
-#endif
 
 // d += A(16x16) x B(16x8), A's rows 8..15 zero (a1 = a3 = 0): a0 = row g cols 2t..2t+1, a2 = row g cols
 // 2t+8..2t+9; b0 = rows 2t..2t+1, b1 = rows 2t+8..2t+9 of col g; d0, d1 = row g cols 2t, 2t+1, d2, d3 =
@@ -337,14 +331,15 @@ __device__ __forceinline__ void mma16(float (&d)[4], uint32_t a0, uint32_t a2, u
 
 // Tokens of a page are read in the order pi(g) = (g>>1) | (g&1)<<2 within each half (0 4 1 5 2 6 3 7): the
 // quarter warp reading k for tokens pi(2q), pi(2q+1) = q, q+4 then hits the two 64-byte halves of the banks,
-// and ldmatrix's eight rows (tokens 0..7 in any order) start 4 banks apart (rows of DA_ROW = 132 words).
+// and, with the rows' chunk swizzle (warp_attend), ldmatrix's eight rows (tokens 0..7 in any order) hit distinct
+// banks.
 __device__ __forceinline__ int tok_perm(int g) { return (g >> 1) | ((g & 1) << 2); }
 
 struct Geo {
-    const char* kvh;      // kv + h*512: this kv head's k of token slot 0 of page 0 (DA_BULK: kv + h*16*512)
+    const char* kvh;      // kv + h*16*512: this kv head's row of token slot 0 of page 0
     const int* bt;        // this sequence's block-table row
     int64_t page_bytes;
-    int tok_bytes;        // NKV*512 (DA_BULK: 512)
+    int tok_bytes;        // 512: a token slot's row
     int L;                // keys
     int npages;
     float scale;          // sm_scale * log2(e)
@@ -362,10 +357,8 @@ struct Inject {
     uint4 val;
 };
 
-// Page k of a warp's list -> slot k % SLOTS of its ring: the 16 tokens' k|v rows (512 bytes each; lane i copies
-// bytes 16i..16i+15 of every row) with 16-byte cp.async (L2 only); the rows of tokens past L are zero-filled (never
-// read).  One commit group per call, also past the last page (empty), so that the page loop's waits are uniform.
-// DA_BULK: one bulk copy of the page's valid rows by lane 0, counted on the slot's mbarrier (no commit groups).
+// Page k of a warp's list -> slot k % SLOTS of its ring: one bulk copy of the page's valid rows (512 bytes each) by
+// lane 0, counted on the slot's mbarrier; the rows of tokens past L are zero-filled by the warp (never read).
 // bt_reg: lane i holds the block-table entry of page k0 + i of the list, k0 = 32*floor(k/32) (refilled at k = 32,
 // 64, ...; calls come in increasing k).
 template <int SLOTS>
@@ -379,7 +372,6 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
         }
         const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
-#ifdef DA_BULK
         // one bulk copy of the page's valid rows (8 KB for a full page); the rows past L are zeroed by the warp
         // (their v is multiplied by p = 0: stale bytes could be NaN)
         const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
@@ -397,20 +389,6 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
                       bars + uint32_t(k % SLOTS) * 8);
         }
     }
-#else
-        const char* src = geo.kvh + int64_t(phys) * geo.page_bytes + lane * 16;  // token 0 of the page
-        const uint32_t dst = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES + lane * 16;
-        if (valid == DA_PAGE) {  // a full page (all but maybe the last): no predicates
-#pragma unroll
-            for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes) cp_async16(dst + t * DA_ROW, src, 16u);
-        } else {
-#pragma unroll
-            for (int t = 0; t < DA_PAGE; ++t, src += geo.tok_bytes)
-                cp_async16(dst + t * DA_ROW, src, t < valid ? 16u : 0u);
-        }
-    }
-    cp_async_commit();
-#endif
 }
 
 // The warp issues its first min(PRE, SLOTS) pages (PRE: DA_PRE_PAGES; rope-cluster form: DA_ROPE_PRE_PAGES), calls
@@ -437,7 +415,6 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     // this lane's reads inside a slot: k of token 8*jt + pi(g), 16-byte chunk 4*kp + tig (+ jt*8 rows,
     // + kp*64 bytes); v rows for ldmatrix: lane r of matrix mi gives token (mi&1)*8 + pi(r), chunk 2*n2 + mi/2
     const int mi = lane >> 3;
-#ifdef DA_BULK
     // swizzled rows: logical chunk c of token t at chunk c ^ (t & 7). K: token 8*jt + sp (sp = pi(g)), chunk 4*kp +
     // tig -> 4*(kp ^ (sp >> 2)) + (tig ^ (sp & 3)): kp even at k_e + 64*kp, odd at k_o + 64*kp. V: token (mi&1)*8 + sv
     // (sv = pi(lane&7)), chunk 16 + 2*n2 + (mi>>1) -> 16 + 2*(n2 ^ (sv >> 1)) + ((mi>>1) ^ (sv & 1)): n2 at
@@ -457,10 +434,6 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncwarp();
-#else
-    const uint32_t k_off = uint32_t(tok_perm(g) * DA_ROW + tig * 16);
-    const uint32_t v_off = uint32_t((((mi & 1) << 3) + tok_perm(lane & 7)) * DA_ROW + 256 + (mi >> 1) * 16);
-#endif
 
 #pragma unroll
     for (int k = 0; k < (PRE < SLOTS ? PRE : SLOTS); ++k)
@@ -481,13 +454,8 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     // operations compile to other instructions, and the default cubins are pinned (examples/*.json).
     const auto page_step = [&](int k, auto n) {
         constexpr int N = decltype(n)::value;
-#ifdef DA_BULK
 #pragma unroll
         for (int i = 0; i < N; ++i) mbar_wait(bars + uint32_t((k + i) % SLOTS) * 8, uint32_t((k + i) / SLOTS) & 1u);
-#else
-        cp_async_wait<SLOTS - N>();  // SLOTS + k groups committed: pages k .. k+N-1 are complete
-        __syncwarp();
-#endif
         if (k == 0) DA_STAMP(3, k);
         uint32_t base[N];
         int valid[N];
@@ -498,9 +466,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
             if (INJECT && k + i == inj.page) {  // warp-uniform
                 asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(base[i] + uint32_t(inj.row * DA_ROW + lane * 16)),
                              "r"(inj.val.x), "r"(inj.val.y), "r"(inj.val.z), "r"(inj.val.w) : "memory");
-#ifdef DA_BULK
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
                 __syncwarp();
             }
         }
@@ -512,11 +478,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
                 float e[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int kp = 0; kp < 4; ++kp) {
-#ifdef DA_BULK
                     const uint4 k4 = lds128(base[i] + ((kp & 1) ? k_o : k_e) + jt * 8 * DA_ROW + kp * 64);
-#else
-                    const uint4 k4 = lds128(base[i] + k_off + jt * 8 * DA_ROW + kp * 64);
-#endif
                     mma16(e, qa[kp][0], qa[kp][1], k4.x, k4.y);
                     mma16(o, qa[kp][2], qa[kp][3], k4.z, k4.w);
                 }
@@ -555,11 +517,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 #pragma unroll
             for (int n2 = 0; n2 < 8; ++n2) {
                 uint32_t b[4];
-#ifdef DA_BULK
                 ldsm_x4_trans(b, base[i] + v_r[n2 & 3] + (n2 & 4) * 32);
-#else
-                ldsm_x4_trans(b, base[i] + v_off + n2 * 32);
-#endif
                 mma16(acc[2 * n2], pa0[i], pa2[i], b[0], b[1]);
                 mma16(acc[2 * n2 + 1], pa0[i], pa2[i], b[2], b[3]);
             }
@@ -572,24 +530,17 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     int k = 0;
     for (; k + 1 < count; k += 2) page_step(k, std::integral_constant<int, 2>{});
     if (k < count) page_step(k, std::integral_constant<int, 1>{});
-    cp_async_wait<0>();  // (only empty groups are left)
+    cp_async_wait<0>();  // a no-op (pages come by bulk copy), kept: the cubin is the one measured (NOTES.md 59)
 #else
     for (int k = 0; k < count; ++k) {
-#ifdef DA_BULK
         mbar_wait(bars + uint32_t(k % SLOTS) * 8, uint32_t(k / SLOTS) & 1u);  // page k's bytes have landed
-#else
-        cp_async_wait<SLOTS - 1>();  // SLOTS + k groups committed: page k's is complete
-        __syncwarp();                 // ... for every lane's copies
-#endif
         if (k == 0) DA_STAMP(3, k);
         const uint32_t base = ring + uint32_t(k % SLOTS) * DA_SLOT_BYTES;
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
         if (INJECT && k == inj.page) {  // warp-uniform
             asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(base + uint32_t(inj.row * DA_ROW + lane * 16)),
                          "r"(inj.val.x), "r"(inj.val.y), "r"(inj.val.z), "r"(inj.val.w) : "memory");
-#ifdef DA_BULK
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before a later bulk copy into the slot
-#endif
             __syncwarp();
         }
 
@@ -606,11 +557,7 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
             float e[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int kp = 0; kp < 4; ++kp) {
-#ifdef DA_BULK
                 const uint4 k4 = lds128(base + ((kp & 1) ? k_o : k_e) + jt * 8 * DA_ROW + kp * 64);
-#else
-                const uint4 k4 = lds128(base + k_off + jt * 8 * DA_ROW + kp * 64);
-#endif
                 mma16(e, qa[kp][0], qa[kp][1], k4.x, k4.y);
                 mma16(o, qa[kp][2], qa[kp][3], k4.z, k4.w);
             }
@@ -640,18 +587,14 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
 #pragma unroll
         for (int n2 = 0; n2 < 8; ++n2) {
             uint32_t b[4];
-#ifdef DA_BULK
             ldsm_x4_trans(b, base + v_r[n2 & 3] + (n2 & 4) * 32);
-#else
-            ldsm_x4_trans(b, base + v_off + n2 * 32);
-#endif
             mma16(acc[2 * n2], pa0, pa2, b[0], b[1]);
             mma16(acc[2 * n2 + 1], pa0, pa2, b[2], b[3]);
         }
         __syncwarp();  // every lane is done with the slot before it is refilled
         issue_page<SLOTS>(geo, first, step, count, bt_reg, ring, bars, k + SLOTS);
     }
-    cp_async_wait<0>();  // (only empty groups are left)
+    cp_async_wait<0>();  // a no-op (pages come by bulk copy), kept: the cubin is the one measured (NOTES.md 59)
 #endif
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -668,7 +611,7 @@ __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int
                                            const AfterIssue& after_issue = AfterIssue{}) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int count = geo.npages > gw ? (geo.npages - gw - 1) / step + 1 : 0;
-    // smem: the rings (the merge area overlays them); DA_BULK: the warps' mbarriers in the DA_BAR_BYTES before it
+    // smem: the warps' mbarriers (DA_BAR_BYTES), then the rings (the merge area overlays them)
     const uint32_t ring = uint32_t(__cvta_generic_to_shared(smem)) + uint32_t(warp * SLOTS * DA_SLOT_BYTES);
     const uint32_t bars = uint32_t(__cvta_generic_to_shared(smem)) - DA_BAR_BYTES + uint32_t(warp * 8 * 8);
     float m, l, acc[16][4];
@@ -738,13 +681,8 @@ __device__ __forceinline__ int load_bt(const int* bt_row, int bt_stride, int gw,
 __device__ __forceinline__ Geo make_geo(const char* kv, const int* block_table, int64_t b, int bt_stride, int h,
                                         int num_kv_heads, int page_bytes, int L, float sm_scale) {
     Geo geo;
-#ifdef DA_BULK
     geo.kvh = kv + h * (DA_PAGE * 512);
     geo.tok_bytes = 512;
-#else
-    geo.kvh = kv + h * 512;
-    geo.tok_bytes = num_kv_heads * 512;
-#endif
     geo.bt = block_table + b * bt_stride;
     geo.page_bytes = page_bytes;
     geo.L = L;
@@ -758,7 +696,7 @@ decode_attention_split(const bf16* __restrict__ q, const char* __restrict__ kv, 
                        const int* __restrict__ seq_lens, float* __restrict__ part_acc, float* __restrict__ part_ml,
                        int num_q_heads, int num_kv_heads, int q_stride, int bt_stride, int page_bytes, float sm_scale) {
     extern __shared__ __align__(128) float smem_all[];
-    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     const int h = blockIdx.x, s = blockIdx.y, S = gridDim.y;
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
@@ -950,7 +888,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
                          const int* __restrict__ seq_lens, bf16* __restrict__ out, int num_q_heads, int num_kv_heads,
                          int q_stride, int bt_stride, int page_bytes, float sm_scale) {
     extern __shared__ __align__(128) float smem_all[];
-    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     cg::cluster_group cluster = cg::this_cluster();
     cluster_entry(num_q_heads, num_kv_heads);
     DA_STAMP(0, 0);
@@ -1115,7 +1053,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
                               bf16* __restrict__ out, int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
                               int page_bytes, float sm_scale, float eps) {
     extern __shared__ __align__(128) float smem_all[];
-    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings (DA_BULK: after the mbarriers)
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     cg::cluster_group cluster = cg::this_cluster();
     cluster_entry(num_q_heads, num_kv_heads);
     const int h = blockIdx.x, s = int(cluster.block_rank());
@@ -1152,7 +1090,6 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         if (mine) {
             inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
                          kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
-#ifdef DA_BULK
             // lane i stores physical chunk i of the swizzled row: logical chunk i ^ (row & 7)
             const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
             inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),
@@ -1160,12 +1097,6 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
             if (slot >= 0)
                 *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) + h * (DA_PAGE * 512) +
                                           (slot % DA_PAGE) * 512 + lane * 16) = inj.val;
-#else
-            if (slot >= 0)
-                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) +
-                                          (slot % DA_PAGE) * int64_t(num_kv_heads * 512) + h * 512 + lane * 16) =
-                    inj.val;
-#endif
         }
     };
     float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];

@@ -294,10 +294,14 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
         if (mine) {
             inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
                          kv_row_rope<LoadShared>(qkv_s, 0, 0, G, 1, 0, kw, c, sn, eps)};
+            // the head-major layout, as decode_attention_rope_cluster: lane i stores physical chunk i of the
+            // swizzled row, logical chunk i ^ (row & 7)
+            const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
+            inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),
+                                 __shfl_sync(0xffffffffu, inj.val.z, sw), __shfl_sync(0xffffffffu, inj.val.w, sw));
             if (slot >= 0)
-                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) +
-                                          (slot % DA_PAGE) * int64_t(num_kv_heads * 512) + h * 512 + lane * 16) =
-                    inj.val;
+                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) + h * (DA_PAGE * 512) +
+                                          (slot % DA_PAGE) * 512 + lane * 16) = inj.val;
         }
         DA_TRIGGER_AT_POINT(1);
     };
