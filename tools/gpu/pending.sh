@@ -91,6 +91,9 @@ OUT=${OUT:-.gpu/out}
 mkdir -p "$OUT"
 export PYTHONPATH=packages/kern-schema/src:packages/kern-verify/src:packages/kern-driver/src:packages/kern-capture/src:packages/kern-mine/src:packages/kern-run/src:tools${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
+# the measured commit for the benches' headers (benchinfo.commit): the GPU machine's copy of .git can be older than
+# the tree it runs; write `git rev-parse --short HEAD > .gpu/commit` before a device call
+[ -z "${KERN_COMMIT:-}" ] && [ -f .gpu/commit ] && export KERN_COMMIT=$(cat .gpu/commit)
 W=$PWD/.gpu/e2e
 P=$PWD/.gpu/e2e-pdl
 F=$PWD/.gpu/e2e-pdl-fused
