@@ -1,5 +1,5 @@
-"""The kernel index against its cubins, for the build tests (test_kernels_build.py, test_gemv_l2_prefetch_build.py,
-test_kv_layout_build.py): what build_kernels.py writes into index.json must be what each cubin's own ELF says."""
+"""The kernel index against its cubins, for the build tests (test_kernels_build.py, test_gemv_l2_prefetch_build.py):
+what build_kernels.py writes into index.json must be what each cubin's own ELF says."""
 
 from __future__ import annotations
 

@@ -318,9 +318,9 @@ def gemv_ksplit(warps: int, k: int, *, after_attention: bool = False) -> int:
     NOTES.md 32): o at ksplit 2 2.481 ms/token against 2.535–2.536 at 1 in two alternating rounds
     (down at 2 or 4: 2.62–2.63; qkv at 2: 2.62–2.63; gate_up at 2: 2.58), while in the GEMV chain, where
     o follows the qkv GEMV, 1 was the faster. The attention's 64 CTAs held 137 KB of shared memory on
-    their SMs (70.5 KB since session 19), so o's blocks cannot fill the GPU evenly when they launch; twice as many blocks of half
-    the work each balance it (a reading of the result, not measured separately). Measured with the
-    PDL manifests only; `--no-pdl` manifests get the same split, unmeasured.
+    their SMs (70.5 KB in sessions 19–20, 68.75 KB since 21), so o's blocks cannot fill the GPU evenly when they
+    launch; twice as many blocks of half the work each balance it (a reading of the result, not measured
+    separately). Measured with the PDL manifests only; `--no-pdl` manifests get the same split, unmeasured.
 
     Raises:
         GenError: `warps` or `k` not positive.

@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = ["ConfigError", "Qwen3Config", "PRESETS", "preset_hf_config", "load_config", "KV_PAGE_TOKENS"]
 
-#: Tokens per KV page (tools/README.md: `[page][layer][16 tokens][NKV][k|v][D]`).
+#: Tokens per KV page (tools/README.md "KV layout": `[page][layer][NKV][16 tokens][k|v][D]`, rows swizzled).
 KV_PAGE_TOKENS = 16
 
 BF16_BYTES = 2

@@ -81,10 +81,11 @@
 #   kv-switch   (written in session 21, NOTES.md 59) the head-major KV layout as the only one, on the committed tree:
 #               prepare (both manifests == examples: the new pinned cubins), then every GPU test (tests-integration/gpu
 #               but the e2e test, and kern-driver's) on its kernels dir; $OUT/kv-switch.tgz. About 7 minutes
-#               on a fresh machine.
+#               on a fresh machine. (Ran in session 21, call 3: 788 passed; BENCHMARKS.md "Session 21, calls 3–4".)
 #   kv-switch-e2e  after kv-switch on the same machine (/tmp/kern-e2e): the transformers equivalence (0.6B, 4B),
 #               bench_decode 4B and 0.6B at 128 cached tokens and 4B at 4,096, and bench_kernels (every provider
-#               kernel, issue 4's table, on the one layout); $OUT/kv-switch-e2e.tgz. About 6 minutes.
+#               kernel, issue 4's table, on the one layout); $OUT/kv-switch-e2e.tgz. About 6 minutes. (Ran in
+#               session 21, call 4: 24 passed, 4B 2.416 ms/token; BENCHMARKS.md "Session 21, calls 3–4".)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}

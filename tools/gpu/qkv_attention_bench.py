@@ -11,8 +11,8 @@ Each --cubin: a -DKERN_PDL qkv_attention.cu build, its slot count and bytes as b
 (default 4 and 20480) and THREADS 128, or 256 for a -DDA_WARPS=8 -DDA_ROPE_SLOTS=1 build (the launch's dynamic shared
 memory starts with the attention's, rope_smem: 70,400 bytes for the default 4 warps' 2-page rings, 70,656 for that
 8-warp build's 1-page rings, both with the slots' mbarriers and 512-byte rows of the head-major KV layout; a build
-that needs more traps). Per context: µs per layer of the pair and of each build, median of the replays (each replay: 36 layers
-over 36 distinct weight sets and KV layers, x shared), and the floor (the layer's qkv weight + K|V bytes at 4.25
+that needs more traps). Per context: µs per layer of the pair and of each build, median of the replays (each replay:
+36 layers over 36 distinct weight sets and KV layers, x shared), and the floor (the layer's qkv weight + K|V bytes at 4.25
 TB/s). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
 """
 
@@ -31,6 +31,8 @@ for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integrat
 
 NQ, NKV, D, K, LAYERS, EPS = 32, 8, 128, 2560, 36, 1e-6
 N = (NQ + 2 * NKV) * D
+
+
 def rope_smem(threads: int) -> int:
     """decode_attention_rope_cluster's dynamic shared memory (decode_attention.cu DA_ROPE_SMEM) in a -DKERN_PDL
     qkv_attention.cu build of `threads` (128 or 256), where qkv_attention.cu's own layout starts (QA_BARS_OFF): the

@@ -180,10 +180,10 @@ def _attention_kernels() -> list[Kernel]:
             grid="(tokens, NKV, 1): one program per (token, kv head)",
             doc="Fused attention prologue. qkv: bf16 [tokens, (NQ+2*NKV)*128] (q|k|v heads); q heads are "
                 "replaced IN PLACE by rope(rmsnorm(q)*q_norm_w); k := rope(rmsnorm(k)*k_norm_w) and v are "
-                "written to the paged KV (head-major layout, tools/README.md; kv = state + layer*65536, page_bytes = L*65536) at slot_mapping[t] "
-                "(slot < 0: skipped); the k/v columns of qkv are not modified. positions, slot_mapping: i64 "
-                "[tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 [max_pos, 128] (cos then sin); "
-                "eps = rms_norm_eps. Neox rotary over the full head_dim. NQ/NKV <= 16.",
+                "written to the paged KV (head-major layout, tools/README.md; kv = state + layer*65536, "
+                "page_bytes = L*65536) at slot_mapping[t] (slot < 0: skipped); the k/v columns of qkv are not "
+                "modified. positions, slot_mapping: i64 [tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 "
+                "[max_pos, 128] (cos then sin); eps = rms_norm_eps. Neox rotary over the full head_dim. NQ/NKV <= 16.",
             constexprs={"D": D_HEAD, "BLOCK_G": 16}, num_warps=4,
         ),
         Kernel(
@@ -296,9 +296,9 @@ def _decode_attention_cuda_kernels() -> list[Kernel]:
             params=head + (P("part_acc", "out buffer<f32>", True), P("part_ml", "out buffer<f32>", True)) + ATTN_TAIL,
             grid="(NKV, S, seqs), S = the split stride of the scratch (1..64; 32 recommended)",
             doc="Decode attention, split-KV stage (CUDA C, flash decoding: one CTA per (kv head, split) for the whole "
-                "GQA group, K and V read once, a ring of pages by bulk copy, mma.sync). " + split_doc + " Writes, for the ns "
-                "splits only, paged_decode_attention's scratch layout: part_acc f32 [seqs, NQ, S, 128] (sum p v), "
-                "part_ml f32 [seqs, NQ, S, 2] (running max in log2 units, sum p). " + DA_DOC_COMMON,
+                "GQA group, K and V read once, a ring of pages by bulk copy, mma.sync). " + split_doc + " Writes, for "
+                "the ns splits only, paged_decode_attention's scratch layout: part_acc f32 [seqs, NQ, S, 128] "
+                "(sum p v), part_ml f32 [seqs, NQ, S, 2] (running max in log2 units, sum p). " + DA_DOC_COMMON,
             constexprs={**cx, "SLOTS": DA_SPLIT_SLOTS},
         ),
         Kernel(

@@ -185,10 +185,11 @@ __shared__ __align__(8) unsigned long long da_recv_bar;
 #define DA_CLUSTER_SLOTS 4
 #endif
 // The rope-cluster form's ring: DA_CLUSTER_SLOTS pages per warp, except in the PDL module (the decode program's form),
-// where it is 2 (DA_ROPE_SMEM, 70.5 KB): with its launch's carveout 0 the driver gives its SMs the 100 KB shared-memory
-// configuration instead of the 164 KB that 4 slots need, and the GEMV blocks that run beside and after it there keep
-// 156 KB of L1 instead of 92 (H200, session 19, NOTES.md 55: 4B decode -0.028 ms/token at 128 cached tokens, -0.016
-// at 4,096; without the carveout the driver picks 228 KB to fit three 70 KB CTAs per SM, +0.13).
+// where it is 2 (DA_ROPE_SMEM, 68.75 KB; 70.5 KB with the padded rows of sessions 19-20): with its launch's carveout 0
+// the driver gives its SMs the 100 KB shared-memory configuration instead of the 164 KB that 4 slots need, and the
+// GEMV blocks that run beside and after it there keep 156 KB of L1 instead of 92 (H200, session 19, NOTES.md 55: 4B
+// decode -0.028 ms/token at 128 cached tokens, -0.016 at 4,096; without the carveout the driver picks 228 KB to fit
+// three 70 KB CTAs per SM, +0.13).
 #ifndef DA_ROPE_SLOTS
 #ifdef KERN_PDL
 #define DA_ROPE_SLOTS 2
@@ -678,6 +679,9 @@ __device__ __forceinline__ int load_bt(const int* bt_row, int bt_stride, int gw,
     return j < bt_stride ? __ldg(bt_row + j) : 0;
 }
 
+// num_kv_heads: unused since the head-major layout became the only one (session 21: where a kv head's rows lie no
+// longer depends on the head count), as Geo::tok_bytes is always DA_ROW; both left as they are (removing them is a
+// change of the code, to be re-pinned and re-checked on the H200, not a cleanup of comments).
 __device__ __forceinline__ Geo make_geo(const char* kv, const int* block_table, int64_t b, int bt_stride, int h,
                                         int num_kv_heads, int page_bytes, int L, float sm_scale) {
     Geo geo;
