@@ -55,3 +55,17 @@ def test_out_under_or_at_a_file(no_build, tmp_path, capsys):
 def test_jobs_must_be_positive(no_build, tmp_path, capsys, value, says):
     line = _error(capsys, ["--out", str(tmp_path / "k"), "-j", value])
     assert line.startswith("build_kernels.py: error: argument -j/--jobs: ") and says in line
+
+
+@pytest.mark.parametrize("value", ["head-major", "token-major"])
+def test_kv_layout_is_refused_by_name(no_build, tmp_path, capsys, value):
+    """--kv-layout (an opt-in of session 20, removed when head-major became the only layout) says why, not argparse's
+    "unrecognized arguments"; --help does not list it."""
+    out = tmp_path / "k"
+    line = _error(capsys, ["--out", str(out), "--kv-layout", value])
+    assert line == (f"build_kernels.py: error: --kv-layout {value}: removed; every kernel is built for the one KV "
+                    'layout, head-major (tools/README.md, "KV layout"): drop the option')
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        build_kernels.main(["--help"])
+    assert "--kv-layout" not in capsys.readouterr().out

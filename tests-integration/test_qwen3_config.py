@@ -93,3 +93,17 @@ def test_rms_norm_eps_must_be_positive_and_finite(eps):
     sqrt(mean(x^2) + eps))."""
     msg = _refused(_set("rms_norm_eps", eps))
     assert msg.startswith("config.json: field `rms_norm_eps` = ") and "must be a positive finite number" in msg
+
+
+def test_missing_model_type_is_named():
+    """A Qwen3ForCausalLM config without `model_type` names the missing field (it said "unsupported architecture
+    (model_type=None, architectures=['Qwen3ForCausalLM'])", which contradicts itself); another architecture is still
+    refused as unsupported."""
+    cfg = preset_hf_config("0.6b")
+    del cfg["model_type"]
+    with pytest.raises(ConfigError) as exc:
+        Qwen3Config.from_hf(cfg, name="x")
+    assert str(exc.value) == 'config.json: missing field `model_type` (a Qwen3ForCausalLM config has "model_type": "qwen3")'
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    with pytest.raises(ConfigError, match="unsupported architecture"):
+        Qwen3Config.from_hf(cfg, name="x")

@@ -259,7 +259,12 @@ def main(argv=None) -> int:
                     help="also build the L2-prefetch forms of the m1 decode GEMVs (kern_gemv*_m1_pf in gemv_pf.cubin: "
                          "two extra params pf_ptr, pf_bytes; for tools/bench_pdl.py --l2-prefetch)")
     ap.add_argument("-q", "--quiet", action="store_true")
+    # removed in session 21 (NOTES.md 59): refused by name, so that a command from older notes says why
+    ap.add_argument("--kv-layout", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.kv_layout is not None:
+        ap.error(f"--kv-layout {a.kv_layout}: removed; every kernel is built for the one KV layout, head-major "
+                 "(tools/README.md, \"KV layout\"): drop the option")
     for spec in a.geometry or DEFAULT_GEOMETRIES:  # before anything is compiled or written
         try:
             load_geometry(spec)

@@ -177,6 +177,9 @@ class Qwen3Config:
             return _check_type(where, key, cfg[key], typ)
 
         archs = cfg.get("architectures") or []
+        if "model_type" not in cfg and "Qwen3ForCausalLM" in archs:
+            raise ConfigError(f"{where}: missing field `model_type` (a Qwen3ForCausalLM config has "
+                              f"\"model_type\": \"qwen3\")")
         if cfg.get("model_type") != "qwen3" or "Qwen3ForCausalLM" not in archs:
             raise ConfigError(
                 f"{where}: unsupported architecture (model_type={cfg.get('model_type')!r}, "

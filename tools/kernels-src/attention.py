@@ -7,7 +7,7 @@ layer's part head-major, ``[page][layer][NKV][16 tokens][k|v][D]``.  A kernel ge
 Within a page, kv head ``h``'s 16-token slice is 16 * 2*D elements (8 KB) contiguous, one
 512-byte k|v row per token, and token slot ``s``'s row is swizzled: its logical 16-byte
 chunk ``c`` (8 elements; k chunks 0..15, v chunks 16..31) sits at chunk ``c ^ (s % 8)``
-(decode_attention.cu -DDA_BULK copies a page slice with one bulk copy and reads it from
+(decode_attention.cu copies a page slice with one bulk copy and reads it from
 shared memory free of bank conflicts without padding).  So element ``d`` of slot ``s``'s
 k for kv head ``h`` is at element offset
 ``(s // 16) * page_elems + h*16*2*D + (s % 16)*2*D + (d ^ ((s % 8) * 8))``,

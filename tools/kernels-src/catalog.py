@@ -180,8 +180,9 @@ def _attention_kernels() -> list[Kernel]:
             grid="(tokens, NKV, 1): one program per (token, kv head)",
             doc="Fused attention prologue. qkv: bf16 [tokens, (NQ+2*NKV)*128] (q|k|v heads); q heads are "
                 "replaced IN PLACE by rope(rmsnorm(q)*q_norm_w); k := rope(rmsnorm(k)*k_norm_w) and v are "
-                "written to the paged KV (head-major layout, tools/README.md; kv = state + layer*65536, "
-                "page_bytes = L*65536) at slot_mapping[t] (slot < 0: skipped); the k/v columns of qkv are not "
+                "written to the paged KV (head-major layout, tools/README.md; kv = state + layer*NKV*8192, "
+                "65,536 for 8 kv heads; page_bytes = L*NKV*8192) at slot_mapping[t] (slot < 0: skipped); the k/v "
+                "columns of qkv are not "
                 "modified. positions, slot_mapping: i64 [tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 "
                 "[max_pos, 128] (cos then sin); eps = rms_norm_eps. Neox rotary over the full head_dim. NQ/NKV <= 16.",
             constexprs={"D": D_HEAD, "BLOCK_G": 16}, num_warps=4,
@@ -194,7 +195,8 @@ def _attention_kernels() -> list[Kernel]:
             grid="(NKV, S, seqs), S = number of KV splits (1..64; 32 recommended): >= 132 CTAs",
             doc="Decode attention stage 1 (one query token per sequence, GQA, split-KV). q: bf16, head j of "
                 "sequence b at q + b*q_stride + j*128 (q_stride = (NQ+2*NKV)*128 when q is the qkv buffer); "
-                "kv = state + layer*65536; block_table: i32 [seqs, bt_stride] page ids; seq_lens: i32 [seqs] "
+                "kv = state + layer*NKV*8192 (65,536 for 8 kv heads; the head-major layout of tools/README.md); "
+                "block_table: i32 [seqs, bt_stride] page ids; seq_lens: i32 [seqs] "
                 "(>= 1, keys 0..L-1 incl. the current token). Writes impl scratch part_acc: f32 "
                 "[seqs, NQ, S, 128] and part_ml: f32 [seqs, NQ, S, 2] (running max in log2 units, sum). "
                 "sm_scale = 1/sqrt(128).",
@@ -272,9 +274,10 @@ DECODE_ATTENTION_CLUSTER = "decode_attention_cluster"
 #: The cluster form with qk_norm_rope_kv's decode work fused in (gen_qwen3.py --decode-attention rope-cluster).
 DECODE_ATTENTION_ROPE_CLUSTER = "decode_attention_rope_cluster"
 DA_DOC_COMMON = ("q: bf16, head j of sequence b at q + b*q_stride + j*128 (q_stride = (NQ+2*NKV)*128 when q is the qkv "
-                 "buffer; a multiple of 16); kv = state + layer*65536 (16-byte aligned; page_bytes = L*65536, a multiple "
-                 "of 512); block_table: i32 [seqs, bt_stride] page ids; seq_lens: i32 [seqs] (>= 1, keys 0..L-1 incl. "
-                 "the current token). G = NQ/NKV q heads per kv head, 1 <= G <= 8 (MAX_G). sm_scale = 1/sqrt(128). "
+                 "buffer; a multiple of 16); kv = state + layer*NKV*8192 (the head-major layout of tools/README.md; "
+                 "16-byte aligned; page_bytes = L*NKV*8192, a multiple of 512); block_table: i32 [seqs, bt_stride] "
+                 "page ids; seq_lens: i32 [seqs] (>= 1, keys 0..L-1 incl. the current token). G = NQ/NKV q heads "
+                 "per kv head, 1 <= G <= 8 (MAX_G). sm_scale = 1/sqrt(128). "
                  "fp32 accumulation and softmax (base 2), P rounded to bf16 for the PV product (tensor cores), one "
                  "rounding of the output.")
 
