@@ -430,3 +430,32 @@ def test_no_program_message_and_hint():
     (x,) = [y for y in check(d) if y.code == "E0075"]
     assert x.message == "program `decode` has no calls: running it would do nothing"
     assert x.hint == "add its calls, or remove `decode` from `programs`"
+
+
+@pytest.mark.parametrize("doc, keys", [
+    ({"format": 1, "target": "sm_90", "kernels": {"k": {"module": "k.cubin"}}}, "`format`, `target`, `kernels`"),
+    ({}, None),
+])
+def test_not_a_manifest_is_one_error(doc, keys):
+    """Another tool's JSON object (e.g. a kernels directory's index.json) passed as the manifest: one E0003 that says
+    it is not a manifest and where the kernels go, not one E0003 per missing field and one E0004 per key."""
+    import json
+
+    from kern_verify import verify_text
+
+    (x,) = verify_text(json.dumps(doc))
+    assert x.code == "E0003" and x.severity == "error" and x.location == "$"
+    assert x.message.startswith("not a kern manifest: it has none of a manifest's top-level fields (schema_version, ")
+    assert (f"; its keys are {keys}" in x.message) if keys else "its keys" not in x.message
+    assert "--kernels DIR" in x.hint
+
+
+def test_a_manifest_missing_fields_keeps_one_error_per_field():
+    """With one manifest field present, each missing field is still its own E0003 (the fold is for non-manifests)."""
+    import json
+
+    from kern_verify import verify_text
+
+    diags = verify_text(json.dumps({"schema_version": 4, "format": 1}))
+    assert sorted(x.code for x in diags) == ["E0003"] * 7 + ["E0004"]
+    assert not any("not a kern manifest" in x.message for x in diags)

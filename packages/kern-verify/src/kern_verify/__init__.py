@@ -13,7 +13,7 @@ from .externs import EXTERNS, Extern
 from .plan import Plan, PlanBuffer, PlanError, PlanScratch, PlanState, plan
 from .verify import verify, verify_path, verify_text
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__ = [
     "CODES", "Code", "explain",

@@ -48,7 +48,9 @@ _CODES: list[Code] = [
          '"buffers": {"x": {...}, "x": {...}}'),
     Code("E0003", "error", "missing field",
          "A required field is absent (e.g. a buffer without `dtype`, a manifest without `programs`). "
-         "All top-level keys are required: schema_version, model, vars, states, buffers, modules, ops, programs.",
+         "All top-level keys are required: schema_version, model, vars, states, buffers, modules, ops, programs. "
+         "A JSON object with none of them (another tool's JSON, such as a kernels directory's index.json, passed as "
+         "the manifest) is one E0003 that says so, not one per missing field and one E0004 per key.",
          '"buffers": {"x": {"shape": [4], "class": "workspace"}}    // no dtype'),
     Code("E0004", "error", "unknown field",
          "A field that the schema does not define. Unknown fields are refused everywhere so that a "

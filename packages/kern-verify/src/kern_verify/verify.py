@@ -9,6 +9,7 @@ into the first of them (`Diagnostic.folded`, and a note naming the other sites).
 
 from __future__ import annotations
 
+import json
 import os
 import traceback
 
@@ -94,7 +95,7 @@ def verify_text(text: str | bytes, *, kernels_dir: str | os.PathLike[str] | None
     try:
         manifest = decode(text)
     except ManifestDecodeError as e:
-        return _sorted([_from_issue(i) for i in e.issues])
+        return _not_a_manifest(text, e.issues) or _sorted([_from_issue(i) for i in e.issues])
     except RecursionError:
         return [Diagnostic("E0001", "error", (), "JSON nested too deeply", _DECODE_HINTS["E0001"])]
     except Exception as e:  # pragma: no cover - kern-schema should only raise ManifestDecodeError
@@ -112,6 +113,31 @@ def verify_path(path: str | os.PathLike[str], *, kernels_dir: str | os.PathLike[
     with open(path, "rb") as f:
         data = f.read()
     return verify_text(data, kernels_dir=kernels_dir)
+
+
+#: A manifest's top-level fields (kern_schema.Manifest; all required).
+_TOP_LEVEL = tuple(Manifest.__struct_fields__)
+
+
+def _not_a_manifest(text: str, issues: list[DecodeIssue]) -> list[Diagnostic]:
+    """One E0003 for a JSON object that has none of a manifest's top-level fields (another tool's JSON, such as a
+    kernels directory's index, passed by mistake), instead of one E0003 per missing field and one E0004 per key it
+    has. Empty when the text has at least one manifest field, or when any issue is below the top level."""
+    top = {"missing_field": 0, "unknown_field": 1}  # the path's length of a top-level issue of that kind
+    if any(top.get(i.kind) != len(i.path) for i in issues):
+        return []
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(doc, dict) or any(k in doc for k in _TOP_LEVEL):
+        return []
+    keys = ", ".join(f"`{k}`" for k in list(doc)[:8]) + (", ..." if len(doc) > 8 else "")
+    return [Diagnostic("E0003", "error", (),
+                       f"not a kern manifest: it has none of a manifest's top-level fields ({', '.join(_TOP_LEVEL)})"
+                       + (f"; its keys are {keys}" if doc else ""),
+                       "pass the manifest's JSON file; a kernels directory (the cubins a manifest pins) goes to "
+                       "`--kernels DIR`")]
 
 
 def _source_map(text: str | bytes) -> SourceMap | None:
