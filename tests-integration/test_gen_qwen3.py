@@ -1172,3 +1172,13 @@ def test_decode_attention_impls_verify_with_kernels(preset: str, built_kernels: 
                          "--decode-attention", impl]) == 0
         diags = kern_verify.verify_path(out, kernels_dir=built_kernels)
         assert diags == [], f"{impl}: " + "\n".join(map(str, diags))
+
+
+def test_cli_unknown_preset_is_a_usage_error(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    """An unknown --preset exits 2 like build_kernels.py's --geometry (it exited 1), lists the presets and says what
+    serves another geometry."""
+    line = _cli_error(capsys, ["--preset", "7b", "--kernels", str(fake_kernels), "--out", str(tmp_path / "m.json")],
+                      code=2)
+    assert line.endswith(": error: --preset: unknown preset '7b'; known: 0.6b, 1.7b, 4b, 8b, 14b, 32b (another "
+                         "Qwen3 geometry: --config with its HF config.json)")  # after argparse's prog
+    assert not (tmp_path / "m.json").exists()
