@@ -340,7 +340,6 @@ struct Geo {
     const char* kvh;      // kv + h*16*512: this kv head's row of token slot 0 of page 0
     const int* bt;        // this sequence's block-table row
     int64_t page_bytes;
-    int tok_bytes;        // 512: a token slot's row
     int L;                // keys
     int npages;
     float scale;          // sm_scale * log2(e)
@@ -679,14 +678,12 @@ __device__ __forceinline__ int load_bt(const int* bt_row, int bt_stride, int gw,
     return j < bt_stride ? __ldg(bt_row + j) : 0;
 }
 
-// num_kv_heads: unused since the head-major layout became the only one (session 21: where a kv head's rows lie no
-// longer depends on the head count), as Geo::tok_bytes is always DA_ROW; both left as they are (removing them is a
-// change of the code, to be re-pinned and re-checked on the H200, not a cleanup of comments).
+// Where kv head h's rows lie does not depend on the head count (the head-major layout): a page's 16 rows of h at
+// kv + page*page_bytes + h*16*512, each DA_ROW (512) bytes.
 __device__ __forceinline__ Geo make_geo(const char* kv, const int* block_table, int64_t b, int bt_stride, int h,
-                                        int num_kv_heads, int page_bytes, int L, float sm_scale) {
+                                        int page_bytes, int L, float sm_scale) {
     Geo geo;
     geo.kvh = kv + h * (DA_PAGE * 512);
-    geo.tok_bytes = 512;
     geo.bt = block_table + b * bt_stride;
     geo.page_bytes = page_bytes;
     geo.L = L;
@@ -716,7 +713,7 @@ decode_attention_split(const bf16* __restrict__ q, const char* __restrict__ kv, 
     load_q(q, b, q_stride, h, G, qa);
     const int ns = splits_for(L, S);
     if (s >= ns) return;
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, page_bytes, L, sm_scale);
     float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
     cta_attend<DA_SPLIT_SLOTS>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A);
     const int d = threadIdx.x;
@@ -903,7 +900,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
     const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
     const int L = __ldg(seq_lens + b);
     DA_STAMP(1, L + bt_reg);
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, page_bytes, L, sm_scale);
     uint32_t qa[4][4];
     float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
 #if DA_PREWAIT
@@ -923,7 +920,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
             const int lane = threadIdx.x & 31, row = (L - 1) % DA_PAGE;
             const int phys = __shfl_sync(0xffffffffu, bt_reg, kn);
             inj = Inject{kn, row, __ldcg(reinterpret_cast<const uint4*>(geo.kvh + int64_t(phys) * geo.page_bytes +
-                                                                        row * geo.tok_bytes + lane * 16))};
+                                                                        row * DA_ROW + lane * 16))};
         }
         DA_TRIGGER_AT_POINT(1);
     };
@@ -1083,7 +1080,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         load8f(cs + 8 * (lane & 7), c);
         load8f(cs + DA_D / 2 + 8 * (lane & 7), sn);
     }
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, page_bytes, L, sm_scale);
     uint32_t qa[4][4];
     Inject inj{-1, 0, {}};
     // After the PDL wait: q, and the current token's row (its page's shared-memory copy gets the computed row,

@@ -175,7 +175,7 @@ qkv_attention_rope_cluster(const bf16* __restrict__ x, const bf16* __restrict__ 
         load8f(cs + 8 * (lane & 7), c);
         load8f(cs + DA_D / 2 + 8 * (lane & 7), sn);
     }
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, num_kv_heads, page_bytes, L, sm_scale);
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, page_bytes, L, sm_scale);
     uint32_t qa[4][4];
     Inject inj{-1, 0, {}};
     bf16* qkv_s = reinterpret_cast<bf16*>(base + QA_QKV_OFF);
