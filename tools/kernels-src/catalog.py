@@ -250,7 +250,7 @@ DA_ROPE_CARVEOUT = 0
 #: Of a cluster-form warp's first DA_CLUSTER_SLOTS pages, those its PDL form issues before griddepcontrol.wait
 #: (decode_attention.cu DA_PRE_PAGES), and the same for the rope-cluster form (DA_ROPE_PRE_PAGES: its whole ring
 #: since session 18, where the qkv GEMV before it leaves its CTAs room, NOTES.md 54; 4 pages then, DA_ROPE_SLOTS = 2
-#: since session 19). The plain module issues 2 before q's load in both.
+#: since session 19). The plain module issues 2 before q's load in both (since session 21; before, q's load first).
 DA_PRE_PAGES = 2
 DA_ROPE_PRE_PAGES = DA_ROPE_SLOTS
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4

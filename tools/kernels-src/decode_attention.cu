@@ -81,7 +81,8 @@
 // PDL form (-DKERN_PDL, module decode_attention_pdl.cubin): the split kernel loads the
 // block table and seq_lens (inputs), then griddepcontrol.wait, then launch_dependents, then everything
 // else (q and the KV state are earlier launches' outputs); the merge triggers first, then waits.
-// decode_attention_cluster (DA_PREWAIT, default 1 in the PDL form, 0 in the plain one) also issues each warp's first
+// decode_attention_cluster (DA_PREWAIT, default 1; in the plain module there is no wait and the pages go before q's
+// load) also issues each warp's first
 // DA_PRE_PAGES (2) pages of K|V before the wait, so that they stream while the launch before it finishes; after the
 // wait it loads q (and the warp whose early pages hold the current token, position L-1, reads that token's 512-byte
 // row again, to write it over the row of its shared-memory copy of the page before attending to it: Inject), then
@@ -217,12 +218,11 @@ static_assert(DA_ROPE_SLOTS >= 1 && DA_ROPE_SLOTS <= 8, "DA_ROPE_SLOTS: 1 to 8 p
 #endif
 #endif
 #endif
-#ifndef DA_PREWAIT  // the cluster forms' first pages before the PDL wait: PDL form only (see the header)
-#ifdef KERN_PDL
+// The cluster forms' first pages before the PDL wait and q's load (see the header). Both modules since session 21: in
+// the plain module (no wait) they go out before q's load, which was 1 us per call faster back to back at 4,096 tokens
+// with bulk copies (NOTES.md 59); -DDA_PREWAIT=0 loads q first.
+#ifndef DA_PREWAIT
 #define DA_PREWAIT 1
-#else
-#define DA_PREWAIT 0
-#endif
 #endif
 
 // Dynamic shared memory: the warps' rings of page slots and (cluster) the partials the other CTAs of the
