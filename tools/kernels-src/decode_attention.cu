@@ -320,27 +320,6 @@ __device__ __forceinline__ void bulk_page(uint32_t dst, const void* src, uint32_
                  "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar) : "memory");
 }
 
-// -DDA_BULK_SPLIT=N (experiment, NOTES.md 59; the default cubins have none): a page's `valid` rows as N bulk copies
-// of about valid/N rows each, all counted on the slot's one mbarrier (one expect_tx of the page's bytes). Asks whether
-// smaller copies stream faster when a launch starts cold (the plain module back to back, session 21 call 6).
-#ifndef DA_BULK_SPLIT
-#define DA_BULK_SPLIT 1
-#endif
-static_assert(DA_BULK_SPLIT >= 1 && DA_BULK_SPLIT <= 16, "DA_BULK_SPLIT: 1 to 16 copies per page");
-#if DA_BULK_SPLIT > 1
-__device__ __forceinline__ void bulk_page_split(uint32_t dst, const char* src, int valid, uint32_t bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(uint32_t(valid * DA_ROW))
-                 : "memory");
-    const int per = (valid + DA_BULK_SPLIT - 1) / DA_BULK_SPLIT;
-    for (int r0 = 0; r0 < valid; r0 += per) {
-        const uint32_t bytes = uint32_t(min(per, valid - r0) * DA_ROW);
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(dst + uint32_t(r0 * DA_ROW)), "l"(__cvta_generic_to_global(src + r0 * DA_ROW)), "r"(bytes),
-                     "r"(bar) : "memory");
-    }
-}
-#endif
-
 // d += A(16x16) x B(16x8), A's rows 8..15 zero (a1 = a3 = 0): a0 = row g cols 2t..2t+1, a2 = row g cols
 // 2t+8..2t+9; b0 = rows 2t..2t+1, b1 = rows 2t+8..2t+9 of col g; d0, d1 = row g cols 2t, 2t+1, d2, d3 =
 // row g+8 (zero in, zero out: the accumulators of rows 8..15 stay zero, so no register is rezeroed).
@@ -406,12 +385,8 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
             // a refill: the warp's generic-proxy reads of the slot (ordered before this by the caller's __syncwarp)
             // before the bulk copy's async-proxy writes to it (as gemv.cu's TMA form before each refill)
             if (k >= SLOTS) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#if DA_BULK_SPLIT > 1
-            bulk_page_split(dst, geo.kvh + int64_t(phys) * geo.page_bytes, valid, bars + uint32_t(k % SLOTS) * 8);
-#else
             bulk_page(dst, geo.kvh + int64_t(phys) * geo.page_bytes, uint32_t(valid * DA_ROW),
                       bars + uint32_t(k % SLOTS) * 8);
-#endif
         }
     }
 }
