@@ -1371,13 +1371,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--cuda-attention (= --decode-attention cuda) contradicts --decode-attention "
                      f"{a.decode_attention}: give one of them")
         a.decode_attention = "cuda"
+    cfg = None
     if a.preset:  # a usage error, like argparse's (exit 2), before anything is read or written
         try:
-            Qwen3Config.preset(a.preset)
+            cfg = Qwen3Config.preset(a.preset)
         except ConfigError as e:
             ap.error(f"--preset: {e} (another Qwen3 geometry: --config with its HF config.json)")
     try:
-        cfg = Qwen3Config.preset(a.preset) if a.preset else load_config(a.config)
+        cfg = cfg or load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
                      pdl=a.pdl, fused_attention=a.fused_attention, decode_attention=a.decode_attention,
                      gemv=a.gemv)

@@ -41,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tools" / "kernels-src" / "decode_attention.cu"
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+from catalog import da_cluster_smem  # noqa: E402  (the shared-memory formula of the catalog's instances)
 NVCC = ["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17"]
 LAYERS, NQ, NKV, D = 36, 32, 8, 128
 
@@ -113,7 +115,7 @@ def cluster_smem(specs: list[str]) -> int:
     ValueError for a SPEC naming DA_BULK (refuse_gone) or a bad DA_CLUSTER, DA_WARPS or DA_CLUSTER_SLOTS."""
     refuse_gone(specs)
     slots, warps, c = macro(specs, "DA_CLUSTER_SLOTS", 4), cluster_warps(specs), cluster_size(specs)
-    return warps * 64 + warps * slots * 16 * 512 + c * (2 * 8 + 8 * 128 // c) * 4
+    return da_cluster_smem(slots, warps, c)
 
 
 def build_variant(name: str, specs: list[str], out_dir: Path) -> Path:

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integration" / "gpu"):
     sys.path.insert(0, str(p))
 
+from catalog import da_cluster_smem  # noqa: E402
+
 NQ, NKV, D, K, LAYERS, EPS = 32, 8, 128, 2560, 36, 1e-6
 N = (NQ + 2 * NKV) * D
 
@@ -41,7 +43,7 @@ def rope_smem(threads: int) -> int:
     -DDA_WARPS=8 -DDA_ROPE_SLOTS=1 build), then the cluster's 4,608 bytes of partials: 70,400 or 70,656 bytes."""
     warps = threads // 32
     slots = 2 if warps == 4 else 1
-    return warps * 64 + warps * slots * 16 * 512 + 8 * (2 * 8 + 8 * D // 8) * 4
+    return da_cluster_smem(slots, warps)
 
 
 def parse_cubin(spec: str) -> tuple[str, Path, int, int, int]:

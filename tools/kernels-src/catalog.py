@@ -54,7 +54,7 @@ class Kernel:
     shared_mem_per: dict = field(default_factory=dict)
     # CUDA only: preprocessor macros (-D) of this instance's module, and the suffix that names
     # that module (`embedding` + `_pdl` -> embedding_pdl.cubin); all kernels of one source with
-    # the same defines share a module. Triton: the suffix names its own module (NAME + suffix).
+    # the same defines share a module. Triton: every instance is its own module, NAME.cubin.
     defines: tuple[str, ...] = ()
     module_suffix: str = ""
     # Programmatic dependent launch: the instance keeps the manifest's `"pdl": true` contract
@@ -75,7 +75,7 @@ class Kernel:
         """The cubin file of this instance in the kernels dir."""
         if self.lang == "cuda":
             return self.source.rsplit(".", 1)[0] + self.module_suffix + ".cubin"
-        return self.name + self.module_suffix + ".cubin"
+        return self.name + ".cubin"
 
     def key(self):
         return (self.lang, self.source, self.entry, self.params, tuple(sorted(self.constexprs.items())),
@@ -182,8 +182,7 @@ def _attention_kernels() -> list[Kernel]:
                 "replaced IN PLACE by rope(rmsnorm(q)*q_norm_w); k := rope(rmsnorm(k)*k_norm_w) and v are "
                 "written to the paged KV (head-major layout, tools/README.md; kv = state + layer*NKV*8192, "
                 "65,536 for 8 kv heads; page_bytes = L*NKV*8192) at slot_mapping[t] (slot < 0: skipped); the k/v "
-                "columns of qkv are not "
-                "modified. positions, slot_mapping: i64 [tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 "
+                "columns of qkv are not modified. positions, slot_mapping: i64 [tokens]; q_norm_w, k_norm_w: bf16 [128]; cos_sin: f32 "
                 "[max_pos, 128] (cos then sin); eps = rms_norm_eps. Neox rotary over the full head_dim. NQ/NKV <= 16.",
             constexprs={"D": D_HEAD, "BLOCK_G": 16}, num_warps=4,
         ),
@@ -256,11 +255,13 @@ DA_ROPE_PRE_PAGES = DA_ROPE_SLOTS
 DA_RECV_BYTES = DA_CLUSTER * (2 * 8 + 8 * 128 // DA_CLUSTER) * 4
 
 
-def da_cluster_smem(slots: int) -> int:
+def da_cluster_smem(slots: int, warps: int = DA_WARPS, cluster: int = DA_CLUSTER) -> int:
     """Dynamic shared memory (bytes) of the cluster and rope-cluster forms with a ring of `slots` pages per warp
-    (decode_attention.cu DA_CLUSTER_SMEM / DA_ROPE_SMEM): the slots' mbarriers, the warps' rings, then the cluster's
-    partials pushed to each CTA."""
-    return DA_BAR_BYTES + DA_WARPS * slots * DA_SLOT_BYTES + DA_RECV_BYTES
+    (decode_attention.cu DA_CLUSTER_SMEM / DA_ROPE_SMEM): the slots' mbarriers (64 bytes per warp: one per slot, up to
+    8 slots), the warps' rings, then the cluster's partials pushed to each CTA (per source CTA: m and l of 8 q heads,
+    and its 8·128/`cluster` acc). `warps` and `cluster` are the -DDA_WARPS / -DDA_CLUSTER of experiment builds
+    (tools/gpu/da_variants.py, qkv_attention_bench.py); the defaults give the catalog's instances."""
+    return warps * 8 * 8 + warps * slots * DA_SLOT_BYTES + cluster * (2 * 8 + 8 * 128 // cluster) * 4
 
 
 def da_split_smem() -> int:
