@@ -87,7 +87,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#ifdef GEMV_TMA  // the bulk-copy form leaves the register pipeline's helpers unreferenced
+#if defined(GEMV_TMA) || defined(GEMV_KV_PREFETCH)  // forms that leave some default helpers unreferenced
 #pragma nv_diag_suppress 177
 #endif
 
@@ -207,6 +207,59 @@ __device__ __forceinline__ L2Prefetch l2_prefetch(const void *ptr, unsigned long
     unsigned long long pol = 0;
     if constexpr (L2Prefetch::evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     return L2Prefetch{static_cast<const unsigned char *>(ptr), bytes, pol};
+}
+#endif
+
+#ifdef GEMV_KV_PREFETCH
+// The KV-prefetch form (opt in: -DGEMV_KV_PREFETCH, a module of its own; an experiment, NOTES.md 61): the norm GEMV
+// before the decode attention (the qkv projection) also asks L2 for the pages of the KV cache that its layer's
+// attention will read, so that the attention's page copies hit L2 instead of waiting on DRAM after the GEMV. The
+// arithmetic is the default form's, bit for bit: a prefetch is a hint with no visible effect. Thread 0 of block b
+// issues `cp.async.bulk.prefetch.L2.global` over the layer slab (slab_bytes at kv + block_table[p] · page_bytes) of
+// pages p = b, b + gridDim.x, … < min(ceil(seq_lens[0] / 16), max_pages), at point GEMV_KVPF_AT:
+//   0 (default) right after the block's first weight stages, before griddepcontrol.wait (the pages of positions
+//     below the current one are final since the previous step; the current row's page is prefetched as it is)
+//   3 right after the wait and the norm prologue
+//   2 after the lane's last weight load was consumed (the block's tail)
+// -DGEMV_KVPF_EVICT_FIRST=1 (default): the GEMV's own weight loads carry an L2::evict_first policy, so that the
+// streamed weight leaves L2 before the prefetched pages; 0: plain loads.
+#ifndef GEMV_KVPF_AT
+#define GEMV_KVPF_AT 0
+#endif
+#ifndef GEMV_KVPF_EVICT_FIRST
+#define GEMV_KVPF_EVICT_FIRST 1
+#endif
+static_assert(GEMV_KVPF_AT == 0 || GEMV_KVPF_AT == 2 || GEMV_KVPF_AT == 3, "GEMV_KVPF_AT: 0, 2 or 3");
+#if defined(GEMV_L2_PREFETCH) || defined(GEMV_TMA) || defined(GEMV_FLAG_DEP)
+#error "GEMV_KV_PREFETCH: only with the register-pipeline form's default entries (GEMV_PASSES allowed)"
+#endif
+struct KvPrefetch {
+    static constexpr bool evict_first = GEMV_KVPF_EVICT_FIRST != 0;
+    const unsigned char *kv;
+    const int *block_table;
+    const int *seq_lens;
+    int page_bytes, slab_bytes, max_pages;
+    unsigned long long pol;
+    __device__ __forceinline__ unsigned long long policy() const { return pol; }
+    template <int POINT>
+    __device__ __forceinline__ void at() const {
+        if constexpr (POINT == GEMV_KVPF_AT) {
+            if (threadIdx.x != 0) return;
+            int np = (seq_lens[0] + 15) >> 4;
+            if (np > max_pages) np = max_pages;
+            for (int p = blockIdx.x; p < np; p += gridDim.x)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                             :: "l"(__cvta_generic_to_global(kv + (long long)block_table[p] * page_bytes)),
+                                "r"(slab_bytes));
+        }
+    }
+};
+__device__ __forceinline__ KvPrefetch kv_prefetch(const void *kv, const int *block_table, const int *seq_lens,
+                                                  int page_bytes, int slab_bytes, int max_pages) {
+    unsigned long long pol = 0;
+    if constexpr (KvPrefetch::evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return KvPrefetch{static_cast<const unsigned char *>(kv), block_table, seq_lens, page_bytes, slab_bytes,
+                      max_pages, pol};
 }
 #endif
 
@@ -618,6 +671,7 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     if (GEMV_PRE_STAGES == 2) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     pf.template at<0>();
     gate(prologue);
+    pf.template at<3>();
     if (GEMV_PRE_STAGES == 1) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
@@ -781,17 +835,16 @@ static_assert(GEMV_PASSES >= 1 && GEMV_PASSES <= 8, "GEMV_PASSES: 1 (the default
 #endif
 
 #if GEMV_PASSES > 1
-template <int M, bool RESIDUAL, int U, typename Prologue, typename Gate>
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf, typename Gate>
 __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w_,
                                                  __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
-                                                 Prologue prologue, const Gate &gate) {
+                                                 Prologue prologue, const Pf &pf, const Gate &gate) {
     constexpr int P = GEMV_PASSES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     if (ksplit != 1) __trap();  // one warp per row pair: the launch must pass ksplit 1
     const uint4 *w = reinterpret_cast<const uint4 *>(w_);
     const long base = ((long)blockIdx.x * P * WARPS + warp) * R;  // row pair p: base + p·WARPS·R
-    const NoL2Prefetch pf{};
     // S: stages per pair, warp-uniform (lane 0 has the most loads), so that every lane passes every pair's end
     const int nl = lane_loads(0, kv, lane), S = (lane_loads(0, kv, 0) + U - 1) / U, T = P * S, S1 = S > 0 ? S : 1;
     auto ld = [&](uint4 (&buf)[R][U], int t) {  // stage t of the whole pipeline; t >= T: every load predicated off
@@ -826,7 +879,9 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
     uint4 a[R][U], b[R][U];
     ld(a, 0);
     ld(b, 1);
+    pf.template at<0>();
     gate(prologue);
+    pf.template at<3>();
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -845,6 +900,7 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
             if (s == S - 1) finish(p);
         }
     }
+    pf.template at<2>();
 }
 #endif
 
@@ -854,9 +910,8 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
                                           const Pf &pf, int ring_off = 0, const Gate &gate = Gate{}) {
 #if GEMV_PASSES > 1
-    (void)pf;
     (void)ring_off;
-    gemv_rows_passes<M, RESIDUAL, U>(xs, w, y, n, k, ksplit, prologue, gate);
+    gemv_rows_passes<M, RESIDUAL, U>(xs, w, y, n, k, ksplit, prologue, pf, gate);
 #else
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
@@ -1032,6 +1087,21 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_flagw
     gemv_rows<1, false, 4>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,
                            [&] { norm_to_smem<1, true>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(1, k),
                            FlagGate{wf, target});
+}
+#elif defined(GEMV_KV_PREFETCH)
+// The KV-prefetch form's one entry (module of its own; see KvPrefetch): kern_gemv_norm_m1's params, then the layer's
+// KV base (the attention's `kv` argument), its block table and seq_lens, page_bytes, the layer slab's bytes
+// (16 · NKV · 2 · D · 2) and the most pages to prefetch.
+extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_kvpf(
+    const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const __nv_bfloat16 *__restrict__ w,
+    __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit, const void *kv,
+    const int *__restrict__ block_table, const int *__restrict__ seq_lens, int page_bytes, int slab_bytes,
+    int max_pages) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
+    gemv_rows<1, false, 4>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,
+                           [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); },
+                           kv_prefetch(kv, block_table, seq_lens, page_bytes, slab_bytes, max_pages), RING_OFF(1, k));
 }
 #elif !defined(GEMV_L2_PREFETCH)
 INSTANTIATE(1, 4, )
