@@ -11,8 +11,9 @@ decode_attention_rope_cluster_pdl. Each --cubin: gemv.cu built with -DGEMV_PASSE
 -DGEMV_KVPF_AT / -DGEMV_KVPF_EVICT_FIRST), entry kern_gemv_norm_m1_kvpf; MAX_PAGES caps the pages it prefetches
 (default: all). Every launch is PDL, as the decode program launches them. Per context, µs per layer (median of the
 replays, the best of the rounds, builds alternating within a round): the pair (GEMV + attention), the GEMV alone (36
-GEMVs in a chain), and pair − default GEMV alone (what the attention adds to a layer: issue 4's figure), each beside
-the floor (the layer's bytes at 4.25 TB/s). Before timing, each build's qkv output and the attention's output after
+GEMVs in a chain), and pair − default GEMV alone (what the attention adds to a layer: issue 4's figure), then the
+attention alone (36 in a chain), beside the floors (the layer's bytes at 4.25 TB/s). --same-kv: every layer reads
+layer 0's KV (a diagnostic: pages that can stay in L2). Before timing, each build's qkv output and the attention's output after
 it are checked bit for bit against the default pair's. A probe: prints a table, appends nothing; `--help` and
 argument errors need no GPU.
 """
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, action="append", help="cached tokens, repeatable (default: 130 and 4096)")
     ap.add_argument("--replays", type=int, default=30, help="graph replays per median (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
+    ap.add_argument("--same-kv", action="store_true",
+                    help="every layer's attention (and prefetch) reads layer 0's KV: 16.8 MB at 4,096 tokens, so it"
+                         " can stay in L2 from one layer to the next (a diagnostic: the attention with its pages"
+                         " resident in L2)")
     a = ap.parse_args(argv)
     try:
         specs = [parse_cubin(spec) for spec in a.cubin]
@@ -133,8 +138,8 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int]]) -> int:
           " every launch PDL; added = pair − the default GEMV alone (floor: the KV bytes)")
     cols = ["default"] + list(builds)
     print("| context | " + " | ".join(f"{c} pair | {c} GEMV | {c} added" for c in cols) +
-          " | pair floor | added floor |")
-    print("|---:|" + "---:|---:|---:|" * len(cols) + "---:|---:|")
+          " | attention alone | pair floor | added floor |")
+    print("|---:|" + "---:|---:|---:|" * len(cols) + "---:|---:|---:|")
     for L in a.context or [130, 4096]:
         kv, bt, layer_elems, page_elems = pool(L, LAYERS)
         seq = torch.tensor([L], dtype=torch.int32, device="cuda")
@@ -143,6 +148,7 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int]]) -> int:
         qkv = torch.empty(1, N, dtype=BF, device="cuda")
         out = torch.empty(1, NQ * D, dtype=BF, device="cuda")
         page_bytes, slab_bytes = page_elems * 2, layer_elems * 2
+        kv_of = (lambda layer: kv) if a.same_kv else (lambda layer: kv[layer * layer_elems:])
         tail = [bt.numel(), page_bytes, 1 / math.sqrt(D), EPS]
 
         def gemv_default(layer):
@@ -150,14 +156,14 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int]]) -> int:
 
         def gemv_build(name):
             launch, mp = builds[name]
-            return lambda layer: launch([x, nw, ws[layer], qkv, N, K, EPS, 1, kv[layer * layer_elems:], bt, seq,
+            return lambda layer: launch([x, nw, ws[layer], qkv, N, K, EPS, 1, kv_of(layer), bt, seq,
                                          page_bytes, slab_bytes, mp])
 
         gemvs = {"default": gemv_default, **{name: gemv_build(name) for name in builds}}
 
         def attention(layer):
             ks.launch("decode_attention_rope_cluster_pdl", (NKV, 8, 1),
-                      [qkv, pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out, NQ, NKV, N, *tail],
+                      [qkv, pos, slot, qw, kw, cos_sin, kv_of(layer), bt, seq, out, NQ, NKV, N, *tail],
                       pdl=True)
 
         # bits: each build's qkv and the attention's output after it, layer 0 (the attention writes the current
@@ -192,11 +198,16 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int]]) -> int:
 
                 best[c][0] = min(best[c][0], time_graph(pair, a.replays))
                 best[c][1] = min(best[c][1], time_graph(alone, a.replays))
+        def attn_alone():
+            for layer in range(LAYERS):
+                attention(layer)
+
+        att = min(time_graph(attn_alone, a.replays) for _ in range(a.rounds))
         base_gemv = best["default"][1]
         kv_bytes = L * NKV * 512
         cells = [f"{p:.2f} | {gm:.2f} | {p - base_gemv:.2f}" for p, gm in (best[c] for c in cols)]
-        print(f"| {L} | " + " | ".join(cells) + f" | {(N * K * 2 + kv_bytes) / BW:.2f} | {kv_bytes / BW:.2f} |",
-              flush=True)
+        print(f"| {L} | " + " | ".join(cells) + f" | {att:.2f} | {(N * K * 2 + kv_bytes) / BW:.2f} | "
+              f"{kv_bytes / BW:.2f} |", flush=True)
         del kv, bt
         torch.cuda.empty_cache()
     return 0
