@@ -112,8 +112,15 @@
 
 namespace cg = cooperative_groups;
 
-#ifdef KERN_PDL
+// -DDA_NO_WAIT (a what-if build for timing only, like gemv.cu's -DGEMV_NO_WAIT; NOTES.md 61): the PDL forms skip
+// griddepcontrol.wait and so read q, k and v before the qkv GEMV has written them; the trigger is unchanged.
+#if defined(KERN_PDL) && !defined(DA_NO_WAIT)
 #define DA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define DA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#elif defined(KERN_PDL)
+#define DA_PDL_WAIT() \
+    do {              \
+    } while (0)
 #define DA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define DA_PDL_WAIT() \

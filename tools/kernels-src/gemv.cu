@@ -165,9 +165,20 @@ __device__ __forceinline__ void tl_stamp(int) {}
 // and how it loads weights (`evict_first`, `policy()`). The default forms: nothing, plain
 // loads (every member compiles to nothing: their code is that of the kernels without it).
 #ifndef GEMV_L2_PREFETCH
+// -DGEMV_EVICT_FIRST_ALL (a what-if build, NOTES.md 61): the default forms' weight loads carry an L2::evict_first
+// policy too (the same arithmetic and bits), so that the streamed weights leave L2 before activations and KV pages.
 struct NoL2Prefetch {
+#ifdef GEMV_EVICT_FIRST_ALL
+    static constexpr bool evict_first = true;
+    __device__ __forceinline__ unsigned long long policy() const {
+        unsigned long long pol;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        return pol;
+    }
+#else
     static constexpr bool evict_first = false;
     __device__ __forceinline__ unsigned long long policy() const { return 0; }
+#endif
     template <int POINT>
     __device__ __forceinline__ void at() const {}
 };
