@@ -190,8 +190,8 @@ def test_decode_attention_cuda_entries(built):
     assert 3 * split["shared_mem"] <= 228 * 1024 - 3 * 1024
 
 
-def _variant_cubin(source: str, define: str) -> bytes:
-    """`source` built by tools/build_kernels.py's nvcc path with -D`define`."""
+def _variant_cubin(source: str, *defines: str) -> bytes:
+    """`source` built by tools/build_kernels.py's nvcc path with -D`define` for each of `defines`."""
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tools"))
@@ -200,7 +200,7 @@ def _variant_cubin(source: str, define: str) -> bytes:
     finally:
         sys.path.pop(0)
     with tempfile.TemporaryDirectory() as t:
-        return build_kernels.finish_cuda(build_kernels.start_cuda(source, t, (define,), "variant.cubin"))
+        return build_kernels.finish_cuda(build_kernels.start_cuda(source, t, defines, "variant.cubin"))
 
 
 def _assert_same_abi(plain, variant) -> None:
@@ -540,6 +540,16 @@ def test_fused_is_the_two_launch_arithmetic(tmp_path):
     assert _layouts(fused, f"tt.func public @{FUSED}") == _layouts(s1, "tt.func public @paged_decode_attention")
     merge = _layouts(fused, "tt.func private @")
     assert merge and merge == _layouts(red, "tt.func public @paged_decode_reduce")
+
+
+def test_decode_attention_no_wait_build_drops_the_wait(built):
+    """-DDA_NO_WAIT (NOTES.md 61, a timing what-if) on the PDL module: every entry, with the same params, and none of
+    them waits for its predecessor (no griddepcontrol.wait in its code), where every default PDL entry does."""
+    pdl = read_cubin((built[0] / "decode_attention_pdl.cubin").read_bytes(), "decode_attention_pdl.cubin")
+    nowait = read_cubin(_variant_cubin("decode_attention.cu", "KERN_PDL", "DA_NO_WAIT"), "da_nw.cubin")
+    _assert_same_abi(pdl, nowait)
+    for e, k in pdl.entries.items():
+        assert k.grid_dep_wait is True and nowait.entries[e].grid_dep_wait is False, e
 
 
 def test_gemv_no_wait_build_drops_the_wait(built):

@@ -87,7 +87,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#if defined(GEMV_TMA) || defined(GEMV_KV_PREFETCH)  // forms that leave some default helpers unreferenced
+#ifdef GEMV_TMA  // the bulk-copy form leaves the register pipeline's helpers unreferenced
 #pragma nv_diag_suppress 177
 #endif
 
@@ -165,20 +165,9 @@ __device__ __forceinline__ void tl_stamp(int) {}
 // and how it loads weights (`evict_first`, `policy()`). The default forms: nothing, plain
 // loads (every member compiles to nothing: their code is that of the kernels without it).
 #ifndef GEMV_L2_PREFETCH
-// -DGEMV_EVICT_FIRST_ALL (a what-if build, NOTES.md 61): the default forms' weight loads carry an L2::evict_first
-// policy too (the same arithmetic and bits), so that the streamed weights leave L2 before activations and KV pages.
 struct NoL2Prefetch {
-#ifdef GEMV_EVICT_FIRST_ALL
-    static constexpr bool evict_first = true;
-    __device__ __forceinline__ unsigned long long policy() const {
-        unsigned long long pol;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-        return pol;
-    }
-#else
     static constexpr bool evict_first = false;
     __device__ __forceinline__ unsigned long long policy() const { return 0; }
-#endif
     template <int POINT>
     __device__ __forceinline__ void at() const {}
 };
@@ -218,59 +207,6 @@ __device__ __forceinline__ L2Prefetch l2_prefetch(const void *ptr, unsigned long
     unsigned long long pol = 0;
     if constexpr (L2Prefetch::evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     return L2Prefetch{static_cast<const unsigned char *>(ptr), bytes, pol};
-}
-#endif
-
-#ifdef GEMV_KV_PREFETCH
-// The KV-prefetch form (opt in: -DGEMV_KV_PREFETCH, a module of its own; an experiment, NOTES.md 61): the norm GEMV
-// before the decode attention (the qkv projection) also asks L2 for the pages of the KV cache that its layer's
-// attention will read, so that the attention's page copies hit L2 instead of waiting on DRAM after the GEMV. The
-// arithmetic is the default form's, bit for bit: a prefetch is a hint with no visible effect. Thread 0 of block b
-// issues `cp.async.bulk.prefetch.L2.global` over the layer slab (slab_bytes at kv + block_table[p] · page_bytes) of
-// pages p = b, b + gridDim.x, … < min(ceil(seq_lens[0] / 16), max_pages), at point GEMV_KVPF_AT:
-//   0 (default) right after the block's first weight stages, before griddepcontrol.wait (the pages of positions
-//     below the current one are final since the previous step; the current row's page is prefetched as it is)
-//   3 right after the wait and the norm prologue
-//   2 after the lane's last weight load was consumed (the block's tail)
-// -DGEMV_KVPF_EVICT_FIRST=1 (default): the GEMV's own weight loads carry an L2::evict_first policy, so that the
-// streamed weight leaves L2 before the prefetched pages; 0: plain loads.
-#ifndef GEMV_KVPF_AT
-#define GEMV_KVPF_AT 0
-#endif
-#ifndef GEMV_KVPF_EVICT_FIRST
-#define GEMV_KVPF_EVICT_FIRST 1
-#endif
-static_assert(GEMV_KVPF_AT == 0 || GEMV_KVPF_AT == 2 || GEMV_KVPF_AT == 3, "GEMV_KVPF_AT: 0, 2 or 3");
-#if defined(GEMV_L2_PREFETCH) || defined(GEMV_TMA) || defined(GEMV_FLAG_DEP)
-#error "GEMV_KV_PREFETCH: only with the register-pipeline form's default entries (GEMV_PASSES allowed)"
-#endif
-struct KvPrefetch {
-    static constexpr bool evict_first = GEMV_KVPF_EVICT_FIRST != 0;
-    const unsigned char *kv;
-    const int *block_table;
-    const int *seq_lens;
-    int page_bytes, slab_bytes, max_pages;
-    unsigned long long pol;
-    __device__ __forceinline__ unsigned long long policy() const { return pol; }
-    template <int POINT>
-    __device__ __forceinline__ void at() const {
-        if constexpr (POINT == GEMV_KVPF_AT) {
-            if (threadIdx.x != 0) return;
-            int np = (seq_lens[0] + 15) >> 4;
-            if (np > max_pages) np = max_pages;
-            for (int p = blockIdx.x; p < np; p += gridDim.x)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                             :: "l"(__cvta_generic_to_global(kv + (long long)block_table[p] * page_bytes)),
-                                "r"(slab_bytes));
-        }
-    }
-};
-__device__ __forceinline__ KvPrefetch kv_prefetch(const void *kv, const int *block_table, const int *seq_lens,
-                                                  int page_bytes, int slab_bytes, int max_pages) {
-    unsigned long long pol = 0;
-    if constexpr (KvPrefetch::evict_first) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return KvPrefetch{static_cast<const unsigned char *>(kv), block_table, seq_lens, page_bytes, slab_bytes,
-                      max_pages, pol};
 }
 #endif
 
@@ -407,27 +343,7 @@ struct PdlGate {
     // x vector i (8 bf16) and a residual element: plain loads
     __device__ __forceinline__ uint4 x(const uint4 *xp, long i) const { return xp[i]; }
     __device__ __forceinline__ __nv_bfloat16 residual(const __nv_bfloat16 *p) const { return *p; }
-    // after output element i was stored as v: nothing (the tagged-residual build's TagOutGate also stores a word)
-    __device__ __forceinline__ void stored(long, __nv_bfloat16) const {}
 };
-
-#if defined(GEMV_FLAG_DEP) || defined(GEMV_TAG_QKV)
-__device__ __forceinline__ uint4 ld_cg_v4(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(__cvta_generic_to_global(p)));
-    return r;
-}
-__device__ __forceinline__ bool tags_are(const uint4 a, const uint4 b, unsigned tag) {
-    return ((a.x >> 16) == tag) & ((a.y >> 16) == tag) & ((a.z >> 16) == tag) & ((a.w >> 16) == tag) &
-           ((b.x >> 16) == tag) & ((b.y >> 16) == tag) & ((b.z >> 16) == tag) & ((b.w >> 16) == tag);
-}
-// The 8 bf16 halves of two 16-byte runs of tagged words (bf16 bits | tag << 16), as one 16-byte x vector.
-__device__ __forceinline__ uint4 untag(const uint4 a, const uint4 b) {
-    return make_uint4(__byte_perm(a.x, a.y, 0x5410), __byte_perm(a.z, a.w, 0x5410), __byte_perm(b.x, b.y, 0x5410),
-                      __byte_perm(b.z, b.w, 0x5410));
-}
-#endif
 
 #ifdef GEMV_FLAG_DEP
 // The flag-dependency build (see its entries at the end of the file).
@@ -507,6 +423,16 @@ struct FlagGate : PdlGate {
 #ifndef GEMV_TAG_FENCE
 #define GEMV_TAG_FENCE 0
 #endif
+__device__ __forceinline__ uint4 ld_cg_v4(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(__cvta_generic_to_global(p)));
+    return r;
+}
+__device__ __forceinline__ bool tags_are(const uint4 a, const uint4 b, unsigned tag) {
+    return ((a.x >> 16) == tag) & ((a.y >> 16) == tag) & ((a.z >> 16) == tag) & ((a.w >> 16) == tag) &
+           ((b.x >> 16) == tag) & ((b.y >> 16) == tag) & ((b.z >> 16) == tag) & ((b.w >> 16) == tag);
+}
 struct TagGate {
     unsigned tag;
     template <typename Prologue>
@@ -531,9 +457,9 @@ struct TagGate {
             a = ld_cg_v4(w);
             b = ld_cg_v4(w + 1);
         }
-        return untag(a, b);
+        return make_uint4(__byte_perm(a.x, a.y, 0x5410), __byte_perm(a.z, a.w, 0x5410), __byte_perm(b.x, b.y, 0x5410),
+                          __byte_perm(b.z, b.w, 0x5410));
     }
-    __device__ __forceinline__ void stored(long, __nv_bfloat16) const {}
     // the residual through L2: with no wait, this SM's L1 may hold lines from before the previous GEMV wrote them
     __device__ __forceinline__ __nv_bfloat16 residual(const __nv_bfloat16 *p) const {
         unsigned short v;
@@ -692,7 +618,6 @@ __device__ __forceinline__ void pdl_dot(const uint4 *__restrict__ xs, const uint
     if (GEMV_PRE_STAGES == 2) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     pf.template at<0>();
     gate(prologue);
-    pf.template at<3>();
     if (GEMV_PRE_STAGES == 1) stage_load<M, R, U>(b, w, rows, kv, v, 1, nl, pf);
     if (stages <= 2) pf.template at<1>();  // the last stage is already in flight
 #pragma unroll
@@ -815,110 +740,6 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     __syncthreads();
 }
 
-#ifdef GEMV_TAG_QKV
-// The tagged-residual build (opt in: -DGEMV_TAG_QKV, an experiment; NOTES.md 61; tools/gpu/tag_qkv_variant.py rewrites
-// a decode program onto it). The qkv GEMV's dependency on the down GEMV before it (griddepcontrol.wait: down's grid
-// completes, its writes are flushed, then x is read through L2) cost 0.092 ms per 4B token as a bound (session 22,
-// call 3: the qkv not waiting at all, wrong values). Here down also stores each new residual element as a 32-bit word,
-// bf16 bits | tag << 16, into a `carry` buffer of its own (tag: its layer + 1, a call literal; consecutive writers
-// differ and a zeroed buffer matches no layer), and the qkv GEMV reads its x from those words through L2 (ld.global.cg:
-// this SM's L1 may hold the previous layer's lines), re-reading each 16-byte run until its words carry the expected
-// tag: its norm prologue starts as soon as down's last block has stored, not once down's grid has completed. A single
-// 32-bit store is single-copy atomic, so a word with the tag carries its value (NOTES.md 51). The wait moves to the
-// end of the qkv GEMV, after its stores: its grid then still completes only after down's, so every later launch that
-// relies on down's completion (the o-proj's residual read-modify-write, two launches on) still has it. Polling: each
-// warp's lane 0 first polls one run (GEMV_TAGIN_PROBE=1, default), sleeping GEMV_TAGIN_SLEEP_NS between reads, so
-// that blocks resident while down still streams do not pull their whole x through L2 over and over; then every
-// thread reads its runs, re-reading (without sleeping) any that is not yet final.
-#ifndef GEMV_TAGIN_PROBE
-#define GEMV_TAGIN_PROBE 1
-#endif
-#ifndef GEMV_TAGIN_SLEEP_NS
-#define GEMV_TAGIN_SLEEP_NS 128
-#endif
-
-// x vector v (8 bf16) from its tagged words: the two 16-byte runs 2v, 2v + 1 of xt, re-read until both carry `tag`.
-__device__ __forceinline__ uint4 tagged_x(const unsigned *__restrict__ xt, int v, unsigned tag) {
-    const uint4 *p = reinterpret_cast<const uint4 *>(xt) + 2 * v;
-    uint4 a = ld_cg_v4(p), b = ld_cg_v4(p + 1);
-    while (!tags_are(a, b, tag)) {
-        a = ld_cg_v4(p);
-        b = ld_cg_v4(p + 1);
-    }
-    return untag(a, b);
-}
-
-// norm_to_smem<1> on x's tagged words (the same arithmetic in the same order, so the same bits): each thread's x
-// vectors are parked in xs between the sum of squares and the normalization.
-__device__ __forceinline__ void norm_to_smem_tagged(const unsigned *__restrict__ xt, unsigned tag,
-                                                    const __nv_bfloat16 *__restrict__ norm_w, __nv_bfloat16 *xs,
-                                                    int k, float eps) {
-    __shared__ float partial[WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kv = k >> 3;
-#if GEMV_TAGIN_PROBE
-    if (lane == 0) {  // one run per warp, spread over x (down's blocks own consecutive rows)
-        const uint4 *p = reinterpret_cast<const uint4 *>(xt) + 2 * ((warp * 2 + 1) * kv / (2 * WARPS));
-        while (!tags_are(ld_cg_v4(p), ld_cg_v4(p + 1), tag)) {
-#if GEMV_TAGIN_SLEEP_NS > 0
-            __nanosleep(GEMV_TAGIN_SLEEP_NS);
-#endif
-        }
-    }
-    __syncwarp();
-#endif
-    float ss = 0.f;
-    for (int v = threadIdx.x; v < kv; v += blockDim.x) {
-        const uint4 xv = tagged_x(xt, v, tag);
-        const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&xv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(p[i]);
-            ss = fmaf(f.x, f.x, ss);
-            ss = fmaf(f.y, f.y, ss);
-        }
-        reinterpret_cast<uint4 *>(xs)[v] = xv;
-    }
-    const float s = warp_sum(ss);
-    if (lane == 0) partial[warp] = s;
-    __syncthreads();
-    float t = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) t += partial[i];
-    const float inv = rsqrtf(t / (float)k + eps);
-    for (int v = threadIdx.x; v < kv; v += blockDim.x) {
-        const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
-        const uint4 xv = reinterpret_cast<const uint4 *>(xs)[v];
-        const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
-        const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&xv);
-        uint4 out;
-        __nv_bfloat16 *op = reinterpret_cast<__nv_bfloat16 *>(&out);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) op[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv)));
-        reinterpret_cast<uint4 *>(xs)[v] = out;
-    }
-    __syncthreads();
-}
-
-// The tagged consumer's gate: the trigger as pdl_gate's, no wait (the words carry the dependency), the prologue.
-struct TagInGate : PdlGate {
-    template <typename Prologue>
-    __device__ __forceinline__ void operator()(Prologue prologue) const {
-        gate_then([] {}, prologue);
-    }
-};
-
-// The tagged producer's gate: pdl_gate, and each output element also stored as its tagged word.
-struct TagOutGate : PdlGate {
-    unsigned *xt;
-    unsigned tag;
-    __device__ __forceinline__ TagOutGate(unsigned *xt_, unsigned tag_) : xt(xt_), tag(tag_) {}
-    __device__ __forceinline__ void stored(long i, __nv_bfloat16 v) const {
-        xt[i] = (tag << 16) | __bfloat16_as_ushort(v);
-    }
-};
-#endif  // GEMV_TAG_QKV
-
 }  // namespace
 
 #define R 2  // rows per warp (the SiLU variant: one gate row and its up row)
@@ -935,10 +756,10 @@ __device__ __forceinline__ void store_rows(const float (&acc)[R][M], const long 
         for (int m = 0; m < M; ++m)
             if (lane == r * M + m && valid[r]) {
                 const long i = (long)m * n + rows[r];
-                const __nv_bfloat16 v =
-                    RESIDUAL ? tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m]))) : tobf(acc[r][m]);
-                y[i] = v;
-                gate.stored(i, v);
+                if (RESIDUAL)
+                    y[i] = tobf(bf(gate.residual(y + i)) + bf(tobf(acc[r][m])));
+                else
+                    y[i] = tobf(acc[r][m]);
             }
 }
 
@@ -960,16 +781,17 @@ static_assert(GEMV_PASSES >= 1 && GEMV_PASSES <= 8, "GEMV_PASSES: 1 (the default
 #endif
 
 #if GEMV_PASSES > 1
-template <int M, bool RESIDUAL, int U, typename Prologue, typename Pf, typename Gate>
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Gate>
 __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w_,
                                                  __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
-                                                 Prologue prologue, const Pf &pf, const Gate &gate) {
+                                                 Prologue prologue, const Gate &gate) {
     constexpr int P = GEMV_PASSES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     if (ksplit != 1) __trap();  // one warp per row pair: the launch must pass ksplit 1
     const uint4 *w = reinterpret_cast<const uint4 *>(w_);
     const long base = ((long)blockIdx.x * P * WARPS + warp) * R;  // row pair p: base + p·WARPS·R
+    const NoL2Prefetch pf{};
     // S: stages per pair, warp-uniform (lane 0 has the most loads), so that every lane passes every pair's end
     const int nl = lane_loads(0, kv, lane), S = (lane_loads(0, kv, 0) + U - 1) / U, T = P * S, S1 = S > 0 ? S : 1;
     auto ld = [&](uint4 (&buf)[R][U], int t) {  // stage t of the whole pipeline; t >= T: every load predicated off
@@ -1004,9 +826,7 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
     uint4 a[R][U], b[R][U];
     ld(a, 0);
     ld(b, 1);
-    pf.template at<0>();
     gate(prologue);
-    pf.template at<3>();
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -1025,7 +845,6 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
             if (s == S - 1) finish(p);
         }
     }
-    pf.template at<2>();
 }
 #endif
 
@@ -1035,8 +854,9 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
                                           __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit, Prologue prologue,
                                           const Pf &pf, int ring_off = 0, const Gate &gate = Gate{}) {
 #if GEMV_PASSES > 1
+    (void)pf;
     (void)ring_off;
-    gemv_rows_passes<M, RESIDUAL, U>(xs, w, y, n, k, ksplit, prologue, pf, gate);
+    gemv_rows_passes<M, RESIDUAL, U>(xs, w, y, n, k, ksplit, prologue, gate);
 #else
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
@@ -1212,49 +1032,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_flagw
     gemv_rows<1, false, 4>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,
                            [&] { norm_to_smem<1, true>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(1, k),
                            FlagGate{wf, target});
-}
-#elif defined(GEMV_TAG_QKV)
-// The tagged-residual forms (module of its own; see TagInGate / TagOutGate; tools/gpu/tag_qkv_variant.py):
-//   kern_gemv_residual_m1_tagout(x, w, residual, n, k, ksplit, unsigned *xt, unsigned tag)   (the GEMV_PASSES=1 build)
-//       kern_gemv_residual_m1, and each new residual element also stored as xt[i] = bf16 bits | tag << 16
-//   kern_gemv_norm_m1_tagin(const unsigned *xt, norm_w, w, y, n, k, eps, ksplit, unsigned tag)
-//       kern_gemv_norm_m1 (the row-pass form in a GEMV_PASSES build) on x's tagged words: no wait before its norm
-//       prologue, griddepcontrol.wait after its stores
-#if defined(GEMV_L2_PREFETCH) || defined(GEMV_TMA) || defined(GEMV_FLAG_DEP) || defined(GEMV_KV_PREFETCH)
-#error "GEMV_TAG_QKV: only with the register-pipeline form's default entries (GEMV_PASSES allowed)"
-#endif
-#if GEMV_PASSES == 1
-extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m1_tagout(
-    const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ residual,
-    int n, int k, int ksplit, unsigned *__restrict__ xt, unsigned tag) {
-    gemv_rows<1, true, 4>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {}, NoL2Prefetch{}, 0,
-                          TagOutGate{xt, tag});
-}
-#endif
-extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_tagin(
-    const unsigned *__restrict__ xt, const __nv_bfloat16 *__restrict__ norm_w, const __nv_bfloat16 *__restrict__ w,
-    __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit, unsigned tag) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
-    gemv_rows<1, false, 4>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,
-                           [&] { norm_to_smem_tagged(xt, tag, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(1, k),
-                           TagInGate{});
-    griddep_wait();  // after the stores: this grid completes only after down's (see TagInGate)
-}
-#elif defined(GEMV_KV_PREFETCH)
-// The KV-prefetch form's one entry (module of its own; see KvPrefetch): kern_gemv_norm_m1's params, then the layer's
-// KV base (the attention's `kv` argument), its block table and seq_lens, page_bytes, the layer slab's bytes
-// (16 · NKV · 2 · D · 2) and the most pages to prefetch.
-extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_kvpf(
-    const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const __nv_bfloat16 *__restrict__ w,
-    __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit, const void *kv,
-    const int *__restrict__ block_table, const int *__restrict__ seq_lens, int page_bytes, int slab_bytes,
-    int max_pages) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
-    gemv_rows<1, false, 4>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,
-                           [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); },
-                           kv_prefetch(kv, block_table, seq_lens, page_bytes, slab_bytes, max_pages), RING_OFF(1, k));
 }
 #elif !defined(GEMV_L2_PREFETCH)
 INSTANTIATE(1, 4, )
