@@ -112,14 +112,6 @@
 
 namespace cg = cooperative_groups;
 
-// -DDA_WEAK_LOADS (a what-if build, same bits; NOTES.md 63): q|k|v (and the cluster form's current KV row) read with
-// plain loads instead of __ldcg (ld.global.cg, SASS LDG.STRONG.GPU); after griddepcontrol.wait (or in stream order)
-// the previous launch's writes are visible to plain loads too, as the GEMVs' x reads rely on.
-#ifdef DA_WEAK_LOADS
-#define DA_LDCG(p) (*(p))
-#else
-#define DA_LDCG(p) __ldcg(p)
-#endif
 // -DDA_NO_WAIT (a what-if build for timing only, like gemv.cu's -DGEMV_NO_WAIT; NOTES.md 61): the PDL forms skip
 // griddepcontrol.wait and so read q, k and v before the qkv GEMV has written them; the trigger is unchanged.
 #if defined(KERN_PDL) && !defined(DA_NO_WAIT)
@@ -678,7 +670,7 @@ __device__ __forceinline__ void load_q(const bf16* q, int64_t b, int q_stride, i
     const uint4* qp = reinterpret_cast<const uint4*>(q + b * q_stride + int64_t(h * G + g) * DA_D + 8 * tig);
 #pragma unroll
     for (int kp = 0; kp < 4; ++kp) {
-        const uint4 v = g < G ? DA_LDCG(qp + 4 * kp) : make_uint4(0, 0, 0, 0);
+        const uint4 v = g < G ? __ldcg(qp + 4 * kp) : make_uint4(0, 0, 0, 0);
         qa[kp][0] = v.x;
         qa[kp][1] = v.y;
         qa[kp][2] = v.z;
@@ -934,7 +926,7 @@ decode_attention_cluster(const bf16* __restrict__ q, const char* __restrict__ kv
         if (refresh) {
             const int lane = threadIdx.x & 31, row = (L - 1) % DA_PAGE;
             const int phys = __shfl_sync(0xffffffffu, bt_reg, kn);
-            inj = Inject{kn, row, DA_LDCG(reinterpret_cast<const uint4*>(geo.kvh + int64_t(phys) * geo.page_bytes +
+            inj = Inject{kn, row, __ldcg(reinterpret_cast<const uint4*>(geo.kvh + int64_t(phys) * geo.page_bytes +
                                                                         row * DA_ROW + lane * 16))};
         }
         DA_TRIGGER_AT_POINT(1);
@@ -981,7 +973,7 @@ __device__ __forceinline__ void load8f(const float* p, float (&x)[8]) {
 // Load: how the q|k|v row is read (16 bytes at a time): LoadCg, through L2 (an earlier launch wrote it; the default),
 // or, in qkv_attention.cu's fused form, from the shared-memory copy of the kv group's GEMV outputs.
 struct LoadCg {
-    __device__ __forceinline__ uint4 operator()(const uint4* p) const { return DA_LDCG(p); }
+    __device__ __forceinline__ uint4 operator()(const uint4* p) const { return __ldcg(p); }
 };
 template <class Load = LoadCg>
 __device__ __forceinline__ void load_q_rope(const bf16* q, int64_t b, int q_stride, int h, int G, const uint4 (&qw)[4],

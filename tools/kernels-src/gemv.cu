@@ -866,42 +866,6 @@ __device__ __forceinline__ void gemv_rows(const uint4 *__restrict__ xs, const __
     warp_rows<R>(rows, valid, blockIdx.x, n, kv, ksplit, v0, v1);
     float acc[R][M];
     tl_begin(w, n);
-#ifdef GEMV_RES_EARLY
-    // The early-residual what-if (NOTES.md 62; same bits): the residual entries' storing lanes (lane r of a part-0
-    // warp stores row r) read their residual element through L2 before griddepcontrol.wait (GEMV_RES_EARLY=1: only
-    // where the program guarantees it final then, e.g. the o-proj, whose residual down wrote two launches back) or
-    // right after it (=2), instead of after their last FMA.
-    if constexpr (RESIDUAL && M == 1) {
-        struct EarlyGate : PdlGate {
-            __nv_bfloat16 v;
-            __device__ __forceinline__ __nv_bfloat16 residual(const __nv_bfloat16 *) const { return v; }
-        } g;
-        const bool mine = warp % ksplit == 0 && lane < R && valid[lane < R ? lane : 0];
-        const __nv_bfloat16 *rp = y + rows[lane < R ? lane : 0];
-        auto load = [&] {
-            if (mine) {
-#ifdef GEMV_RES_WEAK
-                g.v = PdlGate{}.residual(rp);  // the default's plain load (LDG.E.U16), right after the wait only
-#else
-                unsigned short b;
-                asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(b) : "l"(__cvta_generic_to_global(rp)));
-                g.v = __ushort_as_bfloat16(b);
-#endif
-            }
-        };
-        if (GEMV_RES_EARLY == 1) load();
-        pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane,
-                         [&] {
-                             if (GEMV_RES_EARLY == 2) load();
-                             prologue();
-                         },
-                         acc, pf, ring_off, g);
-        reduce_split<R, M>(acc, ksplit);
-        if (warp % ksplit != 0) return;
-        store_rows<M, RESIDUAL>(acc, rows, valid, y, n, lane, g);
-        return;
-    }
-#endif
     pdl_dot<M, R, U>(xs, reinterpret_cast<const uint4 *>(w), rows, kv, v0, v1, lane, prologue, acc, pf, ring_off, gate);
     reduce_split<R, M>(acc, ksplit);
     tl_stamp(5);
