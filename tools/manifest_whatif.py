@@ -43,6 +43,11 @@ names changes (its module, or its grid).
 
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --op-module down=gemv_nowait.cubin --out OUT.json
 
+    The module copy is not free when the op shares its function with another op: in the Qwen3 manifests o and down
+    both launch gemv's kern_gemv_residual_m1, and the default gemv.cubin itself given to one of them this way costs
+    the 4B program +0.009 ms/token (nothing for gate_up, whose function is its own; NOTES.md 62): read such a
+    variant against a copy of the default module given to the same op, not against the manifest alone.
+
     The launch keeps its grid: 4B's qkv (on gemv_p2, 192 blocks of 32 rows) on a build of the default form would
     cover half its rows; give it --op-grid qkv=384 too, or build the what-if with -DGEMV_PASSES=2.
     Refused: an op whose launches use no module (a built-in) or two, an op given twice or also dropped.
