@@ -778,10 +778,18 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
 // counting its 4 bytes on the owner's mbarrier; each CTA then waits for its own bytes (the mbarrier's phase 0,
 // acquire at cluster scope; no CTA leaves before every push to it has landed) and writes its slice of out_h
 // (the G*128 outputs of this kv head).  -DDA_MERGE_BARRIER: plain stores, then a cluster barrier.
-template <int SLOTS>  // the form's ring: `recv` follows it
+// cluster_merge's output: element e = gg * D + dd of the kv head's G heads from the cluster's merged (max, sum, acc);
+// the default stores acc / sum as bf16 (the two-halves build, DA_HALVES, hands the triple to the pair merge).
+struct StoreOut {
+    bf16* out_h;
+    __device__ __forceinline__ void operator()(int e, float, float ls, float acc) const {
+        out_h[e] = __float2bfloat16_rn(acc / ls);
+    }
+};
+template <int SLOTS, class Emit = StoreOut>  // the form's ring: `recv` follows it
 __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float* smem, int s, int G,
                                               const float (&M)[DA_MAX_G], const float (&Ls)[DA_MAX_G],
-                                              const float (&A)[DA_MAX_G], bf16* out_h) {
+                                              const float (&A)[DA_MAX_G], bf16* out_h, const Emit& emit = Emit{}) {
     float* recv = smem + DA_WARPS * SLOTS * DA_SLOT_BYTES / 4;
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
@@ -866,7 +874,10 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
             ls += w * lr[r];
             acc += w * ar[r];
         }
-        out_h[gg * DA_D + dd] = __float2bfloat16_rn(acc / ls);
+        if constexpr (std::is_same_v<Emit, StoreOut>)
+            out_h[gg * DA_D + dd] = __float2bfloat16_rn(acc / ls);  // the default's store, as it always was
+        else
+            emit(gg * DA_D + dd, mm, ls, acc);
     }
     DA_STAMP(7, 0);
 }
@@ -1053,22 +1064,62 @@ __device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_s
 // stored) and writes the same row into its shared-memory copy of that page before attending to it, so no read
 // of this launch depends on its own global store. slot_mapping[b] must be the cache slot of position L-1
 // (block_table[b][(L-1)/16]*16 + (L-1)%16), and positions[b] its rotary position, as the runtime writes them.
+// -DDA_HALVES=2 (an experiment, NOTES.md 63; not built by tools/build_kernels.py): decode_attention_rope_cluster on
+// two clusters of DA_CLUSTER CTAs per (kv head, sequence), grid [NKV, 2 * DA_CLUSTER, seqs], its pages interleaved
+// over the two clusters' warps, so that each SM streams half the bytes. When the sequence has no more pages than one
+// cluster has warps (L <= 16 * DA_WARPS * DA_CLUSTER), the second cluster exits at once and the first writes the
+// output as the default does. Otherwise each CTA hands its slice's merged (max, sum, acc) triples to global scratch,
+// `part` (f32 [seqs, NKV, 2, G * D, 3]), and counts itself in `pair_count` (u32 [seqs, NKV, DA_CLUSTER], zero at
+// load; each pair's later CTA resets its word): the later CTA of the pair (the same rank in the other cluster) merges
+// both halves, half 0 first whichever came last (so the bits do not depend on the order), and writes the slice.
+#ifndef DA_HALVES
+#define DA_HALVES 1
+#endif
+static_assert(DA_HALVES == 1 || DA_HALVES == 2, "DA_HALVES: 1 (the default) or 2");
+#if DA_HALVES == 2
+#define DA_HALF_PARAMS , float* __restrict__ part, unsigned* __restrict__ pair_count
+struct HalfEmit {
+    float* part_h;  // this (sequence, kv head)'s [2, G * D, 3]
+    int half, GD;
+    float* mine;  // this thread's triple, kept for the pair merge
+    __device__ __forceinline__ void operator()(int e, float mm, float ls, float acc) const {
+        float* p = part_h + (int64_t(half) * GD + e) * 3;
+        p[0] = mm;
+        p[1] = ls;
+        p[2] = acc;
+        mine[0] = mm;
+        mine[1] = ls;
+        mine[2] = acc;
+        mine[3] = __int_as_float(e);
+    }
+};
+#else
+#define DA_HALF_PARAMS
+#endif
+
 extern "C" __global__ void __cluster_dims__(1, DA_CLUSTER, 1) __launch_bounds__(DA_THREADS)
 decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __restrict__ positions,
                               const int64_t* __restrict__ slot_mapping, const bf16* __restrict__ q_norm_w,
                               const bf16* __restrict__ k_norm_w, const float* __restrict__ cos_sin, char* kv,
                               const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                               bf16* __restrict__ out, int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
-                              int page_bytes, float sm_scale, float eps) {
+                              int page_bytes, float sm_scale, float eps DA_HALF_PARAMS) {
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     cg::cluster_group cluster = cg::this_cluster();
+#if DA_HALVES == 2
+    const int half = int(blockIdx.y) / DA_CLUSTER;
+    const bool one_half = (__ldg(seq_lens + blockIdx.z) + DA_PAGE - 1) / DA_PAGE <= DA_WARPS * DA_CLUSTER;
+    if (half == 1 && one_half) return;  // the whole cluster, before its first cluster barrier
+#else
+    constexpr int half = 0;
+#endif
     cluster_entry(num_q_heads, num_kv_heads);
     const int h = blockIdx.x, s = int(cluster.block_rank());
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
     const int lane = threadIdx.x & 31, tig = lane & 3;
-    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER;
+    const int gw = (half * DA_CLUSTER + s) * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * DA_CLUSTER * DA_HALVES;
     // inputs and weights (no earlier launch writes them): before the PDL wait
     const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
     const int L = __ldg(seq_lens + b);
@@ -1126,5 +1177,38 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     cta_attend<DA_ROPE_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj);
 #endif
     DA_TRIGGER_AT_POINT(2);
-    cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out + (b * num_q_heads + h * G) * DA_D);
+    bf16* out_h = out + (b * num_q_heads + h * G) * DA_D;
+#if DA_HALVES == 2
+    if (!one_half) {
+        const int GD = G * DA_D;
+        float* part_h = part + (b * num_kv_heads + h) * int64_t(2 * GD * 3);
+        float mine[4] = {0.f, 0.f, 0.f, __int_as_float(-1)};
+        cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h, HalfEmit{part_h, half, GD, mine});
+        __shared__ int da_later;
+        __syncthreads();  // every triple of the slice stored
+        if (threadIdx.x == 0) {
+            __threadfence();
+            unsigned* c = pair_count + (b * num_kv_heads + h) * DA_CLUSTER + s;
+            const unsigned was = atomicAdd(c, 1u);
+            da_later = was == 1u;
+            if (was == 1u) {
+                *c = 0u;  // the pair is done: the next launch's pair starts from zero
+                __threadfence();
+            }
+        }
+        __syncthreads();
+        const int e = __float_as_int(mine[3]);
+        if (da_later && e >= 0) {
+            const float* o = part_h + (int64_t(1 - half) * GD + e) * 3;
+            const float om = __ldcg(o), ol = __ldcg(o + 1), oa = __ldcg(o + 2);
+            const float m0 = half == 0 ? mine[0] : om, l0 = half == 0 ? mine[1] : ol, a0 = half == 0 ? mine[2] : oa;
+            const float m1 = half == 0 ? om : mine[0], l1 = half == 0 ? ol : mine[1], a1 = half == 0 ? oa : mine[2];
+            const float mm = fmaxf(m0, m1);
+            const float w0 = m0 == -INFINITY ? 0.f : ex2(m0 - mm), w1 = m1 == -INFINITY ? 0.f : ex2(m1 - mm);
+            out_h[e] = __float2bfloat16_rn((w0 * a0 + w1 * a1) / (w0 * l0 + w1 * l1));
+        }
+        return;
+    }
+#endif
+    cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h);
 }

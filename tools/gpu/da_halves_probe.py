@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The rope-cluster decode attention on two clusters per kv head (decode_attention.cu -DDA_HALVES=2, an experiment;
+NOTES.md 63) against the default one-cluster form, kernel against kernel: 36 layers in one CUDA graph, Qwen3-4B geometry.
+
+    python3 tools/gpu/da_halves_probe.py --kernels KDIR --cubin FILE [--context 130 --context 4096] [--replays 30]
+        [--rounds 3]
+
+KDIR: a build_kernels.py dir with kern_gemv_norm_m1_p2 (4B's qkv GEMV, grid 192) and
+decode_attention_rope_cluster_pdl. FILE: decode_attention.cu built with -DKERN_PDL -DDA_HALVES=2 (its rope entry takes
+two more params: `part`, f32 [NKV, 2, G·D, 3], and `pair_count`, u32 [NKV, 8], zeroed once). Every launch is PDL, as
+the decode program launches them. Before timing, at each context, layer 0's output of each form (after the same qkv)
+is compared: the forms merge in other orders, so they may differ by bf16 roundings; the token's K|V row each stores is
+compared bit for bit. Per context, µs per layer (median of the replays, best of the rounds, forms alternating): the
+pair (the qkv GEMV then the attention), the attention alone (36 in a chain), and pair − the GEMV alone (issue 4's
+"added"), beside the floors (bytes at 4.25 TB/s). A probe: prints a table, appends nothing; `--help` and argument
+errors need no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integration" / "gpu"):
+    sys.path.insert(0, str(p))
+
+from catalog import da_cluster_smem  # noqa: E402
+
+NQ, NKV, D, K, LAYERS, EPS, CLUSTER = 32, 8, 128, 2560, 36, 1e-6, 8
+N = (NQ + 2 * NKV) * D
+GEMV_GRID = 192  # kern_gemv_norm_m1_p2 on 4B's qkv
+BW = 4.25e6  # bytes per µs
+
+
+def halves_launcher(path: Path):
+    """launch(args) for the -DDA_HALVES=2 build's decode_attention_rope_cluster: grid [NKV, 16, 1] (two clusters of 8
+    per kv head), 128 threads, the default's dynamic shared memory (2-page rings), carveout 0, PDL."""
+    import torch
+    from cuda.bindings import driver as cu
+    from cubin_launch import check, launch_function
+
+    f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"decode_attention_rope_cluster"))
+    smem = da_cluster_smem(2)
+    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
+
+    def launch(args):
+        hold = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else
+                ctypes.c_float(a) if isinstance(a, float) else ctypes.c_int32(a) for a in args]
+        ptrs = (ctypes.c_void_p * len(hold))(*[ctypes.addressof(h) for h in hold])
+        launch_function(f, (NKV, 2 * CLUSTER, 1), (128, 1, 1), smem,
+                        cu.CUstream(torch.cuda.current_stream().cuda_stream), ctypes.addressof(ptrs), pdl=True)
+    return launch
+
+
+def time_graph(body, replays: int) -> float:
+    """µs per layer: body() captured once into a CUDA graph, replayed; median over the replays."""
+    import torch
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        body()  # warm (module loads)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        body()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / LAYERS)
+    return statistics.median(ts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", type=Path, required=True, help="a build_kernels.py dir (with its PDL forms)")
+    ap.add_argument("--cubin", type=Path, required=True, help="the -DKERN_PDL -DDA_HALVES=2 decode_attention.cu build")
+    ap.add_argument("--context", type=int, action="append", help="cached tokens, repeatable (default: 130 and 4096)")
+    ap.add_argument("--replays", type=int, default=30, help="graph replays per median (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
+    a = ap.parse_args(argv)
+    if any(L < 1 for L in a.context or []) or a.replays < 1 or a.rounds < 1:
+        ap.error("--context, --replays and --rounds: positive ints")
+    if not (a.kernels / "index.json").is_file():
+        ap.error(f"--kernels {a.kernels}: no index.json (a tools/build_kernels.py dir)")
+    if not a.cubin.is_file():
+        ap.error(f"--cubin {a.cubin}: no such file")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
+    return run(a)
+
+
+def run(a: argparse.Namespace) -> int:
+    import torch
+    from cubin_launch import KernelSet
+    from gpu_helpers import pool, rope_table
+
+    BF = torch.bfloat16
+    torch.empty(1, device="cuda")
+    ks = KernelSet(a.kernels)
+    halves = halves_launcher(a.cubin)
+    cos_sin = rope_table()
+    torch.manual_seed(0)
+    x = (torch.randn(1, K, device="cuda") * 3).to(BF)
+    ws = [(torch.randn(N, K, device="cuda") / math.sqrt(K)).to(BF) for _ in range(LAYERS)]
+    nw = (torch.rand(K, device="cuda") + 0.5).to(BF)
+    qw, kw = (torch.rand(D, device="cuda") + 0.5).to(BF), (torch.rand(D, device="cuda") + 0.5).to(BF)
+    part = torch.empty(NKV * 2 * (NQ // NKV) * D * 3, dtype=torch.float32, device="cuda")
+    pair_count = torch.zeros(NKV * CLUSTER, dtype=torch.int32, device="cuda")
+    print(f"Qwen3-4B geometry, {LAYERS} layers per graph, µs per layer (median of {a.replays} replays, best of "
+          f"{a.rounds} alternating rounds); pair = the qkv GEMV (grid {GEMV_GRID}) + the attention, every launch PDL; "
+          "added = pair − the GEMV alone")
+    print("| context | one cluster: pair / alone / added | two clusters: pair / alone / added | GEMV alone | "
+          "out max abs diff (max abs out) | added floor |")
+    print("|---:|---|---|---:|---|---:|")
+    for L in a.context or [130, 4096]:
+        kv, bt, layer_elems, page_elems = pool(L, LAYERS)
+        seq = torch.tensor([L], dtype=torch.int32, device="cuda")
+        pos = torch.tensor([L - 1], dtype=torch.int64, device="cuda")
+        slot = (bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
+        qkv = torch.empty(1, N, dtype=BF, device="cuda")
+        out = torch.empty(1, NQ * D, dtype=BF, device="cuda")
+        tail = [bt.numel(), page_elems * 2, 1 / math.sqrt(D), EPS]
+
+        def gemv(layer):
+            ks.launch("kern_gemv_norm_m1_p2", (GEMV_GRID,), [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
+
+        def one(layer):
+            ks.launch("decode_attention_rope_cluster_pdl", (NKV, CLUSTER, 1),
+                      [qkv, pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out, NQ, NKV, N, *tail],
+                      pdl=True)
+
+        def two(layer):
+            halves([qkv, pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out, NQ, NKV, N, *tail,
+                    part, pair_count])
+
+        row_bytes = {}
+        results = {}
+        for name, att in (("one", one), ("two", two)):
+            out.fill_(float("nan"))
+            gemv(0)
+            att(0)
+            torch.cuda.synchronize()
+            results[name] = out.clone()
+            r = (bt[(L - 1) // 16].long() * page_elems + torch.arange(NKV, device="cuda")[:, None] * 16 * 256
+                 + (L - 1) % 16 * 256 + torch.arange(256, device="cuda")[None, :])
+            row_bytes[name] = kv[r].clone()
+        if not torch.isfinite(results["two"].float()).all():
+            raise SystemExit(f"context {L}: the two-cluster form left non-finite outputs (unwritten or wrong)")
+        if not torch.equal(row_bytes["one"].view(torch.int16), row_bytes["two"].view(torch.int16)):
+            raise SystemExit(f"context {L}: the two forms stored different K|V rows for the current token")
+        if int(pair_count.abs().sum()) != 0:
+            raise SystemExit(f"context {L}: pair_count not back to zero after a launch: {pair_count.tolist()}")
+        diff = (results["one"].float() - results["two"].float()).abs().max().item()
+        ref = results["one"].float().abs().max().item()
+
+        best = {c: [math.inf, math.inf] for c in ("one", "two")}
+        g_alone = math.inf
+        for _ in range(a.rounds):
+            for c, att in (("one", one), ("two", two)):
+                def pair(att=att):
+                    for layer in range(LAYERS):
+                        gemv(layer)
+                        att(layer)
+
+                def alone(att=att):
+                    for layer in range(LAYERS):
+                        att(layer)
+                best[c][0] = min(best[c][0], time_graph(pair, a.replays))
+                best[c][1] = min(best[c][1], time_graph(alone, a.replays))
+
+            def gemvs():
+                for layer in range(LAYERS):
+                    gemv(layer)
+            g_alone = min(g_alone, time_graph(gemvs, a.replays))
+        if int(pair_count.abs().sum()) != 0:
+            raise SystemExit(f"context {L}: pair_count not back to zero after the timed graphs: {pair_count.tolist()}")
+        cells = [f"{p:.2f} / {al:.2f} / {p - g_alone:.2f}" for p, al in (best["one"], best["two"])]
+        print(f"| {L} | " + " | ".join(cells) + f" | {g_alone:.2f} | {diff:.2e} ({ref:.2e}) | "
+              f"{L * NKV * 512 / BW:.2f} |", flush=True)
+        del kv, bt
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
