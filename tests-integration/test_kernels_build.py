@@ -552,6 +552,22 @@ def test_decode_attention_no_wait_build_drops_the_wait(built):
         assert k.grid_dep_wait is True and nowait.entries[e].grid_dep_wait is False, e
 
 
+def test_decode_attention_halves_build(built):
+    """-DDA_HALVES=2 (NOTES.md 63, an experiment; tools/gpu/da_halves_probe.py): the rope-cluster entry takes the
+    default's params plus two pointers (the pair merge's scratch and counters), still waits for its predecessor, and
+    every other entry of the PDL module keeps its ABI."""
+    pdl = read_cubin((built[0] / "decode_attention_pdl.cubin").read_bytes(), "decode_attention_pdl.cubin")
+    halves = read_cubin(_variant_cubin("decode_attention.cu", "KERN_PDL", "DA_HALVES=2"), "da_halves.cubin")
+    assert set(halves.entries) == set(pdl.entries)
+    rope = "decode_attention_rope_cluster"
+    base, got = pdl.entries[rope].params, halves.entries[rope].params
+    assert [(q.offset, q.size) for q in got[:len(base)]] == [(q.offset, q.size) for q in base]
+    assert [q.size for q in got[len(base):]] == [8, 8]
+    assert halves.entries[rope].grid_dep_wait is True and halves.entries[rope].cluster == pdl.entries[rope].cluster
+    for e in set(pdl.entries) - {rope}:
+        assert [(q.offset, q.size) for q in halves.entries[e].params] == [(q.offset, q.size) for q in pdl.entries[e].params]
+
+
 def test_gemv_no_wait_build_drops_the_wait(built):
     """-DGEMV_NO_WAIT (NOTES.md 47, a timing what-if): every gemv.cu entry, with the same params, and none of them
     waits for its predecessor (no griddepcontrol.wait in its code), where every default entry does."""
