@@ -19,9 +19,7 @@ errors need no GPU.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,8 +28,9 @@ for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integrat
     sys.path.insert(0, str(p))
 
 from catalog import da_cluster_smem  # noqa: E402
+from qkv_attention_bench import context_inputs, layer_weights, raw_launcher, time_graph  # noqa: E402
 
-NQ, NKV, D, K, LAYERS, EPS, CLUSTER = 32, 8, 128, 2560, 36, 1e-6, 8
+NQ, NKV, D, K, LAYERS, EPS, CLUSTER = 32, 8, 128, 2560, 36, 1e-6, 8  # LAYERS: qkv_attention_bench's too
 N = (NQ + 2 * NKV) * D
 GEMV_GRID = 192  # kern_gemv_norm_m1_p2 on 4B's qkv
 BW = 4.25e6  # bytes per µs
@@ -40,44 +39,7 @@ BW = 4.25e6  # bytes per µs
 def halves_launcher(path: Path):
     """launch(args) for the -DDA_HALVES=2 build's decode_attention_rope_cluster: grid [NKV, 16, 1] (two clusters of 8
     per kv head), 128 threads, the default's dynamic shared memory (2-page rings), carveout 0, PDL."""
-    import torch
-    from cuda.bindings import driver as cu
-    from cubin_launch import check, launch_function
-
-    f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"decode_attention_rope_cluster"))
-    smem = da_cluster_smem(2)
-    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
-    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
-
-    def launch(args):
-        hold = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else
-                ctypes.c_float(a) if isinstance(a, float) else ctypes.c_int32(a) for a in args]
-        ptrs = (ctypes.c_void_p * len(hold))(*[ctypes.addressof(h) for h in hold])
-        launch_function(f, (NKV, 2 * CLUSTER, 1), (128, 1, 1), smem,
-                        cu.CUstream(torch.cuda.current_stream().cuda_stream), ctypes.addressof(ptrs), pdl=True)
-    return launch
-
-
-def time_graph(body, replays: int) -> float:
-    """µs per layer: body() captured once into a CUDA graph, replayed; median over the replays."""
-    import torch
-
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        body()  # warm (module loads)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        body()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / LAYERS)
-    return statistics.median(ts)
+    return raw_launcher(path, "decode_attention_rope_cluster", (NKV, 2 * CLUSTER, 1), 128, da_cluster_smem(2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,18 +66,11 @@ def main(argv: list[str] | None = None) -> int:
 def run(a: argparse.Namespace) -> int:
     import torch
     from cubin_launch import KernelSet
-    from gpu_helpers import pool, rope_table
 
-    BF = torch.bfloat16
     torch.empty(1, device="cuda")
     ks = KernelSet(a.kernels)
     halves = halves_launcher(a.cubin)
-    cos_sin = rope_table()
-    torch.manual_seed(0)
-    x = (torch.randn(1, K, device="cuda") * 3).to(BF)
-    ws = [(torch.randn(N, K, device="cuda") / math.sqrt(K)).to(BF) for _ in range(LAYERS)]
-    nw = (torch.rand(K, device="cuda") + 0.5).to(BF)
-    qw, kw = (torch.rand(D, device="cuda") + 0.5).to(BF), (torch.rand(D, device="cuda") + 0.5).to(BF)
+    x, ws, nw, qw, kw, cos_sin = layer_weights()
     part = torch.empty(NKV * 2 * (NQ // NKV) * D * 3, dtype=torch.float32, device="cuda")
     pair_count = torch.zeros(NKV * CLUSTER, dtype=torch.int32, device="cuda")
     print(f"Qwen3-4B geometry, {LAYERS} layers per graph, µs per layer (median of {a.replays} replays, best of "
@@ -125,13 +80,9 @@ def run(a: argparse.Namespace) -> int:
           "out max abs diff (max abs out) | added floor |")
     print("|---:|---|---|---:|---|---:|")
     for L in a.context or [130, 4096]:
-        kv, bt, layer_elems, page_elems = pool(L, LAYERS)
-        seq = torch.tensor([L], dtype=torch.int32, device="cuda")
-        pos = torch.tensor([L - 1], dtype=torch.int64, device="cuda")
-        slot = (bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
-        qkv = torch.empty(1, N, dtype=BF, device="cuda")
-        out = torch.empty(1, NQ * D, dtype=BF, device="cuda")
-        tail = [bt.numel(), page_elems * 2, 1 / math.sqrt(D), EPS]
+        c = context_inputs(L)
+        kv, bt, layer_elems, page_elems, seq, pos, slot, qkv, out, tail = (c[k] for k in (
+            "kv", "bt", "layer_elems", "page_elems", "seq", "pos", "slot", "qkv", "out", "tail"))
 
         def gemv(layer):
             ks.launch("kern_gemv_norm_m1_p2", (GEMV_GRID,), [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
@@ -189,7 +140,7 @@ def run(a: argparse.Namespace) -> int:
         cells = [f"{p:.2f} / {al:.2f} / {p - g_alone:.2f}" for p, al in (best["one"], best["two"])]
         print(f"| {L} | " + " | ".join(cells) + f" | {g_alone:.2f} | {diff:.2e} ({ref:.2e}) | "
               f"{L * NKV * 512 / BW:.2f} |", flush=True)
-        del kv, bt
+        del kv, bt, c
         torch.cuda.empty_cache()
     return 0
 

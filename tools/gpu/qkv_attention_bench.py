@@ -62,13 +62,15 @@ def parse_cubin(spec: str) -> tuple[str, Path, int, int, int]:
     return name, Path(f), slots, slot_bytes, threads
 
 
-def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
+def raw_launcher(path: Path, entry: str, grid: tuple[int, int, int], threads: int, smem: int):
+    """launch(args) for `entry` of the cubin at `path`, outside any kernel index: a PDL launch of grid and `threads`
+    threads with `smem` bytes of dynamic shared memory (its limit raised to that) and carveout 0, on torch's current
+    stream. args: torch tensors (their data pointers), floats (f32) and ints (i32), in the entry's order."""
     import torch
     from cuda.bindings import driver as cu
     from cubin_launch import check, launch_function
 
-    f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), b"qkv_attention_rope_cluster"))
-    smem = rope_smem(threads) + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K  # qkv_attention.cu's QA_XN_OFF + 2k
+    f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), entry.encode()))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
 
@@ -76,9 +78,49 @@ def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
         hold = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else
                 ctypes.c_float(a) if isinstance(a, float) else ctypes.c_int32(a) for a in args]
         ptrs = (ctypes.c_void_p * len(hold))(*[ctypes.addressof(h) for h in hold])
-        launch_function(f, (NKV, 8, 1), (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
+        launch_function(f, grid, (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
                         ctypes.addressof(ptrs), pdl=True)
     return launch
+
+
+def fused_launcher(path: Path, slots: int, slot_bytes: int, threads: int):
+    smem = rope_smem(threads) + 128 + slots * slot_bytes + (8 + 2) * D * 2 + 2 * K  # qkv_attention.cu's QA_XN_OFF + 2k
+    return raw_launcher(path, "qkv_attention_rope_cluster", (NKV, 8, 1), threads, smem)
+
+
+def layer_weights():
+    """Seeded (torch.manual_seed(0)) random inputs of the pairs: x (bf16 [1, K], ×3), one qkv weight per layer (bf16
+    [N, K] / √K, LAYERS of them), the input norm's weight, q_norm's and k_norm's (bf16, uniform in [0.5, 1.5)), and
+    the rotary table (gpu_helpers.rope_table). Returns (x, ws, nw, qw, kw, cos_sin)."""
+    import torch
+    from gpu_helpers import rope_table
+
+    BF = torch.bfloat16
+    cos_sin = rope_table()
+    torch.manual_seed(0)
+    x = (torch.randn(1, K, device="cuda") * 3).to(BF)
+    ws = [(torch.randn(N, K, device="cuda") / math.sqrt(K)).to(BF) for _ in range(LAYERS)]
+    nw = (torch.rand(K, device="cuda") + 0.5).to(BF)
+    qw, kw = (torch.rand(D, device="cuda") + 0.5).to(BF), (torch.rand(D, device="cuda") + 0.5).to(BF)
+    return x, ws, nw, qw, kw, cos_sin
+
+
+def context_inputs(L: int) -> dict:
+    """The tensors and params a pair runs with at L cached tokens (Qwen3-4B geometry): `kv`, `bt`, `layer_elems`,
+    `page_elems` (gpu_helpers.pool for LAYERS layers), `seq` (seq_lens, i32 [1]), `pos` (i64 [1], L - 1), `slot`
+    (slot_mapping of position L - 1), `qkv` and `out` (bf16 rows [1, N] and [1, NQ·D], uninitialized) and `tail`
+    (decode_attention_rope_cluster's trailing params: bt_stride, page_bytes, sm_scale, eps)."""
+    import torch
+    from gpu_helpers import pool
+
+    kv, bt, layer_elems, page_elems = pool(L, LAYERS)
+    return dict(kv=kv, bt=bt, layer_elems=layer_elems, page_elems=page_elems,
+                seq=torch.tensor([L], dtype=torch.int32, device="cuda"),
+                pos=torch.tensor([L - 1], dtype=torch.int64, device="cuda"),
+                slot=(bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1),
+                qkv=torch.empty(1, N, dtype=torch.bfloat16, device="cuda"),
+                out=torch.empty(1, NQ * D, dtype=torch.bfloat16, device="cuda"),
+                tail=[bt.numel(), page_elems * 2, 1 / math.sqrt(D), EPS])
 
 
 def time_graph(body, replays: int) -> float:
@@ -130,33 +172,21 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int, int, int]]) -> 
     import torch
     from cubin_launch import KernelSet
 
-    BF = torch.bfloat16
     torch.empty(1, device="cuda")
     ks = KernelSet(a.kernels)
     p2 = "kern_gemv_norm_m1_p2" in ks.kernels
     gemv = "kern_gemv_norm_m1_p2" if p2 else "kern_gemv_norm_m1"
     grid = (192,) if p2 else (-(-N // 16),)
     builds = {name: fused_launcher(f, slots, slot_bytes, threads) for name, f, slots, slot_bytes, threads in specs}
-    from gpu_helpers import pool, rope_table
-
-    cos_sin = rope_table()
-    torch.manual_seed(0)
-    x = (torch.randn(1, K, device="cuda") * 3).to(BF)
-    ws = [(torch.randn(N, K, device="cuda") / math.sqrt(K)).to(BF) for _ in range(LAYERS)]
-    nw = (torch.rand(K, device="cuda") + 0.5).to(BF)
-    qw, kw = (torch.rand(D, device="cuda") + 0.5).to(BF), (torch.rand(D, device="cuda") + 0.5).to(BF)
+    x, ws, nw, qw, kw, cos_sin = layer_weights()
     print(f"Qwen3-4B geometry, {LAYERS} layers per graph, µs per layer (median of {a.replays} replays); "
           f"pair = {gemv} (grid {grid[0]}) + decode_attention_rope_cluster_pdl, every launch PDL")
     print("| context | floor µs | pair | " + " | ".join(builds) + " |")
     print("|---:|---:|---:|" + "---:|" * len(builds))
     for L in a.context or [130, 4096]:
-        kv, bt, layer_elems, page_elems = pool(L, LAYERS)
-        seq = torch.tensor([L], dtype=torch.int32, device="cuda")
-        pos = torch.tensor([L - 1], dtype=torch.int64, device="cuda")
-        slot = (bt[(L - 1) // 16].long() * 16 + (L - 1) % 16).view(1)
-        qkv = torch.empty(1, N, dtype=BF, device="cuda")
-        out = torch.empty(1, NQ * D, dtype=BF, device="cuda")
-        tail = [bt.numel(), page_elems * 2, 1 / math.sqrt(D), EPS]
+        c = context_inputs(L)
+        kv, bt, layer_elems, seq, pos, slot, qkv, out, tail = (c[k] for k in (
+            "kv", "bt", "layer_elems", "seq", "pos", "slot", "qkv", "out", "tail"))
 
         def pair():
             for layer in range(LAYERS):
