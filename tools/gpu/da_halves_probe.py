@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(a: argparse.Namespace) -> int:
     import torch
     from cubin_launch import KernelSet
+    from gpu_helpers import row_offsets
 
     torch.empty(1, device="cuda")
     ks = KernelSet(a.kernels)
@@ -96,6 +97,7 @@ def run(a: argparse.Namespace) -> int:
             halves([qkv, pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out, NQ, NKV, N, *tail,
                     part, pair_count])
 
+        row = row_offsets(int(slot), page_elems)  # the current token's k|v in layer 0, every head
         row_bytes = {}
         results = {}
         for name, att in (("one", one), ("two", two)):
@@ -104,9 +106,7 @@ def run(a: argparse.Namespace) -> int:
             att(0)
             torch.cuda.synchronize()
             results[name] = out.clone()
-            r = (bt[(L - 1) // 16].long() * page_elems + torch.arange(NKV, device="cuda")[:, None] * 16 * 256
-                 + (L - 1) % 16 * 256 + torch.arange(256, device="cuda")[None, :])
-            row_bytes[name] = kv[r].clone()
+            row_bytes[name] = kv[row].clone()
         if not torch.isfinite(results["two"].float()).all():
             raise SystemExit(f"context {L}: the two-cluster form left non-finite outputs (unwritten or wrong)")
         if not torch.equal(row_bytes["one"].view(torch.int16), row_bytes["two"].view(torch.int16)):

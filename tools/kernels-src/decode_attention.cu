@@ -288,6 +288,10 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// A partial result's weight in a merge: 2^(m - mm) for its running max m (log2 domain) against the merged max mm; 0
+// for a part that saw no key (m = -inf).
+__device__ __forceinline__ float merge_weight(float m, float mm) { return m == -INFINITY ? 0.f : ex2(m - mm); }
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
     return *reinterpret_cast<uint32_t*>(&v);
@@ -649,7 +653,7 @@ __device__ __forceinline__ void cta_attend(const Geo& geo, int gw, int step, int
             for (int w = 0; w < DA_WARPS; ++w) {
                 const float* rw = smem + w * DA_RED_FLOATS;
                 const float mw = rw[gg];
-                const float wt = mw == -INFINITY ? 0.f : ex2(mw - mm);
+                const float wt = merge_weight(mw, mm);
                 ls += wt * rw[DA_MAX_G + gg];
                 a += wt * rw[2 * DA_MAX_G + gg * DA_D + d];
             }
@@ -759,8 +763,8 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
     float mm = fmaxf(ml0.x, ml1.x);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
-    const float w0 = ml0.x == -INFINITY ? 0.f : ex2(ml0.x - mm);
-    const float w1 = ml1.x == -INFINITY ? 0.f : ex2(ml1.x - mm);
+    const float w0 = merge_weight(ml0.x, mm);
+    const float w1 = merge_weight(ml1.x, mm);
     float ls = w0 * ml0.y + w1 * ml1.y;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
@@ -870,7 +874,7 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
         float ls = 0.f, acc = 0.f;
 #pragma unroll
         for (int r = 0; r < DA_CLUSTER; ++r) {
-            const float w = mr[r] == -INFINITY ? 0.f : ex2(mr[r] - mm);
+            const float w = merge_weight(mr[r], mm);
             ls += w * lr[r];
             acc += w * ar[r];
         }
@@ -1084,13 +1088,9 @@ struct HalfEmit {
     float* mine;  // this thread's triple, kept for the pair merge
     __device__ __forceinline__ void operator()(int e, float mm, float ls, float acc) const {
         float* p = part_h + (int64_t(half) * GD + e) * 3;
-        p[0] = mm;
-        p[1] = ls;
-        p[2] = acc;
-        mine[0] = mm;
-        mine[1] = ls;
-        mine[2] = acc;
-        mine[3] = __int_as_float(e);
+        p[0] = mine[0] = mm;
+        p[1] = mine[1] = ls;
+        p[2] = mine[2] = acc;
     }
 };
 #else
@@ -1182,7 +1182,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     if (!one_half) {
         const int GD = G * DA_D;
         float* part_h = part + (b * num_kv_heads + h) * int64_t(2 * GD * 3);
-        float mine[4] = {0.f, 0.f, 0.f, __int_as_float(-1)};
+        float mine[3] = {0.f, 0.f, 0.f};
         cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h, HalfEmit{part_h, half, GD, mine});
         __shared__ int da_later;
         __syncthreads();  // every triple of the slice stored
@@ -1197,14 +1197,14 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
             }
         }
         __syncthreads();
-        const int e = __float_as_int(mine[3]);
-        if (da_later && e >= 0) {
+        const int per = G * (DA_D / DA_CLUSTER), e = s * per + int(threadIdx.x);  // cluster_merge's element
+        if (da_later && int(threadIdx.x) < per) {
             const float* o = part_h + (int64_t(1 - half) * GD + e) * 3;
             const float om = __ldcg(o), ol = __ldcg(o + 1), oa = __ldcg(o + 2);
             const float m0 = half == 0 ? mine[0] : om, l0 = half == 0 ? mine[1] : ol, a0 = half == 0 ? mine[2] : oa;
             const float m1 = half == 0 ? om : mine[0], l1 = half == 0 ? ol : mine[1], a1 = half == 0 ? oa : mine[2];
             const float mm = fmaxf(m0, m1);
-            const float w0 = m0 == -INFINITY ? 0.f : ex2(m0 - mm), w1 = m1 == -INFINITY ? 0.f : ex2(m1 - mm);
+            const float w0 = merge_weight(m0, mm), w1 = merge_weight(m1, mm);
             out_h[e] = __float2bfloat16_rn((w0 * a0 + w1 * a1) / (w0 * l0 + w1 * l1));
         }
         return;
