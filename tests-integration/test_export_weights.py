@@ -109,7 +109,7 @@ def read_export(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     raw = path.read_bytes()
     out = {}
     for name, t in safetensors.deserialize(raw):
-        dt = {"BF16": np.uint16, "F32": np.float32}[t["dtype"]]
+        dt = {"BF16": np.uint16, "F32": np.float32, "I8": np.int8}[t["dtype"]]
         out[name] = np.frombuffer(bytes(t["data"]), dt).reshape(t["shape"])
     n = int.from_bytes(raw[:8], "little")
     meta = json.loads(raw[8 : 8 + n])["__metadata__"]
@@ -157,7 +157,7 @@ def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) 
 
     got, meta = read_export(out)
     ref = fused_reference(cfg, t)
-    assert set(got) == set(ref) | {"rope.cos_sin"}
+    assert set(got) == set(ref) | {"rope.cos_sin", "lm_head.screen.q8", "lm_head.screen.rows"}
     assert ("lm_head.weight" in got) == (not tied)
     for name, want in ref.items():
         assert got[name].dtype == np.uint16 and got[name].shape == want.shape, name
@@ -172,6 +172,7 @@ def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) 
     assert cs.dtype == np.float32 and cs.shape == (64, 16)  # max_position_embeddings rows by default
     np.testing.assert_allclose(cs, rope_reference(64, 16, 10000.0), rtol=0, atol=2e-5)
     assert meta["tie_word_embeddings"] == str(tied).lower() and meta["rope_positions"] == "64"
+    assert meta["screened_head"] == "true"
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
 
 
@@ -781,3 +782,246 @@ def test_index_shard_outside_the_checkpoint_is_refused(tmp_path: Path, capsys: p
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(idx))
     msg = _cli_error(tmp_path, capsys, ckpt)
     assert f"shard `{shard}` (holding `" in msg and "is outside the checkpoint directory" in msg
+
+
+# ------------------------------------------------------------------ the screened lm_head's derived tensors
+
+
+def _bf16_values(words: np.ndarray) -> np.ndarray:
+    """bf16 words -> their values as float32 (exact)."""
+    return (words.astype(np.uint32) << 16).view(np.float32)
+
+
+def _screen_test_rows(H: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 words [rows, H] of many kinds of rows, and which rows are all finite.
+
+    Rows 16, 17: zeros; 21: ties; 22, 23: e = 0; 24..27: not finite."""
+    rows = [
+        rng.standard_normal((6, H)),  # normal
+        rng.standard_normal((6, H)) * np.exp(3 * rng.standard_normal(6))[:, None],  # log-normal row scales
+        rng.standard_t(2, (4, H)),  # heavy-tailed values
+        np.zeros((1, H)),  # all zero: s = c = 0
+        -np.zeros((1, H)),
+        rng.standard_normal((1, H)) * 1e-20,  # tiny
+        rng.standard_normal((1, H)) * 1e4,  # large
+    ]
+    outlier = rng.standard_normal(H) * 0.02
+    outlier[H // 3] = 50.0  # one weight dominates the scale: the rest quantize coarsely
+    rows.append(outlier[None])
+    ties = np.zeros(H)  # amax 127: s = 1 exactly, and w / s = k + 1/2 rounds half to even
+    ties[:8] = [127.0, 2.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5]
+    rows.append(ties[None])
+    ints = np.rint(rng.uniform(-127, 127, (2, H)))  # exactly s·q (e = 0): only the fp32 rounding terms remain
+    ints[:, 0] = 127
+    rows.append(ints * np.array([[1.0], [2.0**-3]]))
+    bad = rng.standard_normal((4, H))
+    bad[0, 1], bad[1, H - 1], bad[2, 0], bad[3, :] = np.inf, -np.inf, np.nan, np.nan
+    rows.append(bad)
+    words = ew.f32_to_bf16(np.concatenate(rows).astype(np.float32))
+    finite = np.isfinite(_bf16_values(words)).all(axis=1)
+    assert finite.sum() == len(words) - 4
+    return words, finite
+
+
+def _x_vectors(H: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """~20 bf16-representable vectors (as float32): plain, with a large dynamic range, sparse, one-hot."""
+    xs = [rng.standard_normal(H) for _ in range(6)]
+    xs += [rng.choice([-1.0, 1.0], H) * 2.0 ** rng.uniform(-20, 20, H) for _ in range(6)]  # 2^±20 magnitudes
+    xs += [rng.standard_normal(H) * (rng.random(H) < 0.05) * 1e3 for _ in range(3)]  # sparse
+    xs += [np.eye(H)[rng.integers(H)], np.ones(H), np.full(H, -3.0), rng.standard_t(1, H)]
+    xs += [np.where(np.arange(H) % 2 == 0, 1e6, 1e-6) * rng.choice([-1.0, 1.0], H)]
+    return [_bf16_values(ew.f32_to_bf16(x.astype(np.float32))) for x in xs]
+
+
+def _fl32_dots(x: np.ndarray, m: np.ndarray) -> list[np.ndarray]:
+    """fp32 dots x·m[r] in three summation orders: forward, reverse (sequential float32 sums) and numpy's pairwise."""
+    prod = x[None, :].astype(np.float32) * m.astype(np.float32)  # bf16·bf16 and bf16·int8: exact in float32
+    return [np.cumsum(prod, axis=1, dtype=np.float32)[:, -1], np.cumsum(prod[:, ::-1], axis=1, dtype=np.float32)[:, -1],
+            prod.sum(axis=1, dtype=np.float32)]
+
+
+@pytest.mark.parametrize("H", [16, 1024])
+def test_screen_head_rows_definitions_and_bound(H: int) -> None:
+    """screen_head_rows: q within ±127, s = float32(max|w|/127), q and c as defined (against a per-row float64
+    reference), non-finite rows NaN/NaN/0, and the bound |fl32(x·w) − s·fl32(x·q)| ≤ ‖x‖₂·c for ~20 vectors
+    x and every row, whichever order either fp32 dot is summed in (rows 22, 23 fail it without the γ term)."""
+    rng = np.random.default_rng(H)
+    words, finite = _screen_test_rows(H, rng)
+    q, sc = ew.screen_head_rows(words)
+    assert q.dtype == np.int8 and q.shape == words.shape
+    assert sc.dtype == np.float32 and sc.shape == (len(words), 2)
+    assert q.min() >= -127 and q.max() <= 127
+    s, c = sc[:, 0], sc[:, 1]
+    assert np.all(np.isnan(s[~finite])) and np.all(np.isnan(c[~finite])) and np.all(q[~finite] == 0)
+    w = _bf16_values(words).astype(np.float64)
+    gamma = (H + 64) * 2.0**-24 * 1.001
+    for r in np.flatnonzero(finite):  # the definitions, row by row
+        amax = float(np.max(np.abs(w[r])))
+        assert s[r] == np.float32(amax / 127), r
+        s64 = float(s[r])
+        want_q = np.zeros(H) if s64 == 0 else np.clip(np.rint(w[r] / s64), -127, 127)
+        np.testing.assert_array_equal(q[r], want_q.astype(np.int8), err_msg=f"row {r}")
+        e = math.sqrt(math.fsum((w[r] - s64 * want_q) ** 2))
+        c_real = (e + gamma * (s64 * math.sqrt(math.fsum(want_q**2)) + math.sqrt(math.fsum(w[r] ** 2)))) * (1 + 1e-12)
+        assert c_real * (1 - 1e-14) <= float(c[r]) <= max(c_real * (1 + 2.0**-22), 0.0), (r, float(c[r]), c_real)
+    assert s[16] == s[17] == 0 and c[16] == c[17] == 0  # the all-zero rows (of 0.0 and of -0.0)
+    ties = 21
+    assert s[ties] == 1.0 and q[ties, :8].tolist() == [127, 2, -4, 0, 0, 2, 126, -126]  # half to even
+
+    fin = np.flatnonzero(finite)
+    s64, c64 = s[fin].astype(np.float64), c[fin].astype(np.float64)
+    for x in _x_vectors(H, rng):
+        nx = float(np.linalg.norm(x.astype(np.float64)))
+        for dw in _fl32_dots(x, w[fin].astype(np.float32)):
+            for dq in _fl32_dots(x, q[fin]):
+                gap = np.abs(dw.astype(np.float64) - s64 * dq.astype(np.float64))
+                assert np.all(gap <= nx * c64), (fin[np.argmax(gap / (nx * c64))], np.max(gap / (nx * c64)))
+    # x along a row's own quantization residual w − s·q (the worst direction): the bound holds and is nearly met
+    for r in fin[s[fin] > 0]:
+        if r in (22, 23):
+            continue  # no residual
+        x = _bf16_values(ew.f32_to_bf16((w[r] - float(s[r]) * q[r]).astype(np.float32)))
+        nx = float(np.linalg.norm(x.astype(np.float64)))
+        ratios = [abs(float(dw[0]) - float(s[r]) * float(dq[0])) / (nx * float(c[r]))
+                  for dw in _fl32_dots(x, w[r : r + 1]) for dq in _fl32_dots(x, q[r : r + 1])]
+        assert 0.95 < min(ratios) and max(ratios) <= 1.0, (r, ratios)  # measured: 0.98..0.998
+
+
+def test_screen_head_rows_is_tight_for_normal_rows() -> None:
+    """Normal rows of Qwen3-4B's width: c / ‖w‖ stays below 0.02 (int8 error ~1%), so candidate sets stay small."""
+    rng = np.random.default_rng(5)
+    words = ew.f32_to_bf16((rng.standard_normal((64, 2560)) * 0.02).astype(np.float32))
+    _, sc = ew.screen_head_rows(words)
+    nw = np.linalg.norm(_bf16_values(words).astype(np.float64), axis=1)
+    ratio = sc[:, 1] / nw
+    assert np.all(ratio < 0.02) and np.all(ratio > 0.001), (ratio.min(), ratio.max())
+
+
+def test_screen_head_rows_slices_agree_and_reject_bad_input() -> None:
+    rng = np.random.default_rng(9)
+    words = ew.f32_to_bf16(rng.standard_normal((50, 32)).astype(np.float32))
+    q, sc = ew.screen_head_rows(words)
+    parts = [ew.screen_head_rows(words[a : a + 7]) for a in range(0, 50, 7)]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), q)
+    assert np.concatenate([p[1] for p in parts]).tobytes() == sc.tobytes()
+    with pytest.raises(ValueError, match="uint16"):
+        ew.screen_head_rows(words.astype(np.float32))
+
+
+def _data_offsets(path: Path) -> tuple[int, dict[str, tuple[str, list[int], list[int]]]]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header.pop("__metadata__")
+    return 8 + n, {k: (v["dtype"], v["shape"], v["data_offsets"]) for k, v in header.items()}
+
+
+def _head_words(tied: bool) -> tuple[dict, dict[str, np.ndarray], str]:
+    cfg = TINY | {"tie_word_embeddings": tied}
+    t = hf_tensors(cfg, seed=4)
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    h = t[head].copy()
+    h[3] = 0  # an all-zero row
+    h[5, 7] = 0x7F80  # +inf
+    h[9, 1] = 0x7FC0  # NaN
+    h[11, 0] = 0x4700  # an outlier, 32768
+    t[head] = h
+    return cfg, t, head
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_export_writes_the_screened_head(tmp_path: Path, tied: bool) -> None:
+    """Default on: q8 (I8 [V, H]) and rows (F32 [V, 2]) after rope.cos_sin, equal to screen_head_rows of the
+    exported head; every other tensor's bytes and order as with --no-screened-head (which omits both)."""
+    cfg, t, head = _head_words(tied)
+    ckpt = write_checkpoint(tmp_path / "c", cfg, t, shards=2)
+    on, off = tmp_path / "on.safetensors", tmp_path / "off.safetensors"
+    plan = ew.export(ckpt, on, progress=False)
+    assert ew.main([str(ckpt), "--out", str(off), "--quiet", "--no-screened-head"]) == 0
+
+    got, meta = read_export(on)
+    base, meta_off = read_export(off)
+    assert meta["screened_head"] == "true" and meta_off["screened_head"] == "false"
+    assert set(got) == set(base) | {"lm_head.screen.q8", "lm_head.screen.rows"}
+    assert "lm_head.screen.q8" not in base and "lm_head.screen.rows" not in base
+    for name, arr in base.items():
+        assert got[name].tobytes() == arr.tobytes(), name
+    q8, rows = got["lm_head.screen.q8"], got["lm_head.screen.rows"]
+    assert q8.dtype == np.int8 and q8.shape == (cfg["vocab_size"], cfg["hidden_size"])
+    assert rows.dtype == np.float32 and rows.shape == (cfg["vocab_size"], 2)
+    want_q, want_sc = ew.screen_head_rows(got[head])
+    np.testing.assert_array_equal(got[head], t[head])
+    assert q8.tobytes() == want_q.tobytes() and rows.tobytes() == want_sc.tobytes()
+    assert np.isnan(rows[5]).all() and np.isnan(rows[9]).all() and (q8[5] == 0).all() and (q8[9] == 0).all()
+    assert rows[3].tolist() == [0.0, 0.0] and rows[11, 0] == np.float32(32768 / 127)
+    assert np.isfinite(np.delete(rows, [5, 9], axis=0)).all()
+
+    # file order: the same tensors at the same places, the two new ones after the rope table; size = header + plan
+    start_on, h_on = _data_offsets(on)
+    start_off, h_off = _data_offsets(off)
+    order = sorted(h_on, key=lambda k: h_on[k][2][0])
+    assert order[-3:] == ["rope.cos_sin", "lm_head.screen.q8", "lm_head.screen.rows"]
+    assert order[:-2] == sorted(h_off, key=lambda k: h_off[k][2][0])
+    assert all(h_on[k] == v for k, v in h_off.items())
+    raw_on, raw_off = on.read_bytes(), off.read_bytes()
+    assert raw_on[start_on : start_on + len(raw_off) - start_off] == raw_off[start_off:]
+    assert len(raw_on) == start_on + sum(o.nbytes for o in plan)
+    assert h_on["lm_head.screen.q8"][0] == "I8" and h_on["lm_head.screen.rows"][0] == "F32"
+
+
+def test_screened_head_from_an_f32_checkpoint(tmp_path: Path) -> None:
+    """The derived tensors come from the head as the export writes it: after f32 -> bf16 rounding."""
+    cfg, t, head = _head_words(False)
+    f32 = {k: _bf16_values(v) * np.float32(1 + 2**-12) for k, v in t.items()}  # sub-bf16 noise to round away
+    ew.export(write_checkpoint(tmp_path / "c", cfg, f32), tmp_path / "w.safetensors", progress=False)
+    got, _ = read_export(tmp_path / "w.safetensors")
+    np.testing.assert_array_equal(got[head], ew.f32_to_bf16(f32[head]))
+    want_q, want_sc = ew.screen_head_rows(ew.f32_to_bf16(f32[head]))
+    assert got["lm_head.screen.q8"].tobytes() == want_q.tobytes()
+    assert got["lm_head.screen.rows"].tobytes() == want_sc.tobytes()
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_screened_head_is_written_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool) -> None:
+    """With small chunks the head is read and screened a few rows at a time (never whole), and the derived tensors
+    are byte-identical to an export with the default chunk size."""
+    cfg, t, head = _head_words(tied)
+    ckpt = write_checkpoint(tmp_path / "c", cfg, t, shards=3)
+    ew.export(ckpt, tmp_path / "big.safetensors", progress=False)
+    want = (tmp_path / "big.safetensors").read_bytes()
+
+    monkeypatch.setattr(ew, "CHUNK_BYTES", 20000)  # 9 rows of 64 at 32 bytes of temporaries an element
+    calls: list[int] = []
+    real = ew.screen_head_rows
+    monkeypatch.setattr(ew, "screen_head_rows", lambda w: calls.append(len(w)) or real(w))
+    ew.export(ckpt, tmp_path / "small.safetensors", progress=False)
+    assert len(calls) >= 10 and max(calls) < cfg["vocab_size"] and sum(calls) == cfg["vocab_size"]  # one pass
+    assert (tmp_path / "small.safetensors").read_bytes() == want
+
+    monkeypatch.setattr(ew, "CHUNK_BYTES", 1000)  # one row a slice, the source read in 1000-byte pieces
+    calls.clear()
+    ew.export(ckpt, tmp_path / "tiny.safetensors", progress=False)
+    assert calls == [1] * cfg["vocab_size"]
+    assert (tmp_path / "tiny.safetensors").read_bytes() == want
+
+
+def test_only_screened_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--only-screened-head: a file of the two derived tensors alone, the same bytes as in the full export; with
+    --no-screened-head it is refused."""
+    cfg, t, _ = _head_words(False)
+    ckpt = write_checkpoint(tmp_path / "c", cfg, t)
+    ew.export(ckpt, tmp_path / "full.safetensors", progress=False)
+    assert ew.main([str(ckpt), "--out", str(tmp_path / "s.safetensors"), "--quiet", "--only-screened-head"]) == 0
+    full, _ = read_export(tmp_path / "full.safetensors")
+    got, meta = read_export(tmp_path / "s.safetensors")
+    assert set(got) == {"lm_head.screen.q8", "lm_head.screen.rows"}
+    for name, arr in got.items():
+        assert arr.tobytes() == full[name].tobytes(), name
+    assert meta["screened_head"] == "true" and meta["screened_head_only"] == "true" and "rope_positions" not in meta
+    assert meta["source_dtypes"] == "BF16"
+    with pytest.raises(ew.ExportError, match="contradict"):
+        ew.export(ckpt, tmp_path / "x.safetensors", screened_head=False, only_screened_head=True, progress=False)
+    with pytest.raises(SystemExit):
+        ew.main([str(ckpt), "--out", str(tmp_path / "x.safetensors"), "--only-screened-head", "--no-screened-head"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "x.safetensors").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -518,9 +519,69 @@ def test_cli_damaged_kernel_index(fake_kernels: Path, tmp_path: Path, capsys) ->
 # ------------------------------------------------------------------ the exporter writes what the manifest binds
 
 
+@pytest.mark.parametrize("preset", GEOMETRIES)
+def test_screened_lm_head(preset: str, fake_kernels: Path) -> None:
+    """--lm-head screened: decode ends in one call of the screened op (screen, pick, argmax_reduce: grids and
+    counts consistent), its derived weights declared, no `logits`, no dense lm_head op or argmax op; it verifies."""
+    cfg = Qwen3Config.preset(preset)
+    V, H = cfg.vocab_size, cfg.hidden_size
+    m = _build(preset, fake_kernels, lm_head="screened", pdl=True, decode_attention="rope-cluster")
+    text = ks.dump(m)
+    assert kern_verify.verify(ks.load(text), text.decode()) == []
+    calls = m.programs["decode"].calls
+    assert [c.label for c in calls[-2:]] == [f"l{cfg.num_hidden_layers - 1}.down_proj_add", "norm_lm_head_argmax"]
+    last = calls[-1]
+    assert last.op == gen.LM_HEAD_SCREENED_OP
+    head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    assert [a.buf for a in last.args] == ["residual", "model.norm.weight", "lm_head.screen.q8", "lm_head.screen.rows",
+                                          head, "next_token"]
+    assert "logits" not in m.buffers and "gemv_norm_lm_head" not in m.ops and "argmax" not in m.ops
+    assert (m.buffers["lm_head.screen.q8"].dtype, m.buffers["lm_head.screen.q8"].shape) == ("i8", [V, H])
+    assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 2])
+    op = m.ops[gen.LM_HEAD_SCREENED_OP]
+    screen, pick, red = op.impl.launches
+    assert [la.entry for la in op.impl.launches] == ["kern_lmhead_screen_m1", "kern_lmhead_pick_m1", "argmax_reduce"]
+    assert all(la.pdl for la in op.impl.launches) and red.module == "argmax_pdl"
+    nb1, parts = math.ceil(V / 32), math.ceil(V / 1024)
+    assert (screen.grid, pick.grid, red.grid) == ([nb1, 1, 1], [parts, 1, 1], [1, 1, 1])
+    assert screen.shared_mem == pick.shared_mem == 2 * H
+    assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
+    assert op.impl.scratch["keys"] == ks.Scratch(dtype="u16", shape=[V])
+    # the dense manifest is unchanged by the option's existence, and names the dense ops
+    dense = _build(preset, fake_kernels, pdl=True, decode_attention="rope-cluster")
+    assert "logits" in dense.buffers and "lm_head.screen.q8" not in dense.buffers
+
+
+def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:
+    """check_wiring catches a screened op whose launches disagree (the pick's nb1, the reduce's parts)."""
+    cfg = Qwen3Config.preset("4b")
+    index = gen.load_index(fake_kernels)
+    m = _build("4b", fake_kernels, lm_head="screened")
+    op = m.ops[gen.LM_HEAD_SCREENED_OP]
+    pick = op.impl.launches[1]
+    k = index["kern_lmhead_pick_m1"]
+    pick.args[k.param_names.index("nb1")] = ks.Arg(i32=7)
+    op.impl.launches[2].grid = [2, 1, 1]
+    with pytest.raises(gen.WiringError) as e:
+        gen.check_wiring(m, cfg, gen.make_layout(cfg), index)
+    assert "nb1 = 7, expected 4748" in str(e.value) and "grid [2, 1, 1], expected [1, 1, 1]" in str(e.value)
+
+
+def test_cli_lm_head_option(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "m.json"
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head",
+                     "screened"]) == 0
+    assert "lm_head.screen.q8" in ks.load(out).buffers
+    with pytest.raises(SystemExit):
+        gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lm_head", ["dense", "screened"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_exported_weights_are_the_manifest_weights(tmp_path: Path, tied: bool) -> None:
-    """Names, dtypes and shapes of tools/export_weights.py's output == the manifest's weight buffers."""
+def test_exported_weights_are_the_manifest_weights(tmp_path: Path, tied: bool, lm_head: str) -> None:
+    """Names, dtypes and shapes of tools/export_weights.py's output == the manifest's weight buffers (the dense
+    lm_head's manifest with an export without the screened head's tensors, the screened one's with them)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from test_export_weights import TINY, hf_tensors, read_export, write_checkpoint
 
@@ -530,15 +591,16 @@ def test_exported_weights_are_the_manifest_weights(tmp_path: Path, tied: bool) -
     ckpt = write_checkpoint(tmp_path / "ckpt", hf, hf_tensors(hf))
     gen_qwen3_index = write_fake_index(tmp_path / "kernels", [str(ckpt / "config.json")])
     out = tmp_path / "m.json"
-    assert gen.main(["--config", str(ckpt), "--kernels", str(gen_qwen3_index), "--out", str(out)]) == 0
+    assert gen.main(["--config", str(ckpt), "--kernels", str(gen_qwen3_index), "--out", str(out),
+                     "--lm-head", lm_head]) == 0
     m = ks.load(out)
     assert kern_verify.verify(m) == []
 
     import export_weights
 
-    export_weights.export(ckpt, tmp_path / "w.safetensors", progress=False)
+    export_weights.export(ckpt, tmp_path / "w.safetensors", progress=False, screened_head=lm_head == "screened")
     got, _ = read_export(tmp_path / "w.safetensors")
-    dt = {"bf16": "uint16", "f32": "float32"}
+    dt = {"bf16": "uint16", "f32": "float32", "i8": "int8"}
     weights = {n: (dt[b.dtype], b.shape) for n, b in m.buffers.items() if b.class_ == "weight"}
     assert weights == {n: (str(a.dtype), list(a.shape)) for n, a in got.items()}
 

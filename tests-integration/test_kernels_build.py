@@ -81,7 +81,7 @@ def test_index_format(built):
         assert 0 <= k["shared_mem"] <= 232448, name
         assert k["doc"] and k["grid"], name
         if k["module"].removesuffix("_pdl.cubin").removesuffix(".cubin") not in (
-                "embedding", "argmax", "gemv", "gemv_p2", "gemv_persist", "decode_attention"):  # Triton
+                "embedding", "argmax", "gemv", "gemv_p2", "gemv_persist", "decode_attention", "lm_head_screen"):  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
 

@@ -209,7 +209,7 @@ def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys,
 
     def fake_load(manifest, kernels, weights, *, capacity_tokens):
         m = json.loads(manifest)
-        loaded.append((m, Path(kernels), Path(weights), capacity_tokens))
+        loaded.append((m, Path(kernels), [Path(w) for w in weights], capacity_tokens))  # prepare.weights_for
         return FakeRuntime(ManifestInfo.from_json(m), capacity_tokens)
 
     monkeypatch.setattr(kern_driver.Runtime, "load", staticmethod(fake_load))
@@ -222,7 +222,8 @@ def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys,
             "--context", "40", "--steps", "6", "--rounds", "2", "--append", str(md), "--in-process"]
     assert program_sweep.main(args) == 0
     assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320]
-    assert {(k.name, w.name, c) for _, k, w, c in loaded} == {("kernels", "weights.safetensors", 4096)}
+    assert {(k.name, tuple(x.name for x in w), c) for _, k, w, c in loaded} == {
+        ("kernels", ("weights.safetensors",), 4096)}  # a dense lm_head: no lm_head_screen.safetensors
     table = md.read_text()
     assert "kern-run 4b decode, ms/token: 6 steps after a 40-token prompt, 2 alternating rounds" in table
     assert "all in one process (--in-process)" in table

@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 for pkg in ("kern-schema", "kern-verify", "kern-driver", "kern-run"):
     sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
 
-from prepare import paths  # noqa: E402
+from prepare import paths, weights_for  # noqa: E402
 
 MATCH_TOKENS = 32  # tokens compared with kern's for each peer
 FIRST_TOKENS = 8  # tokens printed side by side, per peer
@@ -151,7 +151,7 @@ def bench_kern(res: Results, p, args, state):
     info = ManifestInfo.read(p["manifest"])
     capacity = kv_capacity(args.context, args.steps)
     t0 = time.perf_counter()
-    rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=capacity,
+    rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=capacity,
                       prime_graphs=args.prime_graphs)
     log(f"kern: loaded in {time.perf_counter() - t0:.1f} s" + (" (prime_graphs)" if args.prime_graphs else ""))
     try:

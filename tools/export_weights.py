@@ -4,6 +4,7 @@
 Usage::
 
     python tools/export_weights.py CHECKPOINT_DIR --out W.safetensors [--rope-positions 40960]
+                                   [--no-screened-head | --only-screened-head]
 
 CHECKPOINT_DIR holds `config.json` and either `model.safetensors` or the shards
 listed by `model.safetensors.index.json`. The output follows the provider contract
@@ -16,7 +17,18 @@ listed by `model.safetensors.index.json`. The output follows the provider contra
   `model.embed_tokens.weight` to the lm_head GEMM, so nothing is duplicated);
 - `rope.cos_sin` f32 [positions, D]: row p is cos(p·f_0..f_{D/2-1}) then sin(...), with
   f_j = rope_theta^(-2j/D) computed as transformers does (float32 inverse frequencies,
-  float32 angle p·f_j), the cos/sin of that angle evaluated in float64 and rounded to f32.
+  float32 angle p·f_j), the cos/sin of that angle evaluated in float64 and rounded to f32;
+- `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 2], unless `--no-screened-head`:
+  derived from the head (`lm_head.weight`, or `model.embed_tokens.weight` when tied, as
+  written here in bf16) for the screened greedy lm_head (kernels-src/lm_head_screen.cu):
+  an int8 copy q of each row w with its scale s and an error coefficient c, (s, c) per row,
+  such that for any x the fp32 dot x·w lies within ‖x‖₂·c of s times the fp32 dot x·q,
+  whatever order either is summed in (`screen_head_rows` has the definitions). A row
+  holding a non-finite weight gets q = 0 and s = c = NaN (always a candidate). Computed a
+  few hundred rows at a time; the file's metadata says `screened_head` (true/false).
+  `--only-screened-head` writes these two tensors alone (a file loaded beside a
+  `--no-screened-head` export, for a manifest that declares them; metadata
+  `screened_head_only`: true).
 
 numpy only, no torch: bf16 is moved as raw 16-bit words. float32 and float16
 checkpoints are converted to bf16 with round-to-nearest-even (what torch's
@@ -54,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qwen3_config import ConfigError, Qwen3Config  # noqa: E402
 
 __all__ = ["ExportError", "SafetensorsFile", "Checkpoint", "plan_export", "export", "rope_cos_sin", "f32_to_bf16",
-           "main"]
+           "screen_head_rows", "main"]
 
 CHUNK_BYTES = 64 << 20
 
@@ -64,6 +76,17 @@ _DTYPES: dict[str, np.dtype] = {
     "F16": np.dtype("<f2"),
     "F32": np.dtype("<f4"),
 }
+
+#: dtypes the export writes -> numpy dtype of the written elements
+_OUT_DTYPES: dict[str, np.dtype] = {
+    "BF16": np.dtype("<u2"),  # raw bf16 words
+    "F32": np.dtype("<f4"),
+    "I8": np.dtype("i1"),
+}
+
+#: the screened lm_head's derived tensors (after `rope.cos_sin`, in this order)
+SCREEN_Q8 = "lm_head.screen.q8"
+SCREEN_ROWS = "lm_head.screen.rows"
 
 
 #: bytes per element of every safetensors dtype with whole-byte elements (the header's spans are checked against it)
@@ -331,6 +354,74 @@ def rope_cos_sin(positions: int, head_dim: int, theta: float, first: int = 0) ->
     return np.concatenate([np.cos(angle64), np.sin(angle64)], axis=1).astype(np.float32)
 
 
+def screen_head_rows(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The screened lm_head's derived rows of a slice of the head: (q, sc).
+
+    `words`: the head's rows as bf16 words, uint16 [rows, H]. Returns q, int8 [rows, H]
+    (`lm_head.screen.q8`), and sc, float32 [rows, 2] (`lm_head.screen.rows`: s, c). Each
+    row is computed from its own words only, so slicing the head gives the same bytes.
+
+    Per row, w = the row's bf16 values as float64:
+
+    - s = float32(max|w| / 127) (round to nearest), s64 = float64(s);
+    - q = clip(rint(w / s64), -127, 127) (rint: half to even; the clip guards ±128),
+      q = 0 where s == 0 (an all-zero row);
+    - e = ‖w − s64·q‖₂, nq = ‖q‖₂, nw = ‖w‖₂ (float64), γ = (H + 64)·2⁻²⁴·1.001;
+    - c = (e + γ·(s64·nq + nw))·(1 + 1e-12), rounded up to float32;
+    - a row holding a non-finite weight: s = c = NaN and q = 0 (the kernel then always
+      takes the row as a candidate).
+
+    The bound: for any vector x and fp32 dot products summed in any order (fma or not),
+        |fl32(x·w) − s·fl32(x·q)| ≤ ‖x‖₂·c.
+    fl32(x·w) is within γ·Σ|xᵢwᵢ| ≤ γ·‖x‖₂·nw of the exact x·w (γ covers γ_H = H·u/(1 − H·u),
+    u = 2⁻²⁴); the exact x·w is within ‖x‖₂·e of s·(x·q) (Cauchy–Schwarz); and the int8 dot's
+    own fp32 rounding, scaled by s, is within s·γ·‖x‖₂·nq. The float64 evaluation of e, nq and
+    nw is covered by the factor 1 + 1e-12 and γ's slack; overflow of c rounds to +inf (still
+    a bound). Products xᵢwᵢ are assumed not to underflow (bf16 × bf16 is exact in fp32 above
+    2⁻¹²⁶). The caller bounds RAM by the slice: about 24 bytes of temporaries per element.
+    """
+    words = np.asarray(words)
+    if words.dtype != np.uint16 or words.ndim != 2:
+        raise ValueError(f"screen_head_rows: want bf16 words, uint16 [rows, H]; got {words.dtype} {list(words.shape)}")
+    n, H = words.shape
+    u = words.astype(np.uint32)
+    u <<= np.uint32(16)
+    w32 = u.view(np.float32)
+    finite = np.isfinite(w32).all(axis=1)
+    w = w32.astype(np.float64)
+    del u, w32
+    if not finite.all():
+        w[~finite] = 0.0  # computed as zeros, then marked NaN below
+    if H:
+        amax = np.maximum(w.max(axis=1), -w.min(axis=1))
+    else:
+        amax = np.zeros(n)
+    s = (amax / 127.0).astype(np.float32)
+    s64 = s.astype(np.float64)
+    live = s64 > 0
+    t = w / np.where(live, s64, 1.0)[:, None]
+    np.rint(t, out=t)
+    np.clip(t, -127.0, 127.0, out=t)
+    t[~live] = 0.0
+    q = t.astype(np.int8)
+    nq = np.sqrt(np.einsum("ij,ij->i", t, t))
+    nw = np.sqrt(np.einsum("ij,ij->i", w, w))
+    t *= s64[:, None]  # s·q, exact in float64 (24 + 8 significant bits)
+    np.subtract(w, t, out=t)
+    e = np.sqrt(np.einsum("ij,ij->i", t, t))
+    del t, w
+    gamma = (H + 64) * 2.0**-24 * 1.001
+    c_real = (e + gamma * (s64 * nq + nw)) * (1 + 1e-12)
+    with np.errstate(over="ignore"):
+        c = c_real.astype(np.float32)
+    low = c.astype(np.float64) < c_real
+    c[low] = np.nextafter(c[low], np.float32(np.inf))
+    s[~finite] = np.nan
+    c[~finite] = np.nan
+    q[~finite] = 0
+    return q, np.stack([s, c], axis=1)
+
+
 # ---------------------------------------------------------------------------------------
 # The export plan: what each output tensor is made of
 # ---------------------------------------------------------------------------------------
@@ -339,14 +430,17 @@ def rope_cos_sin(positions: int, head_dim: int, theta: float, first: int = 0) ->
 @dataclass(frozen=True)
 class OutTensor:
     name: str
-    dtype: str  # "BF16" or "F32"
+    dtype: str  # "BF16", "F32" or "I8"
     shape: tuple[int, ...]
     parts: tuple[str, ...] = ()  # source tensors concatenated along rows (bf16 outputs)
-    make: Callable[[int, int], np.ndarray] | None = None  # computed outputs (rope table): rows [a, b)
+    make: Callable[[int, int], np.ndarray] | None = None  # computed outputs (rope table, screen): rows [a, b)
+    #: computed outputs: bytes of temporaries `make` needs per row (0: about 4x the row's output bytes); sets the
+    #: row slices so that one slice's temporaries stay within about CHUNK_BYTES
+    work_row_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * (4 if self.dtype == "F32" else 2)
+        return int(np.prod(self.shape, dtype=np.int64)) * _OUT_DTYPES[self.dtype].itemsize
 
 
 def expected_hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -374,8 +468,13 @@ def expected_hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def plan_export(ckpt: Checkpoint, rope_positions: int) -> list[OutTensor]:
+def plan_export(ckpt: Checkpoint, rope_positions: int, screened_head: bool = True,
+                only_screened_head: bool = False) -> list[OutTensor]:
     """The output tensors, in file order, after checking every source tensor.
+
+    `screened_head`: also the screened lm_head's derived tensors (`lm_head.screen.q8`,
+    `lm_head.screen.rows`), computed from the head's bf16 rows, last. `only_screened_head`:
+    those two alone.
 
     Raises ExportError naming the first missing, misshapen, badly typed or unexpected tensor.
     """
@@ -434,11 +533,16 @@ def plan_export(ckpt: Checkpoint, rope_positions: int) -> list[OutTensor]:
         out.append(OutTensor("lm_head.weight", "BF16", (cfg.vocab_size, H), ("lm_head.weight",)))
     out.append(OutTensor("rope.cos_sin", "F32", (rope_positions, D),
                          make=lambda a, b: rope_cos_sin(b, D, cfg.rope_theta, first=a)))
+    if screened_head or only_screened_head:
+        head = _ScreenedHead(ckpt.tensors["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"])
+        work = 32 * H  # bf16 words, their f32 and f64 values, the f64 quotients, q, a read buffer
+        out += [OutTensor(SCREEN_Q8, "I8", (cfg.vocab_size, H), make=head.q8, work_row_bytes=work),
+                OutTensor(SCREEN_ROWS, "F32", (cfg.vocab_size, 2), make=head.rows, work_row_bytes=work)]
     for o in out:  # the plan's own wiring: each fused tensor is exactly its parts stacked
         if o.parts:
             rows = sum(want[s][0] for s in o.parts)
             assert (rows, *want[o.parts[0]][1:]) == o.shape, f"{o.name}: parts {o.parts} do not stack to {o.shape}"
-    return out
+    return out[-2:] if only_screened_head else out
 
 
 # ---------------------------------------------------------------------------------------
@@ -446,17 +550,20 @@ def plan_export(ckpt: Checkpoint, rope_positions: int) -> list[OutTensor]:
 # ---------------------------------------------------------------------------------------
 
 
-def _chunks_bf16(t: TensorInfo) -> Iterator[bytes]:
-    """The bf16 bytes of source tensor `t`, in chunks of at most CHUNK_BYTES."""
+def _chunks_bf16(t: TensorInfo, begin: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The bf16 bytes of source tensor `t` (of its source bytes [begin, end), whole elements), in chunks of at most
+    CHUNK_BYTES."""
     src_dt = _DTYPES[t.dtype]
     step = CHUNK_BYTES - CHUNK_BYTES % src_dt.itemsize
+    end = t.nbytes if end is None else end
+    assert 0 <= begin <= end <= t.nbytes and begin % src_dt.itemsize == 0 == end % src_dt.itemsize, (t.name, begin, end)
     try:
         f = open(t.path, "rb")
     except OSError as e:
         raise ExportError(f"{t.path}: cannot read tensor `{t.name}`: {e.strerror or e}") from None
     with f:
-        f.seek(t.start)
-        left = t.nbytes
+        f.seek(t.start + begin)
+        left = end - begin
         while left:
             try:
                 raw = f.read(min(step, left))
@@ -473,16 +580,53 @@ def _chunks_bf16(t: TensorInfo) -> Iterator[bytes]:
 
 
 def _computed_chunks(o: OutTensor) -> Iterator[bytes]:
-    """The bytes of a computed f32 output, in row slices of at most about CHUNK_BYTES (RAM bounded)."""
+    """The bytes of a computed output, in row slices of at most about CHUNK_BYTES of temporaries (RAM bounded)."""
     assert o.make is not None
     rows = o.shape[0]
     row_bytes = max(1, o.nbytes // max(rows, 1))
-    step = max(1, CHUNK_BYTES // (4 * row_bytes))  # float64 intermediates are a few times the output
+    # float64 intermediates are a few times the output (or what the tensor declares)
+    step = max(1, CHUNK_BYTES // max(4 * row_bytes, o.work_row_bytes))
     for a in range(0, rows, step):
         b = min(rows, a + step)
         data = np.ascontiguousarray(o.make(a, b))
-        assert data.shape == (b - a, *o.shape[1:]) and data.dtype == np.float32, o.name
+        assert data.shape == (b - a, *o.shape[1:]) and data.dtype == _OUT_DTYPES[o.dtype], o.name
         yield data.tobytes()
+
+
+def _rows_bf16(t: TensorInfo, a: int, b: int) -> np.ndarray:
+    """Rows [a, b) of source matrix `t` as bf16 words, uint16 [b - a, cols] (converted as the export writes them)."""
+    cols = math.prod(t.shape[1:])
+    row = cols * _DTYPES[t.dtype].itemsize
+    raw = b"".join(_chunks_bf16(t, a * row, b * row))
+    return np.frombuffer(raw, np.uint16).reshape(b - a, cols)
+
+
+class _ScreenedHead:
+    """The screened lm_head's two derived tensors from head matrix `t`, a row slice at a time.
+
+    `q8(a, b)` reads rows [a, b) of the head (in bf16, as the export writes them) and keeps their (s, c) pairs
+    (8 bytes a row), so `rows(a, b)`, written after the whole q8 tensor, reads the head again only for rows it
+    does not hold (it holds them all when the q8 pass ran first, as it does in the export).
+    """
+
+    def __init__(self, t: TensorInfo):
+        self.t = t
+        self.sc = np.empty((t.shape[0], 2), np.float32)
+        self.done = np.zeros(t.shape[0], bool)
+
+    def _compute(self, a: int, b: int) -> np.ndarray:
+        q, sc = screen_head_rows(_rows_bf16(self.t, a, b))
+        self.sc[a:b] = sc
+        self.done[a:b] = True
+        return q
+
+    def q8(self, a: int, b: int) -> np.ndarray:
+        return self._compute(a, b)
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        if not self.done[a:b].all():
+            self._compute(a, b)
+        return self.sc[a:b].copy()
 
 
 def _header(plan: list[OutTensor], metadata: dict[str, str]) -> bytes:
@@ -518,12 +662,17 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int | None = None,
-           progress: bool = True) -> list[OutTensor]:
+           screened_head: bool = True, only_screened_head: bool = False, progress: bool = True) -> list[OutTensor]:
     """Export `checkpoint_dir` to `out`. Returns the plan written. Raises ExportError.
+
+    `screened_head` (default on): also write `lm_head.screen.q8` and `lm_head.screen.rows`;
+    `only_screened_head`: write those two alone (`screened_head` must not be false then).
 
     Any failure (a bad input, a full disk, an interrupt) leaves `out` as it was and no
     temporary file behind; directories created for `out` are removed again.
     """
+    if only_screened_head and not screened_head:
+        raise ExportError("--only-screened-head and --no-screened-head contradict each other: give one of them")
     if rope_positions is not None and rope_positions < 1:
         raise ExportError(f"--rope-positions {rope_positions}: must be >= 1 (the rope table's rows, i.e. the KV "
                           "capacity in tokens; omit it for config.json's max_position_embeddings)")
@@ -535,17 +684,22 @@ def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int |
                               f"the input. Write the kern weights elsewhere "
                               f"(e.g. {ckpt.dir.parent / 'weights.safetensors'})")
     positions = rope_positions if rope_positions is not None else ckpt.config.max_position_embeddings
-    plan = plan_export(ckpt, positions)
-    src_dtypes = sorted({ckpt.tensors[s].dtype for o in plan for s in o.parts})
+    plan = plan_export(ckpt, positions, screened_head=screened_head, only_screened_head=only_screened_head)
+    src_dtypes = sorted({ckpt.tensors[s].dtype for s in expected_hf_shapes(ckpt.config)})
     metadata = {
         "producer": "kern tools/export_weights.py",
         "model_type": "qwen3",
         "source_dtypes": ",".join(src_dtypes),
         "tie_word_embeddings": str(ckpt.config.tie_word_embeddings).lower(),
         "rope_positions": str(positions),
+        "screened_head": str(bool(screened_head)).lower(),
     }
+    if only_screened_head:  # no rope table in this file
+        del metadata["rope_positions"]
+        metadata["screened_head_only"] = "true"
     header = _header(plan, metadata)
     total = sum(o.nbytes for o in plan)
+    rope_bytes = sum(o.nbytes for o in plan if o.name == "rope.cos_sin")
 
     created: list[Path] = []  # directories made for --out, removed again if the export fails
     for d in reversed(out.parents):
@@ -563,9 +717,9 @@ def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int |
         if free < len(header) + total:
             raise ExportError(f"--out {out}: the export is {_gib(len(header) + total)}, but only {_gib(free)} is "
                               f"free on {out.parent}'s file system; free some space or write elsewhere"
-                              + (f" (the rope table alone is {_gib(plan[-1].nbytes)}: {positions} positions, "
+                              + (f" (the rope table alone is {_gib(rope_bytes)}: {positions} positions, "
                                  "set by --rope-positions or config.json's max_position_embeddings)"
-                                 if plan[-1].nbytes > total // 2 else ""))
+                                 if rope_bytes > total // 2 else ""))
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
         except OSError as e:
@@ -629,11 +783,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rope-positions", type=int, default=None,
                     help="rows of the rope.cos_sin table, i.e. the KV capacity in tokens "
                          "(default: config.json max_position_embeddings, 40960 for every Qwen3)")
+    screen = ap.add_mutually_exclusive_group()
+    screen.add_argument("--no-screened-head", dest="screened_head", action="store_false",
+                        help="omit lm_head.screen.q8 and lm_head.screen.rows (the int8 copy of the head, with "
+                             "per-row scale and error bound, that gen_qwen3.py --lm-head screened reads); written "
+                             "by default")
+    screen.add_argument("--only-screened-head", action="store_true",
+                        help="write lm_head.screen.q8 and lm_head.screen.rows alone (a file to load beside a "
+                             "--no-screened-head export)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        plan = export(args.checkpoint, args.out, rope_positions=args.rope_positions, progress=not args.quiet)
+        plan = export(args.checkpoint, args.out, rope_positions=args.rope_positions,
+                      screened_head=args.screened_head, only_screened_head=args.only_screened_head,
+                      progress=not args.quiet)
     except ExportError as e:
         print(f"export_weights: error: {e}", file=sys.stderr)
         return 1

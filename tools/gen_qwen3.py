@@ -124,6 +124,16 @@ CLUSTER_SPLITS = 8
 #: with two pipeline stages issued before the PDL wait; with one, 0.865 vs 0.820), 4B 2.675 vs 3.261.
 GEMV_IMPLS = ("gemv", "persistent")
 DEFAULT_GEMV = "gemv"
+#: The decode program's last step, final norm + lm_head + greedy argmax (`--lm-head`): `dense` = the GEMV op
+#: `gemv_norm_lm_head` into `logits`, then the op `argmax`; `screened` = the op LM_HEAD_SCREENED_OP, three launches
+#: of lm_head_screen.cu + argmax.cu over an int8 copy of the head that the weights file carries
+#: (tools/export_weights.py `lm_head.screen.q8`, `lm_head.screen.rows`): the same token, bit for bit, from about
+#: half the head's bytes (the proof: lm_head_screen.cu's header).
+LM_HEAD_IMPLS = ("dense", "screened")
+DEFAULT_LM_HEAD = "dense"
+LM_HEAD_SCREENED_OP = "norm_lm_head_argmax_screened"
+#: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 2] (scale, error coefficient).
+LM_SCREEN_WEIGHTS = ("lm_head.screen.q8", "lm_head.screen.rows")
 #: Persistent GEMV entries by gemv.cu variant.
 GEMVP_ENTRY = {"gemv_norm": "kern_gemvp_norm_m1", "gemv_norm_silu": "kern_gemvp_norm_silu_m1",
                "gemv_residual": "kern_gemvp_residual_m1"}
@@ -498,7 +508,9 @@ class ProgramBuilder:
 BF16_IN, BF16_OUT, BF16_INOUT = "in buffer<bf16>", "out buffer<bf16>", "inout buffer<bf16>"
 
 
-def declare_buffers(b: ManifestBuilder, max_positions: int) -> None:
+def declare_buffers(b: ManifestBuilder, max_positions: int, *, lm_head: str = DEFAULT_LM_HEAD) -> None:
+    """Every buffer of the manifest. `lm_head` (LM_HEAD_IMPLS): `screened` adds the head's int8 copy and its row
+    table (LM_SCREEN_WEIGHTS) and has no `logits`."""
     c = b.cfg
     H, N, I, V, D = c.hidden_size, c.qkv_size, c.intermediate_size, c.vocab_size, c.head_dim
     T = "tokens"
@@ -518,7 +530,8 @@ def declare_buffers(b: ManifestBuilder, max_positions: int) -> None:
     b.buffer("h", "bf16", [T, H], "workspace")  # a sublayer's output, added into the residual next
     b.buffer("gate_up", "bf16", [T, 2 * I], "workspace")
     b.buffer("act", "bf16", [T, I], "workspace")
-    b.buffer("logits", "bf16", [1, V], "workspace")  # decode only: last token
+    if lm_head == "dense":
+        b.buffer("logits", "bf16", [1, V], "workspace")  # decode only: last token
     # Weights (kern weights file, tools/export_weights.py).
     b.buffer("model.embed_tokens.weight", "bf16", [V, H], "weight")
     for l in range(c.num_hidden_layers):
@@ -535,6 +548,9 @@ def declare_buffers(b: ManifestBuilder, max_positions: int) -> None:
     if not c.tie_word_embeddings:
         b.buffer("lm_head.weight", "bf16", [V, H], "weight")
     b.buffer("rope.cos_sin", "f32", [max_positions, D], "weight")
+    if lm_head == "screened":
+        b.buffer(LM_SCREEN_WEIGHTS[0], "i8", [V, H], "weight")
+        b.buffer(LM_SCREEN_WEIGHTS[1], "f32", [V, 2], "weight")
 
 
 def pdl_kernel(b: ManifestBuilder, kname: str, pdl: bool) -> str:
@@ -575,7 +591,7 @@ def _pdl(launch: Launch, pdl: bool) -> Launch:
 
 
 def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_attention: bool = False,
-                decode_attention: str = DEFAULT_DECODE_ATTENTION) -> None:
+                decode_attention: str = DEFAULT_DECODE_ATTENTION, lm_head: str = DEFAULT_LM_HEAD) -> None:
     """The ops other than the decode GEMVs. `decode_attention`: the impl of `attention_decode`
     (DECODE_ATTENTION_IMPLS). `fused_attention` (with `triton`): `attention_decode` is one launch of the
     fused kernel, with an extra interface param `counters` (module docstring). `pdl`: the decode-only
@@ -699,6 +715,9 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
                  gate_up=P("gate_up"), out=P("out"), inter=c.intermediate_size),
     ])
 
+    if lm_head == "screened":
+        declare_lm_head_screened(b, pdl)
+        return
     # Greedy sampling over one row of logits: two stages through private scratch.
     parts = math.ceil(V / ARGMAX_BLOCK_LOGITS)
     iface = [("logits", BF16_IN), ("out", "out buffer<i64>")]
@@ -708,6 +727,34 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
         _pdl(b.launch("argmax", iface, pdl_kernel(b, "argmax_reduce", pdl), [1, 1, 1], partial=S("partial"),
                       out=P("out"), parts=parts), pdl),
     ], scratch={"partial": Scratch(dtype="u64", shape=[parts])})
+
+
+def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
+    """The op LM_HEAD_SCREENED_OP (x, norm_w, q8, rows, w, out): next_token = argmax_v bf16(rmsnorm(x)·norm_w ·
+    w[v]), the token of `gemv_norm_lm_head` + `argmax` bit for bit, in three launches: kern_lmhead_screen_m1 (bounds
+    from the int8 copy q8 [V, H] with rows f32 [V, 2]), kern_lmhead_pick_m1 (the candidates' dense logits from w),
+    argmax_reduce (over the pick's per-block keys). Scratch: the normalized x, the bounds' keys, the screen's and
+    the pick's per-block results. The three are PDL launches with `pdl` (the screen follows the last down GEMV)."""
+    c = b.cfg
+    H, V, eps = c.hidden_size, c.vocab_size, c.rms_norm_eps
+    if H % 16:
+        raise GenError(f"--lm-head screened: hidden_size {H} is not a multiple of 16 (kern_lmhead_screen_m1 loads 16 "
+                       "int8 at a time); use --lm-head dense")
+    screen, pick = "kern_lmhead_screen_m1", "kern_lmhead_pick_m1"
+    rows_per_block = b.constexpr(screen, "WARPS") * b.constexpr(screen, "ROWS_PER_WARP")
+    nb1, parts = math.ceil(V / rows_per_block), math.ceil(V / b.constexpr(pick, "PICK_ROWS"))
+    iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("q8", "in buffer<i8>"), ("rows", "in buffer<f32>"),
+             ("w", BF16_IN), ("out", "out buffer<i64>")]
+    op = LM_HEAD_SCREENED_OP
+    b.op(op, iface, [
+        _pdl(b.launch(op, iface, screen, [nb1, 1, 1], x=P("x"), norm_w=P("norm_w"), q8=P("q8"), rows=P("rows"),
+                      xn=S("xn"), keys=S("keys"), bpart=S("bpart"), n=V, k=H, eps=eps), pdl),
+        _pdl(b.launch(op, iface, pick, [parts, 1, 1], xn=S("xn"), w=P("w"), keys=S("keys"), bpart=S("bpart"),
+                      nb1=nb1, partial=S("partial"), n=V, k=H), pdl),
+        _pdl(b.launch(op, iface, pdl_kernel(b, "argmax_reduce", pdl), [1, 1, 1], partial=S("partial"),
+                      out=P("out"), parts=parts), pdl),
+    ], scratch={"xn": Scratch(dtype="bf16", shape=[H]), "keys": Scratch(dtype="u16", shape=[V]),
+                "bpart": Scratch(dtype="u32", shape=[nb1]), "partial": Scratch(dtype="u64", shape=[parts])})
 
 
 def declare_cuda_decode_attention(b: ManifestBuilder, impl: str, pdl: bool, common: dict) -> None:
@@ -834,9 +881,10 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     b.op(op, iface, [launch])
 
 
-def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAULT_GEMV) -> None:
+def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAULT_GEMV,
+                     lm_head: str = DEFAULT_LM_HEAD) -> None:
     """The decode program's fused GEMV ops (prefill keeps cuBLASLt and the norm kernels); `gemv` picks
-    their impls (GEMV_IMPLS)."""
+    their impls (GEMV_IMPLS); with `lm_head` screened there is no `gemv_norm_lm_head`."""
     if gemv not in GEMV_IMPLS:
         raise GenError(f"--gemv {gemv!r}: one of {', '.join(GEMV_IMPLS)}")
     c = b.cfg
@@ -844,11 +892,13 @@ def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAU
     for op, (n, k) in {"gemv_norm_qkv": (c.qkv_size, H), "gemv_residual_o_proj": (H, c.q_size),
                        "gemv_norm_silu_gate_up": (I, H), "gemv_residual_down_proj": (H, I),
                        "gemv_norm_lm_head": (c.vocab_size, H)}.items():
+        if op == "gemv_norm_lm_head" and lm_head != "dense":
+            continue
         declare_gemv(b, op, n, k, eps, pdl=pdl, persistent=gemv == "persistent")
 
 
 def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False,
-            fused_attention: bool = False, rope_attention: bool = False) -> None:
+            fused_attention: bool = False, rope_attention: bool = False, lm_head: str = DEFAULT_LM_HEAD) -> None:
     """One program: `prefill` (KV only) or `decode` (KV, then next_token). `rope_attention`: decode's
     attention is ROPE_ATTENTION_OP (with the prologue) instead of qk_norm_rope_kv + attention_decode."""
     c = b.cfg
@@ -861,7 +911,7 @@ def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = Fal
     call("embed", "embedding", ids=buf("token_ids"), table=buf("model.embed_tokens.weight"), out=buf("residual"))
     if decode:
         return decode_layers(b, layout, call, pdl=pdl, fused_attention=fused_attention,
-                             rope_attention=rope_attention)
+                             rope_attention=rope_attention, lm_head=lm_head)
     for l in range(L):
         w = f"model.layers.{l}."
         # residual = embedding (layer 0) or residual + previous MLP output; x = rmsnorm(residual) * w
@@ -899,7 +949,8 @@ DECODE_LAYER_CALLS = ("norm_qkv", "qk_norm_rope", "attn", "o_proj_add", "norm_ga
 
 
 def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, pdl: bool = False,
-                  fused_attention: bool = False, rope_attention: bool = False) -> None:
+                  fused_attention: bool = False, rope_attention: bool = False,
+                  lm_head: str = DEFAULT_LM_HEAD) -> None:
     """Decode after the embedding: every layer through the fused GEMV ops, then logits and argmax.
     `fused_attention`: each layer's attention also gets its own counters, `attn_counters` + l·NKV·4.
     `rope_attention`: each layer's `attn` call is ROPE_ATTENTION_OP on the whole qkv row (it also does
@@ -935,8 +986,12 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
              out=buf("act"))
         call(f"l{l}.down_proj_add", "gemv_residual_down_proj", x=buf("act"), w=buf(w + "mlp.down_proj.weight"),
              residual=buf("residual"))
-    lm_head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    call("norm_lm_head", "gemv_norm_lm_head", x=buf("residual"), norm_w=buf("model.norm.weight"), w=buf(lm_head),
+    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    if lm_head == "screened":
+        call("norm_lm_head_argmax", LM_HEAD_SCREENED_OP, x=buf("residual"), norm_w=buf("model.norm.weight"),
+             q8=buf(LM_SCREEN_WEIGHTS[0]), rows=buf(LM_SCREEN_WEIGHTS[1]), w=buf(head), out=buf("next_token"))
+        return
+    call("norm_lm_head", "gemv_norm_lm_head", x=buf("residual"), norm_w=buf("model.norm.weight"), w=buf(head),
          out=buf("logits"))
     call("sample", "argmax", logits=buf("logits"), out=buf("next_token"))
 
@@ -944,7 +999,8 @@ def decode_layers(b: ManifestBuilder, layout: Layout, call: ProgramBuilder, *, p
 def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2048,
                    max_positions: int | None = None, layout: Layout | None = None,
                    model: str | None = None, pdl: bool = True, fused_attention: bool = False,
-                   decode_attention: str | None = None, gemv: str = DEFAULT_GEMV) -> Manifest:
+                   decode_attention: str | None = None, gemv: str = DEFAULT_GEMV,
+                   lm_head: str = DEFAULT_LM_HEAD) -> Manifest:
     """The manifest of `cfg`, checked by `check_wiring` against `layout` (default: `make_layout(cfg)`).
     `pdl` (default True, as the CLI's --pdl; False = --no-pdl): every decode launch but the first (the
     embedding) is a programmatic dependent launch:
@@ -954,7 +1010,10 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     `attn_counters` (module docstring; the index must come from build_kernels.py --fused-attention).
     `decode_attention`: the impl of the `attention_decode` op (DECODE_ATTENTION_IMPLS; default
     DEFAULT_DECODE_ATTENTION, `triton` with `fused_attention`). `gemv`: the impls of the decode GEMV
-    ops (GEMV_IMPLS; see `declare_gemv`)."""
+    ops (GEMV_IMPLS; see `declare_gemv`). `lm_head`: the decode program's final norm + lm_head + argmax
+    (LM_HEAD_IMPLS; `screened` needs the weights file's LM_SCREEN_WEIGHTS)."""
+    if lm_head not in LM_HEAD_IMPLS:
+        raise GenError(f"--lm-head {lm_head!r}: one of {', '.join(LM_HEAD_IMPLS)}")
     decode_attention = decode_attention or ("triton" if fused_attention else DEFAULT_DECODE_ATTENTION)
     if not 1 <= chunk <= 1 << 20:
         raise GenError(f"--chunk {chunk}: must be in 1 .. {1 << 20}")
@@ -966,12 +1025,13 @@ def build_manifest(cfg: Qwen3Config, index: dict[str, Kernel], *, chunk: int = 2
     positions = max_positions if max_positions is not None else cfg.max_position_embeddings
     layout = layout or make_layout(cfg)
     b = ManifestBuilder(cfg, index)
-    declare_buffers(b, positions)
-    declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention)
-    declare_gemv_ops(b, pdl=pdl, gemv=gemv)
+    declare_buffers(b, positions, lm_head=lm_head)
+    declare_ops(b, layout, pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention,
+                lm_head=lm_head)
+    declare_gemv_ops(b, pdl=pdl, gemv=gemv, lm_head=lm_head)
     forward(b, layout, "prefill")
     forward(b, layout, "decode", pdl=pdl, fused_attention=fused_attention,
-            rope_attention=decode_attention == "rope-cluster")
+            rope_attention=decode_attention == "rope-cluster", lm_head=lm_head)
     m = b.manifest(model or cfg.name, chunk, fused_attention=fused_attention)
     check_wiring(m, cfg, layout, index)
     return m
@@ -1120,6 +1180,33 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             f"o_proj_add and down_proj_add")
 
 
+def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], err) -> None:
+    """LM_HEAD_SCREENED_OP: its three launches agree on the head's shape and on each other's grids (the pick reads
+    `nb1` = the screen's blocks, the reduce `parts` = the pick's), and the derived weights fit the head."""
+    where = f"ops.{LM_HEAD_SCREENED_OP}"
+    V, H = cfg.vocab_size, cfg.hidden_size
+    launches = m.ops[LM_HEAD_SCREENED_OP].impl.launches
+    if [k.entry for k in kerns] != ["kern_lmhead_screen_m1", "kern_lmhead_pick_m1", "argmax_reduce"]:
+        err(f"{where}: launches {[k.entry for k in kerns]}, expected the screen, the pick and argmax_reduce")
+        return
+    lit = [{pn: a.literal for pn, a in zip(k.param_names, la.args) if a.literal is not None}
+           for k, la in zip(kerns, launches)]
+    screen, pick = kerns[0].constexprs, kerns[1].constexprs
+    nb1 = math.ceil(V / (int(screen.get("WARPS", 0)) * int(screen.get("ROWS_PER_WARP", 0)) or 1))
+    parts = math.ceil(V / (int(pick.get("PICK_ROWS", 0)) or 1))
+    for i, want in ((0, {"n": V, "k": H}), (1, {"n": V, "k": H, "nb1": nb1}), (2, {"parts": parts})):
+        for pn, v in want.items():
+            if lit[i].get(pn) != v:
+                err(f"{where} kernel `{kerns[i].name}`: {pn} = {lit[i].get(pn)}, expected {v}")
+    for i, g in ((0, nb1), (1, parts), (2, 1)):
+        if launches[i].grid != [g, 1, 1]:
+            err(f"{where} kernel `{kerns[i].name}`: grid {launches[i].grid}, expected [{g}, 1, 1]")
+    for name, dtype, shape in ((LM_SCREEN_WEIGHTS[0], "i8", [V, H]), (LM_SCREEN_WEIGHTS[1], "f32", [V, 2])):
+        b = m.buffers.get(name)
+        if b is None or b.dtype != dtype or b.shape != shape or b.class_ != "weight":
+            err(f"{where}: weight `{name}` must be {dtype} {shape}")
+
+
 def _carveout_text(carveout: int | None) -> str:
     """A launch's or index entry's carveout in words: `0`, or `absent` (the driver's choice)."""
     return "absent" if carveout is None else str(carveout)
@@ -1249,6 +1336,8 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
             err(f"programs.{pname}: weight `{w}` is used by {sorted(users)}")
 
     _check_gemv(m, cfg, index, kernels_of, err)
+    if LM_HEAD_SCREENED_OP in m.ops:
+        _check_lm_head_screened(m, cfg, kernels_of[LM_HEAD_SCREENED_OP], err)
 
     # -- the kernels' view of the same layout: head counts, qkv row, page stride; and each launch's carveout --
     for op_name, kerns in kernels_of.items():
@@ -1294,6 +1383,8 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
         if not (mod.sha256 and re.fullmatch(r"[0-9a-f]{64}", mod.sha256)):
             err(f"module `{name}` is not pinned by a sha256")
     for name in ("logits", "next_token"):
+        if name not in m.buffers:
+            continue  # `logits`: not with the screened lm_head
         if any(isinstance(d, str) for d in m.buffers[name].shape):
             err(f"decode-only buffer `{name}` is sized by a var: {m.buffers[name].shape}")
         if any(a.buf == name for c in m.programs["prefill"].calls for a in c.args):
@@ -1314,9 +1405,10 @@ def check_wiring(m: Manifest, cfg: Qwen3Config, layout: Layout, index: dict[str,
 def generate(cfg: Qwen3Config, kernels_dir: str | Path, out: str | Path, *, chunk: int = 2048,
              max_positions: int | None = None, model: str | None = None, pdl: bool = True,
              fused_attention: bool = False, decode_attention: str | None = None,
-             gemv: str = DEFAULT_GEMV) -> Manifest:
+             gemv: str = DEFAULT_GEMV, lm_head: str = DEFAULT_LM_HEAD) -> Manifest:
     m = build_manifest(cfg, load_index(kernels_dir), chunk=chunk, max_positions=max_positions, model=model,
-                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention, gemv=gemv)
+                       pdl=pdl, fused_attention=fused_attention, decode_attention=decode_attention, gemv=gemv,
+                       lm_head=lm_head)
     data = ks.dump(m)
     out = Path(out)
     if out.is_dir():
@@ -1365,6 +1457,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemv", choices=GEMV_IMPLS, default=DEFAULT_GEMV,
                     help="the decode GEMV impls: gemv (gemv.cu, the faster on the H200), persistent "
                          f"(gemv_persist.cu, one block per SM); default {DEFAULT_GEMV}")
+    ap.add_argument("--lm-head", choices=LM_HEAD_IMPLS, default=DEFAULT_LM_HEAD,
+                    help="decode's final norm + lm_head + argmax: dense (gemv.cu's GEMV into logits, then argmax.cu), "
+                         "screened (lm_head_screen.cu: the same token from an int8 copy of the head plus the few "
+                         "candidate rows in bf16; the weights file must carry lm_head.screen.q8 and "
+                         f"lm_head.screen.rows, tools/export_weights.py); default {DEFAULT_LM_HEAD}")
     a = ap.parse_args(argv)
     if a.cuda_attention:
         if a.decode_attention not in (None, "cuda"):
@@ -1381,7 +1478,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg or load_config(a.config)
         m = generate(cfg, a.kernels, a.out, chunk=a.chunk, max_positions=a.max_positions, model=a.model,
                      pdl=a.pdl, fused_attention=a.fused_attention, decode_attention=a.decode_attention,
-                     gemv=a.gemv)
+                     gemv=a.gemv, lm_head=a.lm_head)
     except (GenError, ConfigError) as e:
         print(f"gen_qwen3: error: {e}", file=sys.stderr)
         return 1

@@ -77,7 +77,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 sys.path.insert(0, str(ROOT / "tools"))
-from prepare import paths, prepare  # noqa: E402
+from prepare import paths, prepare, weights_for  # noqa: E402
 
 from kern_run.compare import bf16_to_f32, first_difference, judge_divergence, top2_gap  # noqa: E402
 from kern_run.generator import ManifestInfo, Qwen3Session  # noqa: E402
@@ -119,7 +119,7 @@ class Model:
         p = paths(work, geometry)
         self.geometry = geometry
         self.info = ManifestInfo.read(p["manifest"])
-        self.rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=CAPACITY)
+        self.rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=CAPACITY)
         # kern() reads the logits buffer after each token: those sessions enqueue a step only once the caller
         # has the previous token (pipeline=False); `piped` is the default, pipelined loop (tokens only)
         self.graph = Qwen3Session(self.rt, self.info, capacity=CAPACITY, graph=True, pipeline=False)

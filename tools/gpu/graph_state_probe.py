@@ -125,7 +125,7 @@ def run_script(work: Path, geometry: str, script: str) -> None:
     op that failed and why."""
     from bench_decode import random_prompt
     from benchinfo import kv_capacity
-    from prepare import paths
+    from prepare import paths, weights_for
 
     from kern_driver import Runtime
     from kern_run.generator import ManifestInfo, Qwen3Session
@@ -152,7 +152,7 @@ def run_script(work: Path, geometry: str, script: str) -> None:
         return (time.perf_counter() - t) / n * 1e3
 
     def load(x: str, manifest: Path, prime: bool = False) -> None:
-        rts[x] = Runtime.load(manifest, p["kernels"], p["weights"], capacity_tokens=cap, prime_graphs=prime)
+        rts[x] = Runtime.load(manifest, p["kernels"], weights_for(manifest, p), capacity_tokens=cap, prime_graphs=prime)
         sessions[x] = Qwen3Session(rts[x], ManifestInfo.read(manifest), capacity=cap, graph=True)
         spares[x] = []
 

@@ -9,7 +9,11 @@ Layout written (each step skipped when its result exists):
     DIR/qwen3-<g>/hf/                tools/make_random_checkpoint.py (seeded random HF checkpoint;
                                      remade, with its export, when its kern_random_init.json records
                                      another init scheme or seed than the script's current one)
-    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py
+    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py --no-screened-head (the model's weights)
+    DIR/qwen3-<g>/lm_head_screen.safetensors   tools/export_weights.py --only-screened-head: the screened lm_head's
+                                     int8 copy and row table, loaded beside weights.safetensors for a manifest
+                                     that declares them (`weights_for`; gen_qwen3 --lm-head screened): so one
+                                     work dir serves manifests of either lm_head (kern binds weights strictly)
     DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json;
                                      regenerated every time, with the extra generator flags in
                                      the env var KERN_GEN_FLAGS, e.g. "--no-pdl" or "--gemv gemv")
@@ -40,7 +44,25 @@ from make_random_checkpoint import INIT_VERSION  # noqa: E402  (no torch at impo
 def paths(work: Path, geometry: str) -> dict[str, Path]:
     d = Path(work) / f"qwen3-{geometry}"
     return {"dir": d, "hf": d / "hf", "weights": d / "weights.safetensors", "manifest": d / "manifest.json",
-            "kernels": Path(work) / "kernels"}
+            "kernels": Path(work) / "kernels", "screen": d / "lm_head_screen.safetensors"}
+
+
+#: The weight buffers of the screened lm_head (gen_qwen3 LM_SCREEN_WEIGHTS), kept in their own file of the work dir.
+SCREEN_WEIGHTS = ("lm_head.screen.q8", "lm_head.screen.rows")
+
+
+def weights_for(manifest, p: dict[str, Path]) -> list[Path]:
+    """The weights files a manifest of this work dir loads: weights.safetensors, plus lm_head_screen.safetensors when
+    it declares the screened lm_head's weights. `manifest`: a path, JSON bytes/str, a dict or a kern_schema
+    Manifest; `p`: `paths(...)`."""
+    if isinstance(manifest, (str, bytes)) and not (isinstance(manifest, str) and manifest.lstrip().startswith("{")):
+        manifest = Path(manifest.decode() if isinstance(manifest, bytes) else manifest)
+    if isinstance(manifest, Path):
+        manifest = json.loads(manifest.read_text())
+    elif isinstance(manifest, (str, bytes)):
+        manifest = json.loads(manifest)
+    buffers = manifest["buffers"] if isinstance(manifest, dict) else manifest.buffers
+    return [p["weights"]] + ([p["screen"]] if SCREEN_WEIGHTS[0] in buffers else [])
 
 
 def checkpoint_is_current(hf: Path, geometry: str, seed: int) -> bool:
@@ -82,10 +104,15 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
                       flush=True)
                 shutil.rmtree(p["hf"])
             p["weights"].unlink(missing_ok=True)  # exported from the old checkpoint
+            p["screen"].unlink(missing_ok=True)
             step(f"checkpoint-{g}", [py, TOOLS / "make_random_checkpoint.py", "--geometry", g, "--seed", seed,
                                      "--out", p["hf"]], logs)
-        if not p["weights"].is_file():
-            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
+        if not p["weights"].is_file() or _screened(p["weights"]):  # (an older work dir's export held the screen)
+            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet",
+                                 "--no-screened-head"], logs)
+        if not p["screen"].is_file():
+            step(f"export-screen-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["screen"], "--quiet",
+                                        "--only-screened-head"], logs)
         gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--no-pdl" or "--fused-attention"
         step(f"manifest-{g}", [py, TOOLS / "gen_qwen3.py", "--preset", g, "--kernels", kernels,
                                "--out", p["manifest"], *gen_flags], logs)
@@ -94,6 +121,16 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
             same = example.read_bytes() == p["manifest"].read_bytes()
             print(f"[prepare] {p['manifest']} {'==' if same else 'DIFFERS from'} {example.relative_to(ROOT)}"
                   + ("" if same else " (kernels built here hash differently, or the example is stale)"), flush=True)
+
+
+def _screened(weights: Path) -> bool:
+    """Whether a weights file holds the screened head's tensors (its header's `__metadata__` says so)."""
+    import struct
+
+    with open(weights, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        meta = json.loads(f.read(n)).get("__metadata__", {})
+    return meta.get("screened_head") == "true"
 
 
 def main(argv=None) -> int:

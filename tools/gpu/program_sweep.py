@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_decode import random_prompt  # noqa: E402  (the prompt tools/bench_decode.py times)
 from benchinfo import commit, kv_capacity  # noqa: E402
 from manifest_variants import VariantError, apply, load_index, read_manifest, verify  # noqa: E402
-from prepare import paths  # noqa: E402  (tools/gpu/prepare.py's layout; bench_decode puts tools/gpu on the path)
+from prepare import paths, weights_for  # noqa: E402  (tools/gpu/prepare.py's layout; bench_decode puts tools/gpu on the path)
 
 
 def build(work: Path, geometry: str, variants: list[str]) -> tuple[dict, dict[str, dict]]:
@@ -138,7 +138,7 @@ def time_one(work: Path, geometry: str, manifest: Path, kernels: Path, context: 
     p = paths(work, geometry)
     capacity = kv_capacity(context, steps)
     prompt = random_prompt(context)
-    rt = Runtime.load(manifest, kernels, p["weights"], capacity_tokens=capacity)
+    rt = Runtime.load(manifest, kernels, weights_for(manifest, p), capacity_tokens=capacity)
     try:
         s = Qwen3Session(rt, ManifestInfo.read(manifest), capacity=capacity, graph=True)
         s.warmup()
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, m in manifests.items():
             try:
-                rt = Runtime.load(json.dumps(m).encode(), kernels[name], p["weights"], capacity_tokens=capacity)
+                rt = Runtime.load(json.dumps(m).encode(), kernels[name], weights_for(m, p), capacity_tokens=capacity)
             except KernDriverError as e:
                 oom = "OUT_OF_MEMORY" in (e.cuda_error or "")
                 raise SystemExit(f"program_sweep: error: loading {name} (runtime {len(runtimes) + 1} of "

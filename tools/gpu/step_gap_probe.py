@@ -68,11 +68,11 @@ def main() -> int:
     from kern_driver import Runtime
     from kern_driver.cuda import check, drv
     from kern_run.generator import ManifestInfo, Qwen3Session
-    from prepare import paths
+    from prepare import paths, weights_for
 
     p = paths(a.work, a.geometry)
     capacity = kv_capacity(a.context, 64)
-    rt = Runtime.load(p["manifest"], p["kernels"], p["weights"], capacity_tokens=capacity)
+    rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=capacity)
     try:
         s = Qwen3Session(rt, ManifestInfo.read(p["manifest"]), capacity=capacity, graph=True)
         s.warmup()

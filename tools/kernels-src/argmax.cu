@@ -46,12 +46,7 @@
 #define ARGMAX_LD(p) (*(p))
 #endif
 
-__device__ __forceinline__ uint64_t argmax_key(uint32_t b16, uint32_t idx) {
-    if (b16 == 0x8000u) b16 = 0;  // -0.0 ties with +0.0
-    uint32_t ord = (b16 & 0x8000u) ? (~b16 & 0xFFFFu) : (b16 | 0x8000u);
-    if ((b16 & 0x7FFFu) > 0x7F80u) ord = 0xFFFFu;  // any NaN is the maximum
-    return (uint64_t(ord) << 32) | uint64_t(~idx);
-}
+#include "argmax_key.cuh"
 
 __device__ __forceinline__ uint64_t umax64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 

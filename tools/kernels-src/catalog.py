@@ -365,6 +365,7 @@ CUDA_FLAGS: dict[str, tuple[str, ...]] = {
     "argmax.cu": ("--use_fast_math",),
     "gemv.cu": (),
     "gemv_persist.cu": (),
+    "lm_head_screen.cu": (),
 }
 
 #: The decode GEMV block: 8 warps (gemv.cu `WARPS`), 256 threads.
@@ -492,6 +493,55 @@ def _gemvp_kernels() -> list[Kernel]:
             for name, params, doc in specs]
 
 
+#: The screened lm_head for greedy decode (lm_head_screen.cu): rows per screen block (8 warps × LM_SCREEN_ROWS_PER_WARP),
+#: rows per pick block, int8 16-byte loads per row per stage (the first stage before griddepcontrol.wait).
+LM_SCREEN_ROWS_PER_WARP = 4
+LM_SCREEN_BLOCK_ROWS = GEMV_WARPS * LM_SCREEN_ROWS_PER_WARP
+LM_PICK_ROWS = 1024
+LM_SCREEN_LOADS = 5
+
+
+def _lm_head_screen_kernels() -> list[Kernel]:
+    """The screened lm_head of greedy decode (lm_head_screen.cu, one module; its header has the proof): stage 1
+    bounds every row's logit from an int8 copy of the head (tools/export_weights.py `lm_head.screen.q8`, `.rows`),
+    stage 2 computes the candidates' logits exactly as kern_gemv_norm_m1 does and their argmax; argmax_reduce
+    finishes. Like gemv.cu's entries they have one form, PDL-ready (no `_pdl` twin, no index `pdl` flag): their loads
+    before griddepcontrol.wait are weights only, and without the launch attribute the wait is a no-op."""
+    x, nw = P("x", BF16_IN, True), P("norm_w", BF16_IN, True)
+    n, k = P("n", "i32"), P("k", "i32")
+    xn = P("xn", BF16_OUT, True)
+    keys, bpart = P("keys", "out buffer<u16>", True), P("bpart", "out buffer<u32>", True)
+    const = {"WARPS": GEMV_WARPS, "ROWS_PER_WARP": LM_SCREEN_ROWS_PER_WARP, "PICK_ROWS": LM_PICK_ROWS,
+             "LOADS_PER_STAGE": LM_SCREEN_LOADS}
+    pdl = (" Programmatic dependent launch: launch_dependents and griddepcontrol.wait at entry (stage 1 first "
+           "issues its int8 weight loads), nothing of an earlier launch read before the wait.")
+    return [
+        Kernel(name="kern_lmhead_screen_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_screen_m1",
+               block_x=256, constexprs=const, shared_mem_per={"k": 2},
+               params=(x, nw, P("q8", "in buffer<i8>", True), P("rows", "in buffer<f32>", True), xn, keys, bpart, n, k,
+                       P("eps", "f32")),
+               grid=f"(ceil_div(n, {LM_SCREEN_BLOCK_ROWS}), 1, 1): 8 warps × {LM_SCREEN_ROWS_PER_WARP} rows",
+               doc="Screened lm_head, stage 1: xn = bf16(norm_w * bf16(x * rsqrt(mean(x^2) + eps))) (gemv.cu's "
+                   "norm prologue, the same bits), block 0 writes it to xn: bf16 [k]; for each row r of the int8 head "
+                   "q8: i8 [n, k] with rows: f32 [n, 2] = (scale s, error coefficient c), the interval s·(xn·q8[r]) "
+                   "± ||xn||·c that holds the dense fp32 logit; keys[r] (u16 [n]) = the argmax order of bf16(upper "
+                   "bound) (0xFFFF: always a candidate), bpart[b] (u32 [grid.x]) = the block's max order of bf16(lower "
+                   "bound). k: a multiple of 16; dynamic shared memory 2*k bytes." + pdl),
+        Kernel(name="kern_lmhead_pick_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_pick_m1",
+               block_x=256, constexprs=const, shared_mem_per={"k": 2},
+               params=(P("xn", BF16_IN, True), P("w", BF16_IN, True), P("keys", "in buffer<u16>", True),
+                       P("bpart", "in buffer<u32>", True), P("nb1", "i32"), P("partial", "out buffer<u64>", True), n,
+                       k),
+               grid=f"(ceil_div(n, {LM_PICK_ROWS}), 1, 1)",
+               doc="Screened lm_head, stage 2: B = max(bpart[0..nb1)); every row r of the block's "
+                   f"{LM_PICK_ROWS} with keys[r] >= B is a candidate, its logit bf16(xn · w[r]) computed as "
+                   "kern_gemv_norm_m1 does (w: bf16 [n, k], the dense head; the same bits); partial[b] (u64 "
+                   "[grid.x]) = argmax.cu's packed key of the block's best candidate (0: none). Then argmax_reduce "
+                   "over partial with parts = grid.x gives the token of the dense GEMV + argmax. k: a multiple of "
+                   "8; dynamic shared memory 2*k bytes." + pdl),
+    ]
+
+
 #: Values of M with an L2-prefetch form (gemv.cu `INSTANTIATE_PF`; decode uses M = 1).
 GEMV_PF_MS = (1,)
 #: The two params the L2-prefetch forms add after their twin's.
@@ -617,7 +667,7 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
     reads or writes the KV cache uses its one layout, head-major (tools/README.md "KV layout")."""
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
-        + _gemvp_kernels() + (_pdl_kernels() if pdl else []) \
+        + _gemvp_kernels() + _lm_head_screen_kernels() + (_pdl_kernels() if pdl else []) \
         + (_fused_attention_kernels(pdl) if fused_attention else []) + (_gemv_pf_kernels() if l2_prefetch else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():
