@@ -795,12 +795,13 @@ def _bf16_values(words: np.ndarray) -> np.ndarray:
 def _screen_test_rows(H: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """bf16 words [rows, H] of many kinds of rows, and which rows are all finite.
 
-    Rows 16, 17: zeros; 21: ties; 22, 23: e = 0; 24..27: not finite."""
+    Rows 16, 17: zeros; 21: ties; 22, 23: e = 0; 24..27: not finite; 28: near the bf16 maximum (nw and snq
+    overflow float32: +inf)."""
     rows = [
         rng.standard_normal((6, H)),  # normal
         rng.standard_normal((6, H)) * np.exp(3 * rng.standard_normal(6))[:, None],  # log-normal row scales
         rng.standard_t(2, (4, H)),  # heavy-tailed values
-        np.zeros((1, H)),  # all zero: s = c = 0
+        np.zeros((1, H)),  # all zero: s = e = nw = snq = 0
         -np.zeros((1, H)),
         rng.standard_normal((1, H)) * 1e-20,  # tiny
         rng.standard_normal((1, H)) * 1e4,  # large
@@ -811,15 +812,16 @@ def _screen_test_rows(H: int, rng: np.random.Generator) -> tuple[np.ndarray, np.
     ties = np.zeros(H)  # amax 127: s = 1 exactly, and w / s = k + 1/2 rounds half to even
     ties[:8] = [127.0, 2.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5]
     rows.append(ties[None])
-    ints = np.rint(rng.uniform(-127, 127, (2, H)))  # exactly s·q (e = 0): only the fp32 rounding terms remain
+    ints = np.rint(rng.uniform(-127, 127, (2, H)))  # exactly s·q (e = 0)
     ints[:, 0] = 127
     rows.append(ints * np.array([[1.0], [2.0**-3]]))
     bad = rng.standard_normal((4, H))
     bad[0, 1], bad[1, H - 1], bad[2, 0], bad[3, :] = np.inf, -np.inf, np.nan, np.nan
     rows.append(bad)
+    rows.append(rng.choice([-1.0, 1.0], (1, H)) * rng.uniform(1e38, 3e38, (1, H)))  # ‖w‖ > float32 max
     words = ew.f32_to_bf16(np.concatenate(rows).astype(np.float32))
     finite = np.isfinite(_bf16_values(words)).all(axis=1)
-    assert finite.sum() == len(words) - 4
+    assert finite.sum() == len(words) - 4 and not finite[24:28].any()
     return words, finite
 
 
@@ -833,68 +835,127 @@ def _x_vectors(H: int, rng: np.random.Generator) -> list[np.ndarray]:
     return [_bf16_values(ew.f32_to_bf16(x.astype(np.float32))) for x in xs]
 
 
+def _quantize_x(x: np.ndarray) -> np.ndarray:
+    """x̃, float64: x quantized to int8 per 16-element group, x̃ = s_v·rint(x/s_v), s_v = max|x_v|/127 (float64)."""
+    g = x.astype(np.float64).reshape(-1, 16)
+    sv = np.abs(g).max(axis=1, keepdims=True) / 127
+    live = sv > 0
+    return np.where(live, np.rint(g / np.where(live, sv, 1.0)) * sv, 0.0).reshape(-1)
+
+
 def _fl32_dots(x: np.ndarray, m: np.ndarray) -> list[np.ndarray]:
     """fp32 dots x·m[r] in three summation orders: forward, reverse (sequential float32 sums) and numpy's pairwise."""
-    prod = x[None, :].astype(np.float32) * m.astype(np.float32)  # bf16·bf16 and bf16·int8: exact in float32
+    prod = x[None, :].astype(np.float32) * m.astype(np.float32)  # products rounded to float32 (exact for bf16·bf16)
     return [np.cumsum(prod, axis=1, dtype=np.float32)[:, -1], np.cumsum(prod[:, ::-1], axis=1, dtype=np.float32)[:, -1],
             prod.sum(axis=1, dtype=np.float32)]
 
 
+def _times(a: float, b: float) -> float:
+    """a·b with 0·inf = 0 (a bound of +inf on a term whose other factor is 0 bounds it by 0)."""
+    return 0.0 if a == 0 or b == 0 else a * b
+
+
+def _is_f32_up(f: np.float32, v: float, rel: float = 1e-13) -> bool:
+    """f is v rounded up to float32: f >= v and the next float32 down is below v (`rel`: slack for the reference's
+    own float64 summation order; v = 0 exactly: f = 0)."""
+    if v == 0:
+        return float(f) == 0.0
+    below = float(np.nextafter(f, np.float32(-np.inf)))
+    return float(f) >= v * (1 - rel) and below < v * (1 + rel)
+
+
 @pytest.mark.parametrize("H", [16, 1024])
-def test_screen_head_rows_definitions_and_bound(H: int) -> None:
-    """screen_head_rows: q within ±127, s = float32(max|w|/127), q and c as defined (against a per-row float64
-    reference), non-finite rows NaN/NaN/0, and the bound |fl32(x·w) − s·fl32(x·q)| ≤ ‖x‖₂·c for ~20 vectors
-    x and every row, whichever order either fp32 dot is summed in (rows 22, 23 fail it without the γ term)."""
+def test_screen_head_rows_definitions(H: int) -> None:
+    """screen_head_rows: q within ±127, s = float32(max|w|/127), q, e, nw and snq as defined against a per-row
+    float64 reference (e, nw, snq times 1 + 1e-12, rounded up; +inf past float32), non-finite rows all NaN and
+    q = 0, all-zero rows all 0."""
     rng = np.random.default_rng(H)
     words, finite = _screen_test_rows(H, rng)
     q, sc = ew.screen_head_rows(words)
     assert q.dtype == np.int8 and q.shape == words.shape
-    assert sc.dtype == np.float32 and sc.shape == (len(words), 2)
+    assert sc.dtype == np.float32 and sc.shape == (len(words), 4)
     assert q.min() >= -127 and q.max() <= 127
-    s, c = sc[:, 0], sc[:, 1]
-    assert np.all(np.isnan(s[~finite])) and np.all(np.isnan(c[~finite])) and np.all(q[~finite] == 0)
+    assert np.isnan(sc[~finite]).all() and np.all(q[~finite] == 0)
     w = _bf16_values(words).astype(np.float64)
-    gamma = (H + 64) * 2.0**-24 * 1.001
     for r in np.flatnonzero(finite):  # the definitions, row by row
+        s, e, nw, snq = sc[r]
         amax = float(np.max(np.abs(w[r])))
-        assert s[r] == np.float32(amax / 127), r
-        s64 = float(s[r])
+        assert s == np.float32(amax / 127), r
+        s64 = float(s)
         want_q = np.zeros(H) if s64 == 0 else np.clip(np.rint(w[r] / s64), -127, 127)
         np.testing.assert_array_equal(q[r], want_q.astype(np.int8), err_msg=f"row {r}")
-        e = math.sqrt(math.fsum((w[r] - s64 * want_q) ** 2))
-        c_real = (e + gamma * (s64 * math.sqrt(math.fsum(want_q**2)) + math.sqrt(math.fsum(w[r] ** 2)))) * (1 + 1e-12)
-        assert c_real * (1 - 1e-14) <= float(c[r]) <= max(c_real * (1 + 2.0**-22), 0.0), (r, float(c[r]), c_real)
-    assert s[16] == s[17] == 0 and c[16] == c[17] == 0  # the all-zero rows (of 0.0 and of -0.0)
+        ref = {"e": math.sqrt(math.fsum((w[r] - s64 * want_q) ** 2)), "nw": math.sqrt(math.fsum(w[r] ** 2)),
+               "snq": s64 * math.sqrt(math.fsum(want_q**2))}
+        for name, got in zip(ref, (e, nw, snq)):
+            assert float(got) >= ref[name], (r, name, float(got), ref[name])  # a bound on the exact value
+            assert _is_f32_up(got, ref[name] * (1 + 1e-12)), (r, name, float(got), ref[name])
+    assert sc[16].tolist() == sc[17].tolist() == [0.0] * 4  # the all-zero rows (of 0.0 and of -0.0)
+    assert sc[22, 1] == sc[23, 1] == 0  # w = s·q exactly
+    assert np.isinf(sc[28, 2]) and np.isinf(sc[28, 3]) and np.isfinite(sc[28, :2]).all()  # overflow rounds up to +inf
     ties = 21
-    assert s[ties] == 1.0 and q[ties, :8].tolist() == [127, 2, -4, 0, 0, 2, 126, -126]  # half to even
+    assert sc[ties, 0] == 1.0 and q[ties, :8].tolist() == [127, 2, -4, 0, 0, 2, 126, -126]  # half to even
 
+
+@pytest.mark.parametrize("H", [16, 1024])
+def test_screen_head_rows_bound(H: int) -> None:
+    """The guarantee: |x·w − s·(x̃·q)| ≤ ‖x − x̃‖₂·nw + ‖x̃‖₂·e for ~20 vectors x and x̃ = x quantized to int8 per
+    16 elements, every finite row (float64, slack 1e-9 relative to the terms' magnitudes for float64's own
+    rounding); nearly met by x̃ = x along a row's own quantization error; and nw bounds the fp32 rounding of the
+    dense dot, |fl32(x·w) − x·w| ≤ γ_H·‖x‖₂·nw, whatever order it is summed in."""
+    rng = np.random.default_rng(100 + H)
+    words, finite = _screen_test_rows(H, rng)
+    q, sc = ew.screen_head_rows(words)
+    w = _bf16_values(words).astype(np.float64)
+    qf = q.astype(np.float64)
     fin = np.flatnonzero(finite)
-    s64, c64 = s[fin].astype(np.float64), c[fin].astype(np.float64)
-    for x in _x_vectors(H, rng):
-        nx = float(np.linalg.norm(x.astype(np.float64)))
-        for dw in _fl32_dots(x, w[fin].astype(np.float32)):
-            for dq in _fl32_dots(x, q[fin]):
-                gap = np.abs(dw.astype(np.float64) - s64 * dq.astype(np.float64))
-                assert np.all(gap <= nx * c64), (fin[np.argmax(gap / (nx * c64))], np.max(gap / (nx * c64)))
-    # x along a row's own quantization residual w − s·q (the worst direction): the bound holds and is nearly met
-    for r in fin[s[fin] > 0]:
+    gamma = H * 2.0**-24 / (1 - H * 2.0**-24)
+    for x32 in _x_vectors(H, rng):
+        x = x32.astype(np.float64)
+        xt = _quantize_x(x32)
+        dx, nxt = float(np.linalg.norm(x - xt)), float(np.linalg.norm(xt))
+        for r in fin:
+            s, e, nw = (float(v) for v in sc[r, :3])
+            xw = math.fsum(x * w[r])  # bf16·bf16 products: exact in float64
+            xq = math.fsum(xt * qf[r])
+            gap = abs(xw - s * xq)
+            bound = _times(dx, nw) + _times(nxt, e)
+            slack = 1e-9 * (bound + math.fsum(np.abs(x * w[r])) + s * math.fsum(np.abs(xt * qf[r])))
+            assert gap <= bound + slack, (r, gap, bound)
+        # nw also bounds the fp32 GEMV's own rounding
+        ok = fin[np.isfinite(sc[fin, 2])]
+        exact = np.array([math.fsum(x * w[r]) for r in ok])
+        for dw in _fl32_dots(x32, w[ok].astype(np.float32)):
+            err = np.abs(dw.astype(np.float64) - exact)
+            assert np.all(err <= gamma * float(np.linalg.norm(x)) * sc[ok, 2].astype(np.float64)), ok[np.argmax(err)]
+        # snq bounds the int8 dot's: s·|fl32(x̃·q) − x̃·q| ≤ γ_H·‖x̃‖₂·snq (x̃ in float32 here)
+        xt32 = xt.astype(np.float32)
+        exact_q = np.array([math.fsum(xt32.astype(np.float64) * qf[r]) for r in ok])
+        for dq in _fl32_dots(xt32, q[ok]):
+            err = sc[ok, 0].astype(np.float64) * np.abs(dq.astype(np.float64) - exact_q)
+            lim = gamma * float(np.linalg.norm(xt32.astype(np.float64))) * sc[ok, 3].astype(np.float64)
+            assert np.all(err <= lim), ok[np.argmax(err - lim)]
+    # x̃ = x along a row's own quantization residual w − s·q (the worst direction): the bound holds and is nearly met
+    for r in fin[sc[fin, 0] > 0]:
         if r in (22, 23):
             continue  # no residual
-        x = _bf16_values(ew.f32_to_bf16((w[r] - float(s[r]) * q[r]).astype(np.float32)))
-        nx = float(np.linalg.norm(x.astype(np.float64)))
-        ratios = [abs(float(dw[0]) - float(s[r]) * float(dq[0])) / (nx * float(c[r]))
-                  for dw in _fl32_dots(x, w[r : r + 1]) for dq in _fl32_dots(x, q[r : r + 1])]
-        assert 0.95 < min(ratios) and max(ratios) <= 1.0, (r, ratios)  # measured: 0.98..0.998
+        s, e = float(sc[r, 0]), float(sc[r, 1])
+        x = _bf16_values(ew.f32_to_bf16((w[r] - s * qf[r]).astype(np.float32))).astype(np.float64)
+        gap = abs(math.fsum(x * w[r]) - s * math.fsum(x * qf[r]))
+        ratio = gap / (float(np.linalg.norm(x)) * e)
+        assert 0.95 < ratio <= 1.0 + 1e-9, (r, ratio)
 
 
 def test_screen_head_rows_is_tight_for_normal_rows() -> None:
-    """Normal rows of Qwen3-4B's width: c / ‖w‖ stays below 0.02 (int8 error ~1%), so candidate sets stay small."""
+    """Normal rows of Qwen3-4B's width: e / nw stays below 0.02 (int8 error ~1%), so candidate sets stay small;
+    snq is about nw."""
     rng = np.random.default_rng(5)
     words = ew.f32_to_bf16((rng.standard_normal((64, 2560)) * 0.02).astype(np.float32))
     _, sc = ew.screen_head_rows(words)
     nw = np.linalg.norm(_bf16_values(words).astype(np.float64), axis=1)
-    ratio = sc[:, 1] / nw
+    ratio = sc[:, 1] / sc[:, 2]
     assert np.all(ratio < 0.02) and np.all(ratio > 0.001), (ratio.min(), ratio.max())
+    assert np.all(sc[:, 2] >= nw) and np.allclose(sc[:, 2], nw, rtol=1e-6, atol=0)
+    assert np.allclose(sc[:, 3] / nw, 1, atol=0.02)
 
 
 def test_screen_head_rows_slices_agree_and_reject_bad_input() -> None:
@@ -931,7 +992,7 @@ def _head_words(tied: bool) -> tuple[dict, dict[str, np.ndarray], str]:
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_export_writes_the_screened_head(tmp_path: Path, tied: bool) -> None:
-    """Default on: q8 (I8 [V, H]) and rows (F32 [V, 2]) after rope.cos_sin, equal to screen_head_rows of the
+    """Default on: q8 (I8 [V, H]) and rows (F32 [V, 4]) after rope.cos_sin, equal to screen_head_rows of the
     exported head; every other tensor's bytes and order as with --no-screened-head (which omits both)."""
     cfg, t, head = _head_words(tied)
     ckpt = write_checkpoint(tmp_path / "c", cfg, t, shards=2)
@@ -948,12 +1009,12 @@ def test_export_writes_the_screened_head(tmp_path: Path, tied: bool) -> None:
         assert got[name].tobytes() == arr.tobytes(), name
     q8, rows = got["lm_head.screen.q8"], got["lm_head.screen.rows"]
     assert q8.dtype == np.int8 and q8.shape == (cfg["vocab_size"], cfg["hidden_size"])
-    assert rows.dtype == np.float32 and rows.shape == (cfg["vocab_size"], 2)
+    assert rows.dtype == np.float32 and rows.shape == (cfg["vocab_size"], 4)
     want_q, want_sc = ew.screen_head_rows(got[head])
     np.testing.assert_array_equal(got[head], t[head])
     assert q8.tobytes() == want_q.tobytes() and rows.tobytes() == want_sc.tobytes()
     assert np.isnan(rows[5]).all() and np.isnan(rows[9]).all() and (q8[5] == 0).all() and (q8[9] == 0).all()
-    assert rows[3].tolist() == [0.0, 0.0] and rows[11, 0] == np.float32(32768 / 127)
+    assert rows[3].tolist() == [0.0] * 4 and rows[11, 0] == np.float32(32768 / 127)
     assert np.isfinite(np.delete(rows, [5, 9], axis=0)).all()
 
     # file order: the same tensors at the same places, the two new ones after the rope table; size = header + plan

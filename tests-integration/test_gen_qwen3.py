@@ -537,14 +537,14 @@ def test_screened_lm_head(preset: str, fake_kernels: Path) -> None:
                                           head, "next_token"]
     assert "logits" not in m.buffers and "gemv_norm_lm_head" not in m.ops and "argmax" not in m.ops
     assert (m.buffers["lm_head.screen.q8"].dtype, m.buffers["lm_head.screen.q8"].shape) == ("i8", [V, H])
-    assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 2])
+    assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 4])
     op = m.ops[gen.LM_HEAD_SCREENED_OP]
     screen, pick, red = op.impl.launches
     assert [la.entry for la in op.impl.launches] == ["kern_lmhead_screen_m1", "kern_lmhead_pick_m1", "argmax_reduce"]
     assert all(la.pdl for la in op.impl.launches) and red.module == "argmax_pdl"
     nb1, parts = math.ceil(V / 32), math.ceil(V / 1024)
     assert (screen.grid, pick.grid, red.grid) == ([nb1, 1, 1], [parts, 1, 1], [1, 1, 1])
-    assert screen.shared_mem == pick.shared_mem == 2 * H
+    assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
     assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
     assert op.impl.scratch["keys"] == ks.Scratch(dtype="u16", shape=[V])
     # the dense manifest is unchanged by the option's existence, and names the dense ops

@@ -18,14 +18,16 @@ listed by `model.safetensors.index.json`. The output follows the provider contra
 - `rope.cos_sin` f32 [positions, D]: row p is cos(p·f_0..f_{D/2-1}) then sin(...), with
   f_j = rope_theta^(-2j/D) computed as transformers does (float32 inverse frequencies,
   float32 angle p·f_j), the cos/sin of that angle evaluated in float64 and rounded to f32;
-- `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 2], unless `--no-screened-head`:
+- `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 4], unless `--no-screened-head`:
   derived from the head (`lm_head.weight`, or `model.embed_tokens.weight` when tied, as
   written here in bf16) for the screened greedy lm_head (kernels-src/lm_head_screen.cu):
-  an int8 copy q of each row w with its scale s and an error coefficient c, (s, c) per row,
-  such that for any x the fp32 dot x·w lies within ‖x‖₂·c of s times the fp32 dot x·q,
-  whatever order either is summed in (`screen_head_rows` has the definitions). A row
-  holding a non-finite weight gets q = 0 and s = c = NaN (always a candidate). Computed a
-  few hundred rows at a time; the file's metadata says `screened_head` (true/false).
+  an int8 copy q of each row w and a float4 (s, e, nw, snq) per row: its scale s, the
+  copy's error e ≥ ‖w − s·q‖₂, nw ≥ ‖w‖₂ and snq ≥ s·‖q‖₂ (rounded up), so that for any x
+  and any x̃ (the kernel's dequantized x) |x·w − s·(x̃·q)| ≤ ‖x − x̃‖₂·nw + ‖x̃‖₂·e, nw and
+  snq also bounding the fp32 rounding of either dot product (`screen_head_rows` has the
+  definitions). A row holding a non-finite weight gets q = 0 and all four NaN (always a
+  candidate). Computed a few hundred rows at a time; the file's metadata says
+  `screened_head` (true/false).
   `--only-screened-head` writes these two tensors alone (a file loaded beside a
   `--no-screened-head` export, for a manifest that declares them; metadata
   `screened_head_only`: true).
@@ -354,31 +356,45 @@ def rope_cos_sin(positions: int, head_dim: int, theta: float, first: int = 0) ->
     return np.concatenate([np.cos(angle64), np.sin(angle64)], axis=1).astype(np.float32)
 
 
+def _f32_up(v: np.ndarray) -> np.ndarray:
+    """float64 values rounded up to float32: the least float32 >= v (overflow: +inf)."""
+    with np.errstate(over="ignore"):
+        f = v.astype(np.float32)
+    low = f.astype(np.float64) < v
+    f[low] = np.nextafter(f[low], np.float32(np.inf))
+    return f
+
+
 def screen_head_rows(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The screened lm_head's derived rows of a slice of the head: (q, sc).
 
     `words`: the head's rows as bf16 words, uint16 [rows, H]. Returns q, int8 [rows, H]
-    (`lm_head.screen.q8`), and sc, float32 [rows, 2] (`lm_head.screen.rows`: s, c). Each
-    row is computed from its own words only, so slicing the head gives the same bytes.
+    (`lm_head.screen.q8`), and sc, float32 [rows, 4] (`lm_head.screen.rows`: s, e, nw, snq,
+    a float4 per row). Each row is computed from its own words only, so slicing the head
+    gives the same bytes.
 
     Per row, w = the row's bf16 values as float64:
 
-    - s = float32(max|w| / 127) (round to nearest), s64 = float64(s);
+    - s = float32(max|w| / 127) (round to nearest), s64 = float64(s): the row's scale;
     - q = clip(rint(w / s64), -127, 127) (rint: half to even; the clip guards ±128),
       q = 0 where s == 0 (an all-zero row);
-    - e = ‖w − s64·q‖₂, nq = ‖q‖₂, nw = ‖w‖₂ (float64), γ = (H + 64)·2⁻²⁴·1.001;
-    - c = (e + γ·(s64·nq + nw))·(1 + 1e-12), rounded up to float32;
-    - a row holding a non-finite weight: s = c = NaN and q = 0 (the kernel then always
-      takes the row as a candidate).
+    - e = ‖w − s64·q‖₂: the int8 copy's error;
+    - nw = ‖w‖₂: the row's norm;
+    - snq = s64·‖q‖₂: the scaled int8 copy's norm;
+    - e, nw and snq are computed in float64, multiplied by 1 + 1e-12 (covering the float64
+      evaluation) and rounded up to float32 (overflow: +inf, still a bound); an all-zero
+      row has s = e = nw = snq = 0;
+    - a row holding a non-finite weight: s = e = nw = snq = NaN and q = 0 (the kernel then
+      always takes the row as a candidate).
 
-    The bound: for any vector x and fp32 dot products summed in any order (fma or not),
-        |fl32(x·w) − s·fl32(x·q)| ≤ ‖x‖₂·c.
-    fl32(x·w) is within γ·Σ|xᵢwᵢ| ≤ γ·‖x‖₂·nw of the exact x·w (γ covers γ_H = H·u/(1 − H·u),
-    u = 2⁻²⁴); the exact x·w is within ‖x‖₂·e of s·(x·q) (Cauchy–Schwarz); and the int8 dot's
-    own fp32 rounding, scaled by s, is within s·γ·‖x‖₂·nq. The float64 evaluation of e, nq and
-    nw is covered by the factor 1 + 1e-12 and γ's slack; overflow of c rounds to +inf (still
-    a bound). Products xᵢwᵢ are assumed not to underflow (bf16 × bf16 is exact in fp32 above
-    2⁻¹²⁶). The caller bounds RAM by the slice: about 24 bytes of temporaries per element.
+    The guarantee they serve: for any real vector x (the lm_head's input) and any x̃ (the
+    kernel's dequantized x, e.g. int8 with a scale per 16 elements),
+        |x·w − s·(x̃·q)| ≤ ‖x − x̃‖₂·nw + ‖x̃‖₂·e,
+    since x·w − s·(x̃·q) = (x − x̃)·w + x̃·(w − s·q) (Cauchy–Schwarz on each term). The
+    kernel adds the fp32 rounding of both dot products itself: s·‖q‖₂ ≤ snq bounds its own
+    summation error term γ·‖x̃‖₂·snq, and nw the dense GEMV's, γ·‖x‖₂·nw (γ = γ_H =
+    H·u/(1 − H·u), u = 2⁻²⁴; products are assumed not to underflow). The caller bounds RAM
+    by the slice: about 24 bytes of temporaries per element.
     """
     words = np.asarray(words)
     if words.dtype != np.uint16 or words.ndim != 2:
@@ -410,16 +426,11 @@ def screen_head_rows(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.subtract(w, t, out=t)
     e = np.sqrt(np.einsum("ij,ij->i", t, t))
     del t, w
-    gamma = (H + 64) * 2.0**-24 * 1.001
-    c_real = (e + gamma * (s64 * nq + nw)) * (1 + 1e-12)
-    with np.errstate(over="ignore"):
-        c = c_real.astype(np.float32)
-    low = c.astype(np.float64) < c_real
-    c[low] = np.nextafter(c[low], np.float32(np.inf))
-    s[~finite] = np.nan
-    c[~finite] = np.nan
+    slack = 1 + 1e-12
+    sc = np.stack([s, _f32_up(e * slack), _f32_up(nw * slack), _f32_up(s64 * nq * slack)], axis=1)
+    sc[~finite] = np.nan
     q[~finite] = 0
-    return q, np.stack([s, c], axis=1)
+    return q, sc
 
 
 # ---------------------------------------------------------------------------------------
@@ -537,7 +548,7 @@ def plan_export(ckpt: Checkpoint, rope_positions: int, screened_head: bool = Tru
         head = _ScreenedHead(ckpt.tensors["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"])
         work = 32 * H  # bf16 words, their f32 and f64 values, the f64 quotients, q, a read buffer
         out += [OutTensor(SCREEN_Q8, "I8", (cfg.vocab_size, H), make=head.q8, work_row_bytes=work),
-                OutTensor(SCREEN_ROWS, "F32", (cfg.vocab_size, 2), make=head.rows, work_row_bytes=work)]
+                OutTensor(SCREEN_ROWS, "F32", (cfg.vocab_size, 4), make=head.rows, work_row_bytes=work)]
     for o in out:  # the plan's own wiring: each fused tensor is exactly its parts stacked
         if o.parts:
             rows = sum(want[s][0] for s in o.parts)
@@ -604,14 +615,15 @@ def _rows_bf16(t: TensorInfo, a: int, b: int) -> np.ndarray:
 class _ScreenedHead:
     """The screened lm_head's two derived tensors from head matrix `t`, a row slice at a time.
 
-    `q8(a, b)` reads rows [a, b) of the head (in bf16, as the export writes them) and keeps their (s, c) pairs
-    (8 bytes a row), so `rows(a, b)`, written after the whole q8 tensor, reads the head again only for rows it
-    does not hold (it holds them all when the q8 pass ran first, as it does in the export).
+    `q8(a, b)` reads rows [a, b) of the head (in bf16, as the export writes them) and keeps their (s, e, nw, snq)
+    rows (16 bytes a row: 2.4 MB for a 151,936-token vocabulary), so `rows(a, b)`, written after the whole q8
+    tensor, reads the head again only for rows it does not hold (it holds them all when the q8 pass ran first,
+    as it does in the export).
     """
 
     def __init__(self, t: TensorInfo):
         self.t = t
-        self.sc = np.empty((t.shape[0], 2), np.float32)
+        self.sc = np.empty((t.shape[0], 4), np.float32)
         self.done = np.zeros(t.shape[0], bool)
 
     def _compute(self, a: int, b: int) -> np.ndarray:
@@ -786,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     screen = ap.add_mutually_exclusive_group()
     screen.add_argument("--no-screened-head", dest="screened_head", action="store_false",
                         help="omit lm_head.screen.q8 and lm_head.screen.rows (the int8 copy of the head, with "
-                             "per-row scale and error bound, that gen_qwen3.py --lm-head screened reads); written "
+                             "per-row scale, error and norms, that gen_qwen3.py --lm-head screened reads); written "
                              "by default")
     screen.add_argument("--only-screened-head", action="store_true",
                         help="write lm_head.screen.q8 and lm_head.screen.rows alone (a file to load beside a "

@@ -132,7 +132,8 @@ DEFAULT_GEMV = "gemv"
 LM_HEAD_IMPLS = ("dense", "screened")
 DEFAULT_LM_HEAD = "dense"
 LM_HEAD_SCREENED_OP = "norm_lm_head_argmax_screened"
-#: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 2] (scale, error coefficient).
+#: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 4] (scale, error norm, row
+#: norm, scale × int8 row norm).
 LM_SCREEN_WEIGHTS = ("lm_head.screen.q8", "lm_head.screen.rows")
 #: Persistent GEMV entries by gemv.cu variant.
 GEMVP_ENTRY = {"gemv_norm": "kern_gemvp_norm_m1", "gemv_norm_silu": "kern_gemvp_norm_silu_m1",
@@ -550,7 +551,7 @@ def declare_buffers(b: ManifestBuilder, max_positions: int, *, lm_head: str = DE
     b.buffer("rope.cos_sin", "f32", [max_positions, D], "weight")
     if lm_head == "screened":
         b.buffer(LM_SCREEN_WEIGHTS[0], "i8", [V, H], "weight")
-        b.buffer(LM_SCREEN_WEIGHTS[1], "f32", [V, 2], "weight")
+        b.buffer(LM_SCREEN_WEIGHTS[1], "f32", [V, 4], "weight")
 
 
 def pdl_kernel(b: ManifestBuilder, kname: str, pdl: bool) -> str:
@@ -732,7 +733,7 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
 def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     """The op LM_HEAD_SCREENED_OP (x, norm_w, q8, rows, w, out): next_token = argmax_v bf16(rmsnorm(x)·norm_w ·
     w[v]), the token of `gemv_norm_lm_head` + `argmax` bit for bit, in three launches: kern_lmhead_screen_m1 (bounds
-    from the int8 copy q8 [V, H] with rows f32 [V, 2]), kern_lmhead_pick_m1 (the candidates' dense logits from w),
+    from the int8 copy q8 [V, H] with rows f32 [V, 4]), kern_lmhead_pick_m1 (the candidates' dense logits from w),
     argmax_reduce (over the pick's per-block keys). Scratch: the normalized x, the bounds' keys, the screen's and
     the pick's per-block results. The three are PDL launches with `pdl` (the screen follows the last down GEMV)."""
     c = b.cfg
@@ -1201,7 +1202,7 @@ def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], 
     for i, g in ((0, nb1), (1, parts), (2, 1)):
         if launches[i].grid != [g, 1, 1]:
             err(f"{where} kernel `{kerns[i].name}`: grid {launches[i].grid}, expected [{g}, 1, 1]")
-    for name, dtype, shape in ((LM_SCREEN_WEIGHTS[0], "i8", [V, H]), (LM_SCREEN_WEIGHTS[1], "f32", [V, 2])):
+    for name, dtype, shape in ((LM_SCREEN_WEIGHTS[0], "i8", [V, H]), (LM_SCREEN_WEIGHTS[1], "f32", [V, 4])):
         b = m.buffers.get(name)
         if b is None or b.dtype != dtype or b.shape != shape or b.class_ != "weight":
             err(f"{where}: weight `{name}` must be {dtype} {shape}")

@@ -517,16 +517,17 @@ def _lm_head_screen_kernels() -> list[Kernel]:
            "issues its int8 weight loads), nothing of an earlier launch read before the wait.")
     return [
         Kernel(name="kern_lmhead_screen_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_screen_m1",
-               block_x=256, constexprs=const, shared_mem_per={"k": 2},
+               block_x=256, constexprs=const, shared_mem_per={"k": 4},
                params=(x, nw, P("q8", "in buffer<i8>", True), P("rows", "in buffer<f32>", True), xn, keys, bpart, n, k,
                        P("eps", "f32")),
                grid=f"(ceil_div(n, {LM_SCREEN_BLOCK_ROWS}), 1, 1): 8 warps × {LM_SCREEN_ROWS_PER_WARP} rows",
                doc="Screened lm_head, stage 1: xn = bf16(norm_w * bf16(x * rsqrt(mean(x^2) + eps))) (gemv.cu's "
-                   "norm prologue, the same bits), block 0 writes it to xn: bf16 [k]; for each row r of the int8 head "
-                   "q8: i8 [n, k] with rows: f32 [n, 2] = (scale s, error coefficient c), the interval s·(xn·q8[r]) "
-                   "± ||xn||·c that holds the dense fp32 logit; keys[r] (u16 [n]) = the argmax order of bf16(upper "
-                   "bound) (0xFFFF: always a candidate), bpart[b] (u32 [grid.x]) = the block's max order of bf16(lower "
-                   "bound). k: a multiple of 16; dynamic shared memory 2*k bytes." + pdl),
+                   "norm prologue, the same bits), block 0 writes it to xn: bf16 [k]; xn quantized to int8 per "
+                   "16-element vector; for each row r of the int8 head q8: i8 [n, k] with rows: f32 [n, 4] = (scale s, "
+                   "error norm e, ||w||, s·||q||), an interval around s·(x̃·q8[r]) (int8 dot products) that holds the "
+                   "dense fp32 logit; keys[r] (u16 [n]) = the argmax order of bf16(upper bound) (0xFFFF: always a "
+                   "candidate), bpart[b] (u32 [grid.x]) = the block's max order of bf16(lower bound). k: a multiple of "
+                   "16; dynamic shared memory 4*k bytes." + pdl),
         Kernel(name="kern_lmhead_pick_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_pick_m1",
                block_x=256, constexprs=const, shared_mem_per={"k": 2},
                params=(P("xn", BF16_IN, True), P("w", BF16_IN, True), P("keys", "in buffer<u16>", True),

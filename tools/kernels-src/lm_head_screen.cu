@@ -1,29 +1,32 @@
 // The screened lm_head for greedy decode (sm_90): the token of argmax_r bf16(xn · w[r]) (gemv.cu's
 // kern_gemv_norm_m1 then argmax.cu, bit for bit the same token) while reading about half the head's bytes.
 //
-// Why it is exact. The provider ships, beside the bf16 head w [n, k], an int8 copy q [n, k] with a per-row
-// scale s[r] and a per-row error coefficient c[r] (tools/export_weights.py `lm_head.screen.q8` and
-// `lm_head.screen.rows`, float32 [n, 2] = (s, c)). c[r] is an upper bound (float64, rounded up) on
-//     ‖w[r] − s[r]·q[r]‖₂ + γ·(s[r]·‖q[r]‖₂ + ‖w[r]‖₂),   γ = (k + 64)·2⁻²⁴·1.001,
-// so for any vector xn (Cauchy–Schwarz, and the standard bound γₖ·Σ|aᵢbᵢ| on an fp32 dot product summed in any
-// order): the fp32 dot that gemv.cu computes, fl(xn·w[r]), lies within ‖xn‖₂·c[r] of s[r]·fl(xn·q[r]).
-// Stage 1 (screen) computes that interval [lo, hi] for every row from the int8 copy (k bytes a row instead of 2k),
-// with margins for its own fp32 roundings. bf16 round-to-nearest is monotone, so bf16(dense[r]) lies in
-// [bf16(lo[r]), bf16(hi[r])], and the maximum bf16 logit is at least B = max_r bf16(lo[r]). A row with
-// bf16(hi[r]) < B cannot be the argmax, nor tie with it; every other row is a candidate. Stage 2 (pick) computes
-// the candidates' dense logits exactly as gemv.cu does (the same normalized x, the same per-lane order, the same
-// warp sum and rounding) and their argmax (ties: the smallest index, argmax.cu's packed key); argmax.cu's
-// argmax_reduce finishes over the stage's per-block keys. The result never depends on how tight the bound is:
-// a loose one only adds candidates, and when x is not finite every row is one (the dense argmax, slowly).
-// Rows holding a non-finite weight must carry s = c = NaN (the export does): they are always candidates.
+// Why it is exact. The provider ships, beside the bf16 head w [n, k], an int8 copy q [n, k] and a per-row table
+// (tools/export_weights.py `lm_head.screen.q8` and `lm_head.screen.rows`, float32 [n, 4] = (s, e, nw, snq)): the
+// scale s[r], and upper bounds e ≥ ‖w[r] − s·q[r]‖₂, nw ≥ ‖w[r]‖₂, snq ≥ s·‖q[r]‖₂. Stage 1 (screen) quantizes the
+// normalized x too, per 16-element vector v: x̃_v = s_v·x̂_v with x̂_v int8 and s_v = max|x_v|/127, so each row's
+// dot is a sum of exact int8 dot products (dp4a) scaled by s_v: a = Σ_v s_v·(x̂_v·q_v[r]) in fp32. For real numbers
+//     xn·w = (xn − x̃)·w + x̃·(w − s·q) + s·(x̃·q),
+// so by Cauchy–Schwarz |xn·w − s·(x̃·q)| ≤ ‖xn − x̃‖·nw + ‖x̃‖·e; a's fp32 chain is within γ_c·‖x̃‖·snq/s of x̃·q, and
+// the fp32 dot that gemv.cu computes, fl(xn·w), within γ_d·‖xn‖·nw of xn·w (the standard bound γₙ·Σ|aᵢbᵢ| on a
+// dot product summed in any order). Stage 1 computes the interval [lo, hi] around s·a that holds fl(xn·w) for
+// every row, with margins for its own roundings (the norms of xn − x̃, x̃ and xn rounded up). bf16 round-to-nearest
+// is monotone, so bf16(dense[r]) lies in [bf16(lo[r]), bf16(hi[r])], and the maximum bf16 logit is at least
+// B = max_r bf16(lo[r]). A row with bf16(hi[r]) < B cannot be the argmax, nor tie with it; every other row is a
+// candidate. Stage 2 (pick) computes the candidates' dense logits exactly as gemv.cu does (the same normalized x,
+// the same per-lane order, the same warp sum and rounding) and their argmax (ties: the smallest index, argmax.cu's
+// packed key); argmax.cu's argmax_reduce finishes over the stage's per-block keys. The result never depends on how
+// tight the bound is: a loose one only adds candidates, and when x is not finite every row is one (the dense
+// argmax, slowly). Rows holding a non-finite weight must carry a NaN table row (the export does): always candidates.
 //
 //   kern_lmhead_screen_m1(x, norm_w, q8, rows, xn, keys, bpart, n, k, eps)
-//       x: bf16 [k] (the residual), norm_w: bf16 [k], q8: int8 [n, k], rows: f32 [n, 2] (s, c);
+//       x: bf16 [k] (the residual), norm_w: bf16 [k], q8: int8 [n, k], rows: f32 [n, 4] (s, e, nw, snq);
 //       xn: bf16 [k] out (block 0 writes the normalized x, for stage 2), keys: u16 [n] out (the order of
 //       bf16(hi[r]), argmax_key.cuh's argmax_order; 0xFFFF: always a candidate), bpart: u32 [grid.x] out (per
 //       block, the max order of bf16(lo[r]) over its finite lo; 0 when none, or when xn is not finite).
 //       xn = HF Qwen3RMSNorm(x)·norm_w through gemv.cu's own norm_to_smem (the same bits as the dense GEMV's).
-//       grid (ceil_div(n, 32), 1, 1), block 256: 8 warps × 4 rows; dynamic shared memory 2·k bytes.
+//       grid (ceil_div(n, 32), 1, 1), block 256: 8 warps × 4 rows; dynamic shared memory 4·k bytes (xn at 0, its
+//       int8 x̂ at 2·k, the vectors' f32 scales at 3·k: 3.25·k used).
 //       k: a multiple of 16; pointers 16-byte aligned. The first LS_U 16-byte int8 loads of each of a lane's rows
 //       go out before griddepcontrol.wait (weights only); k ≤ 16·32·LS_U = 2,560 puts every load there.
 //   kern_lmhead_pick_m1(xn, w, keys, bpart, nb1, partial, n, k)
@@ -47,19 +50,13 @@ static_assert(WARPS == 8, "norm_to_smem and the launches assume 8 warps of 32 th
 
 namespace {
 
-// q as float for the byte `i` of `t`, t = a word of four int8 xor 0x80808080 (so byte b = q + 128): the float with
-// bits 0x4B0000bb is 2²³ + b exactly; minus 2²³ + 128 gives q exactly.
-__device__ __forceinline__ float s8_at(uint32_t t, int i) {
-    return __uint_as_float(__byte_perm(t, 0x4B000000u, 0x7540u | i)) - 8388736.f;
-}
-
-// acc[r] += Σ over the 16 int8 of w[r] · the 16 x values xf (any order: stage 1's sums are bounded, not matched).
-__device__ __forceinline__ void acc16_s8(float &acc, const uint4 w, const float (&xf)[16]) {
-    const uint32_t words[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc = fmaf(xf[4 * j + i], s8_at(words[j], i), acc);
+// a += s_v · (x̂_v · q_v): the exact int8 dot of one 16-element vector (four dp4a), then one fp32 FMA.
+__device__ __forceinline__ void acc16_q(float &a, const uint4 q, const uint4 xq, const float sv) {
+    int d = __dp4a((int)q.x, (int)xq.x, 0);
+    d = __dp4a((int)q.y, (int)xq.y, d);
+    d = __dp4a((int)q.z, (int)xq.z, d);
+    d = __dp4a((int)q.w, (int)xq.w, d);
+    a = fmaf(sv, (float)d, a);  // |d| ≤ 16·127·127 < 2²⁴: exact as a float
 }
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4 v, float *f) {
@@ -101,17 +98,61 @@ __device__ __forceinline__ void screen_stage(uint4 (&buf)[LS_ROWS][LS_U], const 
         }
 }
 
+
+// x̂ and the scales of the 16-element vectors of xs (one thread per vector): s_v = max|x|/127 (0 for a zero vector,
+// NaN if any x is), x̂ = rint(x / s_v) in [-127, 127]; returns this thread's Σ (x − s_v·x̂)², Σ (s_v·x̂)², Σ x² as
+// fp32 sums (rounded: the caller bounds them).
+__device__ __forceinline__ void quantize_x(const __nv_bfloat16 *xs, uint4 *xq, float *sv, int kv, float3 &sums) {
+    const __nv_bfloat162 *x2 = reinterpret_cast<const __nv_bfloat162 *>(xs);
+    for (int v = threadIdx.x; v < kv; v += blockDim.x) {
+        float amax = 0.f;
+        bool bad = false;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float2 f = __bfloat1622float2(x2[8 * v + i]);
+            amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+            bad |= !(fabsf(f.x) <= 3.4e38f) || !(fabsf(f.y) <= 3.4e38f);
+        }
+        // s_v ≈ amax/127 and x̂ = rint(x/s_v), clamped: any rounding of either is fine, since the bound is computed
+        // from the s_v and x̂ the kernel uses (no IEEE division: its slow path would spill beside the weight stage)
+        const float s = bad ? __int_as_float(0x7fc00000) : amax * (1.f / 127.f);  // NaN or inf in x: NaN
+        const float inv = s > 0.f ? __fdividef(1.f, s) : 0.f;
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // re-read from shared memory: fewer live registers beside the weight stage
+            const float2 f = __bfloat1622float2(x2[8 * v + i]);
+            const float t0 = fminf(fmaxf(rintf(f.x * inv), -127.f), 127.f);
+            const float t1 = fminf(fmaxf(rintf(f.y * inv), -127.f), 127.f);
+            const uint32_t pair = ((uint32_t)(int)t0 & 0xFFu) | (((uint32_t)(int)t1 & 0xFFu) << 8);
+            if (i & 1) w[i >> 1] |= pair << 16; else w[i >> 1] = pair;
+            const float d0 = fmaf(-s, t0, f.x), d1 = fmaf(-s, t1, f.y);
+            const float y0 = s * t0, y1 = s * t1;
+            sums.x = fmaf(d0, d0, sums.x);
+            sums.x = fmaf(d1, d1, sums.x);
+            sums.y = fmaf(y0, y0, sums.y);
+            sums.y = fmaf(y1, y1, sums.y);
+            sums.z = fmaf(f.x, f.x, sums.z);
+            sums.z = fmaf(f.y, f.y, sums.z);
+        }
+        xq[v] = make_uint4(w[0], w[1], w[2], w[3]);
+        sv[v] = s;
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m1(
     const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const int8_t *__restrict__ q8,
-    const float2 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn, uint16_t *__restrict__ keys,
+    const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn, uint16_t *__restrict__ keys,
     uint32_t *__restrict__ bpart, int n, int k, float eps) {
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
+    const int kv = k >> 4;  // 16-byte int8 vectors per row (16 elements each)
+    uint4 *xq = reinterpret_cast<uint4 *>(smem + 2 * k);
+    float *sv = reinterpret_cast<float *>(smem + 3 * k);
+    __shared__ float3 warp_sums[WARPS];
     __shared__ uint32_t warp_lo[WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kv = k >> 4;  // 16-byte int8 vectors per row
     const long row0 = ((long)blockIdx.x * WARPS + warp) * LS_ROWS;
     long rows[LS_ROWS];
 #pragma unroll
@@ -122,18 +163,27 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m
     screen_stage(buf, q, rows, kv, lane, 0, nl);
     griddep_launch_dependents();
     griddep_wait();
-    norm_to_smem<1>(x, norm_w, xs, k, eps);
+    norm_to_smem<1>(x, norm_w, xs, k, eps);  // ends with a block barrier
     if (blockIdx.x == 0)
         for (int v = threadIdx.x; v < (k >> 3); v += blockDim.x)
             reinterpret_cast<uint4 *>(xn)[v] = reinterpret_cast<const uint4 *>(xs)[v];
-    // ‖xn‖₂ squared, per warp over all of xs (no block barrier needed)
-    float ss = 0.f;
-    for (int v = lane; v < (k >> 3); v += 32) sumsq8(ss, reinterpret_cast<const uint4 *>(xs)[v]);
-    ss = warp_sum(ss);
+    float3 sums = make_float3(0.f, 0.f, 0.f);
+    quantize_x(xs, xq, sv, kv, sums);
+    sums.x = warp_sum(sums.x);
+    sums.y = warp_sum(sums.y);
+    sums.z = warp_sum(sums.z);
+    if (lane == 0) warp_sums[warp] = sums;
+    __syncthreads();
+    float3 tot = make_float3(0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) {
+        tot.x += warp_sums[i].x;
+        tot.y += warp_sums[i].y;
+        tot.z += warp_sums[i].z;
+    }
     float acc[LS_ROWS];
 #pragma unroll
     for (int r = 0; r < LS_ROWS; ++r) acc[r] = 0.f;
-    const uint4 *xv = reinterpret_cast<const uint4 *>(xs);
     for (int s = 0; s < stages; ++s) {
         if (s > 0) screen_stage(buf, q, rows, kv, lane, s, nl);
 #pragma unroll
@@ -141,28 +191,34 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m
             const int j = s * LS_U + u;
             if (j < nl) {
                 const int v = lane + 32 * j;
-                float xf[16];
-                bf16x8_to_float(xv[2 * v], xf);
-                bf16x8_to_float(xv[2 * v + 1], xf + 8);
+                const uint4 xv = xq[v];
+                const float sc = sv[v];
 #pragma unroll
-                for (int r = 0; r < LS_ROWS; ++r) acc16_s8(acc[r], buf[r][u], xf);
+                for (int r = 0; r < LS_ROWS; ++r) acc16_q(acc[r], buf[r][u], xv, sc);
             }
         }
     }
 #pragma unroll
     for (int r = 0; r < LS_ROWS; ++r) acc[r] = warp_sum(acc[r]);
-    // ‖xn‖₂ rounded up: the fp32 sum of squares is within (k + 64)·2⁻²⁴ of the exact one (relative, all terms
-    // positive), the square root and the product within an ulp each.
-    const float nrm = sqrtf(ss * (1.f + (float)(k + 64) * 1.2e-7f)) * (1.f + 2.4e-7f);
-    const bool x_ok = isfinite(nrm);
+    // Norms rounded up: each sum of squares has at most k + 64 roundings of positive terms (relative error below
+    // (k + 64)·2⁻²⁴, taken twice over), its square root and the products below within an ulp each (the 1 + 2⁻²¹).
+    const float up = 1.f + (float)(k + 64) * 1.2e-7f;
+    const float nd = sqrtf(tot.x * up) * (1.f + 4.8e-7f);   // ‖xn − x̃‖
+    const float nxt = sqrtf(tot.y * up) * (1.f + 4.8e-7f);  // ‖x̃‖
+    const float nx = sqrtf(tot.z * up) * (1.f + 4.8e-7f);   // ‖xn‖
+    // γ of the screen's chain (nl FMAs of exact products + 5 warp-sum additions per row) and of the dense dot (any
+    // order over k terms), each with room to spare
+    const float gc = (float)(nl + 40) * 1.2e-7f, gd = (float)(k + 64) * 1.2e-7f;
+    const bool x_ok = isfinite(nd) && isfinite(nxt) && isfinite(nx);
     uint32_t lo_ord = 0;
 #pragma unroll
     for (int r = 0; r < LS_ROWS; ++r)
         if (lane == r && row0 + r < n) {
-            const float2 sc = rows_sc[rows[r]];
-            const float center = sc.x * acc[r];
-            // margin: ‖xn‖·c, plus slack for the roundings of s·acc, of ‖xn‖·c and of center ± margin
-            const float m = nrm * sc.y * (1.f + 4e-6f) + fabsf(center) * 5e-7f + 1e-30f;
+            const float4 t = rows_sc[rows[r]];  // (s, e, nw, snq)
+            const float center = t.x * acc[r];
+            // margin: the three terms of the bound and the dense rounding, plus slack for this arithmetic's own roundings
+            const float m = (nd * t.z + nxt * t.y + gc * nxt * t.w + gd * nx * t.z) * (1.f + 4e-6f) +
+                            fabsf(center) * 5e-7f + 1e-30f;
             const float hi = center + m, lo = center - m;
             uint32_t key = 0xFFFFu;  // not finite: always a candidate
             if (x_ok && isfinite(hi)) key = argmax_order(bf16_bits(hi));
