@@ -540,9 +540,11 @@ def test_screened_lm_head(preset: str, fake_kernels: Path) -> None:
     assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 4])
     op = m.ops[gen.LM_HEAD_SCREENED_OP]
     screen, pick, red = op.impl.launches
-    assert [la.entry for la in op.impl.launches] == ["kern_lmhead_screen_m1", "kern_lmhead_pick_m1", "argmax_reduce"]
+    # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one
+    entry = "kern_lmhead_screen_m1_r8" if H <= 1024 else "kern_lmhead_screen_m1"
+    assert [la.entry for la in op.impl.launches] == [entry, "kern_lmhead_pick_m1", "argmax_reduce"]
     assert all(la.pdl for la in op.impl.launches) and red.module == "argmax_pdl"
-    nb1, parts = math.ceil(V / 32), math.ceil(V / 1024)
+    nb1, parts = math.ceil(V / (64 if H <= 1024 else 32)), math.ceil(V / 1024)
     assert (screen.grid, pick.grid, red.grid) == ([nb1, 1, 1], [parts, 1, 1], [1, 1, 1])
     assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
     assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]

@@ -730,6 +730,16 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
     ], scratch={"partial": Scratch(dtype="u64", shape=[parts])})
 
 
+def lm_screen_entry(b: ManifestBuilder, k: int) -> str:
+    """The screen entry for rows of k elements: `kern_lmhead_screen_m1_r8` where one stage of its loads holds a lane's
+    whole row (k ≤ 16·32·LOADS_PER_STAGE: 1,024; twice the rows per block, half the per-block prologues, measured
+    faster for short rows), else `kern_lmhead_screen_m1`."""
+    r8 = "kern_lmhead_screen_m1_r8"
+    if r8 in b.index and k <= 16 * 32 * b.constexpr(r8, "LOADS_PER_STAGE"):
+        return r8
+    return "kern_lmhead_screen_m1"
+
+
 def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     """The op LM_HEAD_SCREENED_OP (x, norm_w, q8, rows, w, out): next_token = argmax_v bf16(rmsnorm(x)·norm_w ·
     w[v]), the token of `gemv_norm_lm_head` + `argmax` bit for bit, in three launches: kern_lmhead_screen_m1 (bounds
@@ -741,7 +751,7 @@ def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     if H % 16:
         raise GenError(f"--lm-head screened: hidden_size {H} is not a multiple of 16 (kern_lmhead_screen_m1 loads 16 "
                        "int8 at a time); use --lm-head dense")
-    screen, pick = "kern_lmhead_screen_m1", "kern_lmhead_pick_m1"
+    screen, pick = lm_screen_entry(b, H), "kern_lmhead_pick_m1"
     rows_per_block = b.constexpr(screen, "WARPS") * b.constexpr(screen, "ROWS_PER_WARP")
     nb1, parts = math.ceil(V / rows_per_block), math.ceil(V / b.constexpr(pick, "PICK_ROWS"))
     iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("q8", "in buffer<i8>"), ("rows", "in buffer<f32>"),
@@ -1187,7 +1197,8 @@ def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], 
     where = f"ops.{LM_HEAD_SCREENED_OP}"
     V, H = cfg.vocab_size, cfg.hidden_size
     launches = m.ops[LM_HEAD_SCREENED_OP].impl.launches
-    if [k.entry for k in kerns] != ["kern_lmhead_screen_m1", "kern_lmhead_pick_m1", "argmax_reduce"]:
+    if [k.entry for k in kerns][1:] != ["kern_lmhead_pick_m1", "argmax_reduce"] \
+            or not kerns[0].entry.startswith("kern_lmhead_screen_m1"):
         err(f"{where}: launches {[k.entry for k in kerns]}, expected the screen, the pick and argmax_reduce")
         return
     lit = [{pn: a.literal for pn, a in zip(k.param_names, la.args) if a.literal is not None}

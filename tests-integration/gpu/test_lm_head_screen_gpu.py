@@ -43,7 +43,7 @@ SHAPES = [(151936, 2560), (151936, 1024), (4000, 5120), (1001, 1040), (77, 48)]
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
     return kernels_dir(tmp_path_factory, "kernels", ["0.6b"],
-                       needed=["kern_lmhead_screen_m1", "kern_lmhead_pick_m1", "kern_gemv_norm_m1", "argmax_partial",
+                       needed=["kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_pick_m1", "kern_gemv_norm_m1", "argmax_partial",
                                "argmax_reduce"])
 
 
@@ -94,10 +94,14 @@ def dense(ks: KernelSet, x, nw, w) -> tuple[int, torch.Tensor]:
     return int(out.item()), logits
 
 
-def screened(ks: KernelSet, x, nw, q8, rows, w) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The screened op's token, and its scratch: keys (int64 of the u16), bpart (int64 of the u32), xn."""
+SCREENS = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8")
+
+
+def screened(ks: KernelSet, x, nw, q8, rows, w, screen: str) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The screened op's token with stage-1 entry `screen`, and its scratch: keys (int64 of the u16), bpart (int64 of
+    the u32), xn."""
     n, k = w.shape
-    e = ks.kernels["kern_lmhead_screen_m1"]["constexprs"]
+    e = ks.kernels[screen]["constexprs"]
     nb1 = math.ceil(n / (e["WARPS"] * e["ROWS_PER_WARP"]))
     parts = math.ceil(n / e["PICK_ROWS"])
     xn = torch.full((k,), SENTINEL, dtype=BF, device=DEV)
@@ -105,7 +109,7 @@ def screened(ks: KernelSet, x, nw, q8, rows, w) -> tuple[int, torch.Tensor, torc
     bpart = torch.full((nb1,), 0x5A5A5A5A, dtype=torch.int32, device=DEV)
     partial = torch.full((parts,), -1, dtype=torch.int64, device=DEV)
     out = torch.full((1,), -7, dtype=torch.int64, device=DEV)
-    launch(ks, "kern_lmhead_screen_m1", nb1, [x, nw, q8, rows, xn, keys, bpart, n, k, EPS])
+    launch(ks, screen, nb1, [x, nw, q8, rows, xn, keys, bpart, n, k, EPS])
     launch(ks, "kern_lmhead_pick_m1", parts, [xn, w, keys, bpart, nb1, partial, n, k])
     launch(ks, "argmax_reduce", 1, [partial, out, parts])
     torch.cuda.synchronize()
@@ -122,24 +126,29 @@ def head(n: int, k: int, *, row_scale: bool = True) -> torch.Tensor:
 
 
 def check_case(ks: KernelSet, x, nw, w, what: str) -> tuple[int, int]:
-    """Both paths on the same inputs: the same token, every bound valid. Returns (token, candidates)."""
+    """Both paths on the same inputs, with each stage-1 entry: the same token, every bound valid. Returns (token,
+    candidates of the default entry)."""
     q8, rows = head_tables(w)
     tok_d, logits = dense(ks, x, nw, w)
-    tok_s, keys, bpart, xn = screened(ks, x, nw, q8, rows, w)
-    assert tok_s == tok_d, f"{what}: screened token {tok_s} != dense token {tok_d}"
-    assert not bool((xn == SENTINEL).all()), f"{what}: xn not written (still the poison {SENTINEL})"
     dord = order(logits.view(torch.int16))
-    assert bool((keys >= dord).all()), (
-        f"{what}: a row's upper-bound key is below its dense logit's order at rows "
-        f"{torch.nonzero(keys < dord).flatten()[:8].tolist()}")
     n = w.shape[0]
-    per = ks.kernels["kern_lmhead_screen_m1"]["constexprs"]
-    rpb = per["WARPS"] * per["ROWS_PER_WARP"]
-    pad = torch.zeros(bpart.numel() * rpb, dtype=torch.int64, device=DEV)
-    pad[:n] = dord
-    assert bool((bpart <= pad.view(-1, rpb).max(1).values).all()), f"{what}: a block's lower bound exceeds its rows"
-    b = int(bpart.max().item())
-    return tok_d, int((keys >= b).sum().item())
+    counts = []
+    for screen in SCREENS:
+        tok_s, keys, bpart, xn = screened(ks, x, nw, q8, rows, w, screen)
+        assert tok_s == tok_d, f"{what}, {screen}: screened token {tok_s} != dense token {tok_d}"
+        assert not bool((xn == SENTINEL).all()), f"{what}, {screen}: xn not written (still the poison {SENTINEL})"
+        assert bool((keys >= dord).all()), (
+            f"{what}, {screen}: a row's upper-bound key is below its dense logit's order at rows "
+            f"{torch.nonzero(keys < dord).flatten()[:8].tolist()}")
+        per = ks.kernels[screen]["constexprs"]
+        rpb = per["WARPS"] * per["ROWS_PER_WARP"]
+        pad = torch.zeros(bpart.numel() * rpb, dtype=torch.int64, device=DEV)
+        pad[:n] = dord
+        assert bool((bpart <= pad.view(-1, rpb).max(1).values).all()), \
+            f"{what}, {screen}: a block's lower bound exceeds its rows"
+        counts.append(int((keys >= int(bpart.max().item())).sum().item()))
+    assert counts[0] == counts[1], f"{what}: the two entries' candidates differ: {counts} (the same arithmetic per row)"
+    return tok_d, counts[0]
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])

@@ -9,8 +9,9 @@ log-normal row scales as tools/make_random_checkpoint.py draws it, its int8 tabl
 program makes them:
 - dense: kern_gemv_norm_m1 (the `_u5` entry where gemv_plan.gemv_entry_unroll gives it for lm_head) + argmax_partial_pdl
   + argmax_reduce_pdl (the ops `gemv_norm_lm_head` and `argmax`);
-- screened: kern_lmhead_screen_m1 + kern_lmhead_pick_m1 + argmax_reduce_pdl (gen_qwen3 --lm-head screened);
-- screen alone: kern_lmhead_screen_m1 repeated.
+- screened: kern_lmhead_screen_m1 (its `_r8` entry for k ≤ 1,024, as gen_qwen3 --lm-head screened picks) +
+  kern_lmhead_pick_m1 + argmax_reduce_pdl;
+- screen alone: that screen entry repeated.
 Prints µs per repetition (median of the replays), the bytes each form must read (the head's bf16 or int8 bytes,
 its row table) and their floor at 4.2 TB/s, and checks that both forms give the same token. A probe: prints a table,
 appends nothing; `--help` needs no GPU.
@@ -103,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         parts_d = math.ceil(V / 2048)
         partial_d = torch.empty(parts_d, dtype=torch.int64, device="cuda")
         out_d, out_s = (torch.full((1,), -1, dtype=torch.int64, device="cuda") for _ in range(2))
-        cx = ks.kernels["kern_lmhead_screen_m1"]["constexprs"]
+        # gen_qwen3.lm_screen_entry's rule: the 8-rows-per-warp entry where one stage holds a lane's whole row
+        sname = "kern_lmhead_screen_m1_r8" if H <= 16 * 32 * ks.kernels["kern_lmhead_screen_m1_r8"]["constexprs"][
+            "LOADS_PER_STAGE"] else "kern_lmhead_screen_m1"
+        cx = ks.kernels[sname]["constexprs"]
         nb1, parts_s = math.ceil(V / (cx["WARPS"] * cx["ROWS_PER_WARP"])), math.ceil(V / cx["PICK_ROWS"])
         xn = torch.empty(H, dtype=BF, device="cuda")
         keys = torch.empty(V, dtype=torch.int16, device="cuda")
@@ -113,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         dense = [launcher(gemv, math.ceil(V / 16), [x, nw, w, logits, V, H, EPS, 1]),
                  launcher("argmax_partial_pdl", parts_d, [logits, partial_d, V, parts_d]),
                  launcher("argmax_reduce_pdl", 1, [partial_d, out_d, parts_d])]
-        screen = launcher("kern_lmhead_screen_m1", nb1, [x, nw, q8, rows, xn, keys, bpart, V, H, EPS])
+        screen = launcher(sname, nb1, [x, nw, q8, rows, xn, keys, bpart, V, H, EPS])
         screened = [screen, launcher("kern_lmhead_pick_m1", parts_s, [xn, w, keys, bpart, nb1, partial_s, V, H]),
                     launcher("argmax_reduce_pdl", 1, [partial_s, out_s, parts_s])]
         res = {}
+        print(f"| {H} | (screen entry {sname}) | | | | |")
         for name, seq in (("dense", dense), ("screened", screened), ("screen alone", [screen])):
             res[name] = time_graph(lambda seq=seq: [f() for _ in range(a.reps) for f in seq])
         torch.cuda.synchronize()

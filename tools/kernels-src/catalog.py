@@ -499,6 +499,8 @@ LM_SCREEN_ROWS_PER_WARP = 4
 LM_SCREEN_BLOCK_ROWS = GEMV_WARPS * LM_SCREEN_ROWS_PER_WARP
 LM_PICK_ROWS = 1024
 LM_SCREEN_LOADS = 5
+#: The `_r8` screen entry (short rows, k ≤ 1,024): rows per warp and int8 loads per row per stage.
+LM_SCREEN_R8 = (8, 2)
 
 
 def _lm_head_screen_kernels() -> list[Kernel]:
@@ -515,8 +517,7 @@ def _lm_head_screen_kernels() -> list[Kernel]:
              "LOADS_PER_STAGE": LM_SCREEN_LOADS}
     pdl = (" Programmatic dependent launch: launch_dependents and griddepcontrol.wait at entry (stage 1 first "
            "issues its int8 weight loads), nothing of an earlier launch read before the wait.")
-    return [
-        Kernel(name="kern_lmhead_screen_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_screen_m1",
+    screen = Kernel(name="kern_lmhead_screen_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_screen_m1",
                block_x=256, constexprs=const, shared_mem_per={"k": 4},
                params=(x, nw, P("q8", "in buffer<i8>", True), P("rows", "in buffer<f32>", True), xn, keys, bpart, n, k,
                        P("eps", "f32")),
@@ -527,7 +528,15 @@ def _lm_head_screen_kernels() -> list[Kernel]:
                    "error norm e, ||w||, s·||q||), an interval around s·(x̃·q8[r]) (int8 dot products) that holds the "
                    "dense fp32 logit; keys[r] (u16 [n]) = the argmax order of bf16(upper bound) (0xFFFF: always a "
                    "candidate), bpart[b] (u32 [grid.x]) = the block's max order of bf16(lower bound). k: a multiple of "
-                   "16; dynamic shared memory 4*k bytes." + pdl),
+                   "16; dynamic shared memory 4*k bytes." + pdl)
+    r8_rows, r8_loads = LM_SCREEN_R8
+    r8 = replace(screen, name="kern_lmhead_screen_m1_r8", entry="kern_lmhead_screen_m1_r8",
+                 constexprs={**const, "ROWS_PER_WARP": r8_rows, "LOADS_PER_STAGE": r8_loads},
+                 grid=f"(ceil_div(n, {GEMV_WARPS * r8_rows}), 1, 1): 8 warps × {r8_rows} rows",
+                 doc=screen.doc + f" The `_r8` entry: {r8_rows} rows per warp, {r8_loads} int8 loads per row per stage "
+                     f"(k ≤ {16 * 32 * r8_loads} in one stage): half the blocks of the default entry, so half the "
+                     "per-block prologues (the norm, x's quantization), which dominate short rows.")
+    return [screen, r8,
         Kernel(name="kern_lmhead_pick_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_pick_m1",
                block_x=256, constexprs=const, shared_mem_per={"k": 2},
                params=(P("xn", BF16_IN, True), P("w", BF16_IN, True), P("keys", "in buffer<u16>", True),

@@ -20,15 +20,19 @@
 // argmax, slowly). Rows holding a non-finite weight must carry a NaN table row (the export does): always candidates.
 //
 //   kern_lmhead_screen_m1(x, norm_w, q8, rows, xn, keys, bpart, n, k, eps)
+//   kern_lmhead_screen_m1_r8(the same params)
 //       x: bf16 [k] (the residual), norm_w: bf16 [k], q8: int8 [n, k], rows: f32 [n, 4] (s, e, nw, snq);
 //       xn: bf16 [k] out (block 0 writes the normalized x, for stage 2), keys: u16 [n] out (the order of
 //       bf16(hi[r]), argmax_key.cuh's argmax_order; 0xFFFF: always a candidate), bpart: u32 [grid.x] out (per
 //       block, the max order of bf16(lo[r]) over its finite lo; 0 when none, or when xn is not finite).
 //       xn = HF Qwen3RMSNorm(x)·norm_w through gemv.cu's own norm_to_smem (the same bits as the dense GEMV's).
-//       grid (ceil_div(n, 32), 1, 1), block 256: 8 warps × 4 rows; dynamic shared memory 4·k bytes (xn at 0, its
-//       int8 x̂ at 2·k, the vectors' f32 scales at 3·k: 3.25·k used).
-//       k: a multiple of 16; pointers 16-byte aligned. The first LS_U 16-byte int8 loads of each of a lane's rows
-//       go out before griddepcontrol.wait (weights only); k ≤ 16·32·LS_U = 2,560 puts every load there.
+//       grid (ceil_div(n, 8·R), 1, 1), block 256: 8 warps × R rows, R = 4 (and U = 5 int8 16-byte loads per row
+//       per stage) or, in the `_r8` entry, R = 8 (U = 2: every load of a k ≤ 1,024 row in one stage, and half the
+//       blocks, so half the per-block prologues, which dominate short rows); dynamic shared memory 4·k bytes (xn at
+//       0, its int8 x̂ at 2·k, the vectors' f32 scales at 3·k: 3.25·k used).
+//       k: a multiple of 16; pointers 16-byte aligned. The first U 16-byte int8 loads of each of a lane's rows go
+//       out before griddepcontrol.wait (weights only); k ≤ 16·32·U puts every load there (later stages wait a
+//       latency each).
 //   kern_lmhead_pick_m1(xn, w, keys, bpart, nb1, partial, n, k)
 //       xn: bf16 [k] from stage 1, w: bf16 [n, k] (the dense head), keys, bpart: stage 1's (nb1 = its grid.x),
 //       partial: u64 [grid.x] out, argmax.cu's packed key of the best candidate of the block's rows (0: none).
@@ -42,9 +46,8 @@
 #include "gemv.cu"
 #include "argmax_key.cuh"
 
-#define LS_ROWS 4            // rows per warp in the screen
-#define LS_U 5               // int8 16-byte loads per row per stage (stage 0 goes out before the wait)
 #define LS_PICK_ROWS 1024    // rows per block in the pick (4 keys per thread)
+#define PICK_BATCH 10        // a candidate row's 16-byte loads per lane in flight at once (k ≤ 2,560: all of them)
 
 static_assert(WARPS == 8, "norm_to_smem and the launches assume 8 warps of 32 threads");
 
@@ -86,18 +89,21 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
     return v;
 }
 
-// One int8 load of stage s for each of the LS_ROWS rows (predicated off past the lane's nl loads).
-__device__ __forceinline__ void screen_stage(uint4 (&buf)[LS_ROWS][LS_U], const uint4 *__restrict__ q,
-                                             const long (&rows)[LS_ROWS], int kv, int lane, int s, int nl) {
+// One int8 load of stage s for each of the warp's NR rows row0 + r (a row past n reads row n − 1 instead: its
+// result is not stored), predicated off past the lane's nl loads.
+template <int NR, int NU>
+__device__ __forceinline__ void screen_stage(uint4 (&buf)[NR][NU], const uint4 *__restrict__ q, long row0, int n,
+                                             int kv, int lane, int s, int nl) {
 #pragma unroll
-    for (int r = 0; r < LS_ROWS; ++r)
+    for (int r = 0; r < NR; ++r) {
+        const uint4 *p = q + (row0 + r < n ? row0 + r : n - 1) * kv + lane;
 #pragma unroll
-        for (int u = 0; u < LS_U; ++u) {
-            const int j = s * LS_U + u;
-            buf[r][u] = ldg_stage_if<false>(q + rows[r] * kv + lane + 32 * j, j < nl, 0);
+        for (int u = 0; u < NU; ++u) {
+            const int j = s * NU + u;
+            buf[r][u] = ldg_stage_if<false>(p + 32 * j, j < nl, 0);
         }
+    }
 }
-
 
 // x̂ and the scales of the 16-element vectors of xs (one thread per vector): s_v = max|x|/127 (0 for a zero vector,
 // NaN if any x is), x̂ = rint(x / s_v) in [-127, 127]; returns this thread's Σ (x − s_v·x̂)², Σ (s_v·x̂)², Σ x² as
@@ -141,7 +147,9 @@ __device__ __forceinline__ void quantize_x(const __nv_bfloat16 *xs, uint4 *xq, f
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m1(
+// Stage 1 with NR rows per warp and NU int8 loads per row per stage (the entries below).
+template <int NR, int NU>
+__device__ __forceinline__ void screen_rows(
     const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const int8_t *__restrict__ q8,
     const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn, uint16_t *__restrict__ keys,
     uint32_t *__restrict__ bpart, int n, int k, float eps) {
@@ -153,14 +161,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m
     __shared__ float3 warp_sums[WARPS];
     __shared__ uint32_t warp_lo[WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long row0 = ((long)blockIdx.x * WARPS + warp) * LS_ROWS;
-    long rows[LS_ROWS];
-#pragma unroll
-    for (int r = 0; r < LS_ROWS; ++r) rows[r] = row0 + r < n ? row0 + r : n - 1;
-    const int nl = lane_loads(0, kv, lane), stages = (nl + LS_U - 1) / LS_U;
+    const long row0 = ((long)blockIdx.x * WARPS + warp) * NR;
+    const int nl = lane_loads(0, kv, lane), stages = (nl + NU - 1) / NU;
     const uint4 *q = reinterpret_cast<const uint4 *>(q8);
-    uint4 buf[LS_ROWS][LS_U];
-    screen_stage(buf, q, rows, kv, lane, 0, nl);
+    uint4 buf[NR][NU];
+    screen_stage(buf, q, row0, n, kv, lane, 0, nl);
     griddep_launch_dependents();
     griddep_wait();
     norm_to_smem<1>(x, norm_w, xs, k, eps);  // ends with a block barrier
@@ -181,25 +186,25 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m
         tot.y += warp_sums[i].y;
         tot.z += warp_sums[i].z;
     }
-    float acc[LS_ROWS];
+    float acc[NR];
 #pragma unroll
-    for (int r = 0; r < LS_ROWS; ++r) acc[r] = 0.f;
+    for (int r = 0; r < NR; ++r) acc[r] = 0.f;
     for (int s = 0; s < stages; ++s) {
-        if (s > 0) screen_stage(buf, q, rows, kv, lane, s, nl);
+        if (s > 0) screen_stage(buf, q, row0, n, kv, lane, s, nl);
 #pragma unroll
-        for (int u = 0; u < LS_U; ++u) {
-            const int j = s * LS_U + u;
+        for (int u = 0; u < NU; ++u) {
+            const int j = s * NU + u;
             if (j < nl) {
                 const int v = lane + 32 * j;
                 const uint4 xv = xq[v];
                 const float sc = sv[v];
 #pragma unroll
-                for (int r = 0; r < LS_ROWS; ++r) acc16_q(acc[r], buf[r][u], xv, sc);
+                for (int r = 0; r < NR; ++r) acc16_q(acc[r], buf[r][u], xv, sc);
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < LS_ROWS; ++r) acc[r] = warp_sum(acc[r]);
+    for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
     // Norms rounded up: each sum of squares has at most k + 64 roundings of positive terms (relative error below
     // (k + 64)·2⁻²⁴, taken twice over), its square root and the products below within an ulp each (the 1 + 2⁻²¹).
     const float up = 1.f + (float)(k + 64) * 1.2e-7f;
@@ -212,9 +217,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m
     const bool x_ok = isfinite(nd) && isfinite(nxt) && isfinite(nx);
     uint32_t lo_ord = 0;
 #pragma unroll
-    for (int r = 0; r < LS_ROWS; ++r)
+    for (int r = 0; r < NR; ++r)
         if (lane == r && row0 + r < n) {
-            const float4 t = rows_sc[rows[r]];  // (s, e, nw, snq)
+            const float4 t = rows_sc[row0 + r];  // (s, e, nw, snq); row0 + r < n here
             const float center = t.x * acc[r];
             // margin: the three terms of the bound and the dense rounding, plus slack for this arithmetic's own roundings
             const float m = (nd * t.z + nxt * t.y + gc * nxt * t.w + gd * nx * t.z) * (1.f + 4e-6f) +
@@ -235,6 +240,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_lmhead_screen_m
         bpart[blockIdx.x] = b;
     }
 }
+
+#define SCREEN_ENTRY(NAME, NR_, NU_, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME(                                         \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                            \
+        const int8_t *__restrict__ q8, const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn,       \
+        uint16_t *__restrict__ keys, uint32_t *__restrict__ bpart, int n, int k, float eps) {                    \
+        screen_rows<NR_, NU_>(x, norm_w, q8, rows_sc, xn, keys, bpart, n, k, eps);                                   \
+    }
+SCREEN_ENTRY(kern_lmhead_screen_m1, 4, 5, 2)     // k ≤ 2,560: every load before the wait
+SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 2)  // k ≤ 1,024: twice the rows per block, half the blocks' prologues
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
     const __nv_bfloat16 *__restrict__ xn, const __nv_bfloat16 *__restrict__ w, const uint16_t *__restrict__ keys,
@@ -277,8 +292,18 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
             mask &= mask - 1;
             // gemv.cu's dense dot for row r, lane by lane: loads j = 0, 1, ... at vector lane + 32j, acc8 in
             // element order, then warp_sum and one rounding (kern_gemv_norm_m1 with ksplit 1: the same bits)
+            // (the row's loads go out PICK_BATCH at a time before their FMAs: one memory latency per batch, not per load)
             float acc = 0.f;
-            for (int v = lane; v < kv; v += 32) acc8(acc, __ldg(wv + r * kv + v), xs[v]);
+            const uint4 *row = wv + r * kv;
+            for (int v0 = lane; v0 < kv; v0 += 32 * PICK_BATCH) {
+                uint4 wl[PICK_BATCH];
+#pragma unroll
+                for (int b = 0; b < PICK_BATCH; ++b)
+                    if (v0 + 32 * b < kv) wl[b] = __ldg(row + v0 + 32 * b);
+#pragma unroll
+                for (int b = 0; b < PICK_BATCH; ++b)
+                    if (v0 + 32 * b < kv) acc8(acc, wl[b], xs[v0 + 32 * b]);
+            }
             acc = warp_sum(acc);
             const uint64_t kr = argmax_key(bf16_bits(acc), (uint32_t)r);
             best = kr > best ? kr : best;
