@@ -163,7 +163,7 @@ def bench_kern(res: Results, p, args, state):
             stepwise = Qwen3Session(rt, info, capacity=capacity, graph=graph, pipeline=False)  # logits per step
             for t in stepwise.generate(prompt, FIRST_TOKENS, 512):
                 warm.append(t)
-                if graph:
+                if graph and "logits" in rt.manifest.buffers:  # (a screened lm_head computes no logits)
                     state.setdefault("kern_top2", []).append(top2_gap(rt.read_buffer("logits")))
             tokens = list(s.generate(prompt, steps, 512))
             if tokens[:FIRST_TOKENS] != warm:
