@@ -16,7 +16,6 @@ bound)) at most the max order of its rows' dense logits. Outputs are poisoned be
 
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
 from pathlib import Path
@@ -28,8 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, kernels_dir  # noqa: E402
-from cubin_launch import KernelSet, check, shared_mem_of  # noqa: E402
-from cuda.bindings import driver as cu  # noqa: E402
+from cubin_launch import KernelSet  # noqa: E402
 from export_weights import screen_head_rows  # noqa: E402
 
 EPS = 1e-6
@@ -47,22 +45,9 @@ def kdir(tmp_path_factory) -> Path:
                                "argmax_reduce"])
 
 
-_CT = {"i32": ctypes.c_int32, "f32": ctypes.c_float}
-
-
 def launch(ks: KernelSet, name: str, grid: int, args: list) -> None:
     """One plain launch (no PDL attribute: griddepcontrol.wait is then a no-op) of index kernel `name`."""
-    e = ks.kernels[name]
-    smem = shared_mem_of(e, args)
-    f = ks.function(name)
-    if smem > 48 * 1024:
-        check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
-    holders = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else _CT[t](a)
-               for a, t in zip(args, e["params"])]
-    assert len(holders) == len(e["params"]), name
-    ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-    stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
-    check(cu.cuLaunchKernel(f, grid, 1, 1, *e["block"], smem, stream, ctypes.addressof(ptrs), 0))
+    ks.launch(name, (grid,), args)
 
 
 def order(b16: torch.Tensor) -> torch.Tensor:

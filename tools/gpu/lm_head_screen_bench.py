@@ -20,7 +20,6 @@ appends nothing; `--help` needs no GPU.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
 import statistics
 import sys
@@ -44,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--reps and --replays must be at least 1")
     import numpy as np
     import torch
-    from cuda.bindings import driver as cu
-    from cubin_launch import KernelSet, launch_function, shared_mem_of
+    from cubin_launch import KernelSet
     from export_weights import screen_head_rows
     from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_entry_unroll
 
@@ -55,22 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     BF = torch.bfloat16
 
     def launcher(name: str, grid: int, args: list):
-        e = ks.kernels[name]
-        f = ks.function(name)
-        smem = shared_mem_of(e, args)
-        if smem > 48 * 1024:
-            from cubin_launch import check
-            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                        smem))
-        hold = [ctypes.c_uint64(x.data_ptr()) if isinstance(x, torch.Tensor) else
-                (ctypes.c_float if t == "f32" else ctypes.c_int32)(x) for x, t in zip(args, e["params"])]
-        ptrs = (ctypes.c_void_p * len(hold))(*[ctypes.addressof(h) for h in hold])
-
-        def go():
-            launch_function(f, (grid, 1, 1), tuple(e["block"]), smem,
-                            cu.CUstream(torch.cuda.current_stream().cuda_stream), ctypes.addressof(ptrs), pdl=True)
-        go.keep = (hold, ptrs)
-        return go
+        return lambda: ks.launch(name, (grid,), args, pdl=True)
 
     def time_graph(body) -> float:
         s = torch.cuda.Stream()
