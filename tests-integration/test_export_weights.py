@@ -157,7 +157,7 @@ def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) 
 
     got, meta = read_export(out)
     ref = fused_reference(cfg, t)
-    assert set(got) == set(ref) | {"rope.cos_sin", "lm_head.screen.q8", "lm_head.screen.rows"}
+    assert set(got) == set(ref) | {"rope.cos_sin"}
     assert ("lm_head.weight" in got) == (not tied)
     for name, want in ref.items():
         assert got[name].dtype == np.uint16 and got[name].shape == want.shape, name
@@ -172,7 +172,7 @@ def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) 
     assert cs.dtype == np.float32 and cs.shape == (64, 16)  # max_position_embeddings rows by default
     np.testing.assert_allclose(cs, rope_reference(64, 16, 10000.0), rtol=0, atol=2e-5)
     assert meta["tie_word_embeddings"] == str(tied).lower() and meta["rope_positions"] == "64"
-    assert meta["screened_head"] == "true"
+    assert meta["screened_head"] == "false"  # off by default (--screened-head)
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
 
 
@@ -992,13 +992,14 @@ def _head_words(tied: bool) -> tuple[dict, dict[str, np.ndarray], str]:
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_export_writes_the_screened_head(tmp_path: Path, tied: bool) -> None:
-    """Default on: q8 (I8 [V, H]) and rows (F32 [V, 4]) after rope.cos_sin, equal to screen_head_rows of the
-    exported head; every other tensor's bytes and order as with --no-screened-head (which omits both)."""
+    """--screened-head: q8 (I8 [V, H]) and rows (F32 [V, 4]) after rope.cos_sin, equal to screen_head_rows of the
+    exported head; every other tensor's bytes and order as in the default export (which omits both)."""
     cfg, t, head = _head_words(tied)
     ckpt = write_checkpoint(tmp_path / "c", cfg, t, shards=2)
     on, off = tmp_path / "on.safetensors", tmp_path / "off.safetensors"
-    plan = ew.export(ckpt, on, progress=False)
-    assert ew.main([str(ckpt), "--out", str(off), "--quiet", "--no-screened-head"]) == 0
+    assert ew.main([str(ckpt), "--out", str(on), "--quiet", "--screened-head"]) == 0
+    plan = ew.plan_export(ew.Checkpoint(ckpt), cfg["max_position_embeddings"], screened_head=True)
+    ew.export(ckpt, off, progress=False)
 
     got, meta = read_export(on)
     base, meta_off = read_export(off)
@@ -1034,7 +1035,8 @@ def test_screened_head_from_an_f32_checkpoint(tmp_path: Path) -> None:
     """The derived tensors come from the head as the export writes it: after f32 -> bf16 rounding."""
     cfg, t, head = _head_words(False)
     f32 = {k: _bf16_values(v) * np.float32(1 + 2**-12) for k, v in t.items()}  # sub-bf16 noise to round away
-    ew.export(write_checkpoint(tmp_path / "c", cfg, f32), tmp_path / "w.safetensors", progress=False)
+    ew.export(write_checkpoint(tmp_path / "c", cfg, f32), tmp_path / "w.safetensors", screened_head=True,
+              progress=False)
     got, _ = read_export(tmp_path / "w.safetensors")
     np.testing.assert_array_equal(got[head], ew.f32_to_bf16(f32[head]))
     want_q, want_sc = ew.screen_head_rows(ew.f32_to_bf16(f32[head]))
@@ -1048,30 +1050,30 @@ def test_screened_head_is_written_in_slices(tmp_path: Path, monkeypatch: pytest.
     are byte-identical to an export with the default chunk size."""
     cfg, t, head = _head_words(tied)
     ckpt = write_checkpoint(tmp_path / "c", cfg, t, shards=3)
-    ew.export(ckpt, tmp_path / "big.safetensors", progress=False)
+    ew.export(ckpt, tmp_path / "big.safetensors", screened_head=True, progress=False)
     want = (tmp_path / "big.safetensors").read_bytes()
 
     monkeypatch.setattr(ew, "CHUNK_BYTES", 20000)  # 9 rows of 64 at 32 bytes of temporaries an element
     calls: list[int] = []
     real = ew.screen_head_rows
     monkeypatch.setattr(ew, "screen_head_rows", lambda w: calls.append(len(w)) or real(w))
-    ew.export(ckpt, tmp_path / "small.safetensors", progress=False)
+    ew.export(ckpt, tmp_path / "small.safetensors", screened_head=True, progress=False)
     assert len(calls) >= 10 and max(calls) < cfg["vocab_size"] and sum(calls) == cfg["vocab_size"]  # one pass
     assert (tmp_path / "small.safetensors").read_bytes() == want
 
     monkeypatch.setattr(ew, "CHUNK_BYTES", 1000)  # one row a slice, the source read in 1000-byte pieces
     calls.clear()
-    ew.export(ckpt, tmp_path / "tiny.safetensors", progress=False)
+    ew.export(ckpt, tmp_path / "tiny.safetensors", screened_head=True, progress=False)
     assert calls == [1] * cfg["vocab_size"]
     assert (tmp_path / "tiny.safetensors").read_bytes() == want
 
 
 def test_only_screened_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--only-screened-head: a file of the two derived tensors alone, the same bytes as in the full export; with
-    --no-screened-head it is refused."""
+    """--only-screened-head: a file of the two derived tensors alone, the same bytes as in a --screened-head export;
+    with --screened-head too it is refused (one or the other)."""
     cfg, t, _ = _head_words(False)
     ckpt = write_checkpoint(tmp_path / "c", cfg, t)
-    ew.export(ckpt, tmp_path / "full.safetensors", progress=False)
+    ew.export(ckpt, tmp_path / "full.safetensors", screened_head=True, progress=False)
     assert ew.main([str(ckpt), "--out", str(tmp_path / "s.safetensors"), "--quiet", "--only-screened-head"]) == 0
     full, _ = read_export(tmp_path / "full.safetensors")
     got, meta = read_export(tmp_path / "s.safetensors")
@@ -1080,9 +1082,9 @@ def test_only_screened_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert arr.tobytes() == full[name].tobytes(), name
     assert meta["screened_head"] == "true" and meta["screened_head_only"] == "true" and "rope_positions" not in meta
     assert meta["source_dtypes"] == "BF16"
-    with pytest.raises(ew.ExportError, match="contradict"):
-        ew.export(ckpt, tmp_path / "x.safetensors", screened_head=False, only_screened_head=True, progress=False)
+    ew.export(ckpt, tmp_path / "api.safetensors", only_screened_head=True, progress=False)  # the API needs no other flag
+    assert (tmp_path / "api.safetensors").read_bytes() == (tmp_path / "s.safetensors").read_bytes()
     with pytest.raises(SystemExit):
-        ew.main([str(ckpt), "--out", str(tmp_path / "x.safetensors"), "--only-screened-head", "--no-screened-head"])
+        ew.main([str(ckpt), "--out", str(tmp_path / "x.safetensors"), "--only-screened-head", "--screened-head"])
     assert "not allowed with argument" in capsys.readouterr().err
     assert not (tmp_path / "x.safetensors").exists()

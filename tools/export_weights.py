@@ -4,7 +4,7 @@
 Usage::
 
     python tools/export_weights.py CHECKPOINT_DIR --out W.safetensors [--rope-positions 40960]
-                                   [--no-screened-head | --only-screened-head]
+                                   [--screened-head | --only-screened-head]
 
 CHECKPOINT_DIR holds `config.json` and either `model.safetensors` or the shards
 listed by `model.safetensors.index.json`. The output follows the provider contract
@@ -18,7 +18,9 @@ listed by `model.safetensors.index.json`. The output follows the provider contra
 - `rope.cos_sin` f32 [positions, D]: row p is cos(p·f_0..f_{D/2-1}) then sin(...), with
   f_j = rope_theta^(-2j/D) computed as transformers does (float32 inverse frequencies,
   float32 angle p·f_j), the cos/sin of that angle evaluated in float64 and rounded to f32;
-- `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 4], unless `--no-screened-head`:
+- with `--screened-head` (for a `gen_qwen3.py --lm-head screened` manifest; off by default, since kern binds a
+  weights file to a manifest exactly and the default manifests do not declare them),
+  `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 4]:
   derived from the head (`lm_head.weight`, or `model.embed_tokens.weight` when tied, as
   written here in bf16) for the screened greedy lm_head (kernels-src/lm_head_screen.cu):
   an int8 copy q of each row w and a float4 (s, e, nw, snq) per row: its scale s, the
@@ -29,7 +31,7 @@ listed by `model.safetensors.index.json`. The output follows the provider contra
   candidate). Computed a few hundred rows at a time; the file's metadata says
   `screened_head` (true/false).
   `--only-screened-head` writes these two tensors alone (a file loaded beside a
-  `--no-screened-head` export, for a manifest that declares them; metadata
+  default export, for a manifest that declares them; metadata
   `screened_head_only`: true).
 
 numpy only, no torch: bf16 is moved as raw 16-bit words. float32 and float16
@@ -479,7 +481,7 @@ def expected_hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def plan_export(ckpt: Checkpoint, rope_positions: int, screened_head: bool = True,
+def plan_export(ckpt: Checkpoint, rope_positions: int, screened_head: bool = False,
                 only_screened_head: bool = False) -> list[OutTensor]:
     """The output tensors, in file order, after checking every source tensor.
 
@@ -674,17 +676,15 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int | None = None,
-           screened_head: bool = True, only_screened_head: bool = False, progress: bool = True) -> list[OutTensor]:
+           screened_head: bool = False, only_screened_head: bool = False, progress: bool = True) -> list[OutTensor]:
     """Export `checkpoint_dir` to `out`. Returns the plan written. Raises ExportError.
 
-    `screened_head` (default on): also write `lm_head.screen.q8` and `lm_head.screen.rows`;
-    `only_screened_head`: write those two alone (`screened_head` must not be false then).
+    `screened_head` (default off): also write `lm_head.screen.q8` and `lm_head.screen.rows`;
+    `only_screened_head`: write those two alone.
 
     Any failure (a bad input, a full disk, an interrupt) leaves `out` as it was and no
     temporary file behind; directories created for `out` are removed again.
     """
-    if only_screened_head and not screened_head:
-        raise ExportError("--only-screened-head and --no-screened-head contradict each other: give one of them")
     if rope_positions is not None and rope_positions < 1:
         raise ExportError(f"--rope-positions {rope_positions}: must be >= 1 (the rope table's rows, i.e. the KV "
                           "capacity in tokens; omit it for config.json's max_position_embeddings)")
@@ -704,7 +704,7 @@ def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int |
         "source_dtypes": ",".join(src_dtypes),
         "tie_word_embeddings": str(ckpt.config.tie_word_embeddings).lower(),
         "rope_positions": str(positions),
-        "screened_head": str(bool(screened_head)).lower(),
+        "screened_head": str(bool(screened_head or only_screened_head)).lower(),
     }
     if only_screened_head:  # no rope table in this file
         del metadata["rope_positions"]
@@ -796,13 +796,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows of the rope.cos_sin table, i.e. the KV capacity in tokens "
                          "(default: config.json max_position_embeddings, 40960 for every Qwen3)")
     screen = ap.add_mutually_exclusive_group()
-    screen.add_argument("--no-screened-head", dest="screened_head", action="store_false",
-                        help="omit lm_head.screen.q8 and lm_head.screen.rows (the int8 copy of the head, with "
-                             "per-row scale, error and norms, that gen_qwen3.py --lm-head screened reads); written "
-                             "by default")
+    screen.add_argument("--screened-head", action="store_true",
+                        help="also write lm_head.screen.q8 and lm_head.screen.rows (the int8 copy of the head, with "
+                             "per-row scale, error and norms, that a gen_qwen3.py --lm-head screened manifest "
+                             "declares); off by default: the default manifests do not declare them, and kern refuses "
+                             "a tensor the manifest does not declare")
     screen.add_argument("--only-screened-head", action="store_true",
                         help="write lm_head.screen.q8 and lm_head.screen.rows alone (a file to load beside a "
-                             "--no-screened-head export)")
+                             "default export)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

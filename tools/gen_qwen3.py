@@ -7,6 +7,7 @@ Usage::
                               [--chunk 2048] [--max-positions 40960] [--model NAME] [--no-pdl]
                               [--fused-attention] [--gemv gemv|persistent]
                               [--decode-attention rope-cluster|cluster|cuda|triton] [--cuda-attention]
+                              [--lm-head dense|screened]
 
 DIR is a kernels directory written by `tools/build_kernels.py` (cubins + `index.json`);
 every kernel is wired by the NAME, parameter names and types the index gives, and every
@@ -29,6 +30,13 @@ op entries (tools/README.md is the contract):
   or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
+
+`--lm-head screened` (default `dense`) ends decode with one op, `norm_lm_head_argmax_screened`, in place of
+`gemv_norm_lm_head` + `argmax`: kernels-src/lm_head_screen.cu bounds every row's logit from an int8 copy of the
+head that the weights file carries (tools/export_weights.py: `lm_head.screen.q8`, `lm_head.screen.rows`), computes
+only the candidate rows' logits as kern_gemv_norm_m1 does, and argmax_reduce picks among them: the same token bit
+for bit, from about half the head's bytes (4B −0.050 ms/token on the H200, NOTES.md 64). The manifest then has no
+`logits` buffer (nothing reads the full logits: the e2e test's logit checks need the dense default).
 
 Every kernel launch carries its index entry's `carveout` (the preferred shared-memory carveout, percent),
 and none where the entry has none: in the default build only `decode_attention_rope_cluster_pdl`'s, 0

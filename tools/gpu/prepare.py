@@ -9,7 +9,7 @@ Layout written (each step skipped when its result exists):
     DIR/qwen3-<g>/hf/                tools/make_random_checkpoint.py (seeded random HF checkpoint;
                                      remade, with its export, when its kern_random_init.json records
                                      another init scheme or seed than the script's current one)
-    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py --no-screened-head (the model's weights)
+    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py (the model's weights)
     DIR/qwen3-<g>/lm_head_screen.safetensors   tools/export_weights.py --only-screened-head: the screened lm_head's
                                      int8 copy and row table, loaded beside weights.safetensors for a manifest
                                      that declares them (`weights_for`; gen_qwen3 --lm-head screened): so one
@@ -108,8 +108,7 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
             step(f"checkpoint-{g}", [py, TOOLS / "make_random_checkpoint.py", "--geometry", g, "--seed", seed,
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file() or _screened(p["weights"]):  # (an older work dir's export held the screen)
-            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet",
-                                 "--no-screened-head"], logs)
+            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
         if not p["screen"].is_file():
             step(f"export-screen-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["screen"], "--quiet",
                                         "--only-screened-head"], logs)
