@@ -574,6 +574,7 @@ def test_cli_lm_head_option(fake_kernels: Path, tmp_path: Path, capsys) -> None:
     assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head",
                      "screened"]) == 0
     assert "lm_head.screen.q8" in ks.load(out).buffers
+    assert "--screened-head" in capsys.readouterr().out  # the weights file it needs, and how to export it
     with pytest.raises(SystemExit):
         gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head", "int8"])
     assert "invalid choice: 'int8'" in capsys.readouterr().err

@@ -1505,6 +1505,9 @@ def main(argv: list[str] | None = None) -> int:
     n = {p: len(prog.calls) for p, prog in m.programs.items()}
     print(f"wrote {a.out}: {m.model}, {len(m.buffers)} buffers, {len(m.ops)} ops, "
           f"prefill {n['prefill']} calls, decode {n['decode']} calls")
+    if a.lm_head == "screened":
+        print(f"note: its weights file must hold {' and '.join(LM_SCREEN_WEIGHTS)}: export the checkpoint with "
+              "`tools/export_weights.py CKPT --out W.safetensors --screened-head`")
     return 0
 
 
