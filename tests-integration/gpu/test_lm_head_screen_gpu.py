@@ -41,7 +41,8 @@ SHAPES = [(151936, 2560), (151936, 1024), (4000, 5120), (1001, 1040), (77, 48)]
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
     return kernels_dir(tmp_path_factory, "kernels", ["0.6b"],
-                       needed=["kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_pick_m1", "kern_gemv_norm_m1", "argmax_partial",
+                       needed=["kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_pick_m1",
+                               "kern_gemv_norm_m1", "argmax_partial",
                                "argmax_reduce"])
 
 

@@ -62,31 +62,22 @@ __device__ __forceinline__ void acc16_q(float &a, const uint4 q, const uint4 xq,
     a = fmaf(sv, (float)d, a);  // |d| ≤ 16·127·127 < 2²⁴: exact as a float
 }
 
-__device__ __forceinline__ void bf16x8_to_float(const uint4 v, float *f) {
-    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 t = __bfloat1622float2(p[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
 __device__ __forceinline__ uint32_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+// The max of v (unsigned) over the block, in every thread: a warp butterfly, one shared slot per warp, a barrier.
+template <typename T>
+__device__ __forceinline__ T block_max(T v, T (&slot)[WARPS]) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const uint64_t u = __shfl_xor_sync(0xffffffffu, v, o);
+        const T u = __shfl_xor_sync(0xffffffffu, v, o);
         v = u > v ? u : v;
     }
-    return v;
+    if ((threadIdx.x & 31) == 0) slot[threadIdx.x >> 5] = v;
+    __syncthreads();
+    T m = 0;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) m = slot[i] > m ? slot[i] : m;
+    return m;
 }
 
 // One int8 load of stage s for each of the warp's NR rows row0 + r (a row past n reads row n − 1 instead: its
@@ -221,7 +212,7 @@ __device__ __forceinline__ void screen_rows(
         if (lane == r && row0 + r < n) {
             const float4 t = rows_sc[row0 + r];  // (s, e, nw, snq); row0 + r < n here
             const float center = t.x * acc[r];
-            // margin: the three terms of the bound and the dense rounding, plus slack for this arithmetic's own roundings
+            // margin: the bound's three terms and the dense rounding, plus slack for this arithmetic's own roundings
             const float m = (nd * t.z + nxt * t.y + gc * nxt * t.w + gd * nx * t.z) * (1.f + 4e-6f) +
                             fabsf(center) * 5e-7f + 1e-30f;
             const float hi = center + m, lo = center - m;
@@ -230,15 +221,8 @@ __device__ __forceinline__ void screen_rows(
             keys[row0 + r] = (uint16_t)key;
             if (x_ok && isfinite(lo)) lo_ord = argmax_order(bf16_bits(lo));
         }
-    lo_ord = warp_max_u32(lo_ord);
-    if (lane == 0) warp_lo[warp] = lo_ord;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t b = 0;
-#pragma unroll
-        for (int i = 0; i < WARPS; ++i) b = max(b, warp_lo[i]);
-        bpart[blockIdx.x] = b;
-    }
+    lo_ord = block_max(lo_ord, warp_lo);
+    if (threadIdx.x == 0) bpart[blockIdx.x] = lo_ord;
 }
 
 #define SCREEN_ENTRY(NAME, NR_, NU_, MINB)                                                                         \
@@ -257,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
     extern __shared__ __align__(16) unsigned char smem[];
     uint4 *xs = reinterpret_cast<uint4 *>(smem);
     __shared__ uint32_t warp_b[WARPS];
-    __shared__ uint64_t warp_best[WARPS];
+    __shared__ unsigned long long warp_best[WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;  // 16-byte bf16 vectors per row
     griddep_launch_dependents();
@@ -274,14 +258,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
     uint32_t b = 0;
     for (int i = threadIdx.x; i < nb1; i += blockDim.x) b = max(b, __ldcg(bpart + i));
     for (int v = threadIdx.x; v < kv; v += blockDim.x) xs[v] = __ldcg(reinterpret_cast<const uint4 *>(xn) + v);
-    b = warp_max_u32(b);
-    if (lane == 0) warp_b[warp] = b;
-    __syncthreads();
-    b = 0;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) b = max(b, warp_b[i]);
+    b = block_max(b, warp_b);  // (its barrier also orders xs's stores before the reads below)
     const uint4 *wv = reinterpret_cast<const uint4 *>(w);
-    uint64_t best = 0;
+    unsigned long long best = 0;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const long base = r0 + (long)warp * 32 + (long)i * WARPS * 32;
@@ -292,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
             mask &= mask - 1;
             // gemv.cu's dense dot for row r, lane by lane: loads j = 0, 1, ... at vector lane + 32j, acc8 in
             // element order, then warp_sum and one rounding (kern_gemv_norm_m1 with ksplit 1: the same bits)
-            // (the row's loads go out PICK_BATCH at a time before their FMAs: one memory latency per batch, not per load)
+            // (the row's loads go out PICK_BATCH at a time before their FMAs: one latency per batch, not per load)
             float acc = 0.f;
             const uint4 *row = wv + r * kv;
             for (int v0 = lane; v0 < kv; v0 += 32 * PICK_BATCH) {
@@ -309,13 +288,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
             best = kr > best ? kr : best;
         }
     }
-    best = warp_max_u64(best);
-    if (lane == 0) warp_best[warp] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint64_t m = 0;
-#pragma unroll
-        for (int i = 0; i < WARPS; ++i) m = warp_best[i] > m ? warp_best[i] : m;
-        partial[blockIdx.x] = m;
-    }
+    best = block_max(best, warp_best);
+    if (threadIdx.x == 0) partial[blockIdx.x] = best;
 }
