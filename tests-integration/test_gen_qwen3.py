@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -519,13 +520,14 @@ def test_cli_damaged_kernel_index(fake_kernels: Path, tmp_path: Path, capsys) ->
 # ------------------------------------------------------------------ the exporter writes what the manifest binds
 
 
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
 @pytest.mark.parametrize("preset", GEOMETRIES)
-def test_screened_lm_head(preset: str, fake_kernels: Path) -> None:
+def test_screened_lm_head(preset: str, fake_kernels: Path, pdl: bool) -> None:
     """--lm-head screened: decode ends in one call of the screened op (screen, pick, argmax_reduce: grids and
     counts consistent), its derived weights declared, no `logits`, no dense lm_head op or argmax op; it verifies."""
     cfg = Qwen3Config.preset(preset)
     V, H = cfg.vocab_size, cfg.hidden_size
-    m = _build(preset, fake_kernels, lm_head="screened", pdl=True, decode_attention="rope-cluster")
+    m = _build(preset, fake_kernels, lm_head="screened", pdl=pdl, decode_attention="rope-cluster" if pdl else "cluster")
     text = ks.dump(m)
     assert kern_verify.verify(ks.load(text), text.decode()) == []
     calls = m.programs["decode"].calls
@@ -543,14 +545,14 @@ def test_screened_lm_head(preset: str, fake_kernels: Path) -> None:
     # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one
     entry = "kern_lmhead_screen_m1_r8" if H <= 1024 else "kern_lmhead_screen_m1"
     assert [la.entry for la in op.impl.launches] == [entry, "kern_lmhead_pick_m1", "argmax_reduce"]
-    assert all(la.pdl for la in op.impl.launches) and red.module == "argmax_pdl"
+    assert all(bool(la.pdl) == pdl for la in op.impl.launches) and red.module == ("argmax_pdl" if pdl else "argmax")
     nb1, parts = math.ceil(V / (64 if H <= 1024 else 32)), math.ceil(V / 1024)
     assert (screen.grid, pick.grid, red.grid) == ([nb1, 1, 1], [parts, 1, 1], [1, 1, 1])
     assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
     assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
     assert op.impl.scratch["keys"] == ks.Scratch(dtype="u16", shape=[V])
-    # the dense manifest is unchanged by the option's existence, and names the dense ops
-    dense = _build(preset, fake_kernels, pdl=True, decode_attention="rope-cluster")
+    # the dense manifest (the default) has the dense ops and no screen weights
+    dense = _build(preset, fake_kernels, pdl=pdl, decode_attention="rope-cluster" if pdl else "cluster")
     assert "logits" in dense.buffers and "lm_head.screen.q8" not in dense.buffers
 
 
@@ -564,9 +566,28 @@ def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:
     k = index["kern_lmhead_pick_m1"]
     pick.args[k.param_names.index("nb1")] = ks.Arg(i32=7)
     op.impl.launches[2].grid = [2, 1, 1]
+    op.impl.scratch["bpart"] = ks.Scratch(dtype="u32", shape=[100])
     with pytest.raises(gen.WiringError) as e:
         gen.check_wiring(m, cfg, gen.make_layout(cfg), index)
     assert "nb1 = 7, expected 4748" in str(e.value) and "grid [2, 1, 1], expected [1, 1, 1]" in str(e.value)
+    assert "scratch `bpart` must be u32 [4748]" in str(e.value)
+
+
+def test_screen_constants_match_the_source() -> None:
+    """The catalog's rows per warp, loads per stage and pick rows are lm_head_screen.cu's own (SCREEN_ENTRY's
+    arguments, LS_PICK_ROWS): the generator sizes grids and counts from them, so a mismatch would leave rows unread."""
+    import catalog
+
+    src = (ROOT / "tools" / "kernels-src" / "lm_head_screen.cu").read_text()
+    entries = {name: (int(r), int(u)) for name, r, u in
+               re.findall(r"^SCREEN_ENTRY\((\w+), (\d+), (\d+), \d+\)", src, re.M)}
+    kernels = {k.name: k for k in catalog._lm_head_screen_kernels()}
+    assert set(entries) == {n for n in kernels if "screen" in n}
+    for name, (rows, loads) in entries.items():
+        cx = kernels[name].constexprs
+        assert (cx["ROWS_PER_WARP"], cx["LOADS_PER_STAGE"], cx["WARPS"]) == (rows, loads, 8), name
+    pick_rows = int(re.search(r"^#define LS_PICK_ROWS (\d+)", src, re.M).group(1))
+    assert kernels["kern_lmhead_pick_m1"].constexprs["PICK_ROWS"] == pick_rows
 
 
 def test_cli_lm_head_option(fake_kernels: Path, tmp_path: Path, capsys) -> None:

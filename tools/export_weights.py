@@ -705,6 +705,7 @@ def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int |
         "tie_word_embeddings": str(ckpt.config.tie_word_embeddings).lower(),
         "rope_positions": str(positions),
         "screened_head": str(bool(screened_head or only_screened_head)).lower(),
+        **({"screened_head_rows": "s,e,nw,snq"} if screened_head or only_screened_head else {}),  # the table's columns
     }
     if only_screened_head:  # no rope table in this file
         del metadata["rope_positions"]

@@ -135,7 +135,8 @@ DEFAULT_GEMV = "gemv"
 #: The decode program's last step, final norm + lm_head + greedy argmax (`--lm-head`): `dense` = the GEMV op
 #: `gemv_norm_lm_head` into `logits`, then the op `argmax`; `screened` = the op LM_HEAD_SCREENED_OP, three launches
 #: of lm_head_screen.cu + argmax.cu over an int8 copy of the head that the weights file carries
-#: (tools/export_weights.py `lm_head.screen.q8`, `lm_head.screen.rows`): the same token, bit for bit, from about
+#: (tools/export_weights.py `lm_head.screen.q8`, `lm_head.screen.rows`): the token of kern_gemv_norm_m1 at ksplit 1
+#: (the dense op's impl with `--gemv gemv`, the default) + argmax, bit for bit, from about
 #: half the head's bytes (the proof: lm_head_screen.cu's header).
 LM_HEAD_IMPLS = ("dense", "screened")
 DEFAULT_LM_HEAD = "dense"
@@ -750,7 +751,8 @@ def lm_screen_entry(b: ManifestBuilder, k: int) -> str:
 
 def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     """The op LM_HEAD_SCREENED_OP (x, norm_w, q8, rows, w, out): next_token = argmax_v bf16(rmsnorm(x)·norm_w ·
-    w[v]), the token of `gemv_norm_lm_head` + `argmax` bit for bit, in three launches: kern_lmhead_screen_m1 (bounds
+    w[v]), bit for bit the token of kern_gemv_norm_m1 at ksplit 1 + argmax (`gemv_norm_lm_head` + `argmax` with
+    `--gemv gemv`), in three launches: kern_lmhead_screen_m1 (bounds
     from the int8 copy q8 [V, H] with rows f32 [V, 4]), kern_lmhead_pick_m1 (the candidates' dense logits from w),
     argmax_reduce (over the pick's per-block keys). Scratch: the normalized x, the bounds' keys, the screen's and
     the pick's per-block results. The three are PDL launches with `pdl` (the screen follows the last down GEMV)."""
@@ -1221,6 +1223,13 @@ def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], 
     for i, g in ((0, nb1), (1, parts), (2, 1)):
         if launches[i].grid != [g, 1, 1]:
             err(f"{where} kernel `{kerns[i].name}`: grid {launches[i].grid}, expected [{g}, 1, 1]")
+    # the scratch the kernels index by V, nb1 and parts (a smaller one would be read past its end)
+    scratch = m.ops[LM_HEAD_SCREENED_OP].impl.scratch
+    for name, dtype, shape in (("xn", "bf16", [H]), ("keys", "u16", [V]), ("bpart", "u32", [nb1]),
+                               ("partial", "u64", [parts])):
+        sc = scratch.get(name)
+        if sc is None or sc.dtype != dtype or sc.shape != shape:
+            err(f"{where}: scratch `{name}` must be {dtype} {shape}")
     for name, dtype, shape in ((LM_SCREEN_WEIGHTS[0], "i8", [V, H]), (LM_SCREEN_WEIGHTS[1], "f32", [V, 4])):
         b = m.buffers.get(name)
         if b is None or b.dtype != dtype or b.shape != shape or b.class_ != "weight":

@@ -60,7 +60,7 @@ def order(b16: torch.Tensor) -> torch.Tensor:
 
 
 def head_tables(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q8 int8 [n, k], rows f32 [n, 2]) of bf16 head `w` as tools/export_weights.py writes them."""
+    """(q8 int8 [n, k], rows f32 [n, 4]) of bf16 head `w` as tools/export_weights.py writes them."""
     words = w.view(torch.int16).cpu().numpy().view(np.uint16)
     q, sc = screen_head_rows(words)
     return torch.from_numpy(np.ascontiguousarray(q)).to(DEV), torch.from_numpy(np.ascontiguousarray(sc)).to(DEV)
@@ -182,3 +182,14 @@ def test_adversarial_inputs(ks) -> None:
     w_big[123] = (w[tok].float() * 4).to(BF)  # four times the best row: one logit far above the rest
     got, c = check_case(ks, x, nw, w_big, "one dominant row")
     assert got == 123 and c < 50
+    # the edges of fp32's range: xn near underflow (norm weights 2⁻⁶⁹: squares of its small elements vanish), a
+    # row whose small weights carry its logit; and xn·w near overflow (norm weights 2⁶⁰, rows of 2⁶⁰)
+    tiny_nw = torch.full((k,), 2.0**-69, device=DEV).to(BF)
+    x_t = torch.full((k,), 2.0**-8, device=DEV)
+    x_t[::16] = 1.0
+    w_t = head(64, k)
+    w_t[1] = torch.where(torch.arange(k, device=DEV) % 16 == 0, 0.0, 1.0).to(BF)
+    w_t[0] = torch.where(torch.arange(k, device=DEV) % 16 == 0, 2.0**-5, 0.0).to(BF)
+    check_case(ks, x_t.to(BF), tiny_nw, w_t, "xn near underflow")
+    huge_nw = torch.full((k,), 2.0**60, device=DEV).to(BF)
+    check_case(ks, x, huge_nw, (head(64, k).float() * 2.0**60).to(BF), "xn·w near overflow")

@@ -55,12 +55,12 @@ def weights_for(manifest, p: dict[str, Path]) -> list[Path]:
     """The weights files a manifest of this work dir loads: weights.safetensors, plus lm_head_screen.safetensors when
     it declares the screened lm_head's weights. `manifest`: a path, JSON bytes/str, a dict or a kern_schema
     Manifest; `p`: `paths(...)`."""
-    if isinstance(manifest, (str, bytes)) and not (isinstance(manifest, str) and manifest.lstrip().startswith("{")):
-        manifest = Path(manifest.decode() if isinstance(manifest, bytes) else manifest)
+    if isinstance(manifest, bytes):
+        manifest = manifest.decode()
+    if isinstance(manifest, str):
+        manifest = json.loads(manifest) if manifest.lstrip().startswith("{") else Path(manifest)
     if isinstance(manifest, Path):
         manifest = json.loads(manifest.read_text())
-    elif isinstance(manifest, (str, bytes)):
-        manifest = json.loads(manifest)
     buffers = manifest["buffers"] if isinstance(manifest, dict) else manifest.buffers
     return [p["weights"]] + ([p["screen"]] if SCREEN_WEIGHTS[0] in buffers else [])
 
@@ -109,7 +109,7 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file() or _screened(p["weights"]):  # (an older work dir's export held the screen)
             step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
-        if not p["screen"].is_file():
+        if not p["screen"].is_file() or _screen_format(p["screen"]) != SCREEN_FORMAT:  # (an older export's table)
             step(f"export-screen-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["screen"], "--quiet",
                                         "--only-screened-head"], logs)
         gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--no-pdl" or "--fused-attention"
@@ -120,6 +120,18 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
             same = example.read_bytes() == p["manifest"].read_bytes()
             print(f"[prepare] {p['manifest']} {'==' if same else 'DIFFERS from'} {example.relative_to(ROOT)}"
                   + ("" if same else " (kernels built here hash differently, or the example is stale)"), flush=True)
+
+
+#: export_weights' `screened_head_rows` metadata: the row table's columns (a screen file with other ones is remade).
+SCREEN_FORMAT = "s,e,nw,snq"
+
+
+def _screen_format(path: Path) -> str | None:
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)).get("__metadata__", {}).get("screened_head_rows")
 
 
 def _screened(weights: Path) -> bool:

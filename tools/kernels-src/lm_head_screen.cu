@@ -1,8 +1,8 @@
-// The screened lm_head for greedy decode (sm_90): the token of argmax_r bf16(xn · w[r]) (gemv.cu's
-// kern_gemv_norm_m1 then argmax.cu, bit for bit the same token) while reading about half the head's bytes.
+// The screened lm_head for greedy decode (sm_90): the token of argmax_r bf16(xn · w[r]) as gemv.cu's
+// kern_gemv_norm_m1 at ksplit 1 then argmax.cu compute it, bit for bit, while reading about half the head's bytes.
 //
 // Why it is exact. The provider ships, beside the bf16 head w [n, k], an int8 copy q [n, k] and a per-row table
-// (tools/export_weights.py `lm_head.screen.q8` and `lm_head.screen.rows`, float32 [n, 4] = (s, e, nw, snq)): the
+// (tools/export_weights.py --screened-head: `lm_head.screen.q8`, `lm_head.screen.rows` f32 [n, 4] = (s, e, nw, snq)): the
 // scale s[r], and upper bounds e ≥ ‖w[r] − s·q[r]‖₂, nw ≥ ‖w[r]‖₂, snq ≥ s·‖q[r]‖₂. Stage 1 (screen) quantizes the
 // normalized x too, per 16-element vector v: x̃_v = s_v·x̂_v with x̂_v int8 and s_v = max|x_v|/127, so each row's
 // dot is a sum of exact int8 dot products (dp4a) scaled by s_v: a = Σ_v s_v·(x̂_v·q_v[r]) in fp32. For real numbers
@@ -136,8 +136,6 @@ __device__ __forceinline__ void quantize_x(const __nv_bfloat16 *xs, uint4 *xq, f
     }
 }
 
-}  // namespace
-
 // Stage 1 with NR rows per warp and NU int8 loads per row per stage (the entries below).
 template <int NR, int NU>
 __device__ __forceinline__ void screen_rows(
@@ -197,14 +195,16 @@ __device__ __forceinline__ void screen_rows(
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
     // Norms rounded up: each sum of squares has at most k + 64 roundings of positive terms (relative error below
-    // (k + 64)·2⁻²⁴, taken twice over), its square root and the products below within an ulp each (the 1 + 2⁻²¹).
+    // (k + 64)·2⁻²⁴, taken twice over), its square root and the products below within an ulp each (the 1 + 2⁻²¹);
+    // + 1e-36 for what underflow loses (at most 2⁻¹⁵⁰ a rounding: squares of elements below 2⁻⁶³ vanish).
     const float up = 1.f + (float)(k + 64) * 1.2e-7f;
-    const float nd = sqrtf(tot.x * up) * (1.f + 4.8e-7f);   // ‖xn − x̃‖
-    const float nxt = sqrtf(tot.y * up) * (1.f + 4.8e-7f);  // ‖x̃‖
-    const float nx = sqrtf(tot.z * up) * (1.f + 4.8e-7f);   // ‖xn‖
-    // γ of the screen's chain (nl FMAs of exact products + 5 warp-sum additions per row) and of the dense dot (any
-    // order over k terms), each with room to spare
-    const float gc = (float)(nl + 40) * 1.2e-7f, gd = (float)(k + 64) * 1.2e-7f;
+    const float nd = sqrtf(tot.x * up + 1e-36f) * (1.f + 4.8e-7f);   // ‖xn − x̃‖
+    const float nxt = sqrtf(tot.y * up + 1e-36f) * (1.f + 4.8e-7f);  // ‖x̃‖
+    const float nx = sqrtf(tot.z * up + 1e-36f) * (1.f + 4.8e-7f);   // ‖xn‖
+    // γ of the screen's chain (at most nl_max FMAs of exact products + 5 warp-sum additions per row; lane 0 has the
+    // most loads) and of the dense dot (any order over k terms), each with room to spare
+    const int nl_max = lane_loads(0, kv, 0);
+    const float gc = (float)(nl_max + 40) * 1.2e-7f, gd = (float)(k + 64) * 1.2e-7f;
     const bool x_ok = isfinite(nd) && isfinite(nxt) && isfinite(nx);
     uint32_t lo_ord = 0;
 #pragma unroll
@@ -212,18 +212,24 @@ __device__ __forceinline__ void screen_rows(
         if (lane == r && row0 + r < n) {
             const float4 t = rows_sc[row0 + r];  // (s, e, nw, snq); row0 + r < n here
             const float center = t.x * acc[r];
-            // margin: the bound's three terms and the dense rounding, plus slack for this arithmetic's own roundings
+            // margin: the bound's three terms and the dense rounding, plus slack for this arithmetic's own roundings,
+            // and for what underflow loses in the screen's chain (2⁻¹⁵⁰ a rounding, times s) and in the dense one
             const float m = (nd * t.z + nxt * t.y + gc * nxt * t.w + gd * nx * t.z) * (1.f + 4e-6f) +
-                            fabsf(center) * 5e-7f + 1e-30f;
+                            fabsf(center) * 5e-7f + fabsf(t.x) * 1e-40f + 1e-30f;
             const float hi = center + m, lo = center - m;
+            // the dense fp32 dot may overflow (its partial sums are bounded only by ‖xn‖·‖w‖) into ±inf or NaN,
+            // which this interval does not hold: such a row is always a candidate, and gives no lower bound
+            const bool fits = nx * t.z < 1e38f;
             uint32_t key = 0xFFFFu;  // not finite: always a candidate
-            if (x_ok && isfinite(hi)) key = argmax_order(bf16_bits(hi));
+            if (x_ok && fits && isfinite(hi)) key = argmax_order(bf16_bits(hi));
             keys[row0 + r] = (uint16_t)key;
-            if (x_ok && isfinite(lo)) lo_ord = argmax_order(bf16_bits(lo));
+            if (x_ok && fits && isfinite(lo)) lo_ord = argmax_order(bf16_bits(lo));
         }
     lo_ord = block_max(lo_ord, warp_lo);
     if (threadIdx.x == 0) bpart[blockIdx.x] = lo_ord;
 }
+
+}  // namespace
 
 #define SCREEN_ENTRY(NAME, NR_, NU_, MINB)                                                                         \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME(                                         \
@@ -277,11 +283,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
             for (int v0 = lane; v0 < kv; v0 += 32 * PICK_BATCH) {
                 uint4 wl[PICK_BATCH];
 #pragma unroll
-                for (int b = 0; b < PICK_BATCH; ++b)
-                    if (v0 + 32 * b < kv) wl[b] = __ldg(row + v0 + 32 * b);
+                for (int i = 0; i < PICK_BATCH; ++i)
+                    if (v0 + 32 * i < kv) wl[i] = __ldg(row + v0 + 32 * i);
 #pragma unroll
-                for (int b = 0; b < PICK_BATCH; ++b)
-                    if (v0 + 32 * b < kv) acc8(acc, wl[b], xs[v0 + 32 * b]);
+                for (int i = 0; i < PICK_BATCH; ++i)
+                    if (v0 + 32 * i < kv) acc8(acc, wl[i], xs[v0 + 32 * i]);
             }
             acc = warp_sum(acc);
             const uint64_t kr = argmax_key(bf16_bits(acc), (uint32_t)r);
