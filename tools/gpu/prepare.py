@@ -126,22 +126,23 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
 SCREEN_FORMAT = "s,e,nw,snq"
 
 
-def _screen_format(path: Path) -> str | None:
+def _metadata(path: Path) -> dict:
+    """The `__metadata__` of a safetensors file's header (an 8-byte length, then the JSON header)."""
     import struct
 
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n)).get("__metadata__", {}).get("screened_head_rows")
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+def _screen_format(path: Path) -> str | None:
+    """The row-table format of a screen file (export_weights' `screened_head_rows` metadata)."""
+    return _metadata(path).get("screened_head_rows")
 
 
 def _screened(weights: Path) -> bool:
-    """Whether a weights file holds the screened head's tensors (its header's `__metadata__` says so)."""
-    import struct
-
-    with open(weights, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        meta = json.loads(f.read(n)).get("__metadata__", {})
-    return meta.get("screened_head") == "true"
+    """Whether a weights file holds the screened head's tensors (its metadata says so)."""
+    return _metadata(weights).get("screened_head") == "true"
 
 
 def main(argv=None) -> int:
