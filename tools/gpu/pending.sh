@@ -86,6 +86,12 @@
 #               bench_decode 4B and 0.6B at 128 cached tokens and 4B at 4,096, and bench_kernels (every provider
 #               kernel, issue 4's table, on the one layout); $OUT/kv-switch-e2e.tgz. About 6 minutes. (Ran in
 #               session 21, call 4: 24 passed, 4B 2.416 ms/token; BENCHMARKS.md "Session 21, calls 3–4".)
+#   lm-head-screen  (written in session 23 after its device time ran out; owed) the committed lm_head_screen.cubin
+#               (5d564eaf…: session 23's review widened the screen's margins for underflow and made a row whose
+#               dense dot may overflow a candidate; the runs of calls 3–5 were on 6f5f69fe… and 3c067af0…): its GPU
+#               tests (with the new near-underflow and near-overflow cases), the kernel bench, and the 4B and 0.6B
+#               program A/B of `--lm-head screened` (program_sweep, tokens identical expected, −0.058 / −0.018 ms/token
+#               as in call 3); $OUT/lm-head-screen.tgz. About 5 minutes on a fresh machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -322,6 +328,21 @@ for stage in "${stages[@]}"; do
         --skip hf-eager,hf-compile,gpt-fast,floors --append "$OUT/kvx-BENCHMARKS.md"
       step kvx-bench-kernels 240 python3 tools/bench_kernels.py --kernels "$K/kernels" --md "$OUT/kvx-BENCHMARKS.md"
       (cd "$OUT" && tar czf kv-switch-e2e.tgz kvx-*.log kvx-BENCHMARKS.md && rm -f kvx-*.log)
+      ;;
+    lm-head-screen)
+      K=/tmp/kern-e2e
+      wheels /dev/null
+      step lhs-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 0.6b --geometry 4b
+      KERN_KERNELS_DIR="$K/kernels" step lhs-gpu-tests 300 python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        tests-integration/gpu/test_lm_head_screen_gpu.py
+      step lhs-bench 200 python3 tools/gpu/lm_head_screen_bench.py --kernels "$K/kernels"
+      for g in 4b 0.6b; do
+        step lhs-gen-$g 60 python3 tools/gen_qwen3.py --preset $g --kernels "$K/kernels" --lm-head screened \
+          --out "$K/screened-$g.json"
+        step lhs-sweep-$g 300 python3 tools/gpu/program_sweep.py --work "$K" --geometry $g --rounds 3 \
+          --manifest-variant screened="$K/screened-$g.json"
+      done
+      (cd "$OUT" && tar czf lm-head-screen.tgz lhs-*.log && rm -f lhs-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
