@@ -91,6 +91,8 @@ _OUT_DTYPES: dict[str, np.dtype] = {
 #: the screened lm_head's derived tensors (after `rope.cos_sin`, in this order)
 SCREEN_Q8 = "lm_head.screen.q8"
 SCREEN_ROWS = "lm_head.screen.rows"
+#: the `screened_head_rows` metadata: the columns of SCREEN_ROWS (a reader of an older table can tell it apart)
+SCREEN_ROWS_FORMAT = "s,e,nw,snq"
 
 
 #: bytes per element of every safetensors dtype with whole-byte elements (the header's spans are checked against it)
@@ -705,7 +707,7 @@ def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int |
         "tie_word_embeddings": str(ckpt.config.tie_word_embeddings).lower(),
         "rope_positions": str(positions),
         "screened_head": str(bool(screened_head or only_screened_head)).lower(),
-        **({"screened_head_rows": "s,e,nw,snq"} if screened_head or only_screened_head else {}),  # the table's columns
+        **({"screened_head_rows": SCREEN_ROWS_FORMAT} if screened_head or only_screened_head else {}),
     }
     if only_screened_head:  # no rope table in this file
         del metadata["rope_positions"]

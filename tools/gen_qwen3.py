@@ -98,6 +98,7 @@ from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Mod
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemv_plan import (GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_unroll, gemv_pass_entry, gemv_passes,  # noqa: E402
                        plan_gemvp)
+from export_weights import SCREEN_Q8, SCREEN_ROWS  # noqa: E402  (the names of the screened head's weights)
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
 __all__ = ["GenError", "WiringError", "Kernel", "load_index", "Layout", "View", "make_layout",
@@ -143,7 +144,7 @@ DEFAULT_LM_HEAD = "dense"
 LM_HEAD_SCREENED_OP = "norm_lm_head_argmax_screened"
 #: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 4] (scale, error norm, row
 #: norm, scale × int8 row norm).
-LM_SCREEN_WEIGHTS = ("lm_head.screen.q8", "lm_head.screen.rows")
+LM_SCREEN_WEIGHTS = (SCREEN_Q8, SCREEN_ROWS)
 #: Persistent GEMV entries by gemv.cu variant.
 GEMVP_ENTRY = {"gemv_norm": "kern_gemvp_norm_m1", "gemv_norm_silu": "kern_gemvp_norm_silu_m1",
                "gemv_residual": "kern_gemvp_residual_m1"}

@@ -38,6 +38,7 @@ TOOLS = ROOT / "tools"
 GEOMETRIES = ("0.6b", "4b")
 
 sys.path.insert(0, str(TOOLS))
+from export_weights import SCREEN_Q8, SCREEN_ROWS_FORMAT  # noqa: E402  (numpy only)
 from make_random_checkpoint import INIT_VERSION  # noqa: E402  (no torch at import)
 
 
@@ -45,10 +46,6 @@ def paths(work: Path, geometry: str) -> dict[str, Path]:
     d = Path(work) / f"qwen3-{geometry}"
     return {"dir": d, "hf": d / "hf", "weights": d / "weights.safetensors", "manifest": d / "manifest.json",
             "kernels": Path(work) / "kernels", "screen": d / "lm_head_screen.safetensors"}
-
-
-#: The weight buffers of the screened lm_head (gen_qwen3 LM_SCREEN_WEIGHTS), kept in their own file of the work dir.
-SCREEN_WEIGHTS = ("lm_head.screen.q8", "lm_head.screen.rows")
 
 
 def weights_for(manifest, p: dict[str, Path]) -> list[Path]:
@@ -62,7 +59,7 @@ def weights_for(manifest, p: dict[str, Path]) -> list[Path]:
     if isinstance(manifest, Path):
         manifest = json.loads(manifest.read_text())
     buffers = manifest["buffers"] if isinstance(manifest, dict) else manifest.buffers
-    return [p["weights"]] + ([p["screen"]] if SCREEN_WEIGHTS[0] in buffers else [])
+    return [p["weights"]] + ([p["screen"]] if SCREEN_Q8 in buffers else [])
 
 
 def checkpoint_is_current(hf: Path, geometry: str, seed: int) -> bool:
@@ -109,7 +106,7 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file() or _screened(p["weights"]):  # (an older work dir's export held the screen)
             step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
-        if not p["screen"].is_file() or _screen_format(p["screen"]) != SCREEN_FORMAT:  # (an older export's table)
+        if not p["screen"].is_file() or _screen_format(p["screen"]) != SCREEN_ROWS_FORMAT:  # (an older table)
             step(f"export-screen-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["screen"], "--quiet",
                                         "--only-screened-head"], logs)
         gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--no-pdl" or "--fused-attention"
@@ -120,10 +117,6 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
             same = example.read_bytes() == p["manifest"].read_bytes()
             print(f"[prepare] {p['manifest']} {'==' if same else 'DIFFERS from'} {example.relative_to(ROOT)}"
                   + ("" if same else " (kernels built here hash differently, or the example is stale)"), flush=True)
-
-
-#: export_weights' `screened_head_rows` metadata: the row table's columns (a screen file with other ones is remade).
-SCREEN_FORMAT = "s,e,nw,snq"
 
 
 def _metadata(path: Path) -> dict:
