@@ -62,17 +62,20 @@ def parse_cubin(spec: str) -> tuple[str, Path, int, int, int]:
     return name, Path(f), slots, slot_bytes, threads
 
 
-def raw_launcher(path: Path, entry: str, grid: tuple[int, int, int], threads: int, smem: int):
+def raw_launcher(path: Path, entry: str, grid: tuple[int, int, int], threads: int, smem: int, carveout: int = 0):
     """launch(args) for `entry` of the cubin at `path`, outside any kernel index: a PDL launch of grid and `threads`
-    threads with `smem` bytes of dynamic shared memory (its limit raised to that) and carveout 0, on torch's current
-    stream. args: torch tensors (their data pointers), floats (f32) and ints (i32), in the entry's order."""
+    threads with `smem` bytes of dynamic shared memory (its limit raised to that) and the preferred shared-memory
+    `carveout` (percent, default 0), on torch's current stream. args: torch tensors (their data pointers), floats
+    (f32) and ints (i32), in the entry's order. `launch.max_active_clusters()`: cuOccupancyMaxActiveClusters for
+    this launch (the most clusters of the kernel's compile-time cluster shape the GPU holds at once)."""
     import torch
     from cuda.bindings import driver as cu
     from cubin_launch import check, launch_function
 
     f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), entry.encode()))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
-    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 0))
+    check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                carveout))
 
     def launch(args):
         hold = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else
@@ -80,6 +83,12 @@ def raw_launcher(path: Path, entry: str, grid: tuple[int, int, int], threads: in
         ptrs = (ctypes.c_void_p * len(hold))(*[ctypes.addressof(h) for h in hold])
         launch_function(f, grid, (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
                         ctypes.addressof(ptrs), pdl=True)
+
+    def max_active_clusters() -> int:
+        from cubin_launch import pdl_config
+        cfg = pdl_config(grid, (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream))
+        return int(check(cu.cuOccupancyMaxActiveClusters(f, cfg)))
+    launch.max_active_clusters = max_active_clusters
     return launch
 
 
