@@ -153,7 +153,7 @@ def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) 
     t = hf_tensors(cfg)
     ckpt = write_checkpoint(tmp_path / "ckpt", cfg, t, shards=shards)
     out = tmp_path / "w.safetensors"
-    ew.export(ckpt, out, progress=False)
+    ew.export(ckpt, out, screened_head=False, progress=False)
 
     got, meta = read_export(out)
     ref = fused_reference(cfg, t)
@@ -172,7 +172,7 @@ def test_export_equals_fused_reference(tmp_path: Path, tied: bool, shards: int) 
     assert cs.dtype == np.float32 and cs.shape == (64, 16)  # max_position_embeddings rows by default
     np.testing.assert_allclose(cs, rope_reference(64, 16, 10000.0), rtol=0, atol=2e-5)
     assert meta["tie_word_embeddings"] == str(tied).lower() and meta["rope_positions"] == "64"
-    assert meta["screened_head"] == "false"  # off by default (--screened-head)
+    assert meta["screened_head"] == "false"  # (--no-screened-head)
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
 
 
@@ -992,14 +992,23 @@ def _head_words(tied: bool) -> tuple[dict, dict[str, np.ndarray], str]:
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_export_writes_the_screened_head(tmp_path: Path, tied: bool) -> None:
-    """--screened-head: q8 (I8 [V, H]) and rows (F32 [V, 4]) after rope.cos_sin, equal to screen_head_rows of the
-    exported head; every other tensor's bytes and order as in the default export (which omits both)."""
+    """The default export (= --screened-head): q8 (I8 [V, H]) and rows (F32 [V, 4]) after rope.cos_sin, equal to
+    screen_head_rows of the exported head; every other tensor's bytes and order as in a --no-screened-head export
+    (which omits both). The API's default is the CLI's."""
     cfg, t, head = _head_words(tied)
     ckpt = write_checkpoint(tmp_path / "c", cfg, t, shards=2)
     on, off = tmp_path / "on.safetensors", tmp_path / "off.safetensors"
-    assert ew.main([str(ckpt), "--out", str(on), "--quiet", "--screened-head"]) == 0
-    plan = ew.plan_export(ew.Checkpoint(ckpt), cfg["max_position_embeddings"], screened_head=True)
-    ew.export(ckpt, off, progress=False)
+    assert ew.main([str(ckpt), "--out", str(on), "--quiet"]) == 0
+    plan = ew.plan_export(ew.Checkpoint(ckpt), cfg["max_position_embeddings"])
+    assert ew.main([str(ckpt), "--out", str(off), "--quiet", "--no-screened-head"]) == 0
+    for flag in ("--screened-head", None):  # the explicit flag, and the API's default
+        again = tmp_path / "again.safetensors"
+        if flag:
+            assert ew.main([str(ckpt), "--out", str(again), "--quiet", flag]) == 0
+        else:
+            ew.export(ckpt, again, progress=False)
+        assert again.read_bytes() == on.read_bytes(), flag
+        again.unlink()
 
     got, meta = read_export(on)
     base, meta_off = read_export(off)
@@ -1070,7 +1079,7 @@ def test_screened_head_is_written_in_slices(tmp_path: Path, monkeypatch: pytest.
 
 def test_only_screened_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--only-screened-head: a file of the two derived tensors alone, the same bytes as in a --screened-head export;
-    with --screened-head too it is refused (one or the other)."""
+    with --screened-head or --no-screened-head too it is refused (one or the other)."""
     cfg, t, _ = _head_words(False)
     ckpt = write_checkpoint(tmp_path / "c", cfg, t)
     ew.export(ckpt, tmp_path / "full.safetensors", screened_head=True, progress=False)
@@ -1084,7 +1093,8 @@ def test_only_screened_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert meta["source_dtypes"] == "BF16"
     ew.export(ckpt, tmp_path / "api.safetensors", only_screened_head=True, progress=False)  # the API needs no other flag
     assert (tmp_path / "api.safetensors").read_bytes() == (tmp_path / "s.safetensors").read_bytes()
-    with pytest.raises(SystemExit):
-        ew.main([str(ckpt), "--out", str(tmp_path / "x.safetensors"), "--only-screened-head", "--screened-head"])
-    assert "not allowed with argument" in capsys.readouterr().err
-    assert not (tmp_path / "x.safetensors").exists()
+    for other in ("--screened-head", "--no-screened-head"):
+        with pytest.raises(SystemExit):
+            ew.main([str(ckpt), "--out", str(tmp_path / "x.safetensors"), "--only-screened-head", other])
+        assert "not allowed with argument" in capsys.readouterr().err
+        assert not (tmp_path / "x.safetensors").exists()

@@ -112,11 +112,12 @@ def _kernels_with(built_kernels: Path, tmp: Path, builds: dict) -> Path:
 
 
 @pytest.mark.parametrize("geometry", list(EXAMPLES))
-def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry):
+def test_rewrite_verifies(builds, built_kernels, dense_examples, tmp_path, geometry):
+    """On the examples with the dense lm_head (the rewrite moves the final norm onto the accumulator's norm GEMV)."""
     from kern_verify.verify import verify_text
 
     kernels = _kernels_with(built_kernels, tmp_path, builds)
-    m = json.loads(EXAMPLES[geometry].read_text())
+    m = json.loads(dense_examples[geometry].read_text())
     out = mlp_variant.rewrite(m, kernels)
     text = json.dumps(out)
     assert not [str(d) for d in verify_text(text, kernels_dir=kernels) if d.severity == "error"]
@@ -148,8 +149,8 @@ def _mutated(m: dict, op: str, arg: int, value) -> dict:
     return bad
 
 
-def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path):
-    m = json.loads(EXAMPLES["4b"].read_text())
+def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, dense_4b, tmp_path):
+    m = json.loads(dense_4b.read_text())
     with pytest.raises(ValueError, match="gemv_mlp.cubin: not found"):
         mlp_variant.rewrite(m, tmp_path)
     kernels = _kernels_with(built_kernels, tmp_path, builds)
@@ -179,12 +180,17 @@ def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path):
         mlp_variant.rewrite(mlp_variant.rewrite(m, kernels), kernels)
     with pytest.raises(ValueError, match="not a gemv_mlp.cu build"):
         mlp_variant.rewrite(m, kernels, "gemv.cubin")
+    # the committed example (the screened lm_head: no dense lm_head GEMV to move onto the accumulator) is refused by
+    # name, with what to pass instead
+    with pytest.raises(ValueError) as e:
+        mlp_variant.rewrite(json.loads(EXAMPLES["4b"].read_text()), kernels)
+    assert "no op `gemv_norm_lm_head`" in str(e.value) and "--lm-head dense" in str(e.value)
 
 
-def test_command_line(builds, built_kernels, tmp_path, capsys):
+def test_command_line(builds, built_kernels, dense_examples, tmp_path, capsys):
     kernels = _kernels_with(built_kernels, tmp_path, builds)
     out = tmp_path / "m.json"
-    assert mlp_variant.main([str(EXAMPLES["0.6b"]), "--kernels", str(kernels), "--out", str(out)]) == 0
+    assert mlp_variant.main([str(dense_examples["0.6b"]), "--kernels", str(kernels), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["buffers"]["mlp_acc"]["shape"] == [1024]
     for argv, needle in [
         ([str(tmp_path / "none.json"), "--out", str(out)], "cannot read the manifest"),

@@ -66,11 +66,13 @@ def fake_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _build(preset: str, kernels: Path, **kw) -> ks.Manifest:
-    """build_manifest of a preset; without PDL unless `pdl=True` is given, and with the `cluster` decode attention
-    (its own prologue call) unless `decode_attention` is given (the API's and CLI's defaults are --pdl and
-    rope-cluster: the tests name the variant they check; test_pdl_every_geometry, test_default_is_rope_cluster_pdl
-    and the examples cover the defaults)."""
+    """build_manifest of a preset; without PDL unless `pdl=True` is given, with the `cluster` decode attention
+    (its own prologue call) unless `decode_attention` is given, and with the dense lm_head (`gemv_norm_lm_head` into
+    `logits`, then `argmax`) unless `lm_head` is given (the API's and CLI's defaults are --pdl, rope-cluster and the
+    screened lm_head: the tests name the variant they check; test_pdl_every_geometry, test_screened_lm_head,
+    test_default_is_rope_cluster_pdl and the examples cover the defaults)."""
     kw.setdefault("pdl", False)
+    kw.setdefault("lm_head", "dense")
     if not kw.get("fused_attention"):  # (the fused form is a Triton impl: the API picks it)
         kw.setdefault("decode_attention", "cluster")
     return gen.build_manifest(Qwen3Config.preset(preset), gen.load_index(kernels), **kw)
@@ -420,10 +422,11 @@ def test_deterministic_and_chunk(fake_kernels: Path, tmp_path: Path) -> None:
     assert m.buffers["rope.cos_sin"].shape == [4096, 128] and m.buffers["block_table"].shape == [256]
     out = tmp_path / "m.json"
     assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--no-pdl",
-                     "--decode-attention", "cluster"]) == 0
+                     "--decode-attention", "cluster", "--lm-head", "dense"]) == 0
     assert out.read_bytes() == a
     assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out)]) == 0  # CLI defaults
-    assert out.read_bytes() == ks.dump(_build("0.6b", fake_kernels, pdl=True, decode_attention="rope-cluster"))
+    assert out.read_bytes() == ks.dump(_build("0.6b", fake_kernels, pdl=True, decode_attention="rope-cluster",
+                                              lm_head="screened"))
 
 
 def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> None:
@@ -434,8 +437,9 @@ def test_config_json_path_matches_preset(fake_kernels: Path, tmp_path: Path) -> 
     out = tmp_path / "m.json"
     assert gen.main(["--config", str(tmp_path / "config.json"), "--kernels", str(fake_kernels), "--out", str(out),
                      "--model", "qwen3-1.7b"]) == 0
-    # the CLI's defaults: --pdl, rope-cluster
-    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels, pdl=True, decode_attention="rope-cluster"))
+    # the CLI's defaults: --pdl, rope-cluster, the screened lm_head
+    assert out.read_bytes() == ks.dump(_build("1.7b", fake_kernels, pdl=True, decode_attention="rope-cluster",
+                                              lm_head="screened"))
 
 
 # ------------------------------------------------------------------ the CLI's answers to bad input
@@ -551,9 +555,15 @@ def test_screened_lm_head(preset: str, fake_kernels: Path, pdl: bool) -> None:
     assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
     assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
     assert op.impl.scratch["keys"] == ks.Scratch(dtype="u16", shape=[V])
-    # the dense manifest (the default) has the dense ops and no screen weights
-    dense = _build(preset, fake_kernels, pdl=pdl, decode_attention="rope-cluster" if pdl else "cluster")
+    # the screened lm_head is the default (the API's, so the CLI's)
+    assert gen.DEFAULT_LM_HEAD == "screened"
+    kw = {"pdl": pdl, "decode_attention": "rope-cluster" if pdl else "cluster"}
+    assert gen.build_manifest(cfg, gen.load_index(fake_kernels), **kw) == m
+    # the dense manifest (--lm-head dense) has the dense ops and no screen weights; the rest is the same
+    dense = _build(preset, fake_kernels, lm_head="dense", **kw)
     assert "logits" in dense.buffers and "lm_head.screen.q8" not in dense.buffers
+    assert {"gemv_norm_lm_head", "argmax"} <= set(dense.ops) and gen.LM_HEAD_SCREENED_OP not in dense.ops
+    assert dense.programs["decode"].calls[:-2] == calls[:-1] and dense.programs["prefill"] == m.programs["prefill"]
 
 
 def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:
@@ -591,11 +601,18 @@ def test_screen_constants_match_the_source() -> None:
 
 
 def test_cli_lm_head_option(fake_kernels: Path, tmp_path: Path, capsys) -> None:
+    """--lm-head screened (the default) and dense; each says what its weights file needs and how to export it."""
     out = tmp_path / "m.json"
-    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head",
-                     "screened"]) == 0
-    assert "lm_head.screen.q8" in ks.load(out).buffers
-    assert "--screened-head" in capsys.readouterr().out  # the weights file it needs, and how to export it
+    for flags in ([], ["--lm-head", "screened"]):
+        assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), *flags]) == 0
+        assert "lm_head.screen.q8" in ks.load(out).buffers, flags
+        printed = capsys.readouterr().out  # the weights file it needs, and that the exporter's default writes it
+        assert ("note: its weights file must hold lm_head.screen.q8 and lm_head.screen.rows (the screened lm_head): "
+                "`tools/export_weights.py CKPT --out W.safetensors` writes them by default") in printed, flags
+    assert gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head", "dense"]) == 0
+    dense = ks.load(out)
+    assert "lm_head.screen.q8" not in dense.buffers and "logits" in dense.buffers
+    assert "--no-screened-head" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         gen.main(["--preset", "0.6b", "--kernels", str(fake_kernels), "--out", str(out), "--lm-head", "int8"])
     assert "invalid choice: 'int8'" in capsys.readouterr().err
@@ -901,6 +918,11 @@ def decode_launches(m: ks.Manifest) -> list[tuple[str, int, ks.Launch]]:
     return [(c.label, i, la) for c in m.programs["decode"].calls for i, la in enumerate(m.ops[c.op].impl.launches)]
 
 
+#: Modules of one form, PDL-ready (griddepcontrol in their entries; no `_pdl` twin): the decode GEMVs and the screened
+#: lm_head's screen and pick.
+PDL_READY = ("gemv.cubin", "gemv_p2.cubin", "gemv_persist.cubin", "lm_head_screen.cubin")
+
+
 def check_pdl_manifest(m: ks.Manifest) -> None:
     """Every decode launch but the first (the embedding) has pdl and runs a PDL kernel form; prefill none."""
     launches = decode_launches(m)
@@ -908,7 +930,7 @@ def check_pdl_manifest(m: ks.Manifest) -> None:
     assert all(la.pdl for _, _, la in launches[1:]), [(lb, i) for lb, i, la in launches[1:] if not la.pdl]
     for label, i, la in launches[1:]:
         mod = m.modules[la.module].source
-        assert mod in ("gemv.cubin", "gemv_p2.cubin", "gemv_persist.cubin") or mod.endswith("_pdl.cubin"), (label, i, mod)
+        assert mod in PDL_READY or mod.endswith("_pdl.cubin"), (label, i, mod)
     assert not any(m.ops[c.op].impl.launches[i].pdl for c in m.programs["prefill"].calls
                    for i in range(len(m.ops[c.op].impl.launches)))
     # decode_attention_cluster_pdl reads its first K|V pages before its wait (decode_attention.cu's header): the
@@ -1214,9 +1236,10 @@ def test_decode_attention_cli(fake_kernels: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("preset", GEOMETRIES)
 def test_default_is_rope_cluster_pdl(preset: str, fake_kernels: Path) -> None:
-    """The generator's defaults (--pdl, --decode-attention rope-cluster, as the examples): 5 decode calls per
-    layer, the attention prologue's decode work inside the attention's one launch (no qk_norm_rope call in
-    decode, qk_norm_rope_kv only in prefill), the same prefill and the same other decode calls as `cluster`."""
+    """The generator's defaults (--pdl, --decode-attention rope-cluster, --lm-head screened, as the examples): 5
+    decode calls per layer, the attention prologue's decode work inside the attention's one launch (no qk_norm_rope
+    call in decode, qk_norm_rope_kv only in prefill), one call of the screened lm_head at the end, the same prefill
+    and the same other decode calls as `cluster`."""
     assert gen.DEFAULT_DECODE_ATTENTION == "rope-cluster"
     cfg = Qwen3Config.preset(preset)
     m = gen.build_manifest(cfg, gen.load_index(fake_kernels))
@@ -1226,7 +1249,8 @@ def test_default_is_rope_cluster_pdl(preset: str, fake_kernels: Path) -> None:
     L = cfg.num_hidden_layers
     per_layer = ["norm_qkv", "attn", "o_proj_add", "norm_gate_up_silu", "down_proj_add"]
     decode = [c.label for c in m.programs["decode"].calls]
-    assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["norm_lm_head", "sample"]
+    assert decode == ["embed"] + [f"l{l}.{s}" for l in range(L) for s in per_layer] + ["norm_lm_head_argmax"]
+    assert m.programs["decode"].calls[-1].op == gen.LM_HEAD_SCREENED_OP and "logits" not in m.buffers
     assert {c.op for c in m.programs["decode"].calls if c.label.endswith(".attn")} == {gen.ROPE_ATTENTION_OP}
     assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].entry == "decode_attention_rope_cluster"
     assert m.ops[gen.ROPE_ATTENTION_OP].impl.launches[0].pdl
@@ -1242,7 +1266,7 @@ def test_default_is_rope_cluster_pdl(preset: str, fake_kernels: Path) -> None:
     with pytest.raises(gen.WiringError, match=rf"ops.{gen.ROPE_ATTENTION_OP} kernel `decode_attention_rope_cluster_pdl`: "
                                               r"carveout absent != its index entry's 0"):
         gen.check_wiring(lost, cfg, gen.make_layout(cfg), gen.load_index(fake_kernels))
-    cl = _build(preset, fake_kernels, pdl=True)
+    cl = _build(preset, fake_kernels, pdl=True, lm_head="screened")
     assert m.programs["prefill"] == cl.programs["prefill"]
     assert [c for c in m.programs["decode"].calls if not c.label.endswith(".attn")] == \
         [c for c in cl.programs["decode"].calls if not c.label.endswith((".attn", ".qk_norm_rope"))]

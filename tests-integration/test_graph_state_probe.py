@@ -63,21 +63,30 @@ def test_main_refuses_a_bad_script_before_loading_anything(tmp_path, capsys):
     assert "graph_state_probe: error: the no-PDL variant:" in capsys.readouterr().err
 
 
-def test_no_pdl_variant_turns_every_decode_pdl_flag_off_and_verifies(built_kernels, tmp_path):
+@pytest.mark.parametrize("lm_head", ["screened", "dense"])
+def test_no_pdl_variant_turns_every_decode_pdl_flag_off_and_verifies(built_kernels, dense_4b, tmp_path, lm_head):
+    """The no-PDL variant of the 4B example (the screened lm_head) and of its `--lm-head dense` form: every decode-only
+    op's first launch loses its flag; an op's later launches keep theirs (manifest_variants changes an op's first
+    launch): the screened op's pick and reduce, the dense argmax's reduce, and no other op has any."""
     d = tmp_path / "qwen3-4b"
     d.mkdir()
-    shutil.copy(ROOT / "examples" / "qwen3-4b.json", d / "manifest.json")
+    shutil.copy(ROOT / "examples" / "qwen3-4b.json" if lm_head == "screened" else dense_4b, d / "manifest.json")
     (tmp_path / "kernels").symlink_to(built_kernels)
     base = json.loads((d / "manifest.json").read_text())
+    assert gsp.no_pdl_spec(base) == ("qkv.pdl=0+o.pdl=0+gu.pdl=0+down.pdl=0+lm_head.pdl=0+attn.pdl=0"
+                                     + ("+argmax.pdl=0" if lm_head == "dense" else ""))
     m = gsp.no_pdl_manifest(tmp_path, "4b")
     pdl = lambda mm: [l.get("pdl", False) for op in mm["ops"].values() for l in op["impl"]["launches"]]  # noqa: E731
     assert any(pdl(base)) and sum(pdl(m)) < sum(pdl(base))
     decode_only = ({c["op"] for c in m["programs"]["decode"]["calls"]}
                    - {c["op"] for c in m["programs"]["prefill"]["calls"]})
+    several = {name for name in decode_only if len(m["ops"][name]["impl"]["launches"]) > 1}
+    assert several == {"norm_lm_head_argmax_screened" if lm_head == "screened" else "argmax"}
     for name in decode_only:
-        if name.startswith("argmax"):
-            continue  # its second launch keeps the flag (manifest_variants changes an op's first launch)
-        assert not any(l.get("pdl") for l in m["ops"][name]["impl"]["launches"]), name
+        first, *rest = m["ops"][name]["impl"]["launches"]
+        assert not first.get("pdl"), name
+        assert [l.get("pdl") for l in rest] == [True] * len(rest), name  # as in the manifest: PDL launches
+        assert rest == base["ops"][name]["impl"]["launches"][1:], name
 
 
 def test_run_script_on_a_fake_runtime(built_kernels, tmp_path, monkeypatch, capsys):

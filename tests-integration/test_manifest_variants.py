@@ -46,14 +46,56 @@ def test_ksplit_sets_the_literal_and_the_grid(base, index, built_kernels):
     assert launch(base, "gemv_residual_o_proj")["grid"] == [320, 1, 1]  # the input is not changed
 
 
-def test_entry_follows_the_index_shared_memory_and_pdl_flag(base, index, built_kernels):
-    m = mv.apply(base, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+lm_head.entry=kern_gemv_norm_m1", index)
+@pytest.fixture(scope="module")
+def dense(dense_4b: Path) -> dict:
+    """The 4B example's `--lm-head dense` form (conftest.py): the dense lm_head GEMV and the two-launch argmax."""
+    return json.loads(dense_4b.read_text())
+
+
+def test_entry_follows_the_index_shared_memory_and_pdl_flag(dense, index, built_kernels):
+    """On the dense lm_head's manifest: its GEMV, `_u5` before the argmax, goes back to the 4-load entry."""
+    m = mv.apply(dense, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+lm_head.entry=kern_gemv_norm_m1", index)
     assert launch(m, "gemv_norm_silu_gate_up")["entry"] == "kern_gemv_norm_silu_m1"
     assert launch(m, "gemv_norm_silu_gate_up")["shared_mem"] == 2 * 2560  # x in shared memory, as before
+    assert launch(dense, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1_u5"
     assert launch(m, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1"
-    assert "pdl" not in launch(m, "attention_decode_rope") and launch(base, "attention_decode_rope")["pdl"] is True
+    assert "pdl" not in launch(m, "attention_decode_rope") and launch(dense, "attention_decode_rope")["pdl"] is True
     assert launch(mv.apply(m, "attn.pdl=1", index), "attention_decode_rope")["pdl"] is True
     assert mv.verify(m, built_kernels) == []
+
+
+def test_lm_head_is_the_screened_op_in_the_default_manifest(base, dense, index, built_kernels):
+    """The example's lm_head is screened (gen_qwen3's default): `lm_head` names its one op, whose first launch (the
+    screen) a change reaches, its pick and reduce keep their flags; a dense manifest's `lm_head` stays its GEMV.
+    `argmax`, the GEMV's options and the dense op's full name are refused on the screened op with what it is and the
+    way to a dense manifest."""
+    op = mv.SCREENED_LM_HEAD
+    assert op in base["ops"] and "gemv_norm_lm_head" not in base["ops"] and "argmax" not in base["ops"]
+    m = mv.apply(base, "lm_head.pdl=0", index)
+    screen, pick, reduce = m["ops"][op]["impl"]["launches"]
+    assert screen["entry"] == "kern_lmhead_screen_m1" and "pdl" not in screen
+    assert [pick, reduce] == base["ops"][op]["impl"]["launches"][1:] and pick["pdl"] is reduce["pdl"] is True
+    assert {k: o for k, o in m["ops"].items() if k != op} == {k: o for k, o in base["ops"].items() if k != op}
+    assert mv.verify(m, built_kernels) == []
+    assert launch(mv.apply(m, "lm_head.pdl=1", index), op) == launch(base, op)
+    assert mv.apply(dense, "lm_head.pdl=0", index)["ops"]["gemv_norm_lm_head"]["impl"]["launches"][0].get("pdl") is None
+    note = (f"this manifest has the screened lm_head (tools/gen_qwen3.py's default): one op `{op}` (short name "
+            "`lm_head`) of three launches, the screen and pick of lm_head_screen.cubin and argmax_reduce, in place of "
+            "the dense `gemv_norm_lm_head` + `argmax`: for those, pass a manifest of `tools/gen_qwen3.py --lm-head "
+            "dense`")
+    for spec, needle in (
+            ("argmax.pdl=0", "`argmax.pdl=0`: no op `argmax` in the manifest (short names: qkv, o,"),
+            ("gemv_norm_lm_head.pdl=0", "`gemv_norm_lm_head.pdl=0`: no op `gemv_norm_lm_head` in the manifest"),
+            ("lm_head.ksplit=2", f"`lm_head.ksplit=2`: `kern_lmhead_screen_m1` (op `{op}`) has no ksplit param"),
+            ("lm_head.entry=kern_gemv_norm_m1", "the kernel index has no entry `kern_gemv_norm_m1` in module "
+                                                "lm_head_screen.cubin (it has: kern_lmhead_pick_m1,")):
+        with pytest.raises(mv.VariantError) as e:
+            mv.apply(base, spec, index)
+        assert needle in str(e.value) and str(e.value).endswith("; " + note), spec
+    for spec in ("o.ksplit=3", "foo.pdl=0"):  # an error of another op says nothing of the lm_head
+        with pytest.raises(mv.VariantError) as e:
+            mv.apply(base, spec, index)
+        assert note not in str(e.value), spec
 
 
 def test_entry_takes_the_new_entrys_carveout_from_the_index(base, index, built_kernels):
@@ -105,7 +147,9 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     ("o.entry=kern_gemv_residual_m2", "`kern_gemv_residual_m2` is not `kern_gemv_residual_m1` with another unroll "
                                       "(their M 1 vs 2"),
     ("gu.entry=kern_gemv_norm_m1", "(their COLS_PER_WARP 1 vs 2)"),
-    ("embedding.pdl=1", "op `embedding` is also called by prefill; a variant changes decode-only ops: argmax,"),
+    ("embedding.pdl=1", "op `embedding` is also called by prefill; a variant changes decode-only ops: "
+                        "attention_decode_rope, gemv_norm_qkv, gemv_norm_silu_gate_up, gemv_residual_down_proj, "
+                        "gemv_residual_o_proj, norm_lm_head_argmax_screened"),
     ("rms_norm.pdl=1", "op `rms_norm` is not called by decode"),
     ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
     # 4B's qkv runs on the row-pass module, which holds only that entry
@@ -195,9 +239,11 @@ def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, caps
         program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "o.ksplit=1"])
 
 
-def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys, monkeypatch):
+def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, dense_4b, tmp_path, capsys, monkeypatch):
     """--in-process without a GPU: kern_driver.Runtime.load returns kern-run's contract-checking fake runtime
-    (packages/kern-run/tests/fake_runtime.py), one per manifest; every round generates on each, in turn."""
+    (packages/kern-run/tests/fake_runtime.py), one per manifest; every round generates on each, in turn. Each loads
+    the work dir's weights its manifest declares (prepare.weights_for): the screened lm_head's file beside the weights
+    for the example, not for its dense form (a --manifest-variant)."""
     pytest.importorskip("kern_driver")
     sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "tests"))
     from fake_runtime import FakeRuntime
@@ -219,16 +265,18 @@ def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, tmp_path, capsys,
     (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
     md = tmp_path / "sweep.md"
     args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--variant", "attn.pdl=0",
+            "--manifest-variant", f"dense={dense_4b}",
             "--context", "40", "--steps", "6", "--rounds", "2", "--append", str(md), "--in-process"]
     assert program_sweep.main(args) == 0
-    assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320]
-    assert {(k.name, tuple(x.name for x in w), c) for _, k, w, c in loaded} == {
-        ("kernels", ("weights.safetensors",), 4096)}  # a dense lm_head: no lm_head_screen.safetensors
+    assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320, 320]
+    assert [("gemv_norm_lm_head" in m["ops"], k.name, tuple(x.name for x in w), c) for m, k, w, c in loaded] == [
+        (False, "kernels", ("weights.safetensors", "lm_head_screen.safetensors"), 4096)] * 3 + [
+        (True, "kernels", ("weights.safetensors",), 4096)]
     table = md.read_text()
     assert "kern-run 4b decode, ms/token: 6 steps after a 40-token prompt, 2 alternating rounds" in table
     assert "all in one process (--in-process)" in table
     rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| manifest")]
-    assert [r.split(" | ")[0] for r in rows] == ["| (manifest)", "| o.ksplit=1", "| attn.pdl=0"]
+    assert [r.split(" | ")[0] for r in rows] == ["| (manifest)", "| o.ksplit=1", "| attn.pdl=0", "| dense"]
     assert rows[0].endswith("| +0.000 | — |") and all(r.endswith("| identical |") for r in rows[1:])
     assert "round 2: (manifest)" in capsys.readouterr().out
 

@@ -18,6 +18,12 @@ import manifest_whatif as mw  # noqa: E402
 from manifest_variants import VariantError  # noqa: E402
 
 EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("0.6b", "4b")}
+SCREENED = "norm_lm_head_argmax_screened"  # the examples' lm_head (gen_qwen3's default); `dense_4b`: the dense form
+#: what a refusal about the lm_head's ops adds on a screened manifest (manifest_variants.lm_head_note)
+SCREENED_NOTE = (f"; this manifest has the screened lm_head (tools/gen_qwen3.py's default): one op `{SCREENED}` (short "
+                 "name `lm_head`) of three launches, the screen and pick of lm_head_screen.cubin and argmax_reduce, in "
+                 "place of the dense `gemv_norm_lm_head` + `argmax`: for those, pass a manifest of "
+                 "`tools/gen_qwen3.py --lm-head dense`")
 #: what-if builds of gemv.cu the tests load (file in the kernels dir: macros)
 WHATIF_BUILDS = {"gemv_nowait.cubin": ("GEMV_NO_WAIT",), "gemv_p2.cubin": ("GEMV_PASSES=2",)}
 
@@ -75,7 +81,10 @@ def test_full_op_name_and_several_drops(built_kernels):
     (["gate_up"], "decode", "leaves 2 weight buffer(s)"),
     (["o"], "decode", "bound this op's work with --module"),
     (["gemm"], "decode", "program `decode` does not call it; prefill does (add --program prefill)"),
-    (["argmax"], "decode", "output buffer `next_token` would be used by no call"),
+    # the screened lm_head reads the final norm's weight and the screen's two, which no other call reads
+    (["lm_head"], "decode", "leaves 3 weight buffer(s) that only the dropped calls read (first: `model.norm.weight`)"),
+    (["argmax"], "decode", "--drop argmax: program `decode` calls no op of that name (its ops: attention_decode_rope,"),
+    (["argmax"], "decode", SCREENED_NOTE),  # ... the argmax is the screened op's, `argmax` a dense manifest's
     (["attention_prefill"], "prefill", "input buffer `cu_seqlens_q` would be used by no call"),  # layer 35's norm and gate_up: prefill ends at its KV
     (["foo"], "decode", "program `decode` calls no op of that name"),
     (["attn"], "nope", "--program nope: the manifest has no such program"),
@@ -85,17 +94,37 @@ def test_refusals(drop, program, needle):
     with pytest.raises(VariantError) as e:
         mw.drop_ops(json.loads(EXAMPLES["4b"].read_text()), drop, program)
     assert needle in str(e.value)
+    if drop != ["argmax"]:
+        assert SCREENED_NOTE not in str(e.value)
 
 
-def test_command_line(built_kernels, tmp_path, capsys):
+@pytest.mark.parametrize("drop,needle", [
+    (["argmax"], "--drop argmax: output buffer `next_token` would be used by no call (the dropped op was its only "
+                 "user): a program must still produce its outputs"),
+    (["lm_head"], "leaves 1 weight buffer(s) that only the dropped calls read (first: `model.norm.weight`)"),
+])
+def test_refusals_on_the_dense_lm_head(dense_4b, drop, needle):
+    """A `--lm-head dense` manifest: the argmax is `next_token`'s only writer, the lm_head GEMV the final norm's only
+    reader (its head is the tied embedding, which the embedding reads too)."""
+    with pytest.raises(VariantError) as e:
+        mw.drop_ops(json.loads(dense_4b.read_text()), drop, "decode")
+    assert needle in str(e.value) and SCREENED_NOTE not in str(e.value)
+
+
+def test_command_line(built_kernels, dense_4b, tmp_path, capsys):
     out = tmp_path / "noattn.json"
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "attn", "--out", str(out)]) == 0
     assert "now carried (stale contents): attn" in capsys.readouterr().out
     assert json.loads(out.read_text())["buffers"]["attn"]["class"] == "carry"
-    # argmax is next_token's only writer: refused, and nothing is written
+    # a dense manifest's argmax is next_token's only writer: refused, and nothing is written
     bad = tmp_path / "noargmax.json"
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "argmax", "--out", str(bad)]) == 1
+    assert mw.main([str(dense_4b), "--kernels", str(built_kernels), "--drop", "argmax", "--out", str(bad)]) == 1
     assert "output buffer `next_token`" in capsys.readouterr().err and not bad.exists()
+    # the example's lm_head is screened: it has no op `argmax`, and says so
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "argmax", "--out", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "--drop argmax: program `decode` calls no op of that name" in err and SCREENED_NOTE in err
+    assert not bad.exists()
     # a repeated drop is one drop
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(built_kernels), "--drop", "attn", "--drop", "attn",
                     "--out", str(out)]) == 0
@@ -181,10 +210,12 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
     assert "built for sm_80, module `embedding` for sm_90 (rebuild it with -arch=sm_90)" in capsys.readouterr().err
 
 
-def test_op_module_repoints_one_op(built_kernels, whatif_cubins, tmp_path, capsys):
+def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, tmp_path, capsys):
     """--op-module down=FILE: only the down-proj's launches load the what-if build (a new module `gemv__<op>`), the
-    other four GEMV ops keep `gemv`; several ops with a --drop; the result verifies. Refused by name: a malformed spec, an op the program does not call, a built-in op, an op given
-    twice or also dropped, a missing file, a cubin for another architecture."""
+    other GEMV ops keep `gemv`; several ops with a --drop; the result verifies; every GEMV op moved prunes `gemv` (four
+    in the example, five with a dense manifest's lm_head). Refused by name: a malformed spec, an op the program does
+    not call, a built-in op, an op of two modules (the screened lm_head), an op given twice or also dropped, a missing
+    file, a cubin for another architecture."""
     import hashlib
 
     import build_kernels as bk
@@ -214,10 +245,18 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, tmp_path, capsy
                     "gemv_norm_qkv=gemv_nowait.cubin", "--drop", "attn", "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert {"gemv__gemv_residual_o_proj", "gemv_p2__gemv_norm_qkv", "gemv"} <= set(m["modules"])
-    # every gemv op repointed: the shared module is pruned
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down", "lm_head")
+    # every gemv op repointed: the shared module is pruned (the example's lm_head is screened: not a gemv op)
+    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down")
                     for a in ("--op-module", f"{op}=gemv_nowait.cubin")], "--out", str(out)]) == 0
     assert "gemv" not in json.loads(out.read_text())["modules"]
+    # a dense manifest: its lm_head is a fifth; with the other four alone, `gemv` stays for it
+    five = [a for op in ("qkv", "o", "gu", "down", "lm_head") for a in ("--op-module", f"{op}=gemv_nowait.cubin")]
+    assert mw.main([str(dense_4b), "--kernels", str(k), *five, "--out", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert "gemv" not in m["modules"] and m["modules"]["gemv__gemv_norm_lm_head"] == pin
+    assert mw.main([str(dense_4b), "--kernels", str(k), *five[:-2], "--out", str(out)]) == 0
+    m = json.loads(out.read_text())
+    assert {ln["module"] for ln in m["ops"]["gemv_norm_lm_head"]["impl"]["launches"]} == {"gemv"}
     capsys.readouterr()
     subprocess.run([bk._nvcc(), "-cubin", "-arch=sm_80", "-O3", "-std=c++17", "-o", str(k / "gemv_sm80.cubin"),
                     "embedding.cu"], check=True, cwd=ROOT / "tools" / "kernels-src")
@@ -227,6 +266,9 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, tmp_path, capsy
             (["--op-module", "gemm=gemv_nowait.cubin"], "--op-module gemm: program `decode` does not call it; "
                                                        "prefill does"),
             (["--op-module", "gemm=gemv_nowait.cubin", "--program", "prefill"], "no module (a built-in"),
+            (["--op-module", "lm_head=gemv_nowait.cubin"],
+             f"--op-module lm_head=gemv_nowait.cubin: op `{SCREENED}`'s launches use modules lm_head_screen, "
+             "argmax_pdl; one cubin can stand for one module (build a what-if of each and use --module)" + SCREENED_NOTE),
             (["--op-module", "down=gemv_nowait.cubin", "--op-module", "gemv_residual_down_proj=gemv_nowait.cubin"],
              "op `gemv_residual_down_proj` is given twice"),
             (["--op-module", "attn=gemv_nowait.cubin", "--drop", "attn"], "--drop removes every `decode` call"),
@@ -238,9 +280,9 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, tmp_path, capsy
 
 
 def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsys):
-    """--module gemv=FILE with every gemv op moved by --op-module: the pruned `gemv` made --module a no-op that the
-    summary still named; now refused as the drop's case was (no built kernels: verification is stubbed, the cubin is
-    one small nvcc build)."""
+    """--module gemv=FILE with every gemv op moved by --op-module (qkv, o, gate_up, down: the example's lm_head is
+    screened): the pruned `gemv` made --module a no-op that the summary still named; now refused as the drop's case
+    was (no built kernels: verification is stubbed, the cubin is one small nvcc build)."""
     import build_kernels as bk
     import manifest_variants
 
@@ -255,7 +297,7 @@ def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(mw, "verify", lambda m, kernels, *a: [])
     monkeypatch.setattr(manifest_variants, "verify", lambda m, kernels, *a: [])
     out = tmp_path / "w.json"
-    ops = [a for op in ("qkv", "o", "gu", "down", "lm_head") for a in ("--op-module", f"{op}=x.cubin")]
+    ops = [a for op in ("qkv", "o", "gu", "down") for a in ("--op-module", f"{op}=x.cubin")]
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "gemv=x.cubin", *ops, "--out", str(out)]) == 1
     assert "--module gemv=x.cubin: --op-module leaves module `gemv` used by no launch" in capsys.readouterr().err
     assert not out.exists()
@@ -263,19 +305,20 @@ def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsy
                     "--out", str(out)]) == 0
 
 
-def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, capsys):
+def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, tmp_path, capsys):
     """NOTES.md 54's kind of what-if: --op-module lm_head=gemv_p2.cubin --op-grid lm_head=4748 (gemv.cu -DGEMV_PASSES=2:
     32 rows per block, so the 4B lm_head's n = 151,936 takes 4,748 blocks; 4B's qkv is on the row-pass module already,
-    gemv_p2, since session 18): only the lm_head launch's module and grid change, and the result
-    verifies against the kernels (rewrite_main verifies before writing); with several ops, all three axes and --drop
-    too. A grid kern-verify refuses (a cluster kernel's grid.y off its cluster shape, grid.z over CUDA's limit) is
-    refused as the result, and nothing is written."""
+    gemv_p2, since session 18) on a `--lm-head dense` manifest: only the lm_head launch's module and grid change, and
+    the result verifies against the kernels (rewrite_main verifies before writing); with several ops, all three axes
+    and --drop too, on the example. A grid kern-verify refuses (a cluster kernel's grid.y off its cluster shape, grid.z
+    over CUDA's limit) is refused as the result, and nothing is written; so is the grid of an op of several launches
+    (a dense argmax, the example's screened lm_head)."""
     import hashlib
 
     k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
-    base = json.loads(EXAMPLES["4b"].read_text())
+    base = json.loads(dense_4b.read_text())
     out = tmp_path / "p2.json"
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "lm_head=gemv_p2.cubin",
+    assert mw.main([str(dense_4b), "--kernels", str(k), "--op-module", "lm_head=gemv_p2.cubin",
                     "--op-grid", "lm_head=4748", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "op `gemv_norm_lm_head` now launches grid [4748, 1, 1] (was [9496, 1, 1])" in printed
@@ -291,6 +334,7 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, 
     del m["modules"]["gemv__gemv_norm_lm_head"]
     assert m == base
     # the grid alone, two ops (one with all three axes), and a drop
+    base = json.loads(EXAMPLES["4b"].read_text())
     assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-grid", "o=160,1,1", "--op-grid",
                     "gemv_norm_qkv=192", "--drop", "attn", "--out", str(out)]) == 0
     m = json.loads(out.read_text())
@@ -304,8 +348,11 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, 
             (["--op-grid", "attn=8,8", "--drop", "attn"],
              "--op-grid attn=8,8: --drop removes every `decode` call of `attention_decode_rope`"),
             (["--op-grid", "qkv=0"], "--op-grid qkv=0: grid x 0: every grid axis must be a positive integer"),
-            (["--op-grid", "argmax=1"], "op `argmax` has 2 launches")):
-        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
+            (["--op-grid", "lm_head=4748"], f"op `{SCREENED}` has 3 launches; --op-grid sets the grid of an op's one "
+                                            "launch" + SCREENED_NOTE),
+            (["--op-grid", "argmax=1", dense_4b], "op `argmax` has 2 launches")):
+        manifest = argv.pop() if isinstance(argv[-1], Path) else EXAMPLES["4b"]
+        assert mw.main([str(manifest), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
         err = capsys.readouterr().err
         assert needle in err, (argv, err)
         assert not bad.exists()
@@ -322,17 +369,25 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, tmp_path, 
     (["qkv=0"], "decode", "grid x 0: every grid axis must be a positive integer"),
     (["qkv=192,-1"], "decode", "--op-grid qkv=192,-1: grid y -1: every grid axis must be a positive integer"),
     (["qkv=-2,1,0"], "decode", "grid x -2, z 0"),
-    (["argmax=75"], "decode", "--op-grid argmax=75: op `argmax` has 2 launches; --op-grid sets the grid of an "
-                              "op's one launch"),
+    (["lm_head=4748"], "decode", f"--op-grid lm_head=4748: op `{SCREENED}` has 3 launches; --op-grid sets the grid of "
+                                 "an op's one launch" + SCREENED_NOTE),
+    (["argmax=75"], "decode", "--op-grid argmax: program `decode` calls no op of that name (its ops: "),
+    (["argmax=75"], "decode", SCREENED_NOTE),
+    (["argmax=75"], "dense", "--op-grid argmax=75: op `argmax` has 2 launches; --op-grid sets the grid of an "
+                             "op's one launch"),
     (["gemm=4"], "decode", "--op-grid gemm: program `decode` does not call it; prefill does"),
     (["gemm=4"], "prefill", "--op-grid gemm=4: op `gemm`'s launch has no grid (a built-in"),
     (["nope=4"], "decode", "--op-grid nope: program `decode` calls no op of that name"),
     (["qkv=192", "gemv_norm_qkv=96"], "decode", "--op-grid gemv_norm_qkv=96: op `gemv_norm_qkv` is given twice"),
 ])
-def test_op_grid_refusals(specs, program, needle):
+def test_op_grid_refusals(specs, program, needle, request):
+    """On the 4B example; program `dense`: decode of its `--lm-head dense` form (conftest.py's dense_4b)."""
+    path = request.getfixturevalue("dense_4b") if program == "dense" else EXAMPLES["4b"]
     with pytest.raises(VariantError) as e:
-        mw.set_op_grids(json.loads(EXAMPLES["4b"].read_text()), specs, program)
+        mw.set_op_grids(json.loads(path.read_text()), specs, "decode" if program == "dense" else program)
     assert needle in str(e.value)
+    if program == "dense" or not specs[0].startswith(("lm_head", "argmax")):
+        assert SCREENED_NOTE not in str(e.value)
 
 
 def test_op_grid_notes_other_programs():

@@ -4,7 +4,7 @@
 Usage::
 
     python tools/export_weights.py CHECKPOINT_DIR --out W.safetensors [--rope-positions 40960]
-                                   [--screened-head | --only-screened-head]
+                                   [--no-screened-head | --only-screened-head]
 
 CHECKPOINT_DIR holds `config.json` and either `model.safetensors` or the shards
 listed by `model.safetensors.index.json`. The output follows the provider contract
@@ -18,9 +18,9 @@ listed by `model.safetensors.index.json`. The output follows the provider contra
 - `rope.cos_sin` f32 [positions, D]: row p is cos(p·f_0..f_{D/2-1}) then sin(...), with
   f_j = rope_theta^(-2j/D) computed as transformers does (float32 inverse frequencies,
   float32 angle p·f_j), the cos/sin of that angle evaluated in float64 and rounded to f32;
-- with `--screened-head` (for a `gen_qwen3.py --lm-head screened` manifest; off by default, since kern binds a
-  weights file to a manifest exactly and the default manifests do not declare them),
-  `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 4]:
+- by default (for a `gen_qwen3.py --lm-head screened` manifest, the default since session 24; `--no-screened-head`
+  leaves them out, for a `--lm-head dense` manifest: kern binds a weights file to a manifest exactly and refuses a
+  tensor the manifest does not declare), `lm_head.screen.q8` i8 [V, H] and `lm_head.screen.rows` f32 [V, 4]:
   derived from the head (`lm_head.weight`, or `model.embed_tokens.weight` when tied, as
   written here in bf16) for the screened greedy lm_head (kernels-src/lm_head_screen.cu):
   an int8 copy q of each row w and a float4 (s, e, nw, snq) per row: its scale s, the
@@ -31,7 +31,7 @@ listed by `model.safetensors.index.json`. The output follows the provider contra
   candidate). Computed a few hundred rows at a time; the file's metadata says
   `screened_head` (true/false).
   `--only-screened-head` writes these two tensors alone (a file loaded beside a
-  default export, for a manifest that declares them; metadata
+  `--no-screened-head` export, for a manifest that declares them; metadata
   `screened_head_only`: true).
 
 numpy only, no torch: bf16 is moved as raw 16-bit words. float32 and float16
@@ -483,7 +483,7 @@ def expected_hf_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def plan_export(ckpt: Checkpoint, rope_positions: int, screened_head: bool = False,
+def plan_export(ckpt: Checkpoint, rope_positions: int, screened_head: bool = True,
                 only_screened_head: bool = False) -> list[OutTensor]:
     """The output tensors, in file order, after checking every source tensor.
 
@@ -678,10 +678,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def export(checkpoint_dir: str | Path, out: str | Path, *, rope_positions: int | None = None,
-           screened_head: bool = False, only_screened_head: bool = False, progress: bool = True) -> list[OutTensor]:
+           screened_head: bool = True, only_screened_head: bool = False, progress: bool = True) -> list[OutTensor]:
     """Export `checkpoint_dir` to `out`. Returns the plan written. Raises ExportError.
 
-    `screened_head` (default off): also write `lm_head.screen.q8` and `lm_head.screen.rows`;
+    `screened_head` (default on, as the CLI): also write `lm_head.screen.q8` and `lm_head.screen.rows`;
     `only_screened_head`: write those two alone.
 
     Any failure (a bad input, a full disk, an interrupt) leaves `out` as it was and no
@@ -799,14 +799,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows of the rope.cos_sin table, i.e. the KV capacity in tokens "
                          "(default: config.json max_position_embeddings, 40960 for every Qwen3)")
     screen = ap.add_mutually_exclusive_group()
-    screen.add_argument("--screened-head", action="store_true",
+    screen.add_argument("--screened-head", action=argparse.BooleanOptionalAction, default=True,
                         help="also write lm_head.screen.q8 and lm_head.screen.rows (the int8 copy of the head, with "
-                             "per-row scale, error and norms, that a gen_qwen3.py --lm-head screened manifest "
-                             "declares); off by default: the default manifests do not declare them, and kern refuses "
-                             "a tensor the manifest does not declare")
+                             "per-row scale, error and norms, that a gen_qwen3.py --lm-head screened manifest, the "
+                             "default, declares); on by default. --no-screened-head leaves them out, for a "
+                             "--lm-head dense manifest (kern refuses a tensor the manifest does not declare)")
     screen.add_argument("--only-screened-head", action="store_true",
                         help="write lm_head.screen.q8 and lm_head.screen.rows alone (a file to load beside a "
-                             "default export)")
+                             "--no-screened-head export)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

@@ -21,8 +21,8 @@ op entries (tools/README.md is the contract):
   `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv, o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
   5 launches per layer with the default decode attention, which does the attention prologue's decode work
   too; 6 with `--decode-attention cluster` and its own prologue launch), then the
-  final norm + lm_head (the embedding when tied) into `logits` [1, V] and a GPU argmax into
-  `next_token` (i64 [1]). Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
+  final norm + lm_head (the embedding when tied) and a greedy argmax into `next_token` (i64 [1]): by default
+  the screened head below; with `--lm-head dense` a GEMV into `logits` [1, V] and a GPU argmax. Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
   row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
   and lm_head; for the GEMV before the attention, `kern_gemv_norm_m1_p2` of `gemv_p2.cubin`, two 16-row units per
@@ -31,12 +31,13 @@ op entries (tools/README.md is the contract):
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.
 
-`--lm-head screened` (default `dense`) ends decode with one op, `norm_lm_head_argmax_screened`, in place of
-`gemv_norm_lm_head` + `argmax`: kernels-src/lm_head_screen.cu bounds every row's logit from an int8 copy of the
-head that the weights file carries (tools/export_weights.py: `lm_head.screen.q8`, `lm_head.screen.rows`), computes
-only the candidate rows' logits as kern_gemv_norm_m1 does, and argmax_reduce picks among them: the same token bit
-for bit, from about half the head's bytes (4B −0.050 ms/token on the H200, NOTES.md 64). The manifest then has no
-`logits` buffer (nothing reads the full logits: the e2e test's logit checks need the dense default).
+`--lm-head screened` (the default since session 24) ends decode with one op, `norm_lm_head_argmax_screened`, in
+place of `gemv_norm_lm_head` + `argmax`: kernels-src/lm_head_screen.cu bounds every row's logit from an int8 copy of
+the head that the weights file carries (tools/export_weights.py writes `lm_head.screen.q8` and `lm_head.screen.rows`
+by default), computes only the candidate rows' logits as kern_gemv_norm_m1 does, and argmax_reduce picks among them:
+the same token bit for bit as `--lm-head dense`, from about half the head's bytes (4B −0.057 ms/token, 0.6B −0.017 on
+the H200, NOTES.md 64-65). The manifest then has no `logits` buffer: a caller that reads the logits (sampling, the
+e2e test's logit checks) needs `--lm-head dense`, and a weights file exported with `--no-screened-head`.
 
 Every kernel launch carries its index entry's `carveout` (the preferred shared-memory carveout, percent),
 and none where the entry has none: in the default build only `decode_attention_rope_cluster_pdl`'s, 0
@@ -140,7 +141,7 @@ DEFAULT_GEMV = "gemv"
 #: (the dense op's impl with `--gemv gemv`, the default) + argmax, bit for bit, from about
 #: half the head's bytes (the proof: lm_head_screen.cu's header).
 LM_HEAD_IMPLS = ("dense", "screened")
-DEFAULT_LM_HEAD = "dense"
+DEFAULT_LM_HEAD = "screened"
 LM_HEAD_SCREENED_OP = "norm_lm_head_argmax_screened"
 #: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 4] (scale, error norm, row
 #: norm, scale × int8 row norm).
@@ -1488,10 +1489,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the decode GEMV impls: gemv (gemv.cu, the faster on the H200), persistent "
                          f"(gemv_persist.cu, one block per SM); default {DEFAULT_GEMV}")
     ap.add_argument("--lm-head", choices=LM_HEAD_IMPLS, default=DEFAULT_LM_HEAD,
-                    help="decode's final norm + lm_head + argmax: dense (gemv.cu's GEMV into logits, then argmax.cu), "
-                         "screened (lm_head_screen.cu: the same token from an int8 copy of the head plus the few "
-                         "candidate rows in bf16; the weights file must carry lm_head.screen.q8 and "
-                         f"lm_head.screen.rows, tools/export_weights.py); default {DEFAULT_LM_HEAD}")
+                    help="decode's final norm + lm_head + argmax: screened (lm_head_screen.cu: the greedy token from "
+                         "an int8 copy of the head plus the few candidate rows in bf16; the weights file must carry "
+                         "lm_head.screen.q8 and lm_head.screen.rows, which tools/export_weights.py writes by default), "
+                         "dense (gemv.cu's GEMV into a `logits` buffer, then argmax.cu: the same token, and the "
+                         "logits for a caller that reads them; export with --no-screened-head); default "
+                         f"{DEFAULT_LM_HEAD}")
     a = ap.parse_args(argv)
     if a.cuda_attention:
         if a.decode_attention not in (None, "cuda"):
@@ -1516,8 +1519,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {a.out}: {m.model}, {len(m.buffers)} buffers, {len(m.ops)} ops, "
           f"prefill {n['prefill']} calls, decode {n['decode']} calls")
     if a.lm_head == "screened":
-        print(f"note: its weights file must hold {' and '.join(LM_SCREEN_WEIGHTS)}: export the checkpoint with "
-              "`tools/export_weights.py CKPT --out W.safetensors --screened-head`")
+        print(f"note: its weights file must hold {' and '.join(LM_SCREEN_WEIGHTS)} (the screened lm_head): "
+              "`tools/export_weights.py CKPT --out W.safetensors` writes them by default")
+    else:
+        print(f"note: its weights file must not hold {' or '.join(LM_SCREEN_WEIGHTS)} (kern binds every tensor of a "
+              "weights file): export the checkpoint with `tools/export_weights.py CKPT --out W.safetensors "
+              "--no-screened-head`")
     return 0
 
 

@@ -4,10 +4,14 @@
     python3 tools/manifest_variants.py MANIFEST --kernels DIR --variant o.ksplit=2+attn.pdl=0 --out OUT.json
 
 A variant is `CHANGE[+CHANGE...]`, each `OP.OPTION=VALUE` on the first launch of one op that only the decode
-program calls (argmax has two launches: its first is changed):
+program calls (an op of several launches has its first changed: the screened lm_head's screen, of three; a dense
+manifest's argmax's partial pass, of two):
 
-- OP: a short name (`qkv`, `o`, `gate_up` or `gu`, `down`, `lm_head`: the gemv ops of tools/gen_qwen3.py;
-  `attn`: the decode attention, whichever impl; `argmax`) or a full op name of the manifest.
+- OP: a short name (`qkv`, `o`, `gate_up` or `gu`, `down`: the gemv ops of tools/gen_qwen3.py; `lm_head`: the
+  screened lm_head's op `norm_lm_head_argmax_screened`, gen_qwen3's default, or the dense one's GEMV
+  `gemv_norm_lm_head` in a `gen_qwen3.py --lm-head dense` manifest; `attn`: the decode attention, whichever impl;
+  `argmax`: the dense lm_head's argmax, which the screened op does in its own third launch) or a full op name of the
+  manifest.
 - `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
   entry's COLS_PER_WARP, WARPS and PASSES from the kernel index); N in 1, 2, 4, 8 (only 1 on a row-pass entry,
   PASSES > 1: 4B's qkv on gemv_p2.cubin).
@@ -43,11 +47,18 @@ sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule)
 from gemv_plan import gemv_blocks  # noqa: E402
 
-#: Short op names -> the manifest op names they may stand for (the first present is used).
+#: The screened lm_head's op (tools/gen_qwen3.py --lm-head screened, the default since session 24): the final norm,
+#: the lm_head and the argmax in three launches (lm_head_screen.cubin's screen and pick, then argmax_reduce), in place
+#: of the dense form's two ops DENSE_LM_HEAD_OPS (`--lm-head dense`: a GEMV into `logits`, then a two-launch argmax).
+SCREENED_LM_HEAD = "norm_lm_head_argmax_screened"
+DENSE_LM_HEAD_OPS = ("gemv_norm_lm_head", "argmax")
+#: Short op names -> the manifest op names they may stand for (the first present is used): `lm_head` is the dense
+#: GEMV where there is one, else the screened op; `argmax` exists in dense manifests only.
 SHORT = {
     "qkv": ("gemv_norm_qkv",), "o": ("gemv_residual_o_proj",), "gate_up": ("gemv_norm_silu_gate_up",),
-    "gu": ("gemv_norm_silu_gate_up",), "down": ("gemv_residual_down_proj",), "lm_head": ("gemv_norm_lm_head",),
-    "attn": ("attention_decode_rope", "attention_decode"), "argmax": ("argmax",),
+    "gu": ("gemv_norm_silu_gate_up",), "down": ("gemv_residual_down_proj",),
+    "lm_head": ("gemv_norm_lm_head", SCREENED_LM_HEAD), "attn": ("attention_decode_rope", "attention_decode"),
+    "argmax": ("argmax",),
 }
 KSPLITS = (1, 2, 4, 8)
 CARVEOUT_MAX = 100  # a launch's `carveout` is a percent (kern-verify E0095)
@@ -67,6 +78,18 @@ def load_index(kernels_dir: str | Path) -> dict:
     return {(k["module"], k["entry"]): k for k in raw["kernels"].values()}
 
 
+def lm_head_note(m: dict, name: str) -> str:
+    """A sentence to add to a refusal about op `name` (a short or full op name) of manifest `m`: where `m` has the
+    screened lm_head and `name` is one of the lm_head's names (`lm_head`, `argmax`, DENSE_LM_HEAD_OPS or the screened
+    op itself), what the screened op is and that the dense ops need a `--lm-head dense` manifest; else ""."""
+    if SCREENED_LM_HEAD not in m.get("ops", {}) or name not in ("lm_head", *DENSE_LM_HEAD_OPS, SCREENED_LM_HEAD):
+        return ""
+    return (f"; this manifest has the screened lm_head (tools/gen_qwen3.py's default): one op `{SCREENED_LM_HEAD}` "
+            "(short name `lm_head`) of three launches, the screen and pick of lm_head_screen.cubin and argmax_reduce, "
+            f"in place of the dense `{DENSE_LM_HEAD_OPS[0]}` + `{DENSE_LM_HEAD_OPS[1]}`: for those, pass a manifest of "
+            "`tools/gen_qwen3.py --lm-head dense`")
+
+
 def _calls(m: dict, program: str) -> set[str]:
     return {c["op"] for c in m.get("programs", {}).get(program, {}).get("calls", [])}
 
@@ -77,7 +100,7 @@ def _launch(m: dict, op_key: str, change: str) -> tuple[str, dict]:
     decode_only = sorted(_calls(m, "decode") - _calls(m, "prefill"))
     if op is None:
         raise VariantError(f"`{change}`: no op `{op_key}` in the manifest (short names: {', '.join(SHORT)}; "
-                           f"or one of its decode ops: {', '.join(decode_only)})")
+                           f"or one of its decode ops: {', '.join(decode_only)})" + lm_head_note(m, op_key))
     if op not in decode_only:
         why = "not called by decode" if op not in _calls(m, "decode") else "also called by prefill"
         raise VariantError(f"`{change}`: op `{op}` is {why}; a variant changes decode-only ops: {', '.join(decode_only)}")
@@ -87,13 +110,13 @@ def _launch(m: dict, op_key: str, change: str) -> tuple[str, dict]:
     return op, launches[0]
 
 
-def _index_entry(m: dict, index: dict, launch: dict, entry: str, change: str) -> dict:
+def _index_entry(m: dict, index: dict, launch: dict, entry: str, change: str, op: str = "") -> dict:
     module = m["modules"][launch["module"]]["source"]
     k = index.get((module, entry))
     if k is None:
         have = sorted(e for (mod, e) in index if mod == module)
         raise VariantError(f"`{change}`: the kernel index has no entry `{entry}` in module {module} "
-                           f"(it has: {', '.join(have)})")
+                           f"(it has: {', '.join(have)})" + lm_head_note(m, op))
     return k
 
 
@@ -121,9 +144,10 @@ def apply(m: dict, spec: str, index: dict) -> dict:
             raise VariantError(f"`{change}`: a change is OP.OPTION=VALUE (e.g. o.ksplit=2, gu.entry=NAME, attn.pdl=0)")
         op, launch = _launch(out, op_key, change)
         if option == "ksplit":
-            k = _index_entry(out, index, launch, launch["entry"], change)
+            k = _index_entry(out, index, launch, launch["entry"], change, op)
             if "ksplit" not in k["param_names"]:
-                raise VariantError(f"`{change}`: `{launch['entry']}` (op `{op}`) has no ksplit param")
+                raise VariantError(f"`{change}`: `{launch['entry']}` (op `{op}`) has no ksplit param"
+                                   + lm_head_note(out, op))
             if not value.isdigit() or int(value) not in KSPLITS:
                 raise VariantError(f"`{change}`: ksplit must be one of {', '.join(map(str, KSPLITS))}")
             ks = int(value)
@@ -140,8 +164,8 @@ def apply(m: dict, spec: str, index: dict) -> dict:
             launch["args"][k["param_names"].index("ksplit")] = {"i32": ks}
             launch["grid"][0] = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ks, passes)
         elif option == "entry":
-            old = _index_entry(out, index, launch, launch["entry"], change)
-            new = _index_entry(out, index, launch, value, change)
+            old = _index_entry(out, index, launch, launch["entry"], change, op)
+            new = _index_entry(out, index, launch, value, change, op)
             if (new["params"], new["param_names"]) != (old["params"], old["param_names"]):
                 raise VariantError(f"`{change}`: `{value}` takes {new['params']}, `{launch['entry']}` takes "
                                    f"{old['params']}; only an entry with the same params can replace it")
@@ -237,7 +261,7 @@ def known_launch(m: dict, op: str, known: tuple[str, ...]) -> dict:
     entry."""
     if op not in m["ops"]:
         raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program from tools/gen_qwen3.py, "
-                           "not yet rewritten, is expected)")
+                           "not yet rewritten, is expected)" + lm_head_note(m, op))
     ln = m["ops"][op]["impl"]["launches"][0]
     if ln.get("entry") not in known:
         raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(known)}")

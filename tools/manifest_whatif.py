@@ -13,10 +13,12 @@ names changes (its module, or its grid).
 
 --drop OP
     OP is a short name of tools/manifest_variants.py for the decode program's ops (`attn`, `qkv`, `o`, `gate_up`,
-    `down`, `lm_head`, `argmax`) or any op name of the manifest; every call of it in `--program` (default `decode`) is
-    removed, and the ops and modules no call uses any more with them. A `workspace` buffer the program then reads
-    before writing it (the dropped op's output) becomes a `carry` (kern-verify's E0060 otherwise): it keeps whatever
-    was last written there, in memory of its own outside the runtime's workspace plan.
+    `down`, `lm_head`: the screened lm_head's one op in the default manifests, the dense GEMV `gemv_norm_lm_head` in a
+    `gen_qwen3.py --lm-head dense` one; `argmax`: a dense manifest's) or any op name of the manifest; every call of it
+    in `--program` (default `decode`) is removed, and the ops and modules no call uses any more with them. A
+    `workspace` buffer the program then reads before writing it (the dropped op's output) becomes a `carry`
+    (kern-verify's E0060 otherwise): it keeps whatever was last written there, in memory of its own outside the
+    runtime's workspace plan.
     What can be dropped depends on the weights: kern-driver binds a checkpoint's tensors to the manifest's weight
     buffers exactly, so a drop that leaves a weight used by no call of any program is refused (the weights file
     would not load). In the Qwen3 examples prefill ends at the last layer's KV write (the last token's logits come
@@ -26,8 +28,9 @@ names changes (its module, or its grid).
 --module NAME=FILE
     Module NAME loaded from FILE in the --kernels dir instead (pinned by its sha256): a what-if build of the same
     source with the same entries and params, e.g. gemv.cu built with -DGEMV_NO_WAIT (its kernels do not wait for
-    their predecessors; NOTES.md 47), which serves the decode GEMV ops on module `gemv`: all five in 0.6B, all but
-    the qkv in 4B, whose qkv is on `gemv_p2` since session 18 (add --module gemv_p2=FILE, a build with
+    their predecessors; NOTES.md 47), which serves the decode GEMV ops on module `gemv`: qkv, o, gate_up and down in
+    0.6B (and the lm_head of a `--lm-head dense` manifest: the default's screened lm_head is lm_head_screen.cu), all
+    but the qkv in 4B, whose qkv is on `gemv_p2` since session 18 (add --module gemv_p2=FILE, a build with
     -DGEMV_NO_WAIT -DGEMV_PASSES=2, for it too):
 
         cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT -o KDIR/gemv_nowait.cubin gemv.cu
@@ -50,17 +53,20 @@ names changes (its module, or its grid).
 
     The launch keeps its grid: 4B's qkv (on gemv_p2, 192 blocks of 32 rows) on a build of the default form would
     cover half its rows; give it --op-grid qkv=384 too, or build the what-if with -DGEMV_PASSES=2.
-    Refused: an op whose launches use no module (a built-in) or two, an op given twice or also dropped.
+    Refused: an op whose launches use no module (a built-in) or two (the screened lm_head: lm_head_screen and
+    argmax_pdl), an op given twice or also dropped.
 
 --op-grid OP=GX[,GY,GZ]
     OP's one launch gets the literal grid [GX, GY, GZ] (GY, GZ default to 1), OP named as for --drop; the op changes
     in every program that calls it (the tool says which). For a what-if build whose blocks do other work than the
     module's, e.g. gemv.cu built with -DGEMV_PASSES=2 (each block owns 2 units of 16 rows, ksplit 1, grid.x =
-    ceil_div(n, 32); NOTES.md 54): the 4B lm_head (n = 151,936) on it, with 4,748 blocks where the default module
-    has 9,496 (session 18 measured the qkv this way, 384 → 192 blocks, before the generator put 4B's qkv on it).
-    tools/build_kernels.py builds it as gemv_p2.cubin, so a kernels dir it wrote already holds the file:
+    ceil_div(n, 32); NOTES.md 54): the dense 4B lm_head (n = 151,936) on it, with 4,748 blocks where the default
+    module has 9,496 (session 18 measured the qkv this way, 384 → 192 blocks, before the generator put 4B's qkv on it).
+    tools/build_kernels.py builds it as gemv_p2.cubin, so a kernels dir it wrote already holds the file. The dense
+    lm_head is a `gen_qwen3.py --lm-head dense` manifest's (tools/gpu/prepare.py writes one as manifest-dense.json):
+    in the default manifests `lm_head` is the screened op, of three launches, which --op-grid refuses.
 
-        python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --out OUT.json \\
+        python3 tools/manifest_whatif.py DENSE_MANIFEST --kernels KDIR --out OUT.json \\
             --op-module lm_head=gemv_p2.cubin --op-grid lm_head=4748
 
     The grid is taken as given: kern-verify checks it against CUDA's limits (and a cluster kernel's cluster shape),
@@ -96,7 +102,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from manifest_variants import SHORT, VariantError, pin_module, prune, rewrite_main, rewrite_parser, verify  # noqa: E402
+from manifest_variants import (SHORT, VariantError, lm_head_note, pin_module, prune, rewrite_main,  # noqa: E402
+                               rewrite_parser, verify)
 
 #: How to build a what-if module into the kernels dir (the refusal of a missing --module file says it).
 BUILD_HINT = ("cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -D<MACRO> -o {kdir}/{file} <source>.cu "
@@ -116,7 +123,8 @@ def resolve_op(m: dict, name: str, program: str, option: str = "--drop") -> str:
         raise VariantError(f"{option} {name}: program `{program}` does not call it; {', '.join(elsewhere)} does "
                            f"(add --program {elsewhere[0]})")
     raise VariantError(f"{option} {name}: program `{program}` calls no op of that name (its ops: "
-                       f"{', '.join(sorted(calls))}; short names for decode: {', '.join(SHORT)})")
+                       f"{', '.join(sorted(calls))}; short names for decode: {', '.join(SHORT)})"
+                       + lm_head_note(m, name))
 
 
 def _accesses(m: dict, call: dict) -> list[tuple[object, str]]:
@@ -270,7 +278,8 @@ def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = 
         if len(mods) != 1:
             raise VariantError(f"--op-module {spec}: op `{op}`'s launches use " + (
                 f"modules {', '.join(mods)}; one cubin can stand for one module (build a what-if of each and use "
-                f"--module)" if mods else "no module (a built-in such as cuBLASLt): there is no cubin to replace"))
+                f"--module)" if mods else "no module (a built-in such as cuBLASLt): there is no cubin to replace")
+                + lm_head_note(out, op))
         new = f"{mods[0]}__{op}"
         if new in out["modules"]:
             raise VariantError(f"--op-module {spec}: the manifest already has a module `{new}`")
@@ -311,7 +320,7 @@ def set_op_grids(m: dict, specs: list[str], program: str = "decode") -> tuple[di
         launches = out["ops"][op]["impl"]["launches"]
         if len(launches) != 1:
             raise VariantError(f"--op-grid {spec}: op `{op}` has {len(launches)} launches; --op-grid sets the grid of "
-                               "an op's one launch")
+                               "an op's one launch" + lm_head_note(out, op))
         if "grid" not in launches[0]:
             raise VariantError(f"--op-grid {spec}: op `{op}`'s launch has no grid (a built-in such as cuBLASLt)")
         old = launches[0]["grid"]

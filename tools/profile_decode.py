@@ -5,7 +5,7 @@
         [--manifest M] [--append BENCHMARKS.md]
 
 Runs the same session as tools/bench_decode.py (tools/gpu/prepare.py's layout: DIR/kernels,
-DIR/qwen3-<g>/{manifest.json,weights.safetensors}; --manifest picks another manifest over the
+DIR/qwen3-<g>/{manifest.json,weights.safetensors,lm_head_screen.safetensors}; --manifest picks another manifest over the
 same kernels and weights) under ``torch.profiler`` (CUPTI kernel activity, which also records
 the kernels inside CUDA graph launches), and splits the decode steps' wall time into:
 
@@ -46,6 +46,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 GROUPS = (  # (group, substrings of the kernel name), first match wins
     ("GEMV (decode GEMMs)", ("gemv",)),
+    # the screened greedy head (gen_qwen3's default --lm-head): the int8 screen and the candidates' exact logits
+    ("lm_head screen + candidate rows (screened head)", ("lmhead_screen", "lmhead_pick")),
     # rope-cluster (gen_qwen3's default decode attention) also does qk_norm_rope_kv's decode work
     ("decode attention + qk-norm, rotary, KV write (one launch)", ("decode_attention_rope",)),
     ("decode attention", ("paged_decode_attention", "paged_decode_reduce", "decode_attention_")),
@@ -69,7 +71,7 @@ def is_prefill(name: str) -> bool:
     return "prefill" in name or "gemm" in name.lower() or "nvjet" in name or "cutlass" in name
 
 
-def profile(manifest: Path, kernels: Path, weights: Path, context: int, steps: int):
+def profile(manifest: Path, kernels: Path, weights: Path | list[Path], context: int, steps: int):
     """[(name, start_us, end_us)] of the CUDA kernels of one prefill + `steps` decode steps."""
     import numpy as np
     import torch
@@ -261,7 +263,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     d = a.work / f"qwen3-{a.geometry}"
     manifest = a.manifest or d / "manifest.json"
-    ev, _ = profile(manifest, a.work / "kernels", d / "weights.safetensors", a.context, a.steps)
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+    from prepare import paths, weights_for  # the model's weights, and the screened head's file where declared
+
+    ev, _ = profile(manifest, a.work / "kernels", weights_for(manifest, paths(a.work, a.geometry)), a.context,
+                    a.steps)
     m = json.loads(manifest.read_text())
     launches = decode_launches(m)
     first = launches[0][1] if launches and all(e is not None for _, e in launches) else None

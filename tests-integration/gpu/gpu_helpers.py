@@ -194,16 +194,17 @@ class DecodeContext:
 def decode_chains(kdir: Path, out_dir: Path, chains: dict[str, list[str]], weights_from: str, geometry: str,
                   capacity: int) -> dict[str, Path]:
     """Manifests of `geometry` from tools/gen_qwen3.py on `kdir`, one per entry of `chains` (name -> extra
-    generator flags; every one with --max-positions `capacity` and --gemv gemv, so that the chains differ only
-    in their flags), and one seeded random weights file for them all (test_pdl_chain_gpu.random_weights over the
-    manifest `weights_from`). Returns {name: manifest, "kernels": kdir, "weights": the weights file}."""
+    generator flags; every one with --max-positions `capacity`, --gemv gemv and --lm-head dense (`run_generations`
+    reads every step's `logits`), so that the chains differ only in their flags), and one seeded random weights file
+    for them all (test_pdl_chain_gpu.random_weights over the manifest `weights_from`). Returns {name: manifest,
+    "kernels": kdir, "weights": the weights file}."""
     import subprocess
 
     from qwen3_config import Qwen3Config
     from test_pdl_chain_gpu import random_weights
 
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", geometry, "--kernels", str(kdir),
-           "--max-positions", str(capacity), "--gemv", "gemv"]
+           "--max-positions", str(capacity), "--gemv", "gemv", "--lm-head", "dense"]
     out: dict[str, Path] = {"kernels": kdir}
     for which, flags in chains.items():
         out[which] = out_dir / f"{which}.json"

@@ -5,6 +5,13 @@ and prompts of 1, 34, 85 and 709 random token ids (709 forces two prefill chunks
 chunk 512), kern's 64 greedy tokens must equal
 ``Qwen3ForCausalLM.generate(do_sample=False, max_new_tokens=64)`` (bf16, same GPU).
 
+Two manifests per geometry (tools/gpu/prepare.py). The logit checks below run the dense one
+(`gen_qwen3.py --lm-head dense`: decode writes the `logits` buffer); the default manifest's
+screened lm_head (kernels-src/lm_head_screen.cu) never computes the full logits, and its
+header proves its token is the dense program's bit for bit. So the default manifest is
+checked by that equality: its tokens (the pipelined graph loop a user runs, and eager)
+must equal the dense run's exactly, on every prompt.
+
 Tolerances, and why. Both sides compute in bf16 with f32 accumulation, but round at
 different points (kern fuses the residual add into the RMS norm, splits decode
 attention over the keys, runs prefill in chunks and the last prompt token as a decode
@@ -118,13 +125,23 @@ class Model:
         t0 = time.perf_counter()
         p = paths(work, geometry)
         self.geometry = geometry
-        self.info = ManifestInfo.read(p["manifest"])
-        self.rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=CAPACITY)
+        # the dense manifest: its decode writes `logits`, which every logit check reads
+        self.info = ManifestInfo.read(p["manifest_dense"])
+        self.rt = Runtime.load(p["manifest_dense"], p["kernels"], weights_for(p["manifest_dense"], p),
+                               capacity_tokens=CAPACITY)
+        # the default manifest (the screened lm_head: tokens only)
+        self.default_info = ManifestInfo.read(p["manifest"])
+        self.rt_default = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p),
+                                       capacity_tokens=CAPACITY)
+        assert "logits" not in self.rt_default.manifest.buffers, f"{p['manifest']}: expected the screened lm_head"
         # kern() reads the logits buffer after each token: those sessions enqueue a step only once the caller
         # has the previous token (pipeline=False); `piped` is the default, pipelined loop (tokens only)
         self.graph = Qwen3Session(self.rt, self.info, capacity=CAPACITY, graph=True, pipeline=False)
         self.eager = Qwen3Session(self.rt, self.info, capacity=CAPACITY, graph=False, pipeline=False)
         self.piped = Qwen3Session(self.rt, self.info, capacity=CAPACITY, graph=True)
+        self.default_piped = Qwen3Session(self.rt_default, self.default_info, capacity=CAPACITY, graph=True)
+        self.default_eager = Qwen3Session(self.rt_default, self.default_info, capacity=CAPACITY, graph=False,
+                                          pipeline=False)
         self.hf_dir = p["hf"]
         self.fp32 = self.fp32_first_logits([random_prompt(n) for n in PROMPT_LENGTHS])  # before the bf16 model
         self.hf = transformers.Qwen3ForCausalLM.from_pretrained(p["hf"], dtype=torch.bfloat16).cuda().eval()
@@ -189,6 +206,7 @@ class Model:
 
     def close(self):
         self.rt.close()
+        self.rt_default.close()
         del self.hf
         torch.cuda.empty_cache()
 
@@ -265,3 +283,17 @@ def test_pipelined_generation_gives_the_same_tokens(model, n):
 @pytest.mark.parametrize("chunk", [64, 1])
 def test_chunk_sizes_give_the_same_tokens(model, n, chunk):
     check_kern_pair(model, n, model.first(n)["run"], model.kern(n, chunk=chunk))
+
+
+@pytest.mark.parametrize("n", PROMPT_LENGTHS)
+def test_default_screened_manifest_gives_the_dense_tokens(model, n):
+    """The default manifest (screened lm_head) against the dense one on the same weights: identical tokens, in the
+    pipelined graph loop kern-run runs and eager (lm_head_screen.cu's proof: its token is kern_gemv_norm_m1 at ksplit
+    1 + argmax, bit for bit; every other kernel of the two programs is the same)."""
+    dense = model.first(n)["run"].tokens
+    for name, s in (("pipelined graph", model.default_piped), ("eager", model.default_eager)):
+        got = list(s.generate(random_prompt(n), STEPS, 512))
+        i = first_difference(dense, got)
+        assert i is None, (f"{model.geometry} prompt {n}: the default (screened) manifest, {name}, differs from the "
+                           f"dense manifest at step {i}: {got[i]} vs {dense[i]} (a screened lm_head bug: its token "
+                           "must be the dense one bit for bit)")

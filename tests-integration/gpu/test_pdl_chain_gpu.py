@@ -199,7 +199,7 @@ def random_weights(manifest: Path, out: Path, theta: float) -> None:
 def chain(kdir, tmp_path_factory):
     d = tmp_path_factory.mktemp("pdl-chain")
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
-           "--max-positions", str(CAPACITY)]
+           "--max-positions", str(CAPACITY), "--lm-head", "dense"]  # dense: run_chain reads every step's logits
     # pairs of manifests that differ only in --pdl: gemv.cu's GEMVs, and the persistent ones (gemv_persist.cu);
     # the plain ones need --no-pdl (--pdl is the generator's default)
     out = {}

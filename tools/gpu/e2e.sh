@@ -27,7 +27,8 @@ kern_run() {  # geometry, log name, extra args...
   local g=$1 name=$2; shift 2
   echo "== kern-run $g $*" | tee "$OUT/$name.txt"
   timeout 300 python3 -m kern_run.cli --manifest "$W/qwen3-$g/manifest.json" --kernels "$W/kernels" \
-    --weights "$W/qwen3-$g/weights.safetensors" "$@" >> "$OUT/$name.txt" 2>&1
+    --weights "$W/qwen3-$g/weights.safetensors" --weights "$W/qwen3-$g/lm_head_screen.safetensors" "$@" \
+    >> "$OUT/$name.txt" 2>&1  # (the default manifest's screened lm_head: prepare.py keeps its tensors apart)
   local rc=$?
   echo "   exit $rc" | tee -a "$OUT/$name.txt"; tail -n 4 "$OUT/$name.txt"
   return $rc
@@ -50,6 +51,10 @@ for stage in "${stages[@]}"; do
       # the errors a user sees: one line each (these must fail)
       kern_run 0.6b kern-run-err-capacity -q --prompt "The capital of France is" --steps 100 --capacity 64 && status=1
       kern_run 0.6b kern-run-err-weights -q --prompt-ids 1,2,3 --weights "$W/qwen3-4b/weights.safetensors" && status=1
+      # the default (screened) manifest without the screen's file: the two missing tensors named
+      timeout 300 python3 -m kern_run.cli --manifest "$W/qwen3-0.6b/manifest.json" --kernels "$W/kernels" -q \
+        --weights "$W/qwen3-0.6b/weights.safetensors" --prompt-ids 1,2,3 > "$OUT/kern-run-err-screen.txt" 2>&1 && status=1
+      grep -q 'lm_head.screen.q8' "$OUT/kern-run-err-screen.txt" || { echo "e2e: the missing screen tensors are not named"; status=1; }
       ;;
     test)
       timeout 540 python3 -m pytest tests-integration/gpu/test_e2e_qwen3.py -v -s -p no:cacheprovider \

@@ -18,8 +18,9 @@ for the weight ring, after the norm variants' x (rounded up to 128 bytes). For e
 
 With `--manifest`, also writes per `--tma` a decode manifest whose GEMV ops OPS (`+`-joined short names: qkv, o,
 gate_up, down, lm_head; default every one that launches gemv.cubin: all but 4B's qkv, which runs on the row-pass
-module gemv_p2 since session 18) launch that module (`manifest_variant`; the same entry, so each launch keeps its
-`pdl` flag and any `carveout`), for tools/gpu/program_sweep.py
+module gemv_p2 since session 18; the lm_head is a GEMV only in a `gen_qwen3.py --lm-head dense` manifest, the
+default's screened lm_head is lm_head_screen.cu) launch that module (`manifest_variant`; the same entry, so each
+launch keeps its `pdl` flag and any `carveout`), for tools/gpu/program_sweep.py
 `--manifest-variant LABEL=D/manifest-tma-LABEL.json`. `--geometry none`: only the manifests.
 
 Measured on the H200 (session 13, NOTES.md 39, BENCHMARKS.md "Session 13"): bit-identical wherever checked; alone,
@@ -44,10 +45,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 torch = bg = None  # torch and tools/bench_gemv.py: imported by main() (the manifest rewrite needs neither)
 
-from manifest_variants import SHORT as VARIANT_OPS, pin_module, prune  # noqa: E402  (SHORT: the decode ops' short names)
+from manifest_variants import SHORT as VARIANT_OPS  # noqa: E402  (SHORT: the decode ops' short names)
+from manifest_variants import lm_head_note, pin_module, prune  # noqa: E402
 
 WARPS, R = 8, 2
-#: The decode GEMV ops by short name: manifest_variants' names for them.
+#: The decode GEMV ops by short name: manifest_variants' names for them (the lm_head: the dense GEMV
+#: `gemv_norm_lm_head`, which the default manifests, whose lm_head is screened, do not have).
 SHORT = {s: VARIANT_OPS[s][0] for s in ("qkv", "o", "gate_up", "down", "lm_head")}
 GEMV_OPS = tuple(SHORT.values())
 
@@ -183,11 +186,13 @@ def per_shape(gs: dict, geom: str, rounds: int) -> None:
 def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, ring: int, out: Path,
                      ops=None) -> Path:
     """Writes OUT/manifest-tma-LABEL.json: `manifest` with each of `ops` (manifest op names; None: every decode GEMV
-    op that launches module `gemv`, i.e. not 4B's qkv, which runs on the row-pass module gemv_p2 since session 18)
-    launching the TMA module `cubin` (copied into `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same
-    entry) with `ring` more bytes of dynamic shared memory after its own (rounded up to 128); modules no launch uses
-    any more are dropped (the verifier refuses an unused module). Returns the path. Raises ValueError for an op of
-    `ops` that does not launch `gemv`, and where `ops` is None and no decode GEMV op does."""
+    op that launches module `gemv`, i.e. not 4B's qkv, which runs on the row-pass module gemv_p2 since session 18, nor
+    the lm_head of a default manifest, which is screened, not a GEMV) launching the TMA module `cubin` (copied into
+    `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same entry) with `ring` more bytes of dynamic shared
+    memory after its own (rounded up to 128); modules no launch uses any more are dropped (the verifier refuses an
+    unused module). Returns the path. Raises ValueError for an op of
+    `ops` that the manifest lacks (`gemv_norm_lm_head` in a screened manifest) or that does not launch `gemv`, and
+    where `ops` is None and no decode GEMV op does."""
     v = json.loads(manifest.read_text())
     mod = "gemv_tma_" + cubin.stem.removeprefix("gemv_tma_")
     dst = kernels / f"{mod}.cubin"
@@ -201,6 +206,8 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
             raise ValueError(f"{manifest}: no decode GEMV op launches module `gemv` (gemv.cu's default form), which "
                              f"a TMA module replaces (a manifest of `gen_qwen3.py --gemv gemv` is needed)")
     for op in ops:
+        if op not in v["ops"]:
+            raise ValueError(f"{manifest}: no op `{op}`" + lm_head_note(v, op))
         launch = first_launch(op)
         if (got := launch.get("module")) != "gemv":
             raise ValueError(f"{manifest}: op `{op}` does not launch module `gemv` (gemv.cu's default form) first but "

@@ -11,8 +11,9 @@ all of DIR/qwen3-<g>/manifest.json (tools/gpu/prepare.py's layout) unless loaded
     loadp:X         the same with Runtime.load(..., prime_graphs=True) (kern-driver's form of `throwaway`)
     loadmp:X=PATH   loadm with prime_graphs=True
     loadm:X=PATH    the same with another manifest file of the model (e.g. a manifest_variants output); PATH
-                    `@NOPDL` is the manifest with every decode op's first launch off PDL (NO_PDL: all but
-                    argmax's reduce), written to DIR/qwen3-<g>/manifest-no-pdl.json
+                    `@NOPDL` is the manifest with every decode op's first launch off PDL (no_pdl_spec: all but
+                    the screened lm_head's pick and reduce, or a dense manifest's argmax's reduce), written to
+                    DIR/qwen3-<g>/manifest-no-pdl.json
     warm:X          the session's warmup (captures the decode graph) and one 256-step generation
     gen:X           one 256-step generation after a 128-token prompt (pipelined, as kern-run generates)
     cap:X           capture X's decode graph (instantiated and uploaded; replaces X's cached one), launch nothing
@@ -69,7 +70,9 @@ VERBS = ("load", "loadp", "loadm", "loadmp", "warm", "gen", "cap", "capp", "spar
 #: verbs after which X has a decode graph (what `spare` copies)
 CAPTURES_DECODE = ("warm", "gen", "cap", "run1", "t")
 LOADS, WITH_PATH = ("load", "loadp", "loadm", "loadmp"), ("loadm", "loadmp")
-NO_PDL = "+".join(f"{op}.pdl=0" for op in ("qkv", "o", "gu", "down", "lm_head", "attn", "argmax"))
+#: The decode ops (manifest_variants' short names) whose first launch the no-PDL variant takes off PDL; `argmax` is a
+#: dense manifest's (`gen_qwen3.py --lm-head dense`), `lm_head` the screened op or the dense GEMV (no_pdl_spec).
+NO_PDL_OPS = ("qkv", "o", "gu", "down", "lm_head", "attn", "argmax")
 STEPS, CONTEXT = 256, 128
 
 
@@ -111,13 +114,29 @@ def check_script(script: str) -> list[tuple[str, str, str]]:
     return ops
 
 
+def no_pdl_spec(m: dict) -> str:
+    """The manifest_variants variant that takes the first launch of each of NO_PDL_OPS that manifest `m` has off PDL:
+    in the default manifests (screened lm_head) every decode op's but `argmax`, which they do not have (their screened
+    op's pick and reduce keep PDL, as a dense manifest's argmax's reduce does: a variant changes an op's first
+    launch)."""
+    from manifest_variants import SHORT
+
+    return "+".join(f"{s}.pdl=0" for s in NO_PDL_OPS if any(op in m["ops"] for op in SHORT[s]))
+
+
 def no_pdl_manifest(work: Path, geometry: str) -> dict:
-    """The manifest with the first launch of every decode op off PDL (NO_PDL; argmax's reduce keeps it), the manifest
-    and the variant verified against the kernels dir (program_sweep's `build`). Raises manifest_variants.VariantError
-    when the manifest cannot be read or changed, or either does not verify."""
+    """The manifest with the first launch of every decode op off PDL (no_pdl_spec), the manifest and the variant
+    verified against the kernels dir (program_sweep's `build`). Raises manifest_variants.VariantError when the
+    manifest cannot be read or changed, or either does not verify."""
+    from manifest_variants import read_manifest
+    from prepare import paths
     from program_sweep import build
 
-    return build(work, geometry, [NO_PDL])[1][NO_PDL]
+    path = paths(work, geometry)["manifest"]
+    if not path.is_file():
+        build(work, geometry, [])  # raises, naming the missing manifest and how to make it
+    spec = no_pdl_spec(read_manifest(path))
+    return build(work, geometry, [spec])[1][spec]
 
 
 def run_script(work: Path, geometry: str, script: str) -> None:

@@ -3,7 +3,9 @@
 
     python3 tools/gpu/mlp_variant.py MANIFEST --kernels KDIR --out OUT.json [--cubin gemv_mlp.cubin]
 
-KDIR holds the manifest's modules and the gemv_mlp.cu build named by --cubin (a file name in KDIR; nvcc -cubin
+MANIFEST: a decode program with the dense lm_head (`tools/gen_qwen3.py --lm-head dense`: the rewrite moves its final
+norm GEMV onto the accumulator; the default screened head is refused by name). KDIR holds the manifest's modules and
+the gemv_mlp.cu build named by --cubin (a file name in KDIR; nvcc -cubin
 -arch=sm_90 -O3 -std=c++17 [-DMLP_DOWN_PREWAIT=1] [-DMLP_RED=1] gemv_mlp.cu). Per decode layer, `norm_gate_up_silu`
 + `down_proj_add` become one `gemv_norm_mlp` call (kern_mlp_m1, or kern_mlp_m1_prewait in a -DMLP_DOWN_PREWAIT=1
 build, whose larger dynamic shared memory is set from the entry the cubin has), whose down output lands in the

@@ -9,14 +9,16 @@ Layout written (each step skipped when its result exists):
     DIR/qwen3-<g>/hf/                tools/make_random_checkpoint.py (seeded random HF checkpoint;
                                      remade, with its export, when its kern_random_init.json records
                                      another init scheme or seed than the script's current one)
-    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py (the model's weights)
+    DIR/qwen3-<g>/weights.safetensors   tools/export_weights.py --no-screened-head (the model's weights)
     DIR/qwen3-<g>/lm_head_screen.safetensors   tools/export_weights.py --only-screened-head: the screened lm_head's
                                      int8 copy and row table, loaded beside weights.safetensors for a manifest
-                                     that declares them (`weights_for`; gen_qwen3 --lm-head screened): so one
-                                     work dir serves manifests of either lm_head (kern binds weights strictly)
+                                     that declares them (`weights_for`; gen_qwen3 --lm-head screened, the default):
+                                     so one work dir serves manifests of either lm_head (kern binds weights strictly)
     DIR/qwen3-<g>/manifest.json      tools/gen_qwen3.py on DIR/kernels (compared with examples/qwen3-<g>.json;
                                      regenerated every time, with the extra generator flags in
                                      the env var KERN_GEN_FLAGS, e.g. "--no-pdl" or "--gemv gemv")
+    DIR/qwen3-<g>/manifest-dense.json   the same with `--lm-head dense` (decode computes the `logits` buffer: what
+                                     the e2e test's logit checks and bench_decode's logit-gap statistic read)
 
 The test tests-integration/gpu/test_e2e_qwen3.py and tools/bench_decode.py read
 this layout (KERN_E2E_DIR=DIR). Each step's output goes to DIR/logs/.
@@ -45,7 +47,8 @@ from make_random_checkpoint import INIT_VERSION  # noqa: E402  (no torch at impo
 def paths(work: Path, geometry: str) -> dict[str, Path]:
     d = Path(work) / f"qwen3-{geometry}"
     return {"dir": d, "hf": d / "hf", "weights": d / "weights.safetensors", "manifest": d / "manifest.json",
-            "kernels": Path(work) / "kernels", "screen": d / "lm_head_screen.safetensors"}
+            "manifest_dense": d / "manifest-dense.json", "kernels": Path(work) / "kernels",
+            "screen": d / "lm_head_screen.safetensors"}
 
 
 def weights_for(manifest, p: dict[str, Path]) -> list[Path]:
@@ -105,13 +108,16 @@ def prepare(work: Path, geometries=GEOMETRIES, seed: int = 0, rebuild_kernels: b
             step(f"checkpoint-{g}", [py, TOOLS / "make_random_checkpoint.py", "--geometry", g, "--seed", seed,
                                      "--out", p["hf"]], logs)
         if not p["weights"].is_file() or _screened(p["weights"]):  # (an older work dir's export held the screen)
-            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet"], logs)
+            step(f"export-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["weights"], "--quiet",
+                                 "--no-screened-head"], logs)
         if not p["screen"].is_file() or _screen_format(p["screen"]) != SCREEN_ROWS_FORMAT:  # (an older table)
             step(f"export-screen-{g}", [py, TOOLS / "export_weights.py", p["hf"], "--out", p["screen"], "--quiet",
                                         "--only-screened-head"], logs)
         gen_flags = os.environ.get("KERN_GEN_FLAGS", "").split()  # e.g. "--no-pdl" or "--fused-attention"
         step(f"manifest-{g}", [py, TOOLS / "gen_qwen3.py", "--preset", g, "--kernels", kernels,
                                "--out", p["manifest"], *gen_flags], logs)
+        step(f"manifest-dense-{g}", [py, TOOLS / "gen_qwen3.py", "--preset", g, "--kernels", kernels,
+                                     "--out", p["manifest_dense"], *gen_flags, "--lm-head", "dense"], logs)
         example = ROOT / "examples" / f"qwen3-{g}.json"
         if example.is_file():
             same = example.read_bytes() == p["manifest"].read_bytes()

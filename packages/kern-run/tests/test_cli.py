@@ -177,3 +177,16 @@ def test_prompt_and_prompt_ids_are_exclusive(files, capsys):
         cli.main([*files, "--prompt", "a", "--prompt-ids", "1"])
     assert e.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_weights_repeated_loads_every_file(files, driver, capsys, tmp_path):
+    """--weights twice: both files reach Runtime.load, in order (a model's weights and the screened head's file);
+    a missing second file is named."""
+    screen = tmp_path / "lm_head_screen.safetensors"
+    screen.write_bytes(b"")
+    rc, out, err = run([*files, "--weights", str(screen), "--prompt-ids", "1", "--steps", "2", "-q"], capsys)
+    assert rc == 0, err
+    w = files[files.index("--weights") + 1]
+    assert [str(x) for x in driver.loaded[0].load_args[2]] == [w, str(screen)]
+    rc, out, err = run([*files, "--weights", str(tmp_path / "nope.safetensors"), "--prompt-ids", "1"], capsys)
+    assert rc == 1 and one_error_line(err) == f"kern-run: error: --weights: file not found: {tmp_path / 'nope.safetensors'}"

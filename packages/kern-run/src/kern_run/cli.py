@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--manifest", required=True, type=Path, help="the manifest JSON (e.g. examples/qwen3-4b.json)")
     p.add_argument("--kernels", required=True, type=Path, help="directory holding the manifest's cubins")
-    p.add_argument("--weights", required=True, type=Path, help="kern weights (.safetensors, from tools/export_weights.py)")
+    p.add_argument("--weights", required=True, type=Path, action="append",
+                   help="kern weights (.safetensors, from tools/export_weights.py); repeat it to load several files "
+                        "(e.g. a model's weights and, beside them, the screened lm_head's lm_head_screen.safetensors): "
+                        "together they must hold exactly the manifest's weight buffers")
     p.add_argument("--tokenizer", type=Path,
                    help="tokenizer.json (default with --prompt: the shipped examples/tokenizer/tokenizer.json)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -94,7 +97,7 @@ def format_stats(s: GenerationStats, graph: bool) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     for flag, path, is_dir in (("--manifest", args.manifest, False), ("--kernels", args.kernels, True),
-                               ("--weights", args.weights, False)):
+                               *(("--weights", w, False) for w in args.weights)):
         if not (path.is_dir() if is_dir else path.is_file()):
             raise KernRunError(f"{flag}: {'directory' if is_dir else 'file'} not found: {path}")
     if args.steps < 1:
@@ -139,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     graph = not args.eager
     try:
         t0 = time.perf_counter()
-        rt = Runtime.load(args.manifest, args.kernels, args.weights, device=args.device, capacity_tokens=capacity)
+        weights = args.weights[0] if len(args.weights) == 1 else args.weights
+        rt = Runtime.load(args.manifest, args.kernels, weights, device=args.device, capacity_tokens=capacity)
         log(f"loaded {info.model or args.manifest.name} in {time.perf_counter() - t0:.2f} s")
         try:
             if not args.quiet:
