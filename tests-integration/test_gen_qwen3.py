@@ -816,6 +816,13 @@ def test_kernel_abi_drift_names_the_param(fake_kernels: Path, tmp_path: Path) ->
         del k["rms_norm_h2560"]
     assert "the kernel index has no `rms_norm_h2560`" in with_index(no_norm)
 
+    def no_screen(k):  # an index built before lm_head_screen.cu existed: not a per-geometry kernel
+        for name in gen.LM_SCREEN_ENTRIES:
+            del k[name]
+    msg = with_index(no_screen)
+    assert "the kernel index has no `kern_lmhead_screen_m1` (the screened lm_head" in msg
+    assert "--lm-head dense" in msg and "--geometry" not in msg
+
     def retyped(k):
         k["embedding"]["params"][0] = "in buffer<i32>"
     assert "param `ids` (in buffer<i32>): op param `ids` is `in buffer<i64>`" in with_index(retyped)

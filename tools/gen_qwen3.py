@@ -143,6 +143,8 @@ DEFAULT_GEMV = "gemv"
 LM_HEAD_IMPLS = ("dense", "screened")
 DEFAULT_LM_HEAD = "screened"
 LM_HEAD_SCREENED_OP = "norm_lm_head_argmax_screened"
+#: The screened head's entries of lm_head_screen.cubin (the same for every geometry).
+LM_SCREEN_ENTRIES = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_pick_m1")
 #: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 4] (scale, error norm, row
 #: norm, scale × int8 row norm).
 LM_SCREEN_WEIGHTS = (SCREEN_Q8, SCREEN_ROWS)
@@ -421,6 +423,11 @@ class ManifestBuilder:
     def kernel(self, name: str) -> Kernel:
         k = self.index.get(name)
         if k is None:
+            if name in LM_SCREEN_ENTRIES:  # not per geometry: an index built before the screened lm_head existed
+                raise GenError(
+                    f"the kernel index has no `{name}` (the screened lm_head, gen_qwen3's default --lm-head, needs "
+                    "lm_head_screen.cubin); rebuild the kernels with the current tools/build_kernels.py, or generate "
+                    "with --lm-head dense")
             raise GenError(
                 f"the kernel index has no `{name}` (needed for hidden_size {self.cfg.hidden_size}); "
                 f"rebuild it with tools/build_kernels.py --geometry for this model"

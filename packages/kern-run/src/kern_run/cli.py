@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", required=True, type=Path, help="directory holding the manifest's cubins")
     p.add_argument("--weights", required=True, type=Path, action="append",
                    help="kern weights (.safetensors, from tools/export_weights.py); repeat it to load several files "
-                        "(e.g. a model's weights and, beside them, the screened lm_head's lm_head_screen.safetensors): "
+                        "(e.g. a --no-screened-head export and, beside it, the screened lm_head's --only-screened-head file): "
                         "together they must hold exactly the manifest's weight buffers")
     p.add_argument("--tokenizer", type=Path,
                    help="tokenizer.json (default with --prompt: the shipped examples/tokenizer/tokenizer.json)")
