@@ -10,6 +10,31 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+_SESSION_CACHE: list[str] = []  # the compile cache this session made (removed at its end)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One compile cache for the whole session (tools/build_kernels.py's KERN_BUILD_CACHE, inherited by the
+    builds the fixtures run as subprocesses): the fixtures build the same modules many times over (the default
+    build, --no-pdl, --fused-attention, --l2-prefetch, -D variants), and a repeated compile is then a file read
+    of the same bytes. A cache the caller set is used as it is. test_kernels_build's reproducibility test builds
+    with --no-cache, so two real compiles are still compared."""
+    import os
+    import tempfile
+
+    if not os.environ.get("KERN_BUILD_CACHE"):
+        _SESSION_CACHE.append(tempfile.mkdtemp(prefix="kern-build-cache-"))
+        os.environ["KERN_BUILD_CACHE"] = _SESSION_CACHE[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import os
+    import shutil
+
+    for d in _SESSION_CACHE:
+        shutil.rmtree(d, ignore_errors=True)
+        if os.environ.get("KERN_BUILD_CACHE") == d:
+            del os.environ["KERN_BUILD_CACHE"]
 EXAMPLES = [ROOT / "examples" / "qwen3-0.6b.json", ROOT / "examples" / "qwen3-4b.json"]
 
 #: Default modules no example uses: the Triton decode attention, which the CUDA C one replaced as the
