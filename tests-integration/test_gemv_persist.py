@@ -77,7 +77,8 @@ def cubins():
         build_kernels._nvcc()
     except SystemExit:
         pytest.skip("nvcc not found")
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, pytest.MonkeyPatch.context() as mp:
+        mp.delenv("KERN_BUILD_CACHE", raising=False)  # two real compiles: test_cubin_reproducible compares them
         return build_kernels.compile_cuda("gemv_persist.cu", a), build_kernels.compile_cuda("gemv_persist.cu", b)
 
 

@@ -227,6 +227,7 @@ def cache_dir() -> Path | None:
 
 @functools.cache
 def _nvcc_version(nvcc: str) -> str:
+    """`nvcc --version` (toolkit release and build: its compiler, ptxas and headers), once per process."""
     return subprocess.run([nvcc, "--version"], check=True, capture_output=True, text=True).stdout
 
 
