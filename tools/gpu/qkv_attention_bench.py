@@ -70,7 +70,7 @@ def raw_launcher(path: Path, entry: str, grid: tuple[int, int, int], threads: in
     this launch (the most clusters of the kernel's compile-time cluster shape the GPU holds at once)."""
     import torch
     from cuda.bindings import driver as cu
-    from cubin_launch import check, launch_function
+    from cubin_launch import check, launch_function, pdl_config
 
     f = check(cu.cuModuleGetFunction(check(cu.cuModuleLoadData(path.read_bytes())), entry.encode()))
     check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
@@ -85,7 +85,6 @@ def raw_launcher(path: Path, entry: str, grid: tuple[int, int, int], threads: in
                         ctypes.addressof(ptrs), pdl=True)
 
     def max_active_clusters() -> int:
-        from cubin_launch import pdl_config
         cfg = pdl_config(grid, (threads, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream))
         return int(check(cu.cuOccupancyMaxActiveClusters(f, cfg)))
     launch.max_active_clusters = max_active_clusters
