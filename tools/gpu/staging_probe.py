@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""What a decode step's input staging costs between two graph launches, and what stream memory operations
+would leave of it (issue 9; timing only).
+
+    python3 tools/gpu/staging_probe.py --work DIR [--geometry 4b] [--context 128] [--steps 200] [--rounds 3]
+
+DIR is tools/gpu/prepare.py's layout. One runtime, a `--context`-token random prompt prefilled, the decode graph
+captured; then, per round, each mode below enqueues `--steps` decode steps (the same position every step: the
+values are one step's, the stream's work is a step's) and the table gives µs per step (CUDA events around the
+steps, median over `--rounds`), and each mode's difference to `replay`:
+
+    replay    cuGraphLaunch back to back: no copies (what a step costs with nothing between graphs)
+    copies    what kern-run's pipelined loop enqueues today (Qwen3Session.enqueue_decode): the token fed back
+              (cuMemcpyDtoDAsync next_token → token_ids), the graph, next_token read back (DtoH into pinned
+              memory, same stream), then positions, slot_mapping and seq_lens written for the next step
+              (three cuMemcpyHtoDAsync from pinned staging, an event behind each)
+    values    the same with the three position inputs written by cuStreamWriteValue64/32 (the values travel in
+              the command stream: no copy engine, no staging)
+    batch     `values` as one cuStreamBatchMemOp of three writes
+    dtod      the token fed back and the graph only (the floor of any staging that keeps the device-side feed)
+    side      `values` with the read-back on a second stream (an event after the graph; the main stream waits for
+              the read's event before the next graph, since that graph rewrites next_token)
+
+Prints the table; appends nothing. `--help` needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+
+MODES = ("replay", "copies", "values", "batch", "dtod", "side")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--geometry", default="4b")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES))
+    a = ap.parse_args()
+    modes = a.modes.split(",")
+    if bad := [m for m in modes if m not in MODES]:
+        ap.error(f"--modes: unknown {', '.join(bad)} (known: {', '.join(MODES)})")
+    if min(a.context, a.steps, a.rounds) < 1:
+        ap.error("--context, --steps and --rounds: positive ints")
+
+    import numpy as np
+
+    from bench_decode import random_prompt
+    from benchinfo import kv_capacity
+    from kern_driver import Runtime
+    from kern_driver.cuda import PinnedBuffer, check, drv
+    from kern_run.generator import ManifestInfo, Qwen3Session
+    from prepare import paths, weights_for
+
+    p = paths(a.work, a.geometry)
+    capacity = kv_capacity(a.context, 64)
+    rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=capacity)
+    try:
+        s = Qwen3Session(rt, ManifestInfo.read(p["manifest"]), capacity=capacity, graph=True)
+        s.warmup()
+        prompt = random_prompt(a.context)
+        s.prefill(prompt[:-1], 512)
+        s.begin_decode()
+        pos = a.context - 1
+        s.decode(prompt[-1], pos)  # captures nothing new: warmup did; leaves next_token written
+        rt.synchronize()
+        stream, arena = rt._stream, rt._arena
+        off = {n: rt.layout.buffers[n].offset for n in ("positions", "slot_mapping", "seq_lens", "token_ids",
+                                                      "next_token")}
+        pos_arr, seq_arr = np.array([pos], np.int64), np.array([pos + 1], np.int32)
+        side = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
+        ev_done, ev_read = (check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
+                            for _ in range(2))
+        host = PinnedBuffer(8, "staging_probe read-back")
+
+        def write_values(batch: bool) -> None:
+            if not batch:
+                check(drv.cuStreamWriteValue64(stream, arena + off["positions"], pos, 0), "cuStreamWriteValue64")
+                check(drv.cuStreamWriteValue64(stream, arena + off["slot_mapping"], pos, 0), "cuStreamWriteValue64")
+                check(drv.cuStreamWriteValue32(stream, arena + off["seq_lens"], pos + 1, 0), "cuStreamWriteValue32")
+                return
+            ops = []
+            for name, value, kind in (("positions", pos, "64"), ("slot_mapping", pos, "64"),
+                                      ("seq_lens", pos + 1, "32")):
+                o = drv.CUstreamBatchMemOpParams()
+                o.writeValue.operation = getattr(drv.CUstreamBatchMemOpType, f"CU_STREAM_MEM_OP_WRITE_VALUE_{kind}")
+                o.writeValue.address = arena + off[name]
+                if kind == "64":
+                    o.writeValue.value64 = value
+                else:
+                    o.writeValue.value = value
+                o.writeValue.flags = 0
+                ops.append(o)
+            check(drv.cuStreamBatchMemOp(stream, len(ops), ops, 0), "cuStreamBatchMemOp")
+
+        def step(mode: str) -> None:
+            if mode != "replay":
+                rt.write_input_from("token_ids", "next_token")
+            if mode == "side":
+                check(drv.cuStreamWaitEvent(stream, ev_read, 0), "cuStreamWaitEvent")
+            rt.run("decode", graph=True, tokens=1)
+            if mode in ("replay", "dtod"):
+                return
+            if mode == "side":
+                check(drv.cuEventRecord(ev_done, stream), "cuEventRecord")
+                check(drv.cuStreamWaitEvent(side, ev_done, 0), "cuStreamWaitEvent")
+                check(drv.cuMemcpyDtoHAsync(host.ptr, arena + off["next_token"], 8, side), "cuMemcpyDtoHAsync")
+                check(drv.cuEventRecord(ev_read, side), "cuEventRecord")
+            else:
+                check(drv.cuMemcpyDtoHAsync(host.ptr, arena + off["next_token"], 8, stream), "cuMemcpyDtoHAsync")
+            if mode == "copies":
+                rt.write_input("positions", pos_arr, prefix=True)
+                rt.write_input("slot_mapping", pos_arr, prefix=True)
+                rt.write_input("seq_lens", seq_arr)
+            else:
+                write_values(mode == "batch")
+
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        t0, t1 = (check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+        ring = [check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
+                for _ in range(2)]
+        check(drv.cuEventRecord(ev_read, side), "cuEventRecord")
+        for _ in range(a.rounds):
+            for m in modes:
+                for _ in range(3):
+                    step(m)
+                rt.synchronize()
+                check(drv.cuEventRecord(t0, stream), "cuEventRecord")
+                for i in range(a.steps):
+                    # the host at most two steps ahead of the GPU, as kern-run's pipelined loop is
+                    check(drv.cuEventSynchronize(ring[i % 2]), "cuEventSynchronize")
+                    step(m)
+                    check(drv.cuEventRecord(ring[i % 2], stream), "cuEventRecord")
+                check(drv.cuEventRecord(t1, stream), "cuEventRecord")
+                rt.synchronize()
+                check(drv.cuStreamSynchronize(side), "cuStreamSynchronize")
+                times[m].append(check(drv.cuEventElapsedTime(t0, t1), "cuEventElapsedTime") * 1000 / a.steps)
+        base = statistics.median(times[modes[0]])
+        print(f"{a.geometry} decode, {a.context}-token context, µs per step ({a.steps} steps, {a.rounds} rounds, "
+              f"modes interleaved; the first mode is the baseline)")
+        print("| mode | rounds | median | vs first |")
+        print("|---|---|---:|---:|")
+        for m in modes:
+            med = statistics.median(times[m])
+            print(f"| {m} | {', '.join(f'{t:.1f}' for t in times[m])} | {med:.1f} | {med - base:+.1f} |")
+        host.free()
+    finally:
+        rt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
