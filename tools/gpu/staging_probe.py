@@ -20,6 +20,13 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
     dtod      the token fed back and the graph only (the floor of any staging that keeps the device-side feed)
     side      `values` with the read-back on a second stream (an event after the graph; the main stream waits for
               the read's event before the next graph, since that graph rewrites next_token)
+    sidedtod  `dtod` with the read-back on the second stream (the floor of the forms below)
+    batch4    the token feed and the three position writes as one cuMemcpyBatchAsync (the positions from pinned
+              memory, every source in stream order), the read-back on the second stream
+    batch4c   the same with the positions' sources marked CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL (read when
+              the call is made, from ordinary host memory)
+    kernel    the token feed and the three position writes as one launch of a one-thread PTX kernel (values as
+              kernel parameters), the read-back on the second stream
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
@@ -35,7 +42,38 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
-MODES = ("replay", "copies", "values", "batch", "dtod", "side")
+MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel")
+
+#: The stage kernel of mode `kernel`: *tok_dst = *tok_src; *pos = *slot = posval; *seq = seqval (one thread).
+STAGE_PTX = r"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry kern_probe_stage(.param .u64 tok_dst, .param .u64 tok_src, .param .u64 pos, .param .u64 slot,
+                                 .param .u64 seq, .param .u64 posval, .param .u32 seqval)
+{
+    .reg .b64 %rd<9>;
+    .reg .b32 %r<2>;
+    ld.param.u64 %rd1, [tok_dst];
+    ld.param.u64 %rd2, [tok_src];
+    ld.param.u64 %rd3, [pos];
+    ld.param.u64 %rd4, [slot];
+    ld.param.u64 %rd5, [seq];
+    ld.param.u64 %rd6, [posval];
+    ld.param.u32 %r1, [seqval];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    cvta.to.global.u64 %rd3, %rd3;
+    cvta.to.global.u64 %rd4, %rd4;
+    cvta.to.global.u64 %rd5, %rd5;
+    ld.global.u64 %rd7, [%rd2];
+    st.global.u64 [%rd1], %rd7;
+    st.global.u64 [%rd3], %rd6;
+    st.global.u64 [%rd4], %rd6;
+    st.global.u32 [%rd5], %r1;
+    ret;
+}
+"""
 
 
 def main() -> int:
@@ -82,6 +120,29 @@ def main() -> int:
         ev_done, ev_read = (check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
                             for _ in range(2))
         host = PinnedBuffer(8, "staging_probe read-back")
+        src = PinnedBuffer(16, "staging_probe position sources")
+        src.array[:8] = pos_arr.view(np.uint8)
+        src.array[8:12] = seq_arr.view(np.uint8)
+        mod = check(drv.cuModuleLoadData(STAGE_PTX.encode() + b"\0"), "cuModuleLoadData (stage PTX)")
+        fn = check(drv.cuModuleGetFunction(mod, b"kern_probe_stage"), "cuModuleGetFunction")
+        vals = np.array([arena + off["token_ids"], arena + off["next_token"], arena + off["positions"],
+                         arena + off["slot_mapping"], arena + off["seq_lens"], pos], np.uint64)
+        seqv = np.array([pos + 1], np.uint32)
+        kparams = np.array([vals.ctypes.data + 8 * i for i in range(6)] + [seqv.ctypes.data], np.uint64)
+
+        def batch_attrs(order_hosts: str):
+            attrs = []
+            for order in ("CU_MEMCPY_SRC_ACCESS_ORDER_STREAM", order_hosts):
+                at = drv.CUmemcpyAttributes()
+                at.srcAccessOrder = getattr(drv.CUmemcpySrcAccessOrder, order)
+                attrs.append(at)
+            return attrs
+
+        attrs4 = batch_attrs("CU_MEMCPY_SRC_ACCESS_ORDER_STREAM")
+        attrs4c = batch_attrs("CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL")
+        dsts = [arena + off[n] for n in ("token_ids", "positions", "slot_mapping", "seq_lens")]
+        srcs4 = [arena + off["next_token"], src.ptr, src.ptr, src.ptr + 8]
+        srcs4c = [arena + off["next_token"], pos_arr.ctypes.data, pos_arr.ctypes.data, seq_arr.ctypes.data]
 
         def write_values(batch: bool) -> None:
             if not batch:
@@ -103,15 +164,23 @@ def main() -> int:
                 ops.append(o)
             check(drv.cuStreamBatchMemOp(stream, len(ops), ops, 0), "cuStreamBatchMemOp")
 
+        side_read = ("side", "sidedtod", "batch4", "batch4c", "kernel")
+
         def step(mode: str) -> None:
-            if mode != "replay":
+            if mode in ("batch4", "batch4c"):
+                srcs, at = (srcs4, attrs4) if mode == "batch4" else (srcs4c, attrs4c)
+                check(drv.cuMemcpyBatchAsync(dsts, srcs, [8, 8, 8, 4], 4, at, [0, 1], 2, stream),
+                      "cuMemcpyBatchAsync")
+            elif mode == "kernel":
+                check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kparams.ctypes.data, 0), "cuLaunchKernel")
+            elif mode != "replay":
                 rt.write_input_from("token_ids", "next_token")
-            if mode == "side":
+            if mode in side_read:
                 check(drv.cuStreamWaitEvent(stream, ev_read, 0), "cuStreamWaitEvent")
             rt.run("decode", graph=True, tokens=1)
             if mode in ("replay", "dtod"):
                 return
-            if mode == "side":
+            if mode in side_read:
                 check(drv.cuEventRecord(ev_done, stream), "cuEventRecord")
                 check(drv.cuStreamWaitEvent(side, ev_done, 0), "cuStreamWaitEvent")
                 check(drv.cuMemcpyDtoHAsync(host.ptr, arena + off["next_token"], 8, side), "cuMemcpyDtoHAsync")
@@ -122,7 +191,7 @@ def main() -> int:
                 rt.write_input("positions", pos_arr, prefix=True)
                 rt.write_input("slot_mapping", pos_arr, prefix=True)
                 rt.write_input("seq_lens", seq_arr)
-            else:
+            elif mode in ("values", "batch", "side"):
                 write_values(mode == "batch")
 
         times: dict[str, list[float]] = {m: [] for m in modes}
@@ -154,6 +223,7 @@ def main() -> int:
             med = statistics.median(times[m])
             print(f"| {m} | {', '.join(f'{t:.1f}' for t in times[m])} | {med:.1f} | {med - base:+.1f} |")
         host.free()
+        src.free()
     finally:
         rt.close()
     return 0
