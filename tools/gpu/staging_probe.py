@@ -140,9 +140,11 @@ def main() -> int:
 
         attrs4 = batch_attrs("CU_MEMCPY_SRC_ACCESS_ORDER_STREAM")
         attrs4c = batch_attrs("CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL")
-        dsts = [arena + off[n] for n in ("token_ids", "positions", "slot_mapping", "seq_lens")]
-        srcs4 = [arena + off["next_token"], src.ptr, src.ptr, src.ptr + 8]
-        srcs4c = [arena + off["next_token"], pos_arr.ctypes.data, pos_arr.ctypes.data, seq_arr.ctypes.data]
+        dptr = drv.CUdeviceptr
+        dsts = [dptr(arena + off[n]) for n in ("token_ids", "positions", "slot_mapping", "seq_lens")]
+        srcs4 = [dptr(v) for v in (arena + off["next_token"], src.ptr, src.ptr, src.ptr + 8)]
+        srcs4c = [dptr(v) for v in (arena + off["next_token"], pos_arr.ctypes.data, pos_arr.ctypes.data,
+                                    seq_arr.ctypes.data)]
 
         def write_values(batch: bool) -> None:
             if not batch:
