@@ -27,6 +27,8 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
               the call is made, from ordinary host memory)
     kernel    the token feed and the three position writes as one launch of a one-thread PTX kernel (values as
               kernel parameters), the read-back on the second stream
+    kread     that kernel also stores the token it feeds into mapped pinned host memory (the previous step's
+              token, read back by the launch itself): one launch between two graphs, no copy at all
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
-MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel")
+MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel", "kread")
 
 #: The stage kernel of mode `kernel`: *tok_dst = *tok_src; *pos = *slot = posval; *seq = seqval (one thread).
 STAGE_PTX = r"""
@@ -50,9 +52,10 @@ STAGE_PTX = r"""
 .target sm_90
 .address_size 64
 .visible .entry kern_probe_stage(.param .u64 tok_dst, .param .u64 tok_src, .param .u64 pos, .param .u64 slot,
-                                 .param .u64 seq, .param .u64 posval, .param .u32 seqval)
+                                 .param .u64 seq, .param .u64 posval, .param .u32 seqval, .param .u64 host)
 {
-    .reg .b64 %rd<9>;
+    .reg .pred %p1;
+    .reg .b64 %rd<10>;
     .reg .b32 %r<2>;
     ld.param.u64 %rd1, [tok_dst];
     ld.param.u64 %rd2, [tok_src];
@@ -71,6 +74,10 @@ STAGE_PTX = r"""
     st.global.u64 [%rd3], %rd6;
     st.global.u64 [%rd4], %rd6;
     st.global.u32 [%rd5], %r1;
+    ld.param.u64 %rd8, [host];
+    setp.eq.u64 %p1, %rd8, 0;
+    @%p1 ret;
+    st.global.u64 [%rd8], %rd7;
     ret;
 }
 """
@@ -128,7 +135,14 @@ def main() -> int:
         vals = np.array([arena + off["token_ids"], arena + off["next_token"], arena + off["positions"],
                          arena + off["slot_mapping"], arena + off["seq_lens"], pos], np.uint64)
         seqv = np.array([pos + 1], np.uint32)
-        kparams = np.array([vals.ctypes.data + 8 * i for i in range(6)] + [seqv.ctypes.data], np.uint64)
+        # kread: the token also into mapped pinned memory (cuMemHostAlloc DEVICEMAP; its device address)
+        mapped_ptr = int(check(drv.cuMemHostAlloc(8, drv.CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc (mapped)"))
+        mapped_dev = int(check(drv.cuMemHostGetDevicePointer(mapped_ptr, 0), "cuMemHostGetDevicePointer"))
+        host_none, host_mapped = np.array([0], np.uint64), np.array([mapped_dev], np.uint64)
+        kparams = np.array([vals.ctypes.data + 8 * i for i in range(6)] + [seqv.ctypes.data, host_none.ctypes.data],
+                           np.uint64)
+        kparams_r = kparams.copy()
+        kparams_r[7] = host_mapped.ctypes.data
 
         def batch_attrs(order_hosts: str):
             attrs = []
@@ -173,14 +187,15 @@ def main() -> int:
                 srcs, at = (srcs4, attrs4) if mode == "batch4" else (srcs4c, attrs4c)
                 check(drv.cuMemcpyBatchAsync(dsts, srcs, [8, 8, 8, 4], 4, at, [0, 1], 2, stream),
                       "cuMemcpyBatchAsync")
-            elif mode == "kernel":
-                check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kparams.ctypes.data, 0), "cuLaunchKernel")
+            elif mode in ("kernel", "kread"):
+                kp = kparams if mode == "kernel" else kparams_r
+                check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kp.ctypes.data, 0), "cuLaunchKernel")
             elif mode != "replay":
                 rt.write_input_from("token_ids", "next_token")
             if mode in side_read:
                 check(drv.cuStreamWaitEvent(stream, ev_read, 0), "cuStreamWaitEvent")
             rt.run("decode", graph=True, tokens=1)
-            if mode in ("replay", "dtod"):
+            if mode in ("replay", "dtod", "kread"):
                 return
             if mode in side_read:
                 check(drv.cuEventRecord(ev_done, stream), "cuEventRecord")
@@ -226,6 +241,7 @@ def main() -> int:
             print(f"| {m} | {', '.join(f'{t:.1f}' for t in times[m])} | {med:.1f} | {med - base:+.1f} |")
         host.free()
         src.free()
+        drv.cuMemFreeHost(mapped_ptr)
     finally:
         rt.close()
     return 0
