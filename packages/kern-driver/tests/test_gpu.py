@@ -163,6 +163,61 @@ def test_async_reads_and_device_fed_inputs_pipeline_runs(vdir, graph):
     np.testing.assert_array_equal(last.result(), expect[-1] + np.float32(2.0) * w[:n])  # resolved by close()
 
 
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("n", [1000, 999, 1])  # 8-byte copies; a size that is not a multiple of 8: bytewise
+def test_stage_feeds_reads_and_writes_in_one_launch(vdir, graph, n):
+    """Runtime.stage between runs: the read-back of the last output (stored by the staging kernel into mapped
+    pinned memory), that output fed back as the next input, and a prefix write, all in one launch: the same values
+    as write_input / write_input_from / read_output_async give, more reads in flight than slots, the read taken
+    before the feed of the same launch lands."""
+    _, w = vdir
+    rng = np.random.default_rng(n)
+    x0 = rng.standard_normal(n).astype(np.float32)
+    head = rng.standard_normal(min(n, 3)).astype(np.float32)  # written over the fed value's first elements
+    rt = load_vadd(vdir)
+    try:
+        rt.write_input("x", x0, prefix=True)
+        rt.run("main", graph=graph, n=n)
+        reads = []
+        for i in range(7):
+            writes = {"x": head} if i == 3 else None
+            feeds = None if i == 3 else {"x": "out"}
+            got = rt.stage(writes=writes, feeds=feeds, reads=["out"])
+            assert list(got) == ["out"]
+            reads.append(got["out"])
+            rt.run("main", graph=graph, n=n)
+        reads.append(rt.stage(reads=["out"])["out"])
+        x = x0.copy()
+        out = x + np.float32(2.0) * w[:n]
+        expect = [out]
+        for i in range(7):
+            if i == 3:  # x keeps the value fed at step 2; only its head is rewritten
+                x[: head.size] = head
+            else:
+                x = out.copy()
+            out = x + np.float32(2.0) * w[:n]
+            expect.append(out)
+        for i, (p, e) in enumerate(zip(reads, expect)):
+            np.testing.assert_array_equal(p.result(), e, err_msg=f"read {i}")
+            assert p.result().shape == (n,) and p.done()
+    finally:
+        rt.close()
+
+
+def test_stage_errors_name_the_buffer(vdir):
+    with load_vadd(vdir) as rt:
+        with pytest.raises(KernDriverError, match=r"stage\(reads=\.\.\.\): output `out` has not been written"):
+            rt.stage(reads=["out"])
+        with pytest.raises(KernDriverError, match=r"stage\(writes=\.\.\.\)\(`x`\): array dtype float64"):
+            rt.stage(writes={"x": np.zeros(2)})
+        with pytest.raises(KernDriverError, match=r"at most 16 per launch"):
+            rt.stage(writes={"x": np.zeros(40, np.float32)})
+        rt.write_input("x", np.ones(4, np.float32), prefix=True)  # nothing launched by the refusals above
+        rt.run("main", n=4)
+        np.testing.assert_array_equal(rt.stage(reads=["out"])["out"].result(),
+                                      np.float32(1.0) + np.float32(2.0) * vdir[1][:4])
+
+
 def test_async_read_and_feed_errors_name_the_buffer(vdir):
     with load_vadd(vdir) as rt:
         with pytest.raises(KernDriverError, match="buffer `x` is an `input` buffer, not an output"):

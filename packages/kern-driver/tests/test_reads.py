@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import kern_driver.reads as reads
-from kern_driver import KernDriverError, Runtime
-from kern_driver.plan import Region
+from kern_driver import KernDriverError
 
 OK, NOT_READY, ILLEGAL = 0, 600, 700
 
@@ -68,10 +67,11 @@ class StubDriver:
 class StubPinned:
     allocated: list["StubPinned"] = []
 
-    def __init__(self, nbytes, what):
+    def __init__(self, nbytes, what, mapped=False):
         self.nbytes = nbytes
         self.array = np.zeros(nbytes, np.uint8)
         self.ptr = id(self.array)
+        self.device_ptr = self.ptr if mapped else 0
         StubPinned.allocated.append(self)
 
     def free(self):
@@ -161,37 +161,7 @@ def test_a_failing_event_creation_frees_its_pinned_buffer(drv, monkeypatch):
     assert [p.ptr for p in StubPinned.allocated] == [0]
 
 
-# -- the checks of write_input_from / read_output_async, on a Runtime with a layout and no GPU ---------------
-
-
-def _region(name, cls, dtype, shape, nbytes, offset=0):
-    return Region(kind="buffer", name=name, cls=cls, offset=offset, nbytes=nbytes, dtype=dtype, shape=shape)
-
-
-class _Layout:
-    buffers = {
-        "token_ids": _region("token_ids", "input", "i64", (2048,), 16384),
-        "positions": _region("positions", "input", "i64", (2048,), 16384),
-        "seq_lens": _region("seq_lens", "input", "i32", (1,), 4),
-        "next_token": _region("next_token", "output", "i64", (1,), 8),
-        "logits": _region("logits", "output", "bf16", (1, 151936), 303872),
-        "w": _region("w", "weight", "bf16", (4, 4), 32),
-        "h": _region("h", "workspace", "bf16", (2048, 8), 32768),
-        "big": _region("big", "output", "i64", (4096,), 32768),
-    }
-
-
-class _Prepared:
-    layout = _Layout()
-
-
-@pytest.fixture
-def rt():
-    r = Runtime.__new__(Runtime)
-    r._closed = False
-    r.prepared = _Prepared()
-    r._stage_in = {"token_ids": None, "positions": None, "seq_lens": None}
-    return r
+# -- the checks of write_input_from / read_output_async, on a Runtime with a layout and no GPU (conftest.py) ---
 
 
 @pytest.mark.parametrize(("name", "src", "needle", "hint"), [
@@ -232,23 +202,6 @@ def test_a_closed_runtime_refuses_both(rt):
 
 
 # -- read_output before any run, and the vars it shapes its result with -----------------------------------
-
-
-@pytest.fixture
-def rt_runs(rt):
-    """`rt` with two programs: `decode` writes next_token and logits, `prefill` writes neither."""
-    from types import SimpleNamespace as NS
-
-    from kern_driver.runtime import _Program
-
-    rt.manifest = NS(buffers={"logits": NS(shape=["tokens", 151936]), "next_token": NS(shape=[1]),
-                              "big": NS(shape=[4096])},
-                     vars={"tokens": NS(max=2048)})
-    rt._programs = {"prefill": _Program("prefill", None, {"tokens"}),
-                    "decode": _Program("decode", None, {"tokens"}, writes={"next_token", "logits", "token_ids"})}
-    rt._written, rt._last_env = {}, {}
-    rt._read = lambda r, name, shape, dt, n: (shape, dt, n)  # the copy back needs a GPU
-    return rt
 
 
 def test_read_output_before_any_run_that_writes_it_is_refused(rt_runs):

@@ -15,6 +15,12 @@
         rt.run("decode", graph=True, tokens=1)
         next_token = pending.result()                      # waits for the first step's copy only
 
+        # or all of a step's staging in one launch (~3.5 µs between graphs instead of ~18–20 for five copies)
+        reads = rt.stage(writes={"positions": np.array([44], np.int64)}, feeds={"token_ids": "next_token"},
+                         reads=["next_token"])                # the last step's token, read before the feed lands
+        rt.run("decode", graph=True, tokens=1)
+        next_token = reads["next_token"].result()
+
 `prepare(...)` runs every load check that needs no GPU (verification, memory plan,
 module hashes, weight binding) and is usable on any machine.
 """
@@ -26,7 +32,7 @@ from .reads import PendingRead
 from .resolve import EXTERNS, FakeModuleTable
 from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "PendingRead", "Prepared",

@@ -173,18 +173,29 @@ class PinnedBuffer:
 
     Pinned memory is what lets `cuMemcpyHtoDAsync` be truly asynchronous (from pageable
     memory the driver stages synchronously) and what a captured copy could safely read.
+    `mapped`: allocated with CU_MEMHOSTALLOC_DEVICEMAP, so that kernels can store into it
+    (`device_ptr`, from `cuMemHostGetDevicePointer`; 0 when not mapped).
     """
 
-    def __init__(self, nbytes: int, what: str):
+    def __init__(self, nbytes: int, what: str, mapped: bool = False):
         self.nbytes = nbytes
-        self.ptr = int(check(drv.cuMemHostAlloc(max(nbytes, 1), 0), f"cuMemHostAlloc({nbytes} bytes) for {what}"))
+        flags = drv.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0
+        self.ptr = int(check(drv.cuMemHostAlloc(max(nbytes, 1), flags), f"cuMemHostAlloc({nbytes} bytes) for {what}"))
+        self.device_ptr = 0
+        if mapped:
+            try:
+                self.device_ptr = int(check(drv.cuMemHostGetDevicePointer(self.ptr, 0), "cuMemHostGetDevicePointer",
+                                            what))
+            except BaseException:
+                drv.cuMemFreeHost(self.ptr)
+                raise
         self.array = np.frombuffer((ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr), dtype=np.uint8)[:nbytes]
 
     def free(self) -> None:
         if self.ptr:
             self.array = np.zeros(0, dtype=np.uint8)
             drv.cuMemFreeHost(self.ptr)
-            self.ptr = 0
+            self.ptr = self.device_ptr = 0
 
 
 def module_load(image: bytes, what: str) -> Any:

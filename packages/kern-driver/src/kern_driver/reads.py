@@ -108,10 +108,10 @@ class PendingRead:
 
 
 class _Slot:
-    """A pinned buffer and the event recorded behind the copy into it."""
+    """A pinned buffer (mapped: `Runtime.stage`'s kernel stores into it) and the event recorded behind the copy."""
 
     def __init__(self, nbytes: int, what: str):
-        self.buffer = PinnedBuffer(nbytes, what)
+        self.buffer = PinnedBuffer(nbytes, what, mapped=True)
         try:
             self.event = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate", what)
         except BaseException:
@@ -137,6 +137,15 @@ class AsyncReads:
                 copy: Callable[[int], None], stream: Any) -> PendingRead:
         """A PendingRead of `nbytes` of output `name` (allocation `nbytes_max`): `copy(host_ptr)` enqueues the
         device-to-host copy into the slot's pinned memory, then the slot's event is recorded on `stream`."""
+        slot = self.take(name, nbytes_max)
+        if nbytes:
+            copy(slot.buffer.ptr)
+        return self.commit(slot, name, nbytes, shape, dtype, stream)
+
+    def take(self, name: str, nbytes_max: int) -> _Slot:
+        """A free slot of output `name`'s ring (allocation `nbytes_max`), the most recently used from now on; with
+        every slot pending, the oldest read is resolved first (its value stays in its PendingRead). The caller
+        enqueues the copy into `slot.buffer` (host address `ptr`, device address `device_ptr`), then `commit`s."""
         ring = self._rings.setdefault(name, deque())
         slot = next((s for s in ring if s.owner is None), None)
         if slot is None and len(ring) < SLOTS:
@@ -147,8 +156,11 @@ class AsyncReads:
             slot.owner.result()
         ring.remove(slot)
         ring.append(slot)  # most recently used last: ring[0] is the oldest
-        if nbytes:
-            copy(slot.buffer.ptr)
+        return slot
+
+    def commit(self, slot: _Slot, name: str, nbytes: int, shape: tuple[int, ...], dtype: np.dtype,
+               stream: Any) -> PendingRead:
+        """Record `slot`'s event on `stream` (behind the copy just enqueued into it) and return its PendingRead."""
         check(drv.cuEventRecord(slot.event, stream), "cuEventRecord", f"read of output `{name}`")
         slot.owner = PendingRead(name, shape, dtype, nbytes, slot)
         return slot.owner

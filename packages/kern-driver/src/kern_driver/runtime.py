@@ -36,7 +36,7 @@ import bisect
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from kern_schema import DTYPES, Manifest, load as load_manifest
 
-from . import cuda
+from . import cuda, stage_kernel
 from .cublaslt import DEFAULT_WORKSPACE, CublasLt, GemmPlan
 from .cuda import SUCCESS, PinnedBuffer, check, drv, raise_error
 from .errors import KernDriverError, a_class
@@ -348,6 +348,8 @@ class Runtime:
         self._stage_in: dict[str, tuple[PinnedBuffer, Any]] = {}
         self._stage_out: dict[str, PinnedBuffer] = {}
         self._reads = AsyncReads()
+        self._stage_mod: Any = None  # kern-driver's staging kernel (Runtime.stage), loaded on first use
+        self._stage_fn: Any = None
         self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self._programs: dict[str, _Program] = {}
         self._last_env: dict[str, int] = {}
@@ -731,36 +733,43 @@ class Runtime:
         Raises:
             KernDriverError: unknown buffer, not an `input`, wrong dtype or shape.
         """
+        r, data = self._input_bytes(name, array, prefix, "write_input")
+        n = len(data)
+        if n == 0:
+            return
+        stage, ev = self._stage_in[name]
+        check(drv.cuEventSynchronize(ev), "cuEventSynchronize (previous staging copy)", f"write_input(`{name}`)")
+        stage.array[:n] = np.frombuffer(data, np.uint8)
+        check(drv.cuMemcpyHtoDAsync(self._arena + r.offset, stage.ptr, n, self._stream),
+              f"cuMemcpyHtoDAsync({n} bytes)", f"write_input(`{name}`)")
+        check(drv.cuEventRecord(ev, self._stream), "cuEventRecord", f"write_input(`{name}`)")
+
+    def _input_bytes(self, name: str, array: Any, prefix: bool, what: str) -> tuple[Region, bytes]:
+        """Input buffer `name`'s region and `array`'s bytes (C order), after write_input's checks (raises
+        KernDriverError naming `what`: unknown buffer, not an input, wrong dtype or shape)."""
         self._alive()
         r = self.layout.buffers.get(name)
         if r is None:
-            raise KernDriverError(f"unknown buffer `{name}`", hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
-        if r.cls != "input":
-            raise KernDriverError(f"buffer `{name}` is {a_class(r.cls)} buffer; write_input writes `input` buffers",
+            raise KernDriverError(f"{what}: unknown buffer `{name}`",
                                   hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
+        if r.cls != "input":
+            raise KernDriverError(f"{what}: buffer `{name}` is {a_class(r.cls)} buffer; only `input` buffers are "
+                                  "written", hint=f"inputs: {', '.join(self._stage_in) or '(none)'}")
         arr = np.asarray(array)
         want = np.dtype(NUMPY_DTYPES[r.dtype])
         if arr.dtype != want:
             raise KernDriverError(
-                f"write_input(`{name}`): array dtype {arr.dtype}, the buffer is {r.dtype} (numpy {want})",
+                f"{what}(`{name}`): array dtype {arr.dtype}, the buffer is {r.dtype} (numpy {want})",
                 hint="convert explicitly (bf16 as raw np.uint16 bits); kern never casts silently",
             )
         full = r.shape
         if not (_fits_as_prefix(arr.shape, full) if prefix else arr.shape == full):
             raise KernDriverError(
-                f"write_input(`{name}`): array shape {list(arr.shape)}, the buffer is {list(full)} at the var maxima"
+                f"{what}(`{name}`): array shape {list(arr.shape)}, the buffer is {list(full)} at the var maxima"
                 + (" (a prefix write may have fewer rows, the other dims equal)" if prefix else ""),
                 hint=None if prefix else "pass prefix=True to write the first rows only",
             )
-        n = arr.nbytes
-        if n == 0:
-            return
-        stage, ev = self._stage_in[name]
-        check(drv.cuEventSynchronize(ev), "cuEventSynchronize (previous staging copy)", f"write_input(`{name}`)")
-        stage.array[:n] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        check(drv.cuMemcpyHtoDAsync(self._arena + r.offset, stage.ptr, n, self._stream),
-              f"cuMemcpyHtoDAsync({n} bytes)", f"write_input(`{name}`)")
-        check(drv.cuEventRecord(ev, self._stream), "cuEventRecord", f"write_input(`{name}`)")
+        return r, np.ascontiguousarray(arr).tobytes()
 
     def write_input_from(self, name: str, src: str) -> None:
         """Copy device buffer `src` into input buffer `name` on the runtime's stream (device to device,
@@ -774,9 +783,16 @@ class Runtime:
                 and weights come from the host; a workspace is not kept between runs); dtypes differ; `src`
                 has more rows than `name` or other trailing dims.
         """
+        d, r = self._feed_regions(name, src, f"write_input_from(`{name}`, `{src}`)")
+        if r.nbytes:
+            check(drv.cuMemcpyDtoDAsync(self._arena + d.offset, self._arena + r.offset, r.nbytes, self._stream),
+                  f"cuMemcpyDtoDAsync({r.nbytes} bytes)", f"write_input_from(`{name}`, `{src}`)")
+
+    def _feed_regions(self, name: str, src: str, where: str) -> tuple[Region, Region]:
+        """The regions of input `name` and of its source `src` after write_input_from's checks (raises
+        KernDriverError at `where`)."""
         self._alive()
         d, r = self.layout.buffers.get(name), self.layout.buffers.get(src)
-        where = f"write_input_from(`{name}`, `{src}`)"
         inputs = ", ".join(self._stage_in) or "(none)"
         sources = ", ".join(n for n, b in self.layout.buffers.items() if b.cls in ("output", "carry")) or "(none)"
         if d is None or d.cls != "input":
@@ -795,9 +811,7 @@ class Runtime:
         if not _fits_as_prefix(r.shape, d.shape):
             raise KernDriverError(f"{where}: `{src}` {list(r.shape)} does not fit `{name}` {list(d.shape)} as a "
                                   "prefix (same trailing dims, at most as many rows, at the var maxima)")
-        if r.nbytes:
-            check(drv.cuMemcpyDtoDAsync(self._arena + d.offset, self._arena + r.offset, r.nbytes, self._stream),
-                  f"cuMemcpyDtoDAsync({r.nbytes} bytes)", where)
+        return d, r
 
     def read_output_async(self, name: str) -> PendingRead:
         """Enqueue a copy of output `name` to the host and return at once, without synchronizing.
@@ -822,6 +836,80 @@ class Runtime:
                   f"cuMemcpyDtoHAsync({n} bytes)", f"read_output_async(`{name}`)")
 
         return self._reads.enqueue(name, r.nbytes, n, shape, dt, copy, self._stream)
+
+    def stage(self, *, writes: Mapping[str, Any] | None = None, feeds: Mapping[str, str] | None = None,
+              reads: Sequence[str] = ()) -> dict[str, PendingRead]:
+        """Enqueue one launch of kern-driver's staging kernel (`stage_kernel`) that does, on the runtime's stream and
+        in its order, what `read_output_async`, `write_input_from` and `write_input(..., prefix=True)` would do as
+        separate stream operations: between two runs of a decode program one launch instead of five copies
+        (~3.5 µs instead of ~18–20 µs per step on the H200 and H100; BENCHMARKS.md "Session 25").
+
+        Args:
+            writes: {input name: array}: a prefix write of each (the dtype the buffer's, the shape a prefix along
+                the first axis, as `write_input(name, array, prefix=True)`); the bytes travel as kernel
+                parameters, 8 bytes per operation.
+            feeds: {input name: output or carry name}: the source's whole allocation to the start of the input,
+                device to device (as `write_input_from`).
+            reads: output names read back into pinned host memory (as `read_output_async`); their values are
+                those the runs enqueued before left, stored by the kernel itself.
+
+        Returns:
+            {name: PendingRead} for `reads` (empty without reads).
+
+        Raises:
+            KernDriverError: nothing to stage; a name given twice (a write and a feed of one input, a read listed
+                twice); any check of the three methods above; more than `stage_kernel.MAX_OPS` operations in all
+                (each feed and read is one, each write one per 8 bytes: write larger inputs with `write_input`);
+                the kernel's PTX failing to load (the driver's JIT), or the launch failing.
+        """
+        self._alive()
+        writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads)
+        if not (writes or feeds or reads):
+            raise KernDriverError("stage(): nothing to stage", hint="pass writes=, feeds= and/or reads=")
+        if dup := sorted(set(writes) & set(feeds)):
+            raise KernDriverError(f"stage(): input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
+                                  hint="give each input one source")
+        if len(set(reads)) != len(reads):
+            raise KernDriverError(f"stage(): reads {reads} name an output more than once")
+        ops: list[stage_kernel.StageOp] = []
+        for name, array in writes.items():
+            r, data = self._input_bytes(name, array, True, "stage(writes=...)")
+            ops += stage_kernel.immediates(self._arena + r.offset, data)
+        for name, src in feeds.items():
+            d, r = self._feed_regions(name, src, f"stage(feeds={{`{name}`: `{src}`}})")
+            if r.nbytes:
+                ops.append(stage_kernel.StageOp(self._arena + d.offset, self._arena + r.offset, r.nbytes))
+        views = {name: self._output(name, "stage(reads=...)") for name in reads}
+        if len(ops) + len(reads) > stage_kernel.MAX_OPS:
+            raise KernDriverError(
+                f"stage(): {len(ops) + len(reads)} operations ({len(reads)} reads, {len(feeds)} feeds, the writes "
+                f"8 bytes each), at most {stage_kernel.MAX_OPS} per launch",
+                hint="write larger inputs with write_input before staging the rest")
+        taken = []
+        for name, (r, env) in views.items():
+            shape, dt, n = self._host_view(r, name, env=env)
+            slot = self._reads.take(name, r.nbytes)
+            taken.append((name, slot, shape, dt, n))
+            if n:
+                ops.append(stage_kernel.StageOp(slot.buffer.device_ptr, self._arena + r.offset, n))
+        if ops:
+            self._launch_stage(ops)
+        return {name: self._reads.commit(slot, name, n, shape, dt, self._stream) for name, slot, shape, dt, n in taken}
+
+    def _launch_stage(self, ops: list["stage_kernel.StageOp"]) -> None:
+        """Launch the staging kernel with `ops` on the runtime's stream (its module loaded on first use)."""
+        if self._stage_fn is None:
+            self._stage_mod = check(drv.cuModuleLoadData(stage_kernel.PTX.encode() + b"\0"),
+                                    "cuModuleLoadData (kern-driver's staging kernel, PTX)", "Runtime.stage",
+                                    hint="the driver's JIT compiles it for this GPU: it needs a driver for CUDA 13")
+            self._stage_fn = check(drv.cuModuleGetFunction(self._stage_mod, stage_kernel.ENTRY.encode()),
+                                   f"cuModuleGetFunction({stage_kernel.ENTRY!r})", "Runtime.stage")
+        block = stage_kernel.pack(ops)
+        params = np.array([block.ctypes.data], dtype=np.uint64)
+        check(drv.cuLaunchKernel(self._stage_fn, 1, 1, 1, stage_kernel.THREADS, 1, 1, 0, self._stream,
+                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", "Runtime.stage")
+        if self.debug:
+            check(drv.cuStreamSynchronize(self._stream), "staging kernel", "Runtime.stage")
 
     def _output(self, name: str, what: str) -> tuple[Region, dict[str, int]]:
         """Output buffer `name`'s region and the vars of the last run that wrote it, or a refusal naming
@@ -1029,6 +1117,9 @@ class Runtime:
         for h in self._modules.values():
             drv.cuModuleUnload(h)
         self._modules.clear()
+        if self._stage_mod is not None:
+            drv.cuModuleUnload(self._stage_mod)
+            self._stage_mod = self._stage_fn = None
         self._dev.release()
         self._closed = self._freed = True
 
