@@ -10,7 +10,7 @@ values are one step's, the stream's work is a step's) and the table gives µs pe
 steps, median over `--rounds`), and each mode's difference to `replay`:
 
     replay    cuGraphLaunch back to back: no copies (what a step costs with nothing between graphs)
-    copies    what kern-run's pipelined loop enqueues today (Qwen3Session.enqueue_decode): the token fed back
+    copies    what kern-run's pipelined loop enqueued up to kern-run 0.2 (Qwen3Session.enqueue_decode): the token fed back
               (cuMemcpyDtoDAsync next_token → token_ids), the graph, next_token read back (DtoH into pinned
               memory, same stream), then positions, slot_mapping and seq_lens written for the next step
               (three cuMemcpyHtoDAsync from pinned staging, an event behind each)
@@ -29,6 +29,8 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
               kernel parameters), the read-back on the second stream
     kread     that kernel also stores the token it feeds into mapped pinned host memory (the previous step's
               token, read back by the launch itself): one launch between two graphs, no copy at all
+    stage     kern-driver's `Runtime.stage` (what kread prototyped): writes, the feed and the read in one launch,
+              as kern-run's loop now enqueues a step
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
@@ -44,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
-MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel", "kread")
+MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel", "kread",
+         "stage")
 
 #: The stage kernel of mode `kernel`: *tok_dst = *tok_src; *pos = *slot = posval; *seq = seqval (one thread).
 STAGE_PTX = r"""
@@ -181,12 +184,18 @@ def main() -> int:
             check(drv.cuStreamBatchMemOp(stream, len(ops), ops, 0), "cuStreamBatchMemOp")
 
         side_read = ("side", "sidedtod", "batch4", "batch4c", "kernel")
+        held: list = []  # mode `stage`: its reads, resolved two steps behind (as kern-run's loop does)
 
         def step(mode: str) -> None:
             if mode in ("batch4", "batch4c"):
                 srcs, at = (srcs4, attrs4) if mode == "batch4" else (srcs4c, attrs4c)
                 check(drv.cuMemcpyBatchAsync(dsts, srcs, [8, 8, 8, 4], 4, at, [0, 1], 2, stream),
                       "cuMemcpyBatchAsync")
+            elif mode == "stage":
+                held.append(rt.stage(writes={"positions": pos_arr, "slot_mapping": pos_arr, "seq_lens": seq_arr},
+                                     feeds={"token_ids": "next_token"}, reads=["next_token"])["next_token"])
+                if len(held) > 2:
+                    held.pop(0).result()
             elif mode in ("kernel", "kread"):
                 kp = kparams if mode == "kernel" else kparams_r
                 check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kp.ctypes.data, 0), "cuLaunchKernel")
@@ -195,7 +204,7 @@ def main() -> int:
             if mode in side_read:
                 check(drv.cuStreamWaitEvent(stream, ev_read, 0), "cuStreamWaitEvent")
             rt.run("decode", graph=True, tokens=1)
-            if mode in ("replay", "dtod", "kread"):
+            if mode in ("replay", "dtod", "kread", "stage"):
                 return
             if mode in side_read:
                 check(drv.cuEventRecord(ev_done, stream), "cuEventRecord")

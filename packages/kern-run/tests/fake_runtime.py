@@ -1,7 +1,8 @@
 """A stand-in for `kern_driver.Runtime` that checks the Qwen3 caller contract.
 
 It keeps the six input buffers at their manifest sizes (so a prefix write leaves
-stale bytes behind, as on the GPU), records every call, and models the KV cache:
+stale bytes behind, as on the GPU), records every call (`stage` applies its reads
+before its feeds and writes, as the one launch does), and models the KV cache:
 each run writes (token, position) at its slots, and attention reads slots
 0..seq_lens-1, which must all hold this sequence's tokens. `decode` returns a
 "next token" that depends on every token in the cache and on their order, so a
@@ -15,6 +16,7 @@ import numpy as np
 from kern_run.generator import ManifestInfo
 
 VOCAB = 1000
+STAGE_OPS = 16  # operations per Runtime.stage launch: each feed and read one, each write one per 8 bytes
 
 
 def reference_next(tokens: list[int]) -> int:
@@ -72,10 +74,12 @@ class FakeRuntime:
         self.calls: list[tuple] = []
         self.graphs: set[tuple] = set()  # (program, tokens) captured
         self.closed = False
+        self.decoded = False  # a decode run has written next_token
 
     # -- the driver API --------------------------------------------------
 
-    def write_input(self, name, array, *, prefix=False):
+    def _checked(self, name, array, prefix):
+        """`array` as written to input `name`, or the contract violation (unknown input, dtype, shape)."""
         buf = self.bufs.get(name)
         if buf is None:
             raise ContractError(f"write to unknown input {name}")
@@ -84,8 +88,18 @@ class FakeRuntime:
             raise ContractError(f"{name}: wrote {a.dtype}{list(a.shape)}, buffer is {buf.dtype}{list(buf.shape)}")
         if prefix and a.shape[0] > buf.shape[0] or not prefix and a.shape != buf.shape:
             raise ContractError(f"{name}: wrote {a.shape[0]} elements (prefix={prefix}) into {buf.shape[0]}")
-        buf[: a.shape[0]] = a
-        self.calls.append(("write", name, a.copy(), prefix))
+        return a.copy()
+
+    def _check_read(self, name):
+        if name != "next_token":
+            raise ContractError(f"read of unknown output {name}")
+        if not self.decoded:
+            raise ContractError("read of next_token before any decode run wrote it")
+
+    def write_input(self, name, array, *, prefix=False):
+        a = self._checked(name, array, prefix)
+        self.bufs[name][: a.shape[0]] = a
+        self.calls.append(("write", name, a, prefix))
 
     def run(self, program, *, graph=False, **vars):
         if set(vars) != {"tokens"}:
@@ -117,13 +131,13 @@ class FakeRuntime:
             raise ContractError(f"attention reads unwritten KV slots {missing[:4]}")
         if program == "decode":
             self.next_token[0] = reference_next([self.kv[s][0] for s in range(seq_len)])
+            self.decoded = True
         if graph:
             self.graphs.add((program, n))
         self.calls.append(("run", program, graph, n))
 
     def read_output(self, name):
-        if name != "next_token":
-            raise ContractError(f"read of unknown output {name}")
+        self._check_read(name)
         self.calls.append(("read", name))
         return self.next_token.copy()
 
@@ -134,10 +148,37 @@ class FakeRuntime:
         self.calls.append(("feed", name, src))
 
     def read_output_async(self, name):
-        if name != "next_token":
-            raise ContractError(f"read of unknown output {name}")
+        self._check_read(name)
         self.calls.append(("read_async", name))
         return FakePending(self, self.next_token.copy(), len(self.calls) - 1)
+
+    def stage(self, *, writes=None, feeds=None, reads=()):
+        """`Runtime.stage`: one launch that reads (the values before anything of this launch lands), then feeds,
+        then writes (prefix writes of at most STAGE_OPS * 8 bytes in all). Logged as ("stage", {name: array},
+        {name: src}, (reads...)); each read's FakePending logs its result() with the stage's index."""
+        writes, feeds, reads = dict(writes or {}), dict(feeds or {}), tuple(reads)
+        if not (writes or feeds or reads):
+            raise ContractError("stage(): nothing to stage")
+        if set(writes) & set(feeds) or len(set(reads)) != len(reads):
+            raise ContractError(f"stage(): a name given twice (writes {sorted(writes)}, feeds {sorted(feeds)}, "
+                                f"reads {list(reads)})")
+        for name, src in feeds.items():
+            if (name, src) != ("token_ids", "next_token"):
+                raise ContractError(f"stage(feeds={{{name!r}: {src!r}}}): "
+                                    "the caller feeds next_token to token_ids only")
+        for name in reads:
+            self._check_read(name)
+        arrays = {name: self._checked(name, a, True) for name, a in writes.items()}
+        ops = len(feeds) + len(reads) + sum(-(-a.nbytes // 8) for a in arrays.values())
+        if ops > STAGE_OPS:
+            raise ContractError(f"stage(): {ops} operations, at most {STAGE_OPS}: write larger inputs with write_input")
+        values = {name: self.next_token.copy() for name in reads}  # reads first: before the feeds and writes
+        for name in feeds:
+            self.bufs[name][:1] = self.next_token
+        for name, a in arrays.items():
+            self.bufs[name][: a.shape[0]] = a
+        self.calls.append(("stage", arrays, feeds, reads))
+        return {name: FakePending(self, v, len(self.calls) - 1) for name, v in values.items()}
 
     def synchronize(self):
         self.calls.append(("sync",))
@@ -152,6 +193,10 @@ class FakeRuntime:
 
     def runs(self):
         return [c[1:] for c in self.calls if c[0] == "run"]
+
+    def ops(self):
+        """The stream operations enqueued, by kind: 'write', 'feed', 'read_async', 'stage', ('run', program)."""
+        return [c[:2] if c[0] == "run" else c[0] for c in self.calls if c[0] not in ("result", "sync")]
 
 
 def info(tokens_max=2048, max_pages=256, vocab=VOCAB) -> ManifestInfo:

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from fake_runtime import VOCAB, ContractError, FakeRuntime, info, manifest_json, reference_generate
+from fake_runtime import VOCAB, ContractError, FakeRuntime, info, manifest_json, reference_generate, reference_next
 from kern_run.generator import KernRunError, ManifestInfo, Qwen3Session, check_request, generate
 
 
@@ -18,6 +18,11 @@ def session(tokens_max=2048, capacity=4096, graph=True):
 def prompt(n, seed=0):
     rng = random.Random(seed * 7919 + n)
     return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def stages(rt):
+    """Each `stage` call as (writes {name: list}, feeds, reads)."""
+    return [({k: v.tolist() for k, v in c[1].items()}, c[2], c[3]) for c in rt.calls if c[0] == "stage"]
 
 
 def expected_chunks(n_prompt, chunk):
@@ -50,46 +55,47 @@ def test_709_tokens_at_512_is_two_chunks_with_prefix_writes():
     list(s.generate(p, 2, 512))
     writes = [c for c in rt.calls if c[0] == "write"]
     tok_writes = [c for c in writes if c[1] == "token_ids"]
-    # two prefill chunks + the first decode (the second takes its token from the device); every token_ids
-    # write is a prefix write of its chunk
-    assert [len(c[2]) for c in tok_writes] == [512, 196, 1]
-    assert [c for c in rt.calls if c[0] == "feed"] == [("feed", "token_ids", "next_token")]
-    assert all(c[3] for c in tok_writes)
+    # two prefill chunks, each token_ids write a prefix write of its chunk; the decode steps' inputs are staged
+    assert [len(c[2]) for c in tok_writes] == [512, 196] and all(c[3] for c in tok_writes)
     assert tok_writes[0][2].tolist() == p[:512] and tok_writes[1][2].tolist() == p[512:708]
-    assert tok_writes[2][2].tolist() == [p[708]]
     pos = [c[2] for c in writes if c[1] == "positions"]
-    assert pos[1].tolist() == list(range(512, 708)) and pos[2].tolist() == [708] and pos[3].tolist() == [709]
+    assert [a.tolist() for a in pos] == [list(range(512)), list(range(512, 708))]
     slots = [c[2] for c in writes if c[1] == "slot_mapping"]
-    assert all((a == b).all() for a, b in zip(slots, pos))
+    assert len(slots) == 2 and all((a == b).all() for a, b in zip(slots, pos))
     seq = [c[2].tolist() for c in writes if c[1] == "seq_lens"]
-    assert seq == [[512], [708], [709], [710], [711]]  # the last is staged for a step never run
+    assert seq == [[512], [708]]
+    # the first decode step writes its token from the host, the second feeds it on the device and reads the first's
+    assert stages(rt) == [
+        ({"positions": [708], "slot_mapping": [708], "seq_lens": [709], "token_ids": [p[708]]}, {}, ()),
+        ({"positions": [709], "slot_mapping": [709], "seq_lens": [710]}, {"token_ids": "next_token"}, ("next_token",)),
+    ]
+    assert not any(c[0] == "feed" for c in rt.calls)
     cu = [c[2].tolist() for c in writes if c[1] == "cu_seqlens_q"]
     assert cu == [[0, 512], [0, 196], [0, 1]]  # [0, 1] written once for the whole decode loop
     bt = [c for c in writes if c[1] == "block_table"]
     assert len(bt) == 1 and bt[0][2].tolist() == list(range(256)) and not bt[0][3]
 
 
-def test_between_decode_steps_the_host_waits_for_nothing():
+def test_between_decode_steps_one_stage_and_the_host_waits_for_nothing():
     rt, s = session()
-    list(s.generate(prompt(34), 5, 512))
-    runs = [i for i, c in enumerate(rt.calls) if c[:2] == ("run", "decode")]
-    assert len(runs) == 5  # exactly the steps asked for: the pipeline enqueues none beyond
-    for k, (a, b) in enumerate(zip(runs, runs[1:])):
-        step = [c[0] if c[0] == "result" else c[:2] for c in rt.calls[a : b + 1]]
-        # the 8-byte read and the next position's inputs are queued right behind the run; from the second step
-        # on, the token of the step before is collected (result) while this one runs; the next step's token is
-        # fed on the device
-        assert step == [("run", "decode"), ("read_async", "next_token"), ("write", "positions"),
-                        ("write", "slot_mapping"), ("write", "seq_lens"), *(["result"] if k else []),
-                        ("feed", "token_ids"), ("run", "decode")]
-    results = [c[1] for c in rt.calls if c[0] == "result"]
-    reads = [i for i, c in enumerate(rt.calls) if c[0] == "read_async"]
-    assert results == reads  # every step's token collected once, in order
-    for r in reads[:-1]:  # ... and only after the next step was enqueued
-        nxt = min(i for i in runs if i > r)
-        assert rt.calls.index(("result", r)) > nxt
-    assert not any(c[0] in ("sync", "read") for c in rt.calls)  # no synchronisation at all
-    assert [c[:2] for c in rt.calls if c[:2] == ("write", "token_ids")] == [("write", "token_ids")] * 2  # chunk, 1st
+    p = prompt(34)
+    assert list(s.generate(p, 5, 512)) == reference_generate(p, 5)
+    ops = rt.ops()
+    first = ops.index(("run", "decode"))
+    # exactly one stage + one run per step (the pipeline enqueues none beyond the steps asked for); the last token,
+    # which no later stage reads, is read behind its step when collected
+    assert ops[first - 1 :] == ["stage", ("run", "decode")] * 5 + ["read_async"]
+    st = stages(rt)
+    assert [r for _, _, r in st] == [()] + [("next_token",)] * 4  # stage i + 1 reads step i's token
+    assert [f for _, f, _ in st] == [{}] + [{"token_ids": "next_token"}] * 4  # ... and feeds it to token_ids
+    # each token is collected once, in order: token i from stage i + 1 (the last from its read_async), and only
+    # after step i + 1 was enqueued
+    reads = [i for i, c in enumerate(rt.calls) if c[0] == "stage" and c[3]] + \
+            [i for i, c in enumerate(rt.calls) if c[0] == "read_async"]
+    assert [c[1] for c in rt.calls if c[0] == "result"] == reads
+    for r in reads[:-1]:
+        assert rt.calls[r + 1][:2] == ("run", "decode") and rt.calls.index(("result", r)) > r + 1
+    assert not any(c[0] in ("sync", "read", "feed") for c in rt.calls)  # no synchronisation, no separate copy
 
 
 @pytest.mark.parametrize("graph", [True, False])
@@ -103,10 +109,13 @@ def test_unpipelined_steps_wait_for_the_caller(graph):
         seen.append((t, sum(c[:2] == ("run", "decode") for c in rt.calls)))
     assert [t for t, _ in seen] == reference_generate(p, 5)
     assert [n for _, n in seen] == [1, 2, 3, 4, 5]  # when the caller has token i, only step i has run
-    # the step-by-step loop writes each step's token from the host, and nothing is fed on the device
-    assert not any(c[0] == "feed" for c in rt.calls)
-    toks = [c[2].tolist() for c in rt.calls if c[:2] == ("write", "token_ids") and len(c[2]) == 1]
-    assert toks == [[p[-1]], *([t] for t, _ in seen[:4])]
+    # the step-by-step loop stages each step's token from the host, feeds nothing on the device, and reads each
+    # token right behind its own step
+    st = stages(rt)
+    assert [w["token_ids"] for w, _, _ in st] == [[p[-1]], *([t] for t, _ in seen[:4])]
+    assert all(f == {} and r == () for _, f, r in st) and not any(c[0] == "feed" for c in rt.calls)
+    ops = rt.ops()
+    assert ops[ops.index(("run", "decode")) - 1 :] == ["stage", ("run", "decode"), "read_async"] * 5
 
 
 def test_a_caller_stopping_early_leaves_one_step_run_and_the_session_usable():
@@ -145,18 +154,119 @@ def test_feeding_the_device_token_needs_the_previous_step():
         s.enqueue_decode(37)
 
 
+def started(n=34):
+    """A session with a prompt of `n` tokens prefilled but its last, and the decode inputs set."""
+    rt, s = session()
+    p = prompt(n)
+    s.prefill(p[:-1], 512)
+    s.begin_decode()
+    return rt, s, p
+
+
+def test_each_token_is_read_from_its_own_step_whatever_the_order_of_collection():
+    rt, s, p = started()
+    want = reference_generate(p, 4)
+    assert len(set(want)) == 4  # next_token changes at every step: a token read from another step would show
+    handles = [s.enqueue_decode(33, p[-1])] + [s.enqueue_decode(q) for q in (34, 35, 36)]
+    got = {k: int(handles[k].result()[0]) for k in (3, 1, 0, 2)}  # collected out of order, the last first
+    assert [got[k] for k in range(4)] == want
+    # steps 0..2 were read by the stages of steps 1..3 (before those runs rewrote next_token); step 3, which no
+    # later stage read, by a read enqueued at its result() (nothing enqueued since its run)
+    assert [r for _, _, r in stages(rt)] == [(), ("next_token",), ("next_token",), ("next_token",)]
+    assert rt.ops()[-2:] == [("run", "decode"), "read_async"]
+    assert [int(h.result()[0]) for h in handles] == want  # the same value on every call
+
+
+def test_a_token_collected_before_the_next_step_is_read_behind_its_own_run():
+    rt, s, p = started()
+    want = reference_generate(p, 4)
+    h0 = s.enqueue_decode(33, p[-1])
+    assert int(h0.result()[0]) == want[0]  # read now, right behind step 0's run
+    h1 = s.enqueue_decode(34)  # so step 1's stage reads nothing
+    assert h1.done()  # done() enqueues the read too (a caller polling it gets the token)
+    h2 = s.enqueue_decode(35)
+    h3 = s.enqueue_decode(36)
+    assert [int(h.result()[0]) for h in (h3, h2, h1)] == want[:0:-1]
+    assert rt.ops()[rt.ops().index(("run", "decode")) - 1 :] == [
+        "stage", ("run", "decode"), "read_async", "stage", ("run", "decode"), "read_async",
+        "stage", ("run", "decode"), "stage", ("run", "decode"), "read_async"]
+    assert [r for _, _, r in stages(rt)] == [(), (), (), ("next_token",)]  # only step 2 was left for a stage
+    assert repr(h3).startswith("<StepToken <fake_runtime.FakePending")
+
+
+def test_an_unread_step_is_read_before_a_prefill_and_keeps_its_token():
+    rt, s, p = started()
+    h = s.enqueue_decode(33, 5)
+    s.prefill([1, 2], 512, start=34)  # the same sequence goes on at 34, 35 from the host
+    assert rt.ops()[-7:] == ["read_async", *["write"] * 5, ("run", "prefill")]  # read before the prefill runs
+    s.begin_decode()
+    h2 = s.enqueue_decode(36, 7)  # rewrites next_token: h must not read it
+    seq = p[:-1] + [5]
+    assert int(h2.result()[0]) == reference_next(seq + [1, 2, 7])
+    assert int(h.result()[0]) == reference_next(seq) != reference_next(seq + [1, 2, 7])
+
+
+def test_decode_after_generate_continues_the_sequence():
+    rt, s = session()
+    p = prompt(34)
+    out = list(s.generate(p, 5, 512))
+    n = len(rt.calls)
+    assert s.decode(out[-1], 34 + 4) == reference_generate(p, 6)[5]
+    # the host's token staged at the next position, the token read behind that step: generate left nothing unread
+    assert [c[0] if c[0] != "run" else c[:2] for c in rt.calls[n:]] == ["stage", ("run", "decode"), "read_async",
+                                                                        "result"]
+    assert stages(rt)[-1] == ({"positions": [38], "slot_mapping": [38], "seq_lens": [39], "token_ids": [out[-1]]},
+                              {}, ())
+
+
+def test_decode_after_an_early_stop_reads_the_abandoned_step_in_its_stage():
+    rt, s = session()
+    p = prompt(34)
+    it = s.generate(p, 6, 512)
+    got = [next(it), next(it)]
+    it.close()  # step 2 (position 35) was enqueued and nothing read its token
+    assert s.decode(got[1], 35) == reference_generate(p, 3)[2]  # rewrites what that step wrote, the same way
+    assert stages(rt)[-1][2] == ("next_token",)  # that step's token read before this one's run rewrote it
+    assert s.enqueue_decode(36) is not None  # the device's token follows the decode at 35
+
+
+def test_fake_stage_checks_the_contract():
+    rt, s = session()
+    i64 = lambda *v: np.array(v, np.int64)
+    bad = [
+        ({}, "nothing to stage"),
+        ({"writes": {"nope": i64(1)}}, "unknown input nope"),
+        ({"writes": {"seq_lens": i64(1)}}, "seq_lens: wrote int64"),
+        ({"writes": {"cu_seqlens_q": np.zeros(3, np.int32)}}, "wrote 3 elements"),
+        ({"writes": {"positions": np.arange(20, dtype=np.int64)}}, "20 operations, at most 16"),
+        ({"feeds": {"positions": "next_token"}}, "feeds next_token to token_ids only"),
+        ({"writes": {"token_ids": i64(1)}, "feeds": {"token_ids": "next_token"}}, "a name given twice"),
+        ({"reads": ("next_token",)}, "before any decode run"),
+    ]
+    for kw, msg in bad:
+        with pytest.raises(ContractError, match=msg):
+            rt.stage(**kw)
+    s.begin_decode()
+    s.decode(3, 0)
+    for kw, msg in [({"reads": ("logits",)}, "unknown output logits"),
+                    ({"reads": ("next_token", "next_token")}, "a name given twice")]:
+        with pytest.raises(ContractError, match=msg):
+            rt.stage(**kw)
+    value = rt.next_token.copy()
+    reads = rt.stage(feeds={"token_ids": "next_token"}, writes={"positions": i64(1)}, reads=("next_token",))
+    assert (reads["next_token"].result() == value).all() and rt.bufs["token_ids"][0] == value[0]
+
+
 def test_decode_positions_and_seq_lens_follow_the_sequence():
     rt, s = session()
     p = prompt(34)
     out = list(s.generate(p, 4, 512))
-    # the fake's run checks the buffers at each run; the recorded writes tell the same story
-    pos = [c[2][0] for c in rt.calls if c[:2] == ("write", "positions") and len(c[2]) == 1]
-    assert pos[:4] == [33, 34, 35, 36]
-    seq = [c[2][0] for c in rt.calls if c[:2] == ("write", "seq_lens")]
-    assert seq[1:5] == [34, 35, 36, 37]  # after the prefill chunk's 33
-    toks = [c[2][0] for c in rt.calls if c[:2] == ("write", "token_ids") and len(c[2]) == 1]
-    assert toks == [p[-1]]  # the later steps' tokens are fed on the device
-    assert sum(c[0] == "feed" for c in rt.calls) == 3 and out == reference_generate(p, 4)
+    # the fake's run checks the buffers at each run; the recorded stages tell the same story
+    st = stages(rt)
+    assert [(w["positions"], w["slot_mapping"], w["seq_lens"]) for w, _, _ in st] == [
+        ([q], [q], [q + 1]) for q in (33, 34, 35, 36)]
+    assert [w.get("token_ids") for w, _, _ in st] == [[p[-1]], None, None, None]  # then fed on the device
+    assert sum(f == {"token_ids": "next_token"} for _, f, _ in st) == 3 and out == reference_generate(p, 4)
 
 
 @pytest.mark.parametrize("n", [1, 85, 709])

@@ -19,9 +19,13 @@ A generation of N new tokens from a prompt p[0..n-1]:
     repeat N-1 times: t = decode(t, next position)
 
 Only the 8-byte ``next_token`` comes back per step, and nothing waits for it before
-the next step is enqueued: step n + 1 takes its token from step n's ``next_token``
-on the device (``Runtime.write_input_from``) and the host reads step n's token
-(``Runtime.read_output_async``) while the GPU runs step n + 1.
+the next step is enqueued. Between two decode runs there is one stream operation, a
+``Runtime.stage`` launch (kern-driver >= 0.7): it reads step n's ``next_token`` into
+pinned host memory, feeds it to ``token_ids`` on the device and writes step n + 1's
+``positions``, ``slot_mapping`` and ``seq_lens`` as kernel parameters; the host then
+collects step n's token while the GPU runs step n + 1. (Five separate copies did the
+same before, ~18–20 µs per token between the graphs on the H200/H100; the one launch
+~3.5 µs: tools/gpu/staging_probe.py.)
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "KernRunError",
     "ManifestInfo",
     "Qwen3Session",
+    "StepToken",
     "check_request",
     "generate",
 ]
@@ -160,6 +165,46 @@ def check_request(info: ManifestInfo, capacity: int, prompt_ids: Sequence[int], 
         )
 
 
+class StepToken:
+    """The greedy token of one decode step (`Qwen3Session.enqueue_decode`), read back when first needed.
+
+    The read is the next step's stage read (`Runtime.stage(reads=("next_token",))`) when that step is
+    enqueued first; otherwise `result()` or `done()` enqueues `Runtime.read_output_async("next_token")`
+    when called (nothing was enqueued since the step's run, so it reads that step's output). Either way it
+    is a `kern_driver.PendingRead`: `result()` waits for it (for the GPU to finish the step) and returns
+    an i64 array of shape [1], the same array on every call; `done()` is True when `result()` would not wait.
+
+    Raises (result, done): KernDriverError from the read (a launch before it failed, the runtime closed).
+    """
+
+    __slots__ = ("_rt", "_read")
+
+    def __init__(self, rt):
+        self._rt = rt
+        self._read: PendingRead | None = None
+
+    @property
+    def bound(self) -> bool:
+        """True once a read of this step's `next_token` is enqueued."""
+        return self._read is not None
+
+    def bind(self, read: PendingRead | None = None) -> PendingRead:
+        """Attach `read` (a stage's read of this step's `next_token`), or, with None, enqueue one now; a
+        token already bound keeps its read."""
+        if self._read is None:
+            self._read = read if read is not None else self._rt.read_output_async("next_token")
+        return self._read
+
+    def result(self) -> np.ndarray:
+        return self.bind().result()
+
+    def done(self) -> bool:
+        return self.bind().done()
+
+    def __repr__(self) -> str:
+        return f"<StepToken {self._read!r}>" if self._read is not None else "<StepToken unread>"
+
+
 class Qwen3Session:
     """One sequence on a loaded `kern_driver.Runtime` running a Qwen3 manifest.
 
@@ -184,8 +229,8 @@ class Qwen3Session:
         self._pos = np.zeros(1, np.int64)
         self._seq_len = np.zeros(1, np.int32)
         self._cu_decode = np.array([0, 1], np.int32)
-        self._staged: int | None = None  # position whose decode inputs are already written
         self._fed: int | None = None  # position whose token the device's next_token holds (the last step's + 1)
+        self._last: StepToken | None = None  # the last decode step's token, while nothing has read it yet
 
     # -- checks ------------------------------------------------------------
 
@@ -207,8 +252,8 @@ class Qwen3Session:
         """
         chunk = self.clamp_chunk(chunk)
         rt = self.rt
-        self._staged = None  # prefill rewrites the position inputs
-        self._fed = None  # and the sequence: no decode step's next_token follows it
+        self._read_last()  # before a run that might rewrite next_token (a step abandoned unread: early stop)
+        self._fed = None  # prefill rewrites the sequence: no decode step's next_token follows it
         for lo in range(0, len(ids), chunk):
             n = min(chunk, len(ids) - lo)
             positions = np.arange(start + lo, start + lo + n, dtype=np.int64)
@@ -223,52 +268,67 @@ class Qwen3Session:
     def begin_decode(self) -> None:
         """Set the input that stays constant across decode steps (after any prefill)."""
         self.rt.write_input("cu_seqlens_q", self._cu_decode)
-        self._staged = None
 
     def stage_position(self, position: int) -> None:
-        """Write the position inputs of a decode step at `position` (slot = position)."""
+        """Write the position inputs of a decode step at `position` (slot = position) with `write_input`
+        (three host-to-device copies), for a caller that runs the `decode` program itself
+        (tools/gpu/step_gap_probe.py); `enqueue_decode` writes them in its own stage and does not need this."""
         self._pos[0] = position
         self._seq_len[0] = position + 1
         self.rt.write_input("positions", self._pos, prefix=True)
         self.rt.write_input("slot_mapping", self._pos, prefix=True)
         self.rt.write_input("seq_lens", self._seq_len)
-        self._staged = position
 
-    def enqueue_decode(self, position: int, token: int | None = None) -> "PendingRead":
-        """Enqueue one decode step at `position` and return its greedy token as a pending read
-        (`kern_driver.PendingRead`; `.result()[0]` is the token, an int64) without waiting for it.
+    def enqueue_decode(self, position: int, token: int | None = None) -> StepToken:
+        """Enqueue one decode step at `position` and return its greedy token as a `StepToken`
+        (`.result()[0]` is the token, an int64) without waiting for the GPU.
 
-        `token`: the step's input token from the host; None feeds the previous step's `next_token` on
-        the device (`Runtime.write_input_from`), which must then have been enqueued at `position - 1`.
-        The next step's position inputs are known in advance and written right after this step is
-        enqueued (the copies queue behind it on the runtime's stream). So the host can enqueue step
-        n + 1 before it collects step n's token, and the GPU no longer waits for the host's read-back
-        between steps (H200, Qwen3-4B: the step-by-step loop left it idle 44–97 µs per token, 9–13 µs
-        remain; BENCHMARKS.md "Session 10"). The call returns only once the step at `position - 1` has
-        completed: `Runtime.write_input` keeps one pinned staging buffer per input and waits for its
-        previous copy, so at most one step is queued ahead of the GPU (enough to keep it busy).
+        Two stream operations: one `Runtime.stage` launch, then the `decode` run. The stage writes
+        `positions = slot_mapping = [position]` and `seq_lens = [position + 1]` as kernel parameters, and
+        the step's token: `token` from the host, or, when None, the previous step's `next_token` copied on
+        the device (that step must have been enqueued at `position - 1`). If the previous step's token has
+        not been read yet, the same stage reads it back (its reads see `next_token` before this step's run
+        rewrites it), so the pipelined loop collects step n's token while the GPU runs step n + 1, with one
+        launch between the graphs instead of five copies (~3.5 vs ~18–20 µs per token on the H200/H100:
+        tools/gpu/staging_probe.py). A token that no later stage reads is read at its `result()`/`done()` or
+        before the next prefill (`Runtime.read_output_async`: nothing has touched `next_token` since its
+        run), so every token comes from its own step, provided the runtime's runs go through this session.
+        Nothing here waits for the GPU (the stage carries its values by value); a caller that never collects
+        tokens runs ahead at most as many steps as kern-driver has pinned read slots per output (4: a read
+        that finds them all pending waits for the oldest).
 
         Raises:
             KernRunError: `token` is None but no decode step was enqueued at `position - 1` since the
                 last prefill.
+            KernDriverError: from `Runtime.stage` or `Runtime.run` (e.g. a failed launch before the oldest
+                pending read that must be resolved to free its slot).
         """
         if token is None and self._fed != position:
             held = ("no decode step has been enqueued since the last prefill" if self._fed is None
                     else f"it holds the token for position {self._fed} (the last step enqueued was at {self._fed - 1})")
             raise KernRunError(f"decode at position {position} from the device's next_token: {held}; "
                                "pass the step's input token (token=...)")
-        if self._staged != position:
-            self.stage_position(position)
-        if token is None:
-            self.rt.write_input_from("token_ids", "next_token")
-        else:
+        self._pos[0] = position
+        self._seq_len[0] = position + 1
+        writes = {"positions": self._pos, "slot_mapping": self._pos, "seq_lens": self._seq_len}
+        feeds = {"token_ids": "next_token"} if token is None else None
+        if token is not None:
             self._token[0] = token
-            self.rt.write_input("token_ids", self._token, prefix=True)
+            writes["token_ids"] = self._token
+        last = self._last if self._last is not None and not self._last.bound else None
+        reads = self.rt.stage(writes=writes, feeds=feeds, reads=("next_token",) if last else ())
+        if last:
+            last.bind(reads["next_token"])
         self.rt.run("decode", graph=self.graph, tokens=1)
-        pending = self.rt.read_output_async("next_token")
         self._fed = position + 1
-        self.stage_position(position + 1)  # overlaps with the GPU running this step
-        return pending
+        self._last = StepToken(self.rt)
+        return self._last
+
+    def _read_last(self) -> None:
+        """Read the last decode step's token now if nothing has (before a run that may rewrite `next_token`)."""
+        if self._last is not None:
+            self._last.bind()
+            self._last = None
 
     def decode(self, token: int, position: int) -> int:
         """Feed `token` at `position`; return the greedy next token (8 bytes read back, waiting for it)."""
@@ -315,10 +375,13 @@ class Qwen3Session:
         return self._generate(prompt_ids, steps, chunk)
 
     def _generate(self, prompt_ids: list[int], steps: int, chunk: int) -> Iterator[int]:
-        # Pipelined: step i + 1 is enqueued (its token fed on the device) before step i's token is read,
-        # so the GPU runs it while the host reads, yields and the caller consumes. Without `pipeline`, each
-        # step is enqueued only after the caller took the previous token, which the host writes (the loop
-        # before session 10; the GPU state, e.g. the logits buffer, is then that token's step's).
+        # Pipelined: step i + 1 is enqueued (one stage launch: step i's token read back, fed to token_ids on
+        # the device, the position inputs written; then the run) before step i's token is collected, so the
+        # GPU runs it while the host waits for the read, yields and the caller consumes. The last step's token
+        # is read when collected (read_output_async). Without `pipeline`, each step is enqueued only after
+        # the caller took the previous token, which the stage writes from the host, and each token is read
+        # right behind its step (the loop before session 10; the GPU state, e.g. the logits buffer, is then
+        # that token's step's).
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         t0 = time.perf_counter()
         self.prefill(prompt_ids[:-1], chunk)
