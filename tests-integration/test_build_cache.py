@@ -7,7 +7,10 @@
 - the keys follow every input of a compile (defines, a byte of any kernels-src file, Triton options, nvcc's
   version, build_kernels.py itself) and nothing else (not the path of kernels-src);
 - a damaged or half-written entry is a miss, and the compile repairs it; entries are written atomically;
-- `--no-cache` wins over KERN_BUILD_CACHE, and the cache is off without either.
+- `--no-cache` wins over KERN_BUILD_CACHE, and the cache is off without either;
+- the tests' own nvcc runs (nvcc_jobs.nvcc_builds) share the cache: a cold cache stores the bytes of an uncached
+  compile, still started together, a warm one runs no nvcc, and a default module is build_kernels' entry; a source
+  outside kernels-src and a failed compile are never stored.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +31,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import build_kernels as bk  # noqa: E402
 from geometries import load_geometry  # noqa: E402  (kernels-src, on sys.path through build_kernels)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nvcc_jobs import nvcc_builds  # noqa: E402  (this folder's helpers)
 
 GEOMETRIES = ["0.6b", "4b"]  # built_kernels' geometries (the examples')
 SUBSET_CUDA = ("embedding.cu", "argmax.cu")  # CUDA modules of the subset: a module of several entries, a -D form
@@ -142,6 +149,10 @@ def test_cuda_key(tmp_path, monkeypatch):
     others = [bk.cuda_key("gemv.cu"), bk.cuda_key("gemv.cu", ("GEMV_PASSES=3",)),
               bk.cuda_key("gemv.cu", ("GEMV_PASSES=2", "KERN_PDL")), bk.cuda_key("argmax.cu", ("GEMV_PASSES=2",))]
     assert len({key, *others}) == 5
+    # the key of nvcc_jobs.py's run of the same command line, and of its PTX run: another kind of entry
+    assert bk.nvcc_key([*bk.NVCC_FLAGS, "-DGEMV_PASSES=2", "gemv.cu"]) == key
+    ptx = [f for f in bk.NVCC_FLAGS if f != "-cubin"] + ["-ptx", "-DGEMV_PASSES=2", "gemv.cu"]
+    assert bk.nvcc_key(ptx) not in {key, *others}
     # the path of kernels-src is no input; the bytes and names of its files are
     src = shutil.copytree(bk.SRC, tmp_path / "src")
     monkeypatch.setattr(bk, "SRC", src)
@@ -323,3 +334,91 @@ def test_cache_option_errors(tmp_path, monkeypatch, capsys, restore_env):
             bk.main(["--out", str(tmp_path / "k"), *argv])
         assert e.value.code == 2
         assert says in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------ the tests' own nvcc runs (nvcc_jobs.py)
+
+#: cheap sources: two cubins of one source (a -D form), that form's PTX, another source's cubin
+NVCC_JOBS = {"argmax": ("argmax.cu", (), "argmax.cubin"), "argmax_pdl": ("argmax.cu", ("KERN_PDL",), "argmax_pdl.cubin"),
+             "argmax_pdl_ptx": ("argmax.cu", ("KERN_PDL",), "argmax_pdl.ptx"),
+             "embedding": ("embedding.cu", (), "embedding.cubin")}
+
+
+def _recorded_builds(monkeypatch, tmp: Path, jobs: dict) -> tuple[dict[str, bytes], list[str]]:
+    """nvcc_builds(tmp, jobs) with its nvcc runs logged: ({job: bytes of its file}, ["start" or "wait", ...])."""
+    log = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *a, **kw):
+            log.append("start")
+            super().__init__(*a, **kw)
+
+        def communicate(self, *a, **kw):
+            log.append("wait")
+            return super().communicate(*a, **kw)
+
+    tmp.mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(subprocess, "Popen", Recorded)
+        out = nvcc_builds(tmp, jobs)
+    return {key: path.read_bytes() for key, path in out.items()}, log
+
+
+def _refuse_nvcc(monkeypatch) -> None:
+    """From here on, any process start fails the test (`nvcc --version`, the keys', is run first)."""
+    bk._nvcc_version(bk._nvcc())
+
+    def refuse(*a, **kw):
+        raise AssertionError(f"ran {a[0] if a else kw.get('args')} on a warm cache")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def test_nvcc_builds_on_the_cache_are_the_uncached_bytes(tmp_path, monkeypatch):
+    monkeypatch.delenv(bk.CACHE_ENV, raising=False)
+    plain, log = _recorded_builds(monkeypatch, tmp_path / "plain", NVCC_JOBS)
+    assert log == ["start"] * 4 + ["wait"] * 4  # every run started before the first is waited for
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(bk.CACHE_ENV, str(cache))
+    bk._nvcc_version(bk._nvcc())  # the keys' `nvcc --version` (once per process): not in the log
+    cold, log = _recorded_builds(monkeypatch, tmp_path / "cold", NVCC_JOBS)
+    assert cold == plain and log == ["start"] * 4 + ["wait"] * 4
+    # one entry per job, its bytes the job's: the PTX under its own key, beside the cubin of the same defines
+    entries = sorted(p.name for p in cache.iterdir())
+    assert len(entries) == 8 and all(n.endswith((".cubin", ".json")) for n in entries)
+    stored = sorted(bk.cache_get(cache, n.removesuffix(".json"))[0] for n in entries if n.endswith(".json"))
+    assert stored == sorted(plain.values())
+    assert plain["argmax_pdl"].startswith(b"\x7fELF") and plain["argmax_pdl_ptx"].startswith(b"//")
+    before = _files(cache)
+    _refuse_nvcc(monkeypatch)
+    (tmp_path / "warm").mkdir()
+    warm = nvcc_builds(tmp_path / "warm", NVCC_JOBS)
+    assert {key: path.read_bytes() for key, path in warm.items()} == plain
+    assert _files(cache) == before  # hits write nothing
+
+
+def test_nvcc_builds_share_build_kernels_entries(built_kernels, tmp_path, monkeypatch):
+    """A default module's job (gemv.cu's, without -D: the same nvcc command line) is build_kernels' entry."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(bk.CACHE_ENV, str(cache))
+    try:
+        bk.cache_put(cache, bk.cuda_key("gemv.cu"), (built_kernels / "gemv.cubin").read_bytes())
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    _refuse_nvcc(monkeypatch)
+    got = nvcc_builds(tmp_path, {"gemv": ("gemv.cu", (), "gemv.cubin")})["gemv"]
+    assert got.read_bytes() == (built_kernels / "gemv.cubin").read_bytes()
+
+
+def test_nvcc_builds_store_no_foreign_source_nor_failure(tmp_path, monkeypatch):
+    """A source outside kernels-src (not in the key) compiles every time, and a failed compile fails with the job's
+    key and nvcc's message: neither is stored."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(bk.CACHE_ENV, str(cache))
+    (tmp_path / "stub.cu").write_text('extern "C" __global__ void stub(int *p) { *p = 1; }\n')
+    jobs = {"stub": (str(tmp_path / "stub.cu"), (), "stub.cubin")}
+    for i in range(2):
+        assert _recorded_builds(monkeypatch, tmp_path / f"stub{i}", jobs)[1] == ["start", "wait"]
+    with pytest.raises(AssertionError, match=r"^bad: (.|\n)*GEMV_PASSES: 1 \(the default form\) to 8"):
+        nvcc_builds(tmp_path, {"bad": ("gemv.cu", ("GEMV_PASSES=0",), "bad.cubin")})
+    assert not cache.exists() or not list(cache.iterdir())

@@ -213,7 +213,8 @@ def _triton_job(args):
 #
 # Opt-in (`--cache DIR` / KERN_BUILD_CACHE=DIR): one entry per compile, DIR/KEY.cubin + DIR/KEY.json
 # ({"sha256": of the cubin, and for Triton "entry", "shared"}). The key is the sha256 of everything the
-# compile reads, so a hit is the compile's output, byte for byte (the build is reproducible).
+# compile reads, so a hit is the compile's output, byte for byte (the build is reproducible). The tests' own
+# nvcc runs (tests-integration/nvcc_jobs.py) share it through `nvcc_key`; a PTX entry's KEY.cubin is PTX text.
 
 CACHE_ENV = "KERN_BUILD_CACHE"
 
@@ -246,12 +247,20 @@ def _key(kind: str, what) -> str:
 
 
 def cuda_key(source: str, defines: tuple[str, ...] = ()) -> str:
-    """Cache key of an nvcc module: its command line but the output (NVCC_FLAGS, catalog.CUDA_FLAGS[source],
-    the -D defines, the source), nvcc's `--version`, the NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS nvcc reads,
-    and every *.cu, *.cuh, *.h of kernels-src (its includes; CUDA's own headers come with the version)."""
-    return _key("cuda", {"args": _nvcc_args(source, tuple(defines)), "nvcc": _nvcc_version(_nvcc()),
-                         "env": [os.environ.get(v) for v in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")],
-                         "sources": _sources("*.cu", "*.cuh", "*.h")})
+    """Cache key of an nvcc module: `nvcc_key` of its command line but the output (NVCC_FLAGS,
+    catalog.CUDA_FLAGS[source], the -D defines, the source)."""
+    return nvcc_key(_nvcc_args(source, tuple(defines)))
+
+
+def nvcc_key(args: list[str]) -> str:
+    """Cache key of an nvcc run in kernels-src on one of its sources, `args` its command line but nvcc and the
+    output (`-o FILE`): the args, nvcc's `--version`, the NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS nvcc reads, and
+    every *.cu, *.cuh, *.h of kernels-src (its includes; CUDA's own headers come with the version). A PTX run
+    (`-ptx` in args) is keyed as another kind than a cubin's, so that its entry is never taken for a cubin."""
+    return _key("ptx" if "-ptx" in args else "cuda",
+                {"args": list(args), "nvcc": _nvcc_version(_nvcc()),
+                 "env": [os.environ.get(v) for v in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")],
+                 "sources": _sources("*.cu", "*.cuh", "*.h")})
 
 
 def triton_key(k: Kernel) -> str:
