@@ -135,6 +135,7 @@ def test_a_multi_row_prefix_write_is_split_into_immediates(srt):
     ({"writes": {"token_ids": np.zeros(1, np.int64)}, "feeds": {"token_ids": "next_token"}},
      "input(s) `token_ids` both written and fed"),
     ({"reads": ["next_token", "next_token"]}, "name an output more than once"),
+    ({"reads": "next_token"}, "a sequence of output names, not one string"),
     ({"writes": {"nope": np.zeros(1, np.int64)}}, "stage(writes=...): unknown buffer `nope`"),
     ({"writes": {"w": np.zeros(1, np.uint16)}}, "`w` is a `weight` buffer; only `input` buffers are written"),
     ({"writes": {"positions": np.zeros(1, np.int32)}}, "stage(writes=...)(`positions`): array dtype int32"),

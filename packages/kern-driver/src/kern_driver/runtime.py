@@ -842,7 +842,7 @@ class Runtime:
         """Enqueue one launch of kern-driver's staging kernel (`stage_kernel`) that does, on the runtime's stream and
         in its order, what `read_output_async`, `write_input_from` and `write_input(..., prefix=True)` would do as
         separate stream operations: between two runs of a decode program one launch instead of five copies
-        (~3.5 µs instead of ~18–20 µs per step on the H200 and H100; BENCHMARKS.md "Session 25").
+        (+4.9 µs instead of +19.5 µs per 4B step on the H200; BENCHMARKS.md "Session 25").
 
         Args:
             writes: {input name: array}: a prefix write of each (the dtype the buffer's, the shape a prefix along
@@ -863,6 +863,9 @@ class Runtime:
                 the kernel's PTX failing to load (the driver's JIT), or the launch failing.
         """
         self._alive()
+        if isinstance(reads, str):
+            raise KernDriverError(f"stage(reads={reads!r}): a sequence of output names, not one string",
+                                  hint=f"pass reads=[{reads!r}]")
         writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads)
         if not (writes or feeds or reads):
             raise KernDriverError("stage(): nothing to stage", hint="pass writes=, feeds= and/or reads=")
@@ -870,7 +873,8 @@ class Runtime:
             raise KernDriverError(f"stage(): input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
                                   hint="give each input one source")
         if len(set(reads)) != len(reads):
-            raise KernDriverError(f"stage(): reads {reads} name an output more than once")
+            raise KernDriverError(f"stage(): reads {reads} name an output more than once",
+                                  hint="list each output once: one read returns its value to every user")
         ops: list[stage_kernel.StageOp] = []
         for name, array in writes.items():
             r, data = self._input_bytes(name, array, True, "stage(writes=...)")

@@ -5,7 +5,7 @@ seq_lens), feeds the last run's output back as an input (next_token → token_id
 As separate stream operations (three `cuMemcpyHtoDAsync` with their events, a `cuMemcpyDtoDAsync`, a
 `cuMemcpyDtoHAsync`) they cost ~18–20 µs per step between the graphs (H200 and H100, Qwen3-4B and -0.6B:
 each operation between two graph launches waits for the one before; tools/gpu/staging_probe.py,
-BENCHMARKS.md "Session 25"); one launch of this kernel doing all of it costs ~3.5 µs: the written values
+BENCHMARKS.md "Session 25"); one launch of this kernel doing all of it costs +4.9 µs (H200; its prototype +3.2–3.7 on H200 and H100): the written values
 travel as kernel parameters, and the read-back is stored straight into mapped pinned host memory.
 
 The kernel (`SOURCE`, CUDA C; `PTX` is `nvcc -arch=compute_90 -ptx` of it, nvcc 13.0, loaded with
