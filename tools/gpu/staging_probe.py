@@ -103,24 +103,12 @@ def main() -> int:
 
     import numpy as np
 
-    from bench_decode import random_prompt
-    from benchinfo import kv_capacity
-    from kern_driver import Runtime
     from kern_driver.cuda import PinnedBuffer, check, drv
-    from kern_run.generator import ManifestInfo, Qwen3Session
-    from prepare import paths, weights_for
+    from step_gap_probe import decoding_session
 
-    p = paths(a.work, a.geometry)
-    capacity = kv_capacity(a.context, 64)
-    rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=capacity)
+    rt, _ = decoding_session(a.work, a.geometry, a.context)  # next_token written by the step at context − 1
+    pos = a.context - 1
     try:
-        s = Qwen3Session(rt, ManifestInfo.read(p["manifest"]), capacity=capacity, graph=True)
-        s.warmup()
-        prompt = random_prompt(a.context)
-        s.prefill(prompt[:-1], 512)
-        s.begin_decode()
-        pos = a.context - 1
-        s.decode(prompt[-1], pos)  # captures nothing new: warmup did; leaves next_token written
         rt.synchronize()
         stream, arena = rt._stream, rt._arena
         off = {n: rt.layout.buffers[n].offset for n in ("positions", "slot_mapping", "seq_lens", "token_ids",

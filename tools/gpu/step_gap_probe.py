@@ -45,6 +45,32 @@ def capture_n(rt, program: str, n: int, env: dict[str, int]):
     return g, ex
 
 
+def decoding_session(work: Path, geometry: str, context: int):
+    """(runtime, Qwen3Session) of DIR/qwen3-<geometry> (tools/gpu/prepare.py's layout), its graphs captured, a
+    `context`-token random prompt prefilled and its last token decoded at position context − 1 (next_token
+    written). The caller closes the runtime. Shared with tools/gpu/staging_probe.py."""
+    from bench_decode import random_prompt
+    from benchinfo import kv_capacity
+    from kern_driver import Runtime
+    from kern_run.generator import ManifestInfo, Qwen3Session
+    from prepare import paths, weights_for
+
+    p = paths(work, geometry)
+    capacity = kv_capacity(context, 64)
+    rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=capacity)
+    try:
+        s = Qwen3Session(rt, ManifestInfo.read(p["manifest"]), capacity=capacity, graph=True)
+        s.warmup()
+        prompt = random_prompt(context)
+        s.prefill(prompt[:-1], 512)
+        s.begin_decode()
+        s.decode(prompt[-1], context - 1)
+    except BaseException:
+        rt.close()
+        raise
+    return rt, s
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True)
@@ -63,24 +89,11 @@ def main() -> int:
     if a.context < 1 or a.rounds < 1:
         ap.error("--context and --rounds: positive ints")
 
-    from bench_decode import random_prompt
-    from benchinfo import kv_capacity
-    from kern_driver import Runtime
     from kern_driver.cuda import check, drv
-    from kern_run.generator import ManifestInfo, Qwen3Session
-    from prepare import paths, weights_for
 
-    p = paths(a.work, a.geometry)
-    capacity = kv_capacity(a.context, 64)
-    rt = Runtime.load(p["manifest"], p["kernels"], weights_for(p["manifest"], p), capacity_tokens=capacity)
+    rt, s = decoding_session(a.work, a.geometry, a.context)  # the step kern-run would replay
     try:
-        s = Qwen3Session(rt, ManifestInfo.read(p["manifest"]), capacity=capacity, graph=True)
-        s.warmup()
-        prompt = random_prompt(a.context)
-        s.prefill(prompt[:-1], 512)
-        s.begin_decode()
-        s.decode(prompt[-1], a.context - 1)  # the step kern-run would replay, then its inputs for the next position
-        s.stage_position(a.context)
+        s.stage_position(a.context)  # then its inputs for the next position
         rt.synchronize()
         graphs = {n: capture_n(rt, "decode", n, {"tokens": 1}) for n in ns}
         times: dict[int, list[float]] = {n: [] for n in ns}

@@ -289,7 +289,7 @@ class Qwen3Session:
         the device (that step must have been enqueued at `position - 1`). If the previous step's token has
         not been read yet, the same stage reads it back (its reads see `next_token` before this step's run
         rewrites it), so the pipelined loop collects step n's token while the GPU runs step n + 1, with one
-        launch between the graphs instead of five copies (~3.5 vs ~18–20 µs per token on the H200/H100:
+        launch between the graphs instead of five copies (+4.9 vs +19.5 µs per 4B token on the H200:
         tools/gpu/staging_probe.py). A token that no later stage reads is read at its `result()`/`done()` or
         before the next prefill (`Runtime.read_output_async`: nothing has touched `next_token` since its
         run), so every token comes from its own step, provided the runtime's runs go through this session.
