@@ -168,9 +168,7 @@ static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger
 static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_THREADS (DA_WARPS * 32)
 #define DA_COLUMN_THREAD(d) (DA_THREADS == DA_D || (d) < DA_D)  // thread d owns output column d
-#ifndef DA_MAX_G  // q heads per kv head the merges are sized for (a what-if build for G <= 4 may set 4: NOTES.md 68)
 #define DA_MAX_G 8
-#endif
 #define DA_MIN_PAGES_PER_SPLIT 4
 #define DA_MAX_SPLITS 64
 // The head-major KV layout (the header; NOTES.md 52, 58; the -DDA_BULK experiment until session 21): a page of one
