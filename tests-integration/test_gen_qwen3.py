@@ -584,18 +584,20 @@ def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:
 
 
 def test_screen_constants_match_the_source() -> None:
-    """The catalog's rows per warp, loads per stage and pick rows are lm_head_screen.cu's own (SCREEN_ENTRY's
-    arguments, LS_PICK_ROWS): the generator sizes grids and counts from them, so a mismatch would leave rows unread."""
+    """The catalog's rows per warp, loads per stage, row groups per block and pick rows are lm_head_screen.cu's own
+    (SCREEN_ENTRY's arguments, LS_PICK_ROWS): the generator sizes grids and counts from them, so a mismatch would
+    leave rows unread."""
     import catalog
 
     src = (ROOT / "tools" / "kernels-src" / "lm_head_screen.cu").read_text()
-    entries = {name: (int(r), int(u)) for name, r, u in
-               re.findall(r"^SCREEN_ENTRY\((\w+), (\d+), (\d+), \d+\)", src, re.M)}
+    entries = {name: (int(r), int(u), int(p)) for name, r, u, p in
+               re.findall(r"^SCREEN_ENTRY\((\w+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
     kernels = {k.name: k for k in catalog._lm_head_screen_kernels()}
-    assert set(entries) == {n for n in kernels if "screen" in n}
-    for name, (rows, loads) in entries.items():
+    assert entries and set(entries) == {n for n in kernels if "screen" in n}
+    for name, (rows, loads, passes) in entries.items():
         cx = kernels[name].constexprs
-        assert (cx["ROWS_PER_WARP"], cx["LOADS_PER_STAGE"], cx["WARPS"]) == (rows, loads, 8), name
+        assert (cx["ROWS_PER_WARP"], cx["LOADS_PER_STAGE"], cx["PASSES"], cx["WARPS"]) == (rows, loads, passes, 8), \
+            name
     pick_rows = int(re.search(r"^#define LS_PICK_ROWS (\d+)", src, re.M).group(1))
     assert kernels["kern_lmhead_pick_m1"].constexprs["PICK_ROWS"] == pick_rows
 

@@ -36,12 +36,16 @@ ARGMAX_BLOCK = 2048
 #: (n, k): the Qwen3 vocabulary at the 4B and 0.6B hidden sizes, a k with two int8 stages (5120: 10 loads per lane
 #: and row), and small odd shapes (n not a multiple of a block's 32 rows, k of a few int8 vectors).
 SHAPES = [(151936, 2560), (151936, 1024), (4000, 5120), (1001, 1040), (77, 48)]
+#: The stage-1 entries: the default, `_r8` (8 rows per warp), and their `_pP` forms (P row groups per block, grid
+#: ceil_div(nb1, P): the same keys and, per group, the same bpart as their one-group entry).
+SCREENS = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_screen_m1_p2", "kern_lmhead_screen_m1_p4",
+           "kern_lmhead_screen_m1_r8_p2")
 
 
 @pytest.fixture(scope="session")
 def kdir(tmp_path_factory) -> Path:
     return kernels_dir(tmp_path_factory, "kernels", ["0.6b"],
-                       needed=["kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_pick_m1",
+                       needed=[*SCREENS, "kern_lmhead_pick_m1",
                                "kern_gemv_norm_m1", "argmax_partial",
                                "argmax_reduce"])
 
@@ -80,7 +84,6 @@ def dense(ks: KernelSet, x, nw, w) -> tuple[int, torch.Tensor]:
     return int(out.item()), logits
 
 
-SCREENS = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8")
 
 
 def screened(ks: KernelSet, x, nw, q8, rows, w, screen: str) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,7 +98,7 @@ def screened(ks: KernelSet, x, nw, q8, rows, w, screen: str) -> tuple[int, torch
     bpart = torch.full((nb1,), 0x5A5A5A5A, dtype=torch.int32, device=DEV)
     partial = torch.full((parts,), -1, dtype=torch.int64, device=DEV)
     out = torch.full((1,), -7, dtype=torch.int64, device=DEV)
-    launch(ks, screen, nb1, [x, nw, q8, rows, xn, keys, bpart, n, k, EPS])
+    launch(ks, screen, math.ceil(nb1 / e.get("PASSES", 1)), [x, nw, q8, rows, xn, keys, bpart, n, k, EPS])
     launch(ks, "kern_lmhead_pick_m1", parts, [xn, w, keys, bpart, nb1, partial, n, k])
     launch(ks, "argmax_reduce", 1, [partial, out, parts])
     torch.cuda.synchronize()
@@ -118,9 +121,15 @@ def check_case(ks: KernelSet, x, nw, w, what: str) -> tuple[int, int]:
     tok_d, logits = dense(ks, x, nw, w)
     dord = order(logits.view(torch.int16))
     n = w.shape[0]
-    counts = []
+    counts, first = [], {}
     for screen in SCREENS:
         tok_s, keys, bpart, xn = screened(ks, x, nw, q8, rows, w, screen)
+        # every entry computes each row's bounds in the same arithmetic: the same keys; the same bpart per group of
+        # the same rows per warp (the `_pP` forms against their one-group entry)
+        rpw = ks.kernels[screen]["constexprs"]["ROWS_PER_WARP"]
+        k0, b0 = first.setdefault(rpw, (keys, bpart))
+        assert torch.equal(keys, k0) and torch.equal(bpart, b0), \
+            f"{what}, {screen}: keys or bpart differ from the first entry with {rpw} rows per warp"
         assert tok_s == tok_d, f"{what}, {screen}: screened token {tok_s} != dense token {tok_d}"
         assert not bool((xn == SENTINEL).all()), f"{what}, {screen}: xn not written (still the poison {SENTINEL})"
         assert bool((keys >= dord).all()), (
@@ -133,7 +142,7 @@ def check_case(ks: KernelSet, x, nw, w, what: str) -> tuple[int, int]:
         assert bool((bpart <= pad.view(-1, rpb).max(1).values).all()), \
             f"{what}, {screen}: a block's lower bound exceeds its rows"
         counts.append(int((keys >= int(bpart.max().item())).sum().item()))
-    assert counts[0] == counts[1], f"{what}: the two entries' candidates differ: {counts} (the same arithmetic per row)"
+    assert len(set(counts)) == 1, f"{what}: the entries' candidates differ: {counts} (the same arithmetic per row)"
     return tok_d, counts[0]
 
 

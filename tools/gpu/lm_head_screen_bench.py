@@ -11,7 +11,8 @@ program makes them:
   + argmax_reduce_pdl (the ops `gemv_norm_lm_head` and `argmax`);
 - screened: kern_lmhead_screen_m1 (its `_r8` entry for k ≤ 1,024, as gen_qwen3 --lm-head screened picks) +
   kern_lmhead_pick_m1 + argmax_reduce_pdl;
-- screen alone: that screen entry repeated.
+- screen alone: that screen entry repeated;
+- the same two for each `_pP` form of that entry (P row groups per block; the same pick and reduce after it).
 Prints µs per repetition (median of the replays), the bytes each form must read (the head's bf16 or int8 bytes,
 its row table) and their floor at 4.2 TB/s, and checks that both forms give the same token. A probe: prints a table,
 appends nothing; `--help` needs no GPU.
@@ -100,21 +101,34 @@ def main(argv: list[str] | None = None) -> int:
         dense = [launcher(gemv, math.ceil(V / 16), [x, nw, w, logits, V, H, EPS, 1]),
                  launcher("argmax_partial_pdl", parts_d, [logits, partial_d, V, parts_d]),
                  launcher("argmax_reduce_pdl", 1, [partial_d, out_d, parts_d])]
-        screen = launcher(sname, nb1, [x, nw, q8, rows, xn, keys, bpart, V, H, EPS])
-        screened = [screen, launcher("kern_lmhead_pick_m1", parts_s, [xn, w, keys, bpart, nb1, partial_s, V, H]),
-                    launcher("argmax_reduce_pdl", 1, [partial_s, out_s, parts_s])]
-        res = {}
-        print(f"| {H} | (screen entry {sname}) | | | | |")
-        for name, seq in (("dense", dense), ("screened", screened), ("screen alone", [screen])):
-            res[name] = time_graph(lambda seq=seq: [f() for _ in range(a.reps) for f in seq])
+        pick = launcher("kern_lmhead_pick_m1", parts_s, [xn, w, keys, bpart, nb1, partial_s, V, H])
+        reduce = launcher("argmax_reduce_pdl", 1, [partial_s, out_s, parts_s])
+        # the rule's entry, then its row-group forms (`_pP`: P groups per block, ceil_div(nb1, P) blocks; the same
+        # keys and bpart)
+        entries = [sname] + sorted((e for e in ks.kernels if e.startswith(sname + "_p")),
+                                   key=lambda e: ks.kernels[e]["constexprs"]["PASSES"])
+        res: dict[str, float] = {"dense": time_graph(lambda: [f() for _ in range(a.reps) for f in dense])}
         torch.cuda.synchronize()
-        same = int(out_d.item()) == int(out_s.item())
-        b = {"dense": V * H * 2, "screened": V * H + V * 16, "screen alone": V * H + V * 16}
+        dense_token = int(out_d.item())
+        b = {"dense": V * H * 2}
+        tokens = {}
+        for e in entries:
+            npass = ks.kernels[e]["constexprs"].get("PASSES", 1)
+            screen = launcher(e, math.ceil(nb1 / npass), [x, nw, q8, rows, xn, keys, bpart, V, H, EPS])
+            for name, seq in ((f"screened ({e})", [screen, pick, reduce]), (f"screen alone ({e})", [screen])):
+                out_s.fill_(-1)
+                res[name] = time_graph(lambda seq=seq: [f() for _ in range(a.reps) for f in seq])
+                b[name] = V * H + V * 16
+                if name.startswith("screened"):
+                    torch.cuda.synchronize()
+                    tokens[e] = int(out_s.item())
         for name, us in res.items():
             floor = b[name] / BW * 1e6
             print(f"| {H} | {name} | {us:.1f} | {b[name] / 1e6:.0f} | {floor:.1f} | {us / floor:.2f} |")
         cand = int((keys.to(torch.int64) & 0xFFFF).ge(int((bpart.to(torch.int64) & 0xFFFFFFFF).max())).sum())
-        print(f"| {H} | tokens {'identical' if same else 'DIFFER'} ({int(out_d.item())}); candidates {cand} | | | | |")
+        same = all(t == dense_token for t in tokens.values())
+        print(f"| {H} | tokens {'identical' if same else 'DIFFER: ' + str(tokens)} ({dense_token}); candidates {cand} "
+              "| | | | |")
     return 0
 
 

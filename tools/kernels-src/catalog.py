@@ -501,6 +501,10 @@ LM_PICK_ROWS = 1024
 LM_SCREEN_LOADS = 5
 #: The `_r8` screen entry (short rows, k ≤ 1,024): rows per warp and int8 loads per row per stage.
 LM_SCREEN_R8 = (8, 2)
+#: Row groups per block of the `_p` screen entries (lm_head_screen.cu SCREEN_ENTRY; NOTES.md 68): of the default entry,
+#: and of the `_r8` entry.
+LM_SCREEN_PASSES = (2, 4)
+LM_SCREEN_R8_PASSES = (2,)
 
 
 def _lm_head_screen_kernels() -> list[Kernel]:
@@ -514,7 +518,7 @@ def _lm_head_screen_kernels() -> list[Kernel]:
     xn = P("xn", BF16_OUT, True)
     keys, bpart = P("keys", "out buffer<u16>", True), P("bpart", "out buffer<u32>", True)
     const = {"WARPS": GEMV_WARPS, "ROWS_PER_WARP": LM_SCREEN_ROWS_PER_WARP, "PICK_ROWS": LM_PICK_ROWS,
-             "LOADS_PER_STAGE": LM_SCREEN_LOADS}
+             "LOADS_PER_STAGE": LM_SCREEN_LOADS, "PASSES": 1}
     pdl = (" Programmatic dependent launch: launch_dependents and griddepcontrol.wait at entry (stage 1 first "
            "issues its int8 weight loads), nothing of an earlier launch read before the wait.")
     screen = Kernel(name="kern_lmhead_screen_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_screen_m1",
@@ -536,7 +540,15 @@ def _lm_head_screen_kernels() -> list[Kernel]:
                  doc=screen.doc + f" The `_r8` entry: {r8_rows} rows per warp, {r8_loads} int8 loads per row per stage "
                      f"(k ≤ {16 * 32 * r8_loads} in one stage): half the blocks of the default entry, so half the "
                      "per-block prologues (the norm, x's quantization), which dominate short rows.")
-    return [screen, r8,
+    passes = [replace(base, name=f"{base.name}_p{p}", entry=f"{base.entry}_p{p}",
+                      constexprs={**base.constexprs, "PASSES": p},
+                      grid=f"(ceil_div(ceil_div(n, {GEMV_WARPS * base.constexprs['ROWS_PER_WARP']}), {p}), 1, 1): "
+                           f"{p} groups of 8 warps × {base.constexprs['ROWS_PER_WARP']} rows per block",
+                      doc=base.doc + f" The `_p{p}` entry: {p} consecutive row groups per block (the norm and x's "
+                          "quantization once per block, each group's first loads issued as the group before it has "
+                          "consumed its own); keys and bpart (one entry per group) as the one-group entry writes them.")
+              for base, ps in ((screen, LM_SCREEN_PASSES), (r8, LM_SCREEN_R8_PASSES)) for p in ps]
+    return [screen, r8, *passes,
         Kernel(name="kern_lmhead_pick_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_pick_m1",
                block_x=256, constexprs=const, shared_mem_per={"k": 2},
                params=(P("xn", BF16_IN, True), P("w", BF16_IN, True), P("keys", "in buffer<u16>", True),

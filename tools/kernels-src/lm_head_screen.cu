@@ -136,8 +136,12 @@ __device__ __forceinline__ void quantize_x(const __nv_bfloat16 *xs, uint4 *xq, f
     }
 }
 
-// Stage 1 with NR rows per warp and NU int8 loads per row per stage (the entries below).
-template <int NR, int NU>
+// Stage 1 with NR rows per warp and NU int8 loads per row per stage (the entries below), each block over P groups of
+// 8·NR rows (P = 1: one group; the `_p` entries: P consecutive groups, the norm and x's quantization done once and each
+// group's first loads issued as soon as the group before it has consumed its own, before that group's bounds). Group
+// g of block b is what block b·P + g of a P = 1 launch computes, and its result goes where that block's went
+// (bpart[b·P + g]), so the pick reads the same nb1 = ceil(n / (8·NR)) entries whatever P is.
+template <int NR, int NU, int P>
 __device__ __forceinline__ void screen_rows(
     const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const int8_t *__restrict__ q8,
     const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn, uint16_t *__restrict__ keys,
@@ -148,9 +152,11 @@ __device__ __forceinline__ void screen_rows(
     uint4 *xq = reinterpret_cast<uint4 *>(smem + 2 * k);
     float *sv = reinterpret_cast<float *>(smem + 3 * k);
     __shared__ float3 warp_sums[WARPS];
-    __shared__ uint32_t warp_lo[WARPS];
+    __shared__ uint32_t warp_lo[P > 1 ? 2 : 1][WARPS];  // block_max's slots, alternating between groups
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long row0 = ((long)blockIdx.x * WARPS + warp) * NR;
+    const long nb1 = (n + WARPS * NR - 1) / (WARPS * NR);  // groups of the head (a P = 1 launch's blocks)
+    const long g0 = (long)blockIdx.x * P;
+    long row0 = (g0 * WARPS + warp) * NR;
     const int nl = lane_loads(0, kv, lane), stages = (nl + NU - 1) / NU;
     const uint4 *q = reinterpret_cast<const uint4 *>(q8);
     uint4 buf[NR][NU];
@@ -175,71 +181,87 @@ __device__ __forceinline__ void screen_rows(
         tot.y += warp_sums[i].y;
         tot.z += warp_sums[i].z;
     }
-    float acc[NR];
+#pragma unroll 1
+    for (int p = 0; p < P; ++p) {
+        const long g = g0 + p;  // block-uniform
+        if (P > 1 && g >= nb1) break;
+        float acc[NR];
 #pragma unroll
-    for (int r = 0; r < NR; ++r) acc[r] = 0.f;
-    for (int s = 0; s < stages; ++s) {
-        if (s > 0) screen_stage(buf, q, row0, n, kv, lane, s, nl);
+        for (int r = 0; r < NR; ++r) acc[r] = 0.f;
+        for (int s = 0; s < stages; ++s) {
+            if (s > 0) screen_stage(buf, q, row0, n, kv, lane, s, nl);
 #pragma unroll
-        for (int u = 0; u < NU; ++u) {
-            const int j = s * NU + u;
-            if (j < nl) {
-                const int v = lane + 32 * j;
-                const uint4 xv = xq[v];
-                const float sc = sv[v];
+            for (int u = 0; u < NU; ++u) {
+                const int j = s * NU + u;
+                if (j < nl) {
+                    const int v = lane + 32 * j;
+                    const uint4 xv = xq[v];
+                    const float sc = sv[v];
 #pragma unroll
-                for (int r = 0; r < NR; ++r) acc16_q(acc[r], buf[r][u], xv, sc);
+                    for (int r = 0; r < NR; ++r) acc16_q(acc[r], buf[r][u], xv, sc);
+                }
             }
         }
-    }
-#pragma unroll
-    for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
-    // Norms rounded up: each sum of squares has at most k + 64 roundings of positive terms (relative error below
-    // (k + 64)·2⁻²⁴, taken twice over), its square root and the products below within an ulp each (the 1 + 2⁻²¹);
-    // + 1e-36 for what underflow loses (at most 2⁻¹⁵⁰ a rounding: squares of elements below 2⁻⁶³ vanish).
-    const float up = 1.f + (float)(k + 64) * 1.2e-7f;
-    const float nd = sqrtf(tot.x * up + 1e-36f) * (1.f + 4.8e-7f);   // ‖xn − x̃‖
-    const float nxt = sqrtf(tot.y * up + 1e-36f) * (1.f + 4.8e-7f);  // ‖x̃‖
-    const float nx = sqrtf(tot.z * up + 1e-36f) * (1.f + 4.8e-7f);   // ‖xn‖
-    // γ of the screen's chain (at most nl_max FMAs of exact products + 5 warp-sum additions per row; lane 0 has the
-    // most loads) and of the dense dot (any order over k terms), each with room to spare
-    const int nl_max = lane_loads(0, kv, 0);
-    const float gc = (float)(nl_max + 40) * 1.2e-7f, gd = (float)(k + 64) * 1.2e-7f;
-    const bool x_ok = isfinite(nd) && isfinite(nxt) && isfinite(nx);
-    uint32_t lo_ord = 0;
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-        if (lane == r && row0 + r < n) {
-            const float4 t = rows_sc[row0 + r];  // (s, e, nw, snq); row0 + r < n here
-            const float center = t.x * acc[r];
-            // margin: the bound's three terms and the dense rounding, plus slack for this arithmetic's own roundings,
-            // and for what underflow loses in the screen's chain (2⁻¹⁵⁰ a rounding, times s) and in the dense one
-            const float m = (nd * t.z + nxt * t.y + gc * nxt * t.w + gd * nx * t.z) * (1.f + 4e-6f) +
-                            fabsf(center) * 5e-7f + fabsf(t.x) * 1e-40f + 1e-30f;
-            const float hi = center + m, lo = center - m;
-            // the dense fp32 dot may overflow (its partial sums are bounded only by ‖xn‖·‖w‖) into ±inf or NaN,
-            // which this interval does not hold: such a row is always a candidate, and gives no lower bound
-            const bool fits = nx * t.z < 1e38f;
-            uint32_t key = 0xFFFFu;  // not finite: always a candidate
-            if (x_ok && fits && isfinite(hi)) key = argmax_order(bf16_bits(hi));
-            keys[row0 + r] = (uint16_t)key;
-            if (x_ok && fits && isfinite(lo)) lo_ord = argmax_order(bf16_bits(lo));
+        const long row_this = row0;
+        if (P > 1 && p + 1 < P && g + 1 < nb1) {  // the next group's first loads, before this group's bounds
+            row0 += (long)WARPS * NR;
+            screen_stage(buf, q, row0, n, kv, lane, 0, nl);
         }
-    lo_ord = block_max(lo_ord, warp_lo);
-    if (threadIdx.x == 0) bpart[blockIdx.x] = lo_ord;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
+        // Norms rounded up (per group: where the P = 1 entries always had them): each sum of squares has at most
+        // k + 64 roundings of positive terms (relative error below (k + 64)·2⁻²⁴, taken twice over), its square root
+        // and the products below within an ulp each (the 1 + 2⁻²¹); + 1e-36 for what underflow loses (at most 2⁻¹⁵⁰ a
+        // rounding: squares of elements below 2⁻⁶³ vanish).
+        const float up = 1.f + (float)(k + 64) * 1.2e-7f;
+        const float nd = sqrtf(tot.x * up + 1e-36f) * (1.f + 4.8e-7f);   // ‖xn − x̃‖
+        const float nxt = sqrtf(tot.y * up + 1e-36f) * (1.f + 4.8e-7f);  // ‖x̃‖
+        const float nx = sqrtf(tot.z * up + 1e-36f) * (1.f + 4.8e-7f);   // ‖xn‖
+        // γ of the screen's chain (at most nl_max FMAs of exact products + 5 warp-sum additions per row; lane 0 has
+        // the most loads) and of the dense dot (any order over k terms), each with room to spare
+        const int nl_max = lane_loads(0, kv, 0);
+        const float gc = (float)(nl_max + 40) * 1.2e-7f, gd = (float)(k + 64) * 1.2e-7f;
+        const bool x_ok = isfinite(nd) && isfinite(nxt) && isfinite(nx);
+        uint32_t lo_ord = 0;
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+            if (lane == r && row_this + r < n) {
+                const float4 t = rows_sc[row_this + r];  // (s, e, nw, snq); row_this + r < n here
+                const float center = t.x * acc[r];
+                // margin: the bound's three terms and the dense rounding, plus slack for this arithmetic's own
+                // roundings, and for what underflow loses in the screen's chain (2⁻¹⁵⁰ a rounding, times s) and in
+                // the dense one
+                const float m = (nd * t.z + nxt * t.y + gc * nxt * t.w + gd * nx * t.z) * (1.f + 4e-6f) +
+                                fabsf(center) * 5e-7f + fabsf(t.x) * 1e-40f + 1e-30f;
+                const float hi = center + m, lo = center - m;
+                // the dense fp32 dot may overflow (its partial sums are bounded only by ‖xn‖·‖w‖) into ±inf or NaN,
+                // which this interval does not hold: such a row is always a candidate, and gives no lower bound
+                const bool fits = nx * t.z < 1e38f;
+                uint32_t key = 0xFFFFu;  // not finite: always a candidate
+                if (x_ok && fits && isfinite(hi)) key = argmax_order(bf16_bits(hi));
+                keys[row_this + r] = (uint16_t)key;
+                if (x_ok && fits && isfinite(lo)) lo_ord = argmax_order(bf16_bits(lo));
+            }
+        lo_ord = block_max(lo_ord, warp_lo[p & (P > 1 ? 1 : 0)]);
+        if (threadIdx.x == 0) bpart[g] = lo_ord;
+    }
 }
 
 }  // namespace
 
-#define SCREEN_ENTRY(NAME, NR_, NU_, MINB)                                                                         \
+#define SCREEN_ENTRY(NAME, NR_, NU_, P_, MINB)                                                                     \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME(                                         \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                            \
         const int8_t *__restrict__ q8, const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn,       \
         uint16_t *__restrict__ keys, uint32_t *__restrict__ bpart, int n, int k, float eps) {                    \
-        screen_rows<NR_, NU_>(x, norm_w, q8, rows_sc, xn, keys, bpart, n, k, eps);                                   \
+        screen_rows<NR_, NU_, P_>(x, norm_w, q8, rows_sc, xn, keys, bpart, n, k, eps);                               \
     }
-SCREEN_ENTRY(kern_lmhead_screen_m1, 4, 5, 2)     // k ≤ 2,560: every load before the wait
-SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 2)  // k ≤ 1,024: twice the rows per block, half the blocks' prologues
+SCREEN_ENTRY(kern_lmhead_screen_m1, 4, 5, 1, 2)     // k ≤ 2,560: every load before the wait
+SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 1, 2)  // k ≤ 1,024: twice the rows per block, half the blocks' prologues
+// Row groups per block (NOTES.md 68): grid ceil_div(ceil_div(n, 8·NR), P); the same bpart and keys as P = 1.
+SCREEN_ENTRY(kern_lmhead_screen_m1_p2, 4, 5, 2, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_p4, 4, 5, 4, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p2, 8, 2, 2, 2)
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
     const __nv_bfloat16 *__restrict__ xn, const __nv_bfloat16 *__restrict__ w, const uint16_t *__restrict__ keys,
