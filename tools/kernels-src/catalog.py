@@ -503,8 +503,8 @@ LM_SCREEN_LOADS = 5
 LM_SCREEN_R8 = (8, 2)
 #: Row groups per block of the `_p` screen entries (lm_head_screen.cu SCREEN_ENTRY; NOTES.md 68): of the default entry,
 #: and of the `_r8` entry.
-LM_SCREEN_PASSES = (2, 4)
-LM_SCREEN_R8_PASSES = (2,)
+LM_SCREEN_PASSES = (2, 4, 8, 18)
+LM_SCREEN_R8_PASSES = (2, 4, 9)
 
 
 def _lm_head_screen_kernels() -> list[Kernel]:

@@ -261,7 +261,11 @@ SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 1, 2)  // k ≤ 1,024: twice the ro
 // Row groups per block (NOTES.md 68): grid ceil_div(ceil_div(n, 8·NR), P); the same bpart and keys as P = 1.
 SCREEN_ENTRY(kern_lmhead_screen_m1_p2, 4, 5, 2, 2)
 SCREEN_ENTRY(kern_lmhead_screen_m1_p4, 4, 5, 4, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_p8, 4, 5, 8, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_p18, 4, 5, 18, 2)
 SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p2, 8, 2, 2, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p4, 8, 2, 4, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p9, 8, 2, 9, 2)
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
     const __nv_bfloat16 *__restrict__ xn, const __nv_bfloat16 *__restrict__ w, const uint16_t *__restrict__ keys,
