@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -546,12 +547,15 @@ def test_screened_lm_head(preset: str, fake_kernels: Path, pdl: bool) -> None:
     assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 4])
     op = m.ops[gen.LM_HEAD_SCREENED_OP]
     screen, pick, red = op.impl.launches
-    # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one
-    entry = "kern_lmhead_screen_m1_r8" if H <= 1024 else "kern_lmhead_screen_m1"
+    # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one; each in its row-group
+    # form that makes the screen one wave of 2 × 132 blocks (the vocabulary's 2,374 groups of 64 rows in 9s, 4,748 of
+    # 32 in 18s)
+    entry = "kern_lmhead_screen_m1_r8_p9" if H <= 1024 else "kern_lmhead_screen_m1_p18"
     assert [la.entry for la in op.impl.launches] == [entry, "kern_lmhead_pick_m1", "argmax_reduce"]
     assert all(bool(la.pdl) == pdl for la in op.impl.launches) and red.module == ("argmax_pdl" if pdl else "argmax")
     nb1, parts = math.ceil(V / (64 if H <= 1024 else 32)), math.ceil(V / 1024)
-    assert (screen.grid, pick.grid, red.grid) == ([nb1, 1, 1], [parts, 1, 1], [1, 1, 1])
+    assert (screen.grid, pick.grid, red.grid) == ([264, 1, 1], [parts, 1, 1], [1, 1, 1])
+    assert pick.args[gen.load_index(fake_kernels)["kern_lmhead_pick_m1"].param_names.index("nb1")].i32 == nb1
     assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
     assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
     assert op.impl.scratch["keys"] == ks.Scratch(dtype="u16", shape=[V])
@@ -564,6 +568,26 @@ def test_screened_lm_head(preset: str, fake_kernels: Path, pdl: bool) -> None:
     assert "logits" in dense.buffers and "lm_head.screen.q8" not in dense.buffers
     assert {"gemv_norm_lm_head", "argmax"} <= set(dense.ops) and gen.LM_HEAD_SCREENED_OP not in dense.ops
     assert dense.programs["decode"].calls[:-2] == calls[:-1] and dense.programs["prefill"] == m.programs["prefill"]
+
+
+def test_lm_screen_groups_rule() -> None:
+    """Row groups per screen block: the fewest that make one wave of two blocks per SM; at least 1."""
+    assert [gen.lm_screen_groups(n) for n in (4748, 2374, 264, 265, 1)] == [18, 9, 1, 2, 1]
+    assert gen.lm_screen_groups(4748, sms=114) == 21
+
+
+def test_lm_screen_entry_without_group_forms(fake_kernels: Path, tmp_path: Path) -> None:
+    """An index without the `_pP` forms (built before them) gives the one-group entry, on its own grid."""
+    idx = json.loads((fake_kernels / "index.json").read_text())
+    kernels = idx["kernels"] if "kernels" in idx else idx
+    for name in ("kern_lmhead_screen_m1_p18", "kern_lmhead_screen_m1_r8_p9"):
+        kernels.pop(name)
+    old = tmp_path / "old"
+    shutil.copytree(fake_kernels, old)
+    (old / "index.json").write_text(json.dumps(idx))
+    for preset, entry, grid in (("4b", "kern_lmhead_screen_m1", 4748), ("0.6b", "kern_lmhead_screen_m1_r8", 2374)):
+        screen = _build(preset, old, lm_head="screened").ops[gen.LM_HEAD_SCREENED_OP].impl.launches[0]
+        assert (screen.entry, screen.grid) == (entry, [grid, 1, 1]), preset
 
 
 def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:

@@ -73,7 +73,7 @@ def test_lm_head_is_the_screened_op_in_the_default_manifest(base, dense, index, 
     assert op in base["ops"] and "gemv_norm_lm_head" not in base["ops"] and "argmax" not in base["ops"]
     m = mv.apply(base, "lm_head.pdl=0", index)
     screen, pick, reduce = m["ops"][op]["impl"]["launches"]
-    assert screen["entry"] == "kern_lmhead_screen_m1" and "pdl" not in screen
+    assert screen["entry"] == "kern_lmhead_screen_m1_p18" and "pdl" not in screen
     assert [pick, reduce] == base["ops"][op]["impl"]["launches"][1:] and pick["pdl"] is reduce["pdl"] is True
     assert {k: o for k, o in m["ops"].items() if k != op} == {k: o for k, o in base["ops"].items() if k != op}
     assert mv.verify(m, built_kernels) == []
@@ -86,7 +86,7 @@ def test_lm_head_is_the_screened_op_in_the_default_manifest(base, dense, index, 
     for spec, needle in (
             ("argmax.pdl=0", "`argmax.pdl=0`: no op `argmax` in the manifest (short names: qkv, o,"),
             ("gemv_norm_lm_head.pdl=0", "`gemv_norm_lm_head.pdl=0`: no op `gemv_norm_lm_head` in the manifest"),
-            ("lm_head.ksplit=2", f"`lm_head.ksplit=2`: `kern_lmhead_screen_m1` (op `{op}`) has no ksplit param"),
+            ("lm_head.ksplit=2", f"`lm_head.ksplit=2`: `kern_lmhead_screen_m1_p18` (op `{op}`) has no ksplit param"),
             ("lm_head.entry=kern_gemv_norm_m1", "the kernel index has no entry `kern_gemv_norm_m1` in module "
                                                 "lm_head_screen.cubin (it has: kern_lmhead_pick_m1,")):
         with pytest.raises(mv.VariantError) as e:

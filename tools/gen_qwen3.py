@@ -751,11 +751,23 @@ def declare_ops(b: ManifestBuilder, layout: Layout, *, pdl: bool = False, fused_
 def lm_screen_entry(b: ManifestBuilder, k: int) -> str:
     """The screen entry for rows of k elements: `kern_lmhead_screen_m1_r8` where one stage of its loads holds a lane's
     whole row (k ≤ 16·32·LOADS_PER_STAGE: 1,024; twice the rows per block, half the per-block prologues, measured
-    faster for short rows), else `kern_lmhead_screen_m1`."""
+    faster for short rows), else `kern_lmhead_screen_m1`; then its row-group form `_pP` (P = lm_screen_groups of the
+    head's row groups) where the index has it."""
     r8 = "kern_lmhead_screen_m1_r8"
-    if r8 in b.index and k <= 16 * 32 * b.constexpr(r8, "LOADS_PER_STAGE"):
-        return r8
-    return "kern_lmhead_screen_m1"
+    base = r8 if r8 in b.index and k <= 16 * 32 * b.constexpr(r8, "LOADS_PER_STAGE") else "kern_lmhead_screen_m1"
+    rows_per_group = b.constexpr(base, "WARPS") * b.constexpr(base, "ROWS_PER_WARP")
+    groups = lm_screen_groups(math.ceil(b.cfg.vocab_size / rows_per_group))
+    return f"{base}_p{groups}" if groups > 1 and f"{base}_p{groups}" in b.index else base
+
+
+def lm_screen_groups(nb1: int, sms: int = GEMV_SMS) -> int:
+    """Row groups per screen block for a head of nb1 groups (rows / (8 warps × rows per warp)): the fewest that make
+    the screen one wave of two blocks per SM, ceil_div(nb1, 2·sms) (the Qwen3 vocabulary: 18 groups of 32 rows, or 9
+    of 64, on the H200's 132 SMs). H200, kern-run decode at 128 cached tokens, tokens identical (NOTES.md 68): 4B
+    P = 2 −0.007 ms/token, 4 −0.012, 8 −0.006, 18 −0.016; 0.6B (`_r8`) P = 2 +0.001, 4 +0.002, 9 −0.006: a
+    partial last wave costs what the fewer per-block prologues give. The generator uses the `_pP` entry when the
+    index has it (lm_head_screen.cu builds P = 18 and, for `_r8`, 9), else the one-group entry."""
+    return max(1, math.ceil(nb1 / (2 * sms)))
 
 
 def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
@@ -771,13 +783,14 @@ def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
         raise GenError(f"--lm-head screened: hidden_size {H} is not a multiple of 16 (kern_lmhead_screen_m1 loads 16 "
                        "int8 at a time); use --lm-head dense")
     screen, pick = lm_screen_entry(b, H), "kern_lmhead_pick_m1"
-    rows_per_block = b.constexpr(screen, "WARPS") * b.constexpr(screen, "ROWS_PER_WARP")
-    nb1, parts = math.ceil(V / rows_per_block), math.ceil(V / b.constexpr(pick, "PICK_ROWS"))
+    rows_per_group = b.constexpr(screen, "WARPS") * b.constexpr(screen, "ROWS_PER_WARP")
+    nb1, parts = math.ceil(V / rows_per_group), math.ceil(V / b.constexpr(pick, "PICK_ROWS"))
+    groups = b.constexpr(screen, "PASSES") if "PASSES" in b.kernel(screen).constexprs else 1  # (older indexes: 1)
     iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("q8", "in buffer<i8>"), ("rows", "in buffer<f32>"),
              ("w", BF16_IN), ("out", "out buffer<i64>")]
     op = LM_HEAD_SCREENED_OP
     b.op(op, iface, [
-        _pdl(b.launch(op, iface, screen, [nb1, 1, 1], x=P("x"), norm_w=P("norm_w"), q8=P("q8"), rows=P("rows"),
+        _pdl(b.launch(op, iface, screen, [math.ceil(nb1 / groups), 1, 1], x=P("x"), norm_w=P("norm_w"), q8=P("q8"), rows=P("rows"),
                       xn=S("xn"), keys=S("keys"), bpart=S("bpart"), n=V, k=H, eps=eps), pdl),
         _pdl(b.launch(op, iface, pick, [parts, 1, 1], xn=S("xn"), w=P("w"), keys=S("keys"), bpart=S("bpart"),
                       nb1=nb1, partial=S("partial"), n=V, k=H), pdl),
@@ -1212,7 +1225,8 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
 
 def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], err) -> None:
     """LM_HEAD_SCREENED_OP: its three launches agree on the head's shape and on each other's grids (the pick reads
-    `nb1` = the screen's blocks, the reduce `parts` = the pick's), and the derived weights fit the head."""
+    `nb1` = the screen's row groups, ceil_div(nb1, PASSES) blocks; the reduce `parts` = the pick's blocks), and the
+    derived weights fit the head."""
     where = f"ops.{LM_HEAD_SCREENED_OP}"
     V, H = cfg.vocab_size, cfg.hidden_size
     launches = m.ops[LM_HEAD_SCREENED_OP].impl.launches
@@ -1225,11 +1239,12 @@ def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], 
     screen, pick = kerns[0].constexprs, kerns[1].constexprs
     nb1 = math.ceil(V / (int(screen.get("WARPS", 0)) * int(screen.get("ROWS_PER_WARP", 0)) or 1))
     parts = math.ceil(V / (int(pick.get("PICK_ROWS", 0)) or 1))
+    blocks = math.ceil(nb1 / (int(screen.get("PASSES", 1)) or 1))  # row groups per block
     for i, want in ((0, {"n": V, "k": H}), (1, {"n": V, "k": H, "nb1": nb1}), (2, {"parts": parts})):
         for pn, v in want.items():
             if lit[i].get(pn) != v:
                 err(f"{where} kernel `{kerns[i].name}`: {pn} = {lit[i].get(pn)}, expected {v}")
-    for i, g in ((0, nb1), (1, parts), (2, 1)):
+    for i, g in ((0, blocks), (1, parts), (2, 1)):
         if launches[i].grid != [g, 1, 1]:
             err(f"{where} kernel `{kerns[i].name}`: grid {launches[i].grid}, expected [{g}, 1, 1]")
     # the scratch the kernels index by V, nb1 and parts (a smaller one would be read past its end)

@@ -258,13 +258,12 @@ __device__ __forceinline__ void screen_rows(
     }
 SCREEN_ENTRY(kern_lmhead_screen_m1, 4, 5, 1, 2)     // k ≤ 2,560: every load before the wait
 SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 1, 2)  // k ≤ 1,024: twice the rows per block, half the blocks' prologues
-// Row groups per block (NOTES.md 68): grid ceil_div(ceil_div(n, 8·NR), P); the same bpart and keys as P = 1.
-SCREEN_ENTRY(kern_lmhead_screen_m1_p2, 4, 5, 2, 2)
-SCREEN_ENTRY(kern_lmhead_screen_m1_p4, 4, 5, 4, 2)
-SCREEN_ENTRY(kern_lmhead_screen_m1_p8, 4, 5, 8, 2)
+// Row groups per block: P = ceil_div(groups, 2·132), so that the screen is one wave of 264 blocks at two per SM on
+// the H200 (the Qwen3 vocabulary: 4,748 groups of 32 rows, 2,374 of 64): grid ceil_div(ceil_div(n, 8·NR), P), the
+// same keys and bpart as P = 1. H200, kern-run decode at 128 cached tokens, tokens identical (NOTES.md 68): 4B P = 2
+// −0.007 ms/token, 4 −0.012, 8 −0.006, 18 −0.016; 0.6B (`_r8`) P = 2 +0.001, 4 +0.002, 9 −0.006 — a partial last wave
+// costs what the fewer prologues give.
 SCREEN_ENTRY(kern_lmhead_screen_m1_p18, 4, 5, 18, 2)
-SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p2, 8, 2, 2, 2)
-SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p4, 8, 2, 4, 2)
 SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p9, 8, 2, 9, 2)
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
