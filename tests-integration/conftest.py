@@ -55,9 +55,6 @@ UNUSED_BY_EXAMPLES = {
     "gemv_persist.cubin": "399ff4e1f58a483e5639ce11f8a24faabfdd5bc9e0a35a5ef607a4c816501255",
     # the decode prologue's PDL form: since session 8 the examples' decode attention (rope-cluster) does its work
     "qk_norm_rope_kv_pdl.cubin": "24f874287b2608a5e1de912825aa5bba0ab5aaa902f607538108e5da2c7fe1a7",
-    # the argmax's PDL form: since session 26 the examples' screened lm_head folds the argmax into its pick (argmax.cu
-    # serves `--lm-head dense` manifests)
-    "argmax_pdl.cubin": "4fd28f63e7b1bbc51bc292df4f16d65eaeef7ef2eabb65b75c8b4a9fee36cda1",
 }
 # (lm_head_screen.cubin left this dict in session 24, when the screened lm_head became gen_qwen3.py's default: the
 # examples pin it now. Their screened op's reduce is argmax_pdl.cubin's argmax_reduce, the dense argmax's module,

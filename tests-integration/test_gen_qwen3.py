@@ -546,26 +546,18 @@ def test_screened_lm_head(preset: str, fake_kernels: Path, pdl: bool) -> None:
     assert (m.buffers["lm_head.screen.q8"].dtype, m.buffers["lm_head.screen.q8"].shape) == ("i8", [V, H])
     assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 4])
     op = m.ops[gen.LM_HEAD_SCREENED_OP]
-    screen, pick = op.impl.launches
+    screen, pick, red = op.impl.launches
     # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one; each in its row-group
     # form that makes the screen one wave of 2 × 132 blocks (the vocabulary's 2,374 groups of 64 rows in 9s, 4,748 of
-    # 32 in 18s), then the pick with the argmax folded in
+    # 32 in 18s)
     entry = "kern_lmhead_screen_m1_r8_p9" if H <= 1024 else "kern_lmhead_screen_m1_p18"
-    assert [la.entry for la in op.impl.launches] == [entry, "kern_lmhead_pick_argmax_m1"]
-    assert all(bool(la.pdl) == pdl for la in op.impl.launches) and {la.module for la in op.impl.launches} == {
-        "lm_head_screen"}
+    assert [la.entry for la in op.impl.launches] == [entry, "kern_lmhead_pick_m1", "argmax_reduce"]
+    assert all(bool(la.pdl) == pdl for la in op.impl.launches) and red.module == ("argmax_pdl" if pdl else "argmax")
     nb1, parts = math.ceil(V / (64 if H <= 1024 else 32)), math.ceil(V / 1024)
-    assert (screen.grid, pick.grid) == ([264, 1, 1], [parts, 1, 1])
-    index = gen.load_index(fake_kernels)
-    pick_k, screen_k = index["kern_lmhead_pick_argmax_m1"], index[entry]
-    assert pick.args[pick_k.param_names.index("nb1")].i32 == nb1
-    # the screen zeroes `fin`, the pick max-reduces and counts into it and writes the op's `out`
-    assert screen.args[screen_k.param_names.index("fin")].scratch == "fin" == pick.args[
-        pick_k.param_names.index("fin")].scratch
-    assert pick.args[pick_k.param_names.index("out")].param == 5
+    assert (screen.grid, pick.grid, red.grid) == ([264, 1, 1], [parts, 1, 1], [1, 1, 1])
+    assert pick.args[gen.load_index(fake_kernels)["kern_lmhead_pick_m1"].param_names.index("nb1")].i32 == nb1
     assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
-    assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["fin"] == ks.Scratch(dtype="u64", shape=[2])
-    assert "partial" not in op.impl.scratch
+    assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
     assert op.impl.scratch["keys"] == ks.Scratch(dtype="u16", shape=[V])
     # the screened lm_head is the default (the API's, so the CLI's)
     assert gen.DEFAULT_LM_HEAD == "screened"
@@ -584,55 +576,25 @@ def test_lm_screen_groups_rule() -> None:
     assert gen.lm_screen_groups(4748, sms=114) == 21
 
 
-def _index_without(fake_kernels: Path, dest: Path, *names: str) -> Path:
-    """A copy of the fake kernels dir whose index lacks `names` (an index built before those entries)."""
+def test_lm_screen_entry_without_group_forms(fake_kernels: Path, tmp_path: Path) -> None:
+    """An index without the `_pP` forms (built before them) gives the one-group entry, on its own grid."""
     idx = json.loads((fake_kernels / "index.json").read_text())
     kernels = idx["kernels"] if "kernels" in idx else idx
-    for name in names:
+    for name in ("kern_lmhead_screen_m1_p18", "kern_lmhead_screen_m1_r8_p9"):
         kernels.pop(name)
-    shutil.copytree(fake_kernels, dest)
-    (dest / "index.json").write_text(json.dumps(idx))
-    return dest
-
-
-def test_lm_screen_entry_without_group_forms(fake_kernels: Path, tmp_path: Path) -> None:
-    """An index without the `_pP` forms (built before them) gives the one-group entry, on its own grid, and the
-    three launches (the fused pick needs a `_pP` screen to zero its `fin`); one without the fused pick the `_pP` form
-    and three launches, `fin` still zeroed by the screen."""
-    old = _index_without(fake_kernels, tmp_path / "old", "kern_lmhead_screen_m1_p18", "kern_lmhead_screen_m1_r8_p9")
+    old = tmp_path / "old"
+    shutil.copytree(fake_kernels, old)
+    (old / "index.json").write_text(json.dumps(idx))
     for preset, entry, grid in (("4b", "kern_lmhead_screen_m1", 4748), ("0.6b", "kern_lmhead_screen_m1_r8", 2374)):
-        m = _build(preset, old, lm_head="screened")
-        launches = m.ops[gen.LM_HEAD_SCREENED_OP].impl.launches
-        assert [(la.entry, la.grid) for la in launches] == [
-            (entry, [grid, 1, 1]), ("kern_lmhead_pick_m1", [149, 1, 1]), ("argmax_reduce", [1, 1, 1])], preset
-        assert "fin" not in m.ops[gen.LM_HEAD_SCREENED_OP].impl.scratch
-    nofuse = _index_without(fake_kernels, tmp_path / "nofuse", "kern_lmhead_pick_argmax_m1")
-    m = _build("4b", nofuse, lm_head="screened")
-    op = m.ops[gen.LM_HEAD_SCREENED_OP]
-    assert [la.entry for la in op.impl.launches] == ["kern_lmhead_screen_m1_p18", "kern_lmhead_pick_m1",
-                                                     "argmax_reduce"]
-    assert set(op.impl.scratch) == {"xn", "keys", "bpart", "fin", "partial"}
-    text = ks.dump(m)
-    assert kern_verify.verify(ks.load(text), text.decode()) == []
+        screen = _build(preset, old, lm_head="screened").ops[gen.LM_HEAD_SCREENED_OP].impl.launches[0]
+        assert (screen.entry, screen.grid) == (entry, [grid, 1, 1]), preset
 
 
-def test_screened_lm_head_wiring_checked(fake_kernels: Path, tmp_path: Path) -> None:
-    """check_wiring catches a screened op whose launches disagree (the pick's nb1, the screen's and the reduce's
-    grids, the scratch), in the two-launch default and the three-launch form."""
+def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:
+    """check_wiring catches a screened op whose launches disagree (the pick's nb1, the reduce's parts)."""
     cfg = Qwen3Config.preset("4b")
     index = gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels, lm_head="screened")
-    op = m.ops[gen.LM_HEAD_SCREENED_OP]
-    op.impl.launches[1].args[index["kern_lmhead_pick_argmax_m1"].param_names.index("nb1")] = ks.Arg(i32=7)
-    op.impl.launches[0].grid = [4748, 1, 1]
-    op.impl.scratch["fin"] = ks.Scratch(dtype="u64", shape=[1])
-    with pytest.raises(gen.WiringError) as e:
-        gen.check_wiring(m, cfg, gen.make_layout(cfg), index)
-    assert "nb1 = 7, expected 4748" in str(e.value) and "grid [4748, 1, 1], expected [264, 1, 1]" in str(e.value)
-    assert "scratch `fin` must be u64 [2]" in str(e.value)
-    nofuse = _index_without(fake_kernels, tmp_path / "nofuse", "kern_lmhead_pick_argmax_m1")
-    index = gen.load_index(nofuse)
-    m = _build("4b", nofuse, lm_head="screened")
     op = m.ops[gen.LM_HEAD_SCREENED_OP]
     pick = op.impl.launches[1]
     k = index["kern_lmhead_pick_m1"]
@@ -653,7 +615,7 @@ def test_screen_constants_match_the_source() -> None:
 
     src = (ROOT / "tools" / "kernels-src" / "lm_head_screen.cu").read_text()
     entries = {name: (int(r), int(u), int(p)) for name, r, u, p in
-               re.findall(r"^SCREEN_ENTRY(?:_FIN)?\((\w+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
+               re.findall(r"^SCREEN_ENTRY\((\w+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
     kernels = {k.name: k for k in catalog._lm_head_screen_kernels()}
     assert entries and set(entries) == {n for n in kernels if "screen" in n}
     for name, (rows, loads, passes) in entries.items():

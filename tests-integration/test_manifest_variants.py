@@ -66,22 +66,21 @@ def test_entry_follows_the_index_shared_memory_and_pdl_flag(dense, index, built_
 
 def test_lm_head_is_the_screened_op_in_the_default_manifest(base, dense, index, built_kernels):
     """The example's lm_head is screened (gen_qwen3's default): `lm_head` names its one op, whose first launch (the
-    screen) a change reaches, its pick (the argmax folded in) keeps its flags; a dense manifest's `lm_head` stays its
-    GEMV.
+    screen) a change reaches, its pick and reduce keep their flags; a dense manifest's `lm_head` stays its GEMV.
     `argmax`, the GEMV's options and the dense op's full name are refused on the screened op with what it is and the
     way to a dense manifest."""
     op = mv.SCREENED_LM_HEAD
     assert op in base["ops"] and "gemv_norm_lm_head" not in base["ops"] and "argmax" not in base["ops"]
     m = mv.apply(base, "lm_head.pdl=0", index)
-    screen, pick = m["ops"][op]["impl"]["launches"]
+    screen, pick, reduce = m["ops"][op]["impl"]["launches"]
     assert screen["entry"] == "kern_lmhead_screen_m1_p18" and "pdl" not in screen
-    assert [pick] == base["ops"][op]["impl"]["launches"][1:] and pick["pdl"] is True
+    assert [pick, reduce] == base["ops"][op]["impl"]["launches"][1:] and pick["pdl"] is reduce["pdl"] is True
     assert {k: o for k, o in m["ops"].items() if k != op} == {k: o for k, o in base["ops"].items() if k != op}
     assert mv.verify(m, built_kernels) == []
     assert launch(mv.apply(m, "lm_head.pdl=1", index), op) == launch(base, op)
     assert mv.apply(dense, "lm_head.pdl=0", index)["ops"]["gemv_norm_lm_head"]["impl"]["launches"][0].get("pdl") is None
     note = (f"this manifest has the screened lm_head (tools/gen_qwen3.py's default): one op `{op}` (short name "
-            "`lm_head`) of 2 launches (`kern_lmhead_screen_m1_p18`, `kern_lmhead_pick_argmax_m1`), in place of "
+            "`lm_head`) of three launches, the screen and pick of lm_head_screen.cubin and argmax_reduce, in place of "
             "the dense `gemv_norm_lm_head` + `argmax`: for those, pass a manifest of `tools/gen_qwen3.py --lm-head "
             "dense`")
     for spec, needle in (
@@ -89,7 +88,7 @@ def test_lm_head_is_the_screened_op_in_the_default_manifest(base, dense, index, 
             ("gemv_norm_lm_head.pdl=0", "`gemv_norm_lm_head.pdl=0`: no op `gemv_norm_lm_head` in the manifest"),
             ("lm_head.ksplit=2", f"`lm_head.ksplit=2`: `kern_lmhead_screen_m1_p18` (op `{op}`) has no ksplit param"),
             ("lm_head.entry=kern_gemv_norm_m1", "the kernel index has no entry `kern_gemv_norm_m1` in module "
-                                                "lm_head_screen.cubin (it has: kern_lmhead_pick_argmax_m1,")):
+                                                "lm_head_screen.cubin (it has: kern_lmhead_pick_m1,")):
         with pytest.raises(mv.VariantError) as e:
             mv.apply(base, spec, index)
         assert needle in str(e.value) and str(e.value).endswith("; " + note), spec
@@ -309,9 +308,9 @@ def test_program_sweep_kernels_variant_rehashes_the_differing_modules(built_kern
     assert changed == ["decode_attention_pdl"]
     assert {k for k in m["modules"] if m["modules"][k] != base["modules"][k]} == {"decode_attention_pdl"}
 
-    (kdir / "embedding.cubin").unlink()
+    (kdir / "argmax_pdl.cubin").unlink()
     assert program_sweep.main(args + ["--kernels-variant", f"b={kdir}"]) == 1
-    assert "kernels variant `b`" in (err := capsys.readouterr().err) and "no embedding.cubin (module `embedding`)" in err
+    assert "kernels variant `b`" in (err := capsys.readouterr().err) and "no argmax_pdl.cubin (module `argmax_pdl`)" in err
     assert program_sweep.main(args + ["--kernels-variant", f"b={tmp_path / 'nope'}"]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert program_sweep.main(args + ["--kernels-variant", f"b={EXAMPLE}"]) == 1

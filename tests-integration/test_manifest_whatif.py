@@ -21,7 +21,7 @@ EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("0.6b", "4b")}
 SCREENED = "norm_lm_head_argmax_screened"  # the examples' lm_head (gen_qwen3's default); `dense_4b`: the dense form
 #: what a refusal about the lm_head's ops adds on a screened manifest (manifest_variants.lm_head_note)
 SCREENED_NOTE = (f"; this manifest has the screened lm_head (tools/gen_qwen3.py's default): one op `{SCREENED}` (short "
-                 "name `lm_head`) of 2 launches (`kern_lmhead_screen_m1_p18`, `kern_lmhead_pick_argmax_m1`), in "
+                 "name `lm_head`) of three launches, the screen and pick of lm_head_screen.cubin and argmax_reduce, in "
                  "place of the dense `gemv_norm_lm_head` + `argmax`: for those, pass a manifest of "
                  "`tools/gen_qwen3.py --lm-head dense`")
 #: what-if builds of gemv.cu the tests load (file in the kernels dir: macros)
@@ -267,8 +267,8 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, tmp_p
                                                        "prefill does"),
             (["--op-module", "gemm=gemv_nowait.cubin", "--program", "prefill"], "no module (a built-in"),
             (["--op-module", "lm_head=gemv_nowait.cubin"],
-             f"--op-module lm_head=gemv_nowait.cubin: op `{SCREENED}` is not a GEMV: its launches are "
-             "lm_head_screen.cu's screen and pick, which no what-if build of gemv.cu has" + SCREENED_NOTE),
+             f"--op-module lm_head=gemv_nowait.cubin: op `{SCREENED}`'s launches use modules lm_head_screen, "
+             "argmax_pdl; one cubin can stand for one module (build a what-if of each and use --module)" + SCREENED_NOTE),
             (["--op-module", "down=gemv_nowait.cubin", "--op-module", "gemv_residual_down_proj=gemv_nowait.cubin"],
              "op `gemv_residual_down_proj` is given twice"),
             (["--op-module", "attn=gemv_nowait.cubin", "--drop", "attn"], "--drop removes every `decode` call"),
@@ -348,7 +348,7 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, 
             (["--op-grid", "attn=8,8", "--drop", "attn"],
              "--op-grid attn=8,8: --drop removes every `decode` call of `attention_decode_rope`"),
             (["--op-grid", "qkv=0"], "--op-grid qkv=0: grid x 0: every grid axis must be a positive integer"),
-            (["--op-grid", "lm_head=4748"], f"op `{SCREENED}` has 2 launches; --op-grid sets the grid of an op's one "
+            (["--op-grid", "lm_head=4748"], f"op `{SCREENED}` has 3 launches; --op-grid sets the grid of an op's one "
                                             "launch" + SCREENED_NOTE),
             (["--op-grid", "argmax=1", dense_4b], "op `argmax` has 2 launches")):
         manifest = argv.pop() if isinstance(argv[-1], Path) else EXAMPLES["4b"]
@@ -369,7 +369,7 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, 
     (["qkv=0"], "decode", "grid x 0: every grid axis must be a positive integer"),
     (["qkv=192,-1"], "decode", "--op-grid qkv=192,-1: grid y -1: every grid axis must be a positive integer"),
     (["qkv=-2,1,0"], "decode", "grid x -2, z 0"),
-    (["lm_head=4748"], "decode", f"--op-grid lm_head=4748: op `{SCREENED}` has 2 launches; --op-grid sets the grid of "
+    (["lm_head=4748"], "decode", f"--op-grid lm_head=4748: op `{SCREENED}` has 3 launches; --op-grid sets the grid of "
                                  "an op's one launch" + SCREENED_NOTE),
     (["argmax=75"], "decode", "--op-grid argmax: program `decode` calls no op of that name (its ops: "),
     (["argmax=75"], "decode", SCREENED_NOTE),

@@ -34,10 +34,9 @@ op entries (tools/README.md is the contract):
 `--lm-head screened` (the default since session 24) ends decode with one op, `norm_lm_head_argmax_screened`, in
 place of `gemv_norm_lm_head` + `argmax`: kernels-src/lm_head_screen.cu bounds every row's logit from an int8 copy of
 the head that the weights file carries (tools/export_weights.py writes `lm_head.screen.q8` and `lm_head.screen.rows`
-by default), computes only the candidate rows' logits as kern_gemv_norm_m1 does, and picks the argmax among them (two
-launches since session 26: the screen in one wave of row groups, `lm_screen_groups`, then the pick with the argmax
-folded in): the same token bit for bit as `--lm-head dense`, from about half the head's bytes (4B −0.057 ms/token,
-0.6B −0.017 on the H200, NOTES.md 64-65; the two-launch form a further −0.016 / −0.006 and more, NOTES.md 68). The manifest then has no `logits` buffer: a caller that reads the logits (sampling, the
+by default), computes only the candidate rows' logits as kern_gemv_norm_m1 does, and argmax_reduce picks among them:
+the same token bit for bit as `--lm-head dense`, from about half the head's bytes (4B −0.057 ms/token, 0.6B −0.017 on
+the H200, NOTES.md 64-65). The manifest then has no `logits` buffer: a caller that reads the logits (sampling, the
 e2e test's logit checks) needs `--lm-head dense`, and a weights file exported with `--no-screened-head`.
 
 Every kernel launch carries its index entry's `carveout` (the preferred shared-memory carveout, percent),
@@ -136,8 +135,8 @@ CLUSTER_SPLITS = 8
 GEMV_IMPLS = ("gemv", "persistent")
 DEFAULT_GEMV = "gemv"
 #: The decode program's last step, final norm + lm_head + greedy argmax (`--lm-head`): `dense` = the GEMV op
-#: `gemv_norm_lm_head` into `logits`, then the op `argmax`; `screened` = the op LM_HEAD_SCREENED_OP, two launches
-#: of lm_head_screen.cu (three with an older index: + argmax.cu) over an int8 copy of the head that the weights file carries
+#: `gemv_norm_lm_head` into `logits`, then the op `argmax`; `screened` = the op LM_HEAD_SCREENED_OP, three launches
+#: of lm_head_screen.cu + argmax.cu over an int8 copy of the head that the weights file carries
 #: (tools/export_weights.py `lm_head.screen.q8`, `lm_head.screen.rows`): the token of kern_gemv_norm_m1 at ksplit 1
 #: (the dense op's impl with `--gemv gemv`, the default) + argmax, bit for bit, from about
 #: half the head's bytes (the proof: lm_head_screen.cu's header).
@@ -146,8 +145,6 @@ DEFAULT_LM_HEAD = "screened"
 LM_HEAD_SCREENED_OP = "norm_lm_head_argmax_screened"
 #: The screened head's entries of lm_head_screen.cubin (the same for every geometry).
 LM_SCREEN_ENTRIES = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_pick_m1")
-#: The pick with the argmax folded in (one launch for kern_lmhead_pick_m1 + argmax_reduce), after a `_pP` screen.
-LM_PICK_ARGMAX = "kern_lmhead_pick_argmax_m1"
 #: The screened head's derived weights (tools/export_weights.py): int8 [V, H] and f32 [V, 4] (scale, error norm, row
 #: norm, scale × int8 row norm).
 LM_SCREEN_WEIGHTS = (SCREEN_Q8, SCREEN_ROWS)
@@ -776,48 +773,31 @@ def lm_screen_groups(nb1: int, sms: int = GEMV_SMS) -> int:
 def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     """The op LM_HEAD_SCREENED_OP (x, norm_w, q8, rows, w, out): next_token = argmax_v bf16(rmsnorm(x)·norm_w ·
     w[v]), bit for bit the token of kern_gemv_norm_m1 at ksplit 1 + argmax (`gemv_norm_lm_head` + `argmax` with
-    `--gemv gemv`). With the screen's row-group form (`lm_screen_entry`: kern_lmhead_screen_m1_p18 / _r8_p9) and
-    kern_lmhead_pick_argmax_m1 in the index, two launches: the screen (bounds from the int8 copy q8 [V, H] with rows
-    f32 [V, 4]; block 0 zeroes `fin`), then the pick with the argmax folded in (the candidates' dense logits from w,
-    each block's best key max-reduced into `fin`, the last block writes the token). Otherwise three, as before
-    session 26: the screen, kern_lmhead_pick_m1 (per-block keys into `partial`), argmax_reduce. Scratch: the
-    normalized x, the bounds' keys, the screen's per-group results, and `fin` (u64 [2]) or `partial`. Every launch
-    is a PDL launch with `pdl` (the screen follows the last down GEMV)."""
+    `--gemv gemv`), in three launches: kern_lmhead_screen_m1 (bounds
+    from the int8 copy q8 [V, H] with rows f32 [V, 4]), kern_lmhead_pick_m1 (the candidates' dense logits from w),
+    argmax_reduce (over the pick's per-block keys). Scratch: the normalized x, the bounds' keys, the screen's and
+    the pick's per-block results. The three are PDL launches with `pdl` (the screen follows the last down GEMV)."""
     c = b.cfg
     H, V, eps = c.hidden_size, c.vocab_size, c.rms_norm_eps
     if H % 16:
         raise GenError(f"--lm-head screened: hidden_size {H} is not a multiple of 16 (kern_lmhead_screen_m1 loads 16 "
                        "int8 at a time); use --lm-head dense")
-    screen = lm_screen_entry(b, H)
+    screen, pick = lm_screen_entry(b, H), "kern_lmhead_pick_m1"
     rows_per_group = b.constexpr(screen, "WARPS") * b.constexpr(screen, "ROWS_PER_WARP")
-    groups = b.constexpr(screen, "PASSES") if "PASSES" in b.kernel(screen).constexprs else 1  # (older indexes: 1)
-    fused = groups > 1 and LM_PICK_ARGMAX in b.index
-    pick = LM_PICK_ARGMAX if fused else "kern_lmhead_pick_m1"
     nb1, parts = math.ceil(V / rows_per_group), math.ceil(V / b.constexpr(pick, "PICK_ROWS"))
+    groups = b.constexpr(screen, "PASSES") if "PASSES" in b.kernel(screen).constexprs else 1  # (older indexes: 1)
     iface = [("x", BF16_IN), ("norm_w", BF16_IN), ("q8", "in buffer<i8>"), ("rows", "in buffer<f32>"),
              ("w", BF16_IN), ("out", "out buffer<i64>")]
     op = LM_HEAD_SCREENED_OP
-    common = dict(xn=S("xn"), keys=S("keys"), bpart=S("bpart"), n=V, k=H)
-    scratch = {"xn": Scratch(dtype="bf16", shape=[H]), "keys": Scratch(dtype="u16", shape=[V]),
-               "bpart": Scratch(dtype="u32", shape=[nb1])}
-    first = dict(x=P("x"), norm_w=P("norm_w"), q8=P("q8"), rows=P("rows"), eps=eps, **common)
-    grid = [math.ceil(nb1 / groups), 1, 1]
-    if fused:
-        b.op(op, iface, [
-            _pdl(b.launch(op, iface, screen, grid, fin=S("fin"), **first), pdl),
-            _pdl(b.launch(op, iface, pick, [parts, 1, 1], w=P("w"), nb1=nb1, fin=S("fin"), out=P("out"), **common),
-                 pdl),
-        ], scratch={**scratch, "fin": Scratch(dtype="u64", shape=[2])})
-        return
-    if "fin" in b.kernel(screen).param_names:  # a `_pP` screen without the fused pick: it zeroes `fin` all the same
-        first["fin"] = S("fin")
-        scratch["fin"] = Scratch(dtype="u64", shape=[2])
     b.op(op, iface, [
-        _pdl(b.launch(op, iface, screen, grid, **first), pdl),
-        _pdl(b.launch(op, iface, pick, [parts, 1, 1], w=P("w"), nb1=nb1, partial=S("partial"), **common), pdl),
+        _pdl(b.launch(op, iface, screen, [math.ceil(nb1 / groups), 1, 1], x=P("x"), norm_w=P("norm_w"), q8=P("q8"), rows=P("rows"),
+                      xn=S("xn"), keys=S("keys"), bpart=S("bpart"), n=V, k=H, eps=eps), pdl),
+        _pdl(b.launch(op, iface, pick, [parts, 1, 1], xn=S("xn"), w=P("w"), keys=S("keys"), bpart=S("bpart"),
+                      nb1=nb1, partial=S("partial"), n=V, k=H), pdl),
         _pdl(b.launch(op, iface, pdl_kernel(b, "argmax_reduce", pdl), [1, 1, 1], partial=S("partial"),
                       out=P("out"), parts=parts), pdl),
-    ], scratch={**scratch, "partial": Scratch(dtype="u64", shape=[parts])})
+    ], scratch={"xn": Scratch(dtype="bf16", shape=[H]), "keys": Scratch(dtype="u16", shape=[V]),
+                "bpart": Scratch(dtype="u32", shape=[nb1]), "partial": Scratch(dtype="u64", shape=[parts])})
 
 
 def declare_cuda_decode_attention(b: ManifestBuilder, impl: str, pdl: bool, common: dict) -> None:
@@ -1244,38 +1224,33 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
 
 
 def _check_lm_head_screened(m: Manifest, cfg: Qwen3Config, kerns: list[Kernel], err) -> None:
-    """LM_HEAD_SCREENED_OP: its launches (the screen, then the fused pick — or the pick and argmax_reduce) agree on
-    the head's shape and on each other's grids (the pick reads `nb1` = the screen's row groups, ceil_div(nb1, PASSES)
-    blocks; the reduce `parts` = the pick's blocks), its scratch fits them, and the derived weights fit the head."""
+    """LM_HEAD_SCREENED_OP: its three launches agree on the head's shape and on each other's grids (the pick reads
+    `nb1` = the screen's row groups, ceil_div(nb1, PASSES) blocks; the reduce `parts` = the pick's blocks), and the
+    derived weights fit the head."""
     where = f"ops.{LM_HEAD_SCREENED_OP}"
     V, H = cfg.vocab_size, cfg.hidden_size
     launches = m.ops[LM_HEAD_SCREENED_OP].impl.launches
-    entries = [k.entry for k in kerns]
-    fused = entries[1:] == [LM_PICK_ARGMAX]
-    if not (fused or entries[1:] == ["kern_lmhead_pick_m1", "argmax_reduce"]) \
+    if [k.entry for k in kerns][1:] != ["kern_lmhead_pick_m1", "argmax_reduce"] \
             or not kerns[0].entry.startswith("kern_lmhead_screen_m1"):
-        err(f"{where}: launches {entries}, expected the screen, then {LM_PICK_ARGMAX} or the pick and argmax_reduce")
+        err(f"{where}: launches {[k.entry for k in kerns]}, expected the screen, the pick and argmax_reduce")
         return
     lit = [{pn: a.literal for pn, a in zip(k.param_names, la.args) if a.literal is not None}
            for k, la in zip(kerns, launches)]
     screen, pick = kerns[0].constexprs, kerns[1].constexprs
-    if fused and int(screen.get("PASSES", 1)) < 2:
-        err(f"{where}: {LM_PICK_ARGMAX} needs a `_pP` screen entry (it zeroes `fin`), not `{kerns[0].entry}`")
     nb1 = math.ceil(V / (int(screen.get("WARPS", 0)) * int(screen.get("ROWS_PER_WARP", 0)) or 1))
     parts = math.ceil(V / (int(pick.get("PICK_ROWS", 0)) or 1))
     blocks = math.ceil(nb1 / (int(screen.get("PASSES", 1)) or 1))  # row groups per block
-    want = [(0, {"n": V, "k": H}), (1, {"n": V, "k": H, "nb1": nb1})] + ([] if fused else [(2, {"parts": parts})])
-    for i, w in want:
-        for pn, v in w.items():
+    for i, want in ((0, {"n": V, "k": H}), (1, {"n": V, "k": H, "nb1": nb1}), (2, {"parts": parts})):
+        for pn, v in want.items():
             if lit[i].get(pn) != v:
                 err(f"{where} kernel `{kerns[i].name}`: {pn} = {lit[i].get(pn)}, expected {v}")
-    for i, g in [(0, blocks), (1, parts)] + ([] if fused else [(2, 1)]):
+    for i, g in ((0, blocks), (1, parts), (2, 1)):
         if launches[i].grid != [g, 1, 1]:
             err(f"{where} kernel `{kerns[i].name}`: grid {launches[i].grid}, expected [{g}, 1, 1]")
     # the scratch the kernels index by V, nb1 and parts (a smaller one would be read past its end)
     scratch = m.ops[LM_HEAD_SCREENED_OP].impl.scratch
-    last = ("fin", "u64", [2]) if fused else ("partial", "u64", [parts])
-    for name, dtype, shape in (("xn", "bf16", [H]), ("keys", "u16", [V]), ("bpart", "u32", [nb1]), last):
+    for name, dtype, shape in (("xn", "bf16", [H]), ("keys", "u16", [V]), ("bpart", "u32", [nb1]),
+                               ("partial", "u64", [parts])):
         sc = scratch.get(name)
         if sc is None or sc.dtype != dtype or sc.shape != shape:
             err(f"{where}: scratch `{name}` must be {dtype} {shape}")

@@ -48,8 +48,7 @@ from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule
 from gemv_plan import gemv_blocks  # noqa: E402
 
 #: The screened lm_head's op (tools/gen_qwen3.py --lm-head screened, the default since session 24): the final norm,
-#: the lm_head and the argmax in two launches since session 26 (lm_head_screen.cubin's screen, then its pick with the
-#: argmax folded in; three with an older kernel index: the screen, the pick, argmax_reduce), in place
+#: the lm_head and the argmax in three launches (lm_head_screen.cubin's screen and pick, then argmax_reduce), in place
 #: of the dense form's two ops DENSE_LM_HEAD_OPS (`--lm-head dense`: a GEMV into `logits`, then a two-launch argmax).
 SCREENED_LM_HEAD = "norm_lm_head_argmax_screened"
 DENSE_LM_HEAD_OPS = ("gemv_norm_lm_head", "argmax")
@@ -85,11 +84,9 @@ def lm_head_note(m: dict, name: str) -> str:
     op itself), what the screened op is and that the dense ops need a `--lm-head dense` manifest; else ""."""
     if SCREENED_LM_HEAD not in m.get("ops", {}) or name not in ("lm_head", *DENSE_LM_HEAD_OPS, SCREENED_LM_HEAD):
         return ""
-    launches = m["ops"][SCREENED_LM_HEAD].get("impl", {}).get("launches", [])
-    what = ", ".join(f"`{ln.get('entry') or ln.get('extern')}`" for ln in launches)
     return (f"; this manifest has the screened lm_head (tools/gen_qwen3.py's default): one op `{SCREENED_LM_HEAD}` "
-            f"(short name `lm_head`) of {len(launches)} launches ({what}), in place of the dense "
-            f"`{DENSE_LM_HEAD_OPS[0]}` + `{DENSE_LM_HEAD_OPS[1]}`: for those, pass a manifest of "
+            "(short name `lm_head`) of three launches, the screen and pick of lm_head_screen.cubin and argmax_reduce, "
+            f"in place of the dense `{DENSE_LM_HEAD_OPS[0]}` + `{DENSE_LM_HEAD_OPS[1]}`: for those, pass a manifest of "
             "`tools/gen_qwen3.py --lm-head dense`")
 
 

@@ -53,8 +53,8 @@ names changes (its module, or its grid).
 
     The launch keeps its grid: 4B's qkv (on gemv_p2, 192 blocks of 32 rows) on a build of the default form would
     cover half its rows; give it --op-grid qkv=384 too, or build the what-if with -DGEMV_PASSES=2.
-    Refused: an op whose launches use no module (a built-in) or several, the screened lm_head (lm_head_screen.cu's
-    screen and pick: not a GEMV), an op given twice or also dropped.
+    Refused: an op whose launches use no module (a built-in) or two (the screened lm_head: lm_head_screen and
+    argmax_pdl), an op given twice or also dropped.
 
 --op-grid OP=GX[,GY,GZ]
     OP's one launch gets the literal grid [GX, GY, GZ] (GY, GZ default to 1), OP named as for --drop; the op changes
@@ -64,7 +64,7 @@ names changes (its module, or its grid).
     module has 9,496 (session 18 measured the qkv this way, 384 → 192 blocks, before the generator put 4B's qkv on it).
     tools/build_kernels.py builds it as gemv_p2.cubin, so a kernels dir it wrote already holds the file. The dense
     lm_head is a `gen_qwen3.py --lm-head dense` manifest's (tools/gpu/prepare.py writes one as manifest-dense.json):
-    in the default manifests `lm_head` is the screened op, of two launches, which --op-grid refuses.
+    in the default manifests `lm_head` is the screened op, of three launches, which --op-grid refuses.
 
         python3 tools/manifest_whatif.py DENSE_MANIFEST --kernels KDIR --out OUT.json \\
             --op-module lm_head=gemv_p2.cubin --op-grid lm_head=4748
@@ -102,8 +102,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from manifest_variants import (SCREENED_LM_HEAD, SHORT, VariantError, lm_head_note, pin_module, prune,  # noqa: E402
-                               rewrite_main, rewrite_parser, verify)
+from manifest_variants import (SHORT, VariantError, lm_head_note, pin_module, prune, rewrite_main,  # noqa: E402
+                               rewrite_parser, verify)
 
 #: How to build a what-if module into the kernels dir (the refusal of a missing --module file says it).
 BUILD_HINT = ("cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -D<MACRO> -o {kdir}/{file} <source>.cu "
@@ -275,9 +275,6 @@ def repoint_op_modules(m: dict, specs: list[str], kernels: Path, program: str = 
                                     f"OP=FILE (an op of `{program}`, a cubin in {kernels})"):
         launches = out["ops"][op]["impl"]["launches"]
         mods = list(dict.fromkeys(ln["module"] for ln in launches if ln.get("module")))
-        if op == SCREENED_LM_HEAD:  # (one module since session 26, but no GEMV build has its entries)
-            raise VariantError(f"--op-module {spec}: op `{op}` is not a GEMV: its launches are lm_head_screen.cu's "
-                               "screen and pick, which no what-if build of gemv.cu has" + lm_head_note(out, op))
         if len(mods) != 1:
             raise VariantError(f"--op-module {spec}: op `{op}`'s launches use " + (
                 f"modules {', '.join(mods)}; one cubin can stand for one module (build a what-if of each and use "

@@ -12,8 +12,7 @@ program makes them:
 - screened: kern_lmhead_screen_m1 (its `_r8` entry for k ≤ 1,024, as gen_qwen3 --lm-head screened picks) +
   kern_lmhead_pick_m1 + argmax_reduce_pdl;
 - screen alone: that screen entry repeated;
-- the same two for each `_pP` form of that entry (P row groups per block; the same pick and reduce after it), and
-  that form with kern_lmhead_pick_argmax_m1 (the pick and the reduce in one launch).
+- the same two for each `_pP` form of that entry (P row groups per block; the same pick and reduce after it).
 Prints µs per repetition (median of the replays), the bytes each form must read (the head's bf16 or int8 bytes,
 its row table) and their floor at 4.2 TB/s, and checks that both forms give the same token. A probe: prints a table,
 appends nothing; `--help` needs no GPU.
@@ -113,23 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         dense_token = int(out_d.item())
         b = {"dense": V * H * 2}
         tokens = {}
-        fin = torch.zeros(2, dtype=torch.int64, device="cuda")
         for e in entries:
             npass = ks.kernels[e]["constexprs"].get("PASSES", 1)
-            forms = []
-            if npass == 1:
-                screen = launcher(e, math.ceil(nb1 / npass), [x, nw, q8, rows, xn, keys, bpart, V, H, EPS])
-            else:  # a `_pP` screen zeroes fin for kern_lmhead_pick_argmax_m1 (the pick with the argmax folded in)
-                screen = launcher(e, math.ceil(nb1 / npass), [x, nw, q8, rows, xn, keys, bpart, fin, V, H, EPS])
-                fused = launcher("kern_lmhead_pick_argmax_m1", parts_s, [xn, w, keys, bpart, nb1, fin, out_s, V, H])
-                forms.append((f"screened, fused pick ({e})", [screen, fused]))
-            for name, seq in ((f"screened ({e})", [screen, pick, reduce]), *forms, (f"screen alone ({e})", [screen])):
+            screen = launcher(e, math.ceil(nb1 / npass), [x, nw, q8, rows, xn, keys, bpart, V, H, EPS])
+            for name, seq in ((f"screened ({e})", [screen, pick, reduce]), (f"screen alone ({e})", [screen])):
                 out_s.fill_(-1)
                 res[name] = time_graph(lambda seq=seq: [f() for _ in range(a.reps) for f in seq])
                 b[name] = V * H + V * 16
                 if name.startswith("screened"):
                     torch.cuda.synchronize()
-                    tokens[name] = int(out_s.item())
+                    tokens[e] = int(out_s.item())
         for name, us in res.items():
             floor = b[name] / BW * 1e6
             print(f"| {H} | {name} | {us:.1f} | {b[name] / 1e6:.0f} | {floor:.1f} | {us / floor:.2f} |")

@@ -540,31 +540,20 @@ def _lm_head_screen_kernels() -> list[Kernel]:
                  doc=screen.doc + f" The `_r8` entry: {r8_rows} rows per warp, {r8_loads} int8 loads per row per stage "
                      f"(k ≤ {16 * 32 * r8_loads} in one stage): half the blocks of the default entry, so half the "
                      "per-block prologues (the norm, x's quantization), which dominate short rows.")
-    fin = P("fin", "out buffer<u64>", True)
     passes = [replace(base, name=f"{base.name}_p{p}", entry=f"{base.entry}_p{p}",
                       constexprs={**base.constexprs, "PASSES": p},
-                      params=(*base.params[:7], fin, *base.params[7:]),
                       grid=f"(ceil_div(ceil_div(n, {GEMV_WARPS * base.constexprs['ROWS_PER_WARP']}), {p}), 1, 1): "
                            f"{p} groups of 8 warps × {base.constexprs['ROWS_PER_WARP']} rows per block",
                       doc=base.doc + f" The `_p{p}` entry: {p} consecutive row groups per block (the norm and x's "
                           "quantization once per block, each group's first loads issued as the group before it has "
-                          "consumed its own); keys and bpart (one entry per group) as the one-group entry writes them; "
-                          "block 0 also zeroes fin (u64 [2]) for kern_lmhead_pick_argmax_m1.")
+                          "consumed its own); keys and bpart (one entry per group) as the one-group entry writes them.")
               for base, ps in ((screen, LM_SCREEN_PASSES), (r8, LM_SCREEN_R8_PASSES)) for p in ps]
-    pick_in = (P("xn", BF16_IN, True), P("w", BF16_IN, True), P("keys", "in buffer<u16>", True),
-               P("bpart", "in buffer<u32>", True), P("nb1", "i32"))
     return [screen, r8, *passes,
-        Kernel(name="kern_lmhead_pick_argmax_m1", lang="cuda", source="lm_head_screen.cu",
-               entry="kern_lmhead_pick_argmax_m1", block_x=256, constexprs=const, shared_mem_per={"k": 2},
-               params=(*pick_in, P("fin", "inout buffer<u64>", True), P("out", "out buffer<i64>", True), n, k),
-               grid=f"(ceil_div(n, {LM_PICK_ROWS}), 1, 1)",
-               doc="Screened lm_head, stages 2 and 3 in one launch: kern_lmhead_pick_m1's candidates per block, each "
-                   "block's best key max-reduced into fin[0] and counted in fin[1] (fin: u64 [2], zeroed by a `_pP` "
-                   "screen entry before it); the block that counts last writes out[0] (i64) = the token, as "
-                   "argmax_reduce does. k: a multiple of 8; dynamic shared memory 2*k bytes." + pdl),
         Kernel(name="kern_lmhead_pick_m1", lang="cuda", source="lm_head_screen.cu", entry="kern_lmhead_pick_m1",
                block_x=256, constexprs=const, shared_mem_per={"k": 2},
-               params=(*pick_in, P("partial", "out buffer<u64>", True), n, k),
+               params=(P("xn", BF16_IN, True), P("w", BF16_IN, True), P("keys", "in buffer<u16>", True),
+                       P("bpart", "in buffer<u32>", True), P("nb1", "i32"), P("partial", "out buffer<u64>", True), n,
+                       k),
                grid=f"(ceil_div(n, {LM_PICK_ROWS}), 1, 1)",
                doc="Screened lm_head, stage 2: B = max(bpart[0..nb1)); every row r of the block's "
                    f"{LM_PICK_ROWS} with keys[r] >= B is a candidate, its logit bf16(xn · w[r]) computed as "

@@ -141,13 +141,11 @@ __device__ __forceinline__ void quantize_x(const __nv_bfloat16 *xs, uint4 *xq, f
 // group's first loads issued as soon as the group before it has consumed its own, before that group's bounds). Group
 // g of block b is what block b·P + g of a P = 1 launch computes, and its result goes where that block's went
 // (bpart[b·P + g]), so the pick reads the same nb1 = ceil(n / (8·NR)) entries whatever P is.
-// FIN (the `_pP` entries): block 0 also zeroes fin[0..1], the running best key and block count of the fused pick
-// (kern_lmhead_pick_argmax_m1) that follows it.
-template <int NR, int NU, int P, bool FIN = false>
+template <int NR, int NU, int P>
 __device__ __forceinline__ void screen_rows(
     const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w, const int8_t *__restrict__ q8,
     const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn, uint16_t *__restrict__ keys,
-    uint32_t *__restrict__ bpart, int n, int k, float eps, unsigned long long *__restrict__ fin = nullptr) {
+    uint32_t *__restrict__ bpart, int n, int k, float eps) {
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);
     const int kv = k >> 4;  // 16-byte int8 vectors per row (16 elements each)
@@ -169,9 +167,6 @@ __device__ __forceinline__ void screen_rows(
     if (blockIdx.x == 0)
         for (int v = threadIdx.x; v < (k >> 3); v += blockDim.x)
             reinterpret_cast<uint4 *>(xn)[v] = reinterpret_cast<const uint4 *>(xs)[v];
-    if constexpr (FIN) {  // (after the wait: the previous step's pick, which used them, has completed)
-        if (blockIdx.x == 0 && threadIdx.x < 2) fin[threadIdx.x] = 0ull;
-    }
     float3 sums = make_float3(0.f, 0.f, 0.f);
     quantize_x(xs, xq, sv, kv, sums);
     sums.x = warp_sum(sums.x);
@@ -261,15 +256,6 @@ __device__ __forceinline__ void screen_rows(
         uint16_t *__restrict__ keys, uint32_t *__restrict__ bpart, int n, int k, float eps) {                    \
         screen_rows<NR_, NU_, P_>(x, norm_w, q8, rows_sc, xn, keys, bpart, n, k, eps);                               \
     }
-// The `_pP` entries take fin (u64 [2], out) after bpart: zeroed for kern_lmhead_pick_argmax_m1.
-#define SCREEN_ENTRY_FIN(NAME, NR_, NU_, P_, MINB)                                                                 \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME(                                         \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                            \
-        const int8_t *__restrict__ q8, const float4 *__restrict__ rows_sc, __nv_bfloat16 *__restrict__ xn,       \
-        uint16_t *__restrict__ keys, uint32_t *__restrict__ bpart, unsigned long long *__restrict__ fin, int n,   \
-        int k, float eps) {                                                                                      \
-        screen_rows<NR_, NU_, P_, true>(x, norm_w, q8, rows_sc, xn, keys, bpart, n, k, eps, fin);                    \
-    }
 SCREEN_ENTRY(kern_lmhead_screen_m1, 4, 5, 1, 2)     // k ≤ 2,560: every load before the wait
 SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 1, 2)  // k ≤ 1,024: twice the rows per block, half the blocks' prologues
 // Row groups per block: P = ceil_div(groups, 2·132), so that the screen is one wave of 264 blocks at two per SM on
@@ -277,16 +263,12 @@ SCREEN_ENTRY(kern_lmhead_screen_m1_r8, 8, 2, 1, 2)  // k ≤ 1,024: twice the ro
 // same keys and bpart as P = 1. H200, kern-run decode at 128 cached tokens, tokens identical (NOTES.md 68): 4B P = 2
 // −0.007 ms/token, 4 −0.012, 8 −0.006, 18 −0.016; 0.6B (`_r8`) P = 2 +0.001, 4 +0.002, 9 −0.006 — a partial last wave
 // costs what the fewer prologues give.
-SCREEN_ENTRY_FIN(kern_lmhead_screen_m1_p18, 4, 5, 18, 2)
-SCREEN_ENTRY_FIN(kern_lmhead_screen_m1_r8_p9, 8, 2, 9, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_p18, 4, 5, 18, 2)
+SCREEN_ENTRY(kern_lmhead_screen_m1_r8_p9, 8, 2, 9, 2)
 
-namespace {
-
-// Stage 2's candidates of this block's LS_PICK_ROWS rows: the packed argmax key of the best (0: none), in every thread.
-__device__ __forceinline__ unsigned long long pick_rows(const __nv_bfloat16 *__restrict__ xn,
-                                                        const __nv_bfloat16 *__restrict__ w,
-                                                        const uint16_t *__restrict__ keys,
-                                                        const uint32_t *__restrict__ bpart, int nb1, int n, int k) {
+extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
+    const __nv_bfloat16 *__restrict__ xn, const __nv_bfloat16 *__restrict__ w, const uint16_t *__restrict__ keys,
+    const uint32_t *__restrict__ bpart, int nb1, uint64_t *__restrict__ partial, int n, int k) {
     extern __shared__ __align__(16) unsigned char smem[];
     uint4 *xs = reinterpret_cast<uint4 *>(smem);
     __shared__ uint32_t warp_b[WARPS];
@@ -337,34 +319,6 @@ __device__ __forceinline__ unsigned long long pick_rows(const __nv_bfloat16 *__r
             best = kr > best ? kr : best;
         }
     }
-    return block_max(best, warp_best);
-}
-
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_lmhead_pick_m1(
-    const __nv_bfloat16 *__restrict__ xn, const __nv_bfloat16 *__restrict__ w, const uint16_t *__restrict__ keys,
-    const uint32_t *__restrict__ bpart, int nb1, uint64_t *__restrict__ partial, int n, int k) {
-    const unsigned long long best = pick_rows(xn, w, keys, bpart, nb1, n, k);
+    best = block_max(best, warp_best);
     if (threadIdx.x == 0) partial[blockIdx.x] = best;
-}
-
-// kern_lmhead_pick_m1 and argmax_reduce in one launch: each block max-reduces its best key into fin[0] (u64 [2], zeroed
-// by the `_pP` screen before it), then counts itself in fin[1]; the block that counts last (after a fence: every other
-// block's max is in) writes the token, as argmax_reduce does. A max does not depend on the order of the adds: the same
-// token as the two launches.
-extern "C" __global__ void __launch_bounds__(WARPS * 32, 1) kern_lmhead_pick_argmax_m1(
-    const __nv_bfloat16 *__restrict__ xn, const __nv_bfloat16 *__restrict__ w, const uint16_t *__restrict__ keys,
-    const uint32_t *__restrict__ bpart, int nb1, unsigned long long *__restrict__ fin, int64_t *__restrict__ out, int n,
-    int k) {
-    const unsigned long long best = pick_rows(xn, w, keys, bpart, nb1, n, k);
-    if (threadIdx.x == 0) {
-        if (best != 0ull) atomicMax(fin, best);
-        __threadfence();  // this block's max before its count
-        if (atomicAdd(fin + 1, 1ull) == gridDim.x - 1ull) {
-            __threadfence();  // every counted block's max before the read
-            const unsigned long long b = atomicAdd(fin, 0ull);
-            out[0] = (int64_t)(~(uint32_t)(b & 0xFFFFFFFFull));
-        }
-    }
 }
