@@ -773,8 +773,8 @@ def lm_screen_groups(nb1: int, sms: int = GEMV_SMS) -> int:
 def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     """The op LM_HEAD_SCREENED_OP (x, norm_w, q8, rows, w, out): next_token = argmax_v bf16(rmsnorm(x)·norm_w ·
     w[v]), bit for bit the token of kern_gemv_norm_m1 at ksplit 1 + argmax (`gemv_norm_lm_head` + `argmax` with
-    `--gemv gemv`), in three launches: kern_lmhead_screen_m1 (bounds
-    from the int8 copy q8 [V, H] with rows f32 [V, 4]), kern_lmhead_pick_m1 (the candidates' dense logits from w),
+    `--gemv gemv`), in three launches: kern_lmhead_screen_m1 or the form `lm_screen_entry` picks (bounds
+    from the int8 copy q8 [V, H] with rows f32 [V, 4]; grid ceil_div(row groups, PASSES)), kern_lmhead_pick_m1 (the candidates' dense logits from w),
     argmax_reduce (over the pick's per-block keys). Scratch: the normalized x, the bounds' keys, the screen's and
     the pick's per-block results. The three are PDL launches with `pdl` (the screen follows the last down GEMV)."""
     c = b.cfg
@@ -790,8 +790,8 @@ def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
              ("w", BF16_IN), ("out", "out buffer<i64>")]
     op = LM_HEAD_SCREENED_OP
     b.op(op, iface, [
-        _pdl(b.launch(op, iface, screen, [math.ceil(nb1 / groups), 1, 1], x=P("x"), norm_w=P("norm_w"), q8=P("q8"), rows=P("rows"),
-                      xn=S("xn"), keys=S("keys"), bpart=S("bpart"), n=V, k=H, eps=eps), pdl),
+        _pdl(b.launch(op, iface, screen, [math.ceil(nb1 / groups), 1, 1], x=P("x"), norm_w=P("norm_w"), q8=P("q8"),
+                      rows=P("rows"), xn=S("xn"), keys=S("keys"), bpart=S("bpart"), n=V, k=H, eps=eps), pdl),
         _pdl(b.launch(op, iface, pick, [parts, 1, 1], xn=S("xn"), w=P("w"), keys=S("keys"), bpart=S("bpart"),
                       nb1=nb1, partial=S("partial"), n=V, k=H), pdl),
         _pdl(b.launch(op, iface, pdl_kernel(b, "argmax_reduce", pdl), [1, 1, 1], partial=S("partial"),
