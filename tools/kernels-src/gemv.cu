@@ -781,12 +781,7 @@ static_assert(GEMV_PASSES >= 1 && GEMV_PASSES <= 8, "GEMV_PASSES: 1 (the default
 #endif
 
 #if GEMV_PASSES > 1
-// SILU: the norm + SiLU-and-mul entries' pairs, in a module built with -DGEMV_SILU_PASSES as well (NOTES.md 68; without
-// it those entries keep the default form, and the module's other entries their code: instantiating this form for SiLU
-// changes ptxas's choices for the others in two instructions): pass p of warp w owns output column j = (blockIdx.x·P
-// + p)·WARPS + w, i.e. its gate row j and up row n + j (w has 2n rows), stored as gemv_silu_rows stores it; grid.x =
-// ceil_div(n, WARPS·P).
-template <int M, bool RESIDUAL, int U, typename Prologue, typename Gate, bool SILU = false>
+template <int M, bool RESIDUAL, int U, typename Prologue, typename Gate>
 __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, const __nv_bfloat16 *__restrict__ w_,
                                                  __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
                                                  Prologue prologue, const Gate &gate) {
@@ -807,11 +802,6 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
             const long row = base + (long)p * WARPS * R + r;
             rows[r] = row < n ? row : n - 1;
         }
-        if constexpr (SILU) {  // pass p's column: its gate and up rows instead
-            const long j = ((long)blockIdx.x * P + p) * WARPS + warp, jc = j < n ? j : n - 1;
-            rows[0] = jc;
-            rows[1] = n + jc;
-        }
         stage_load<M, R, U>(buf, w, rows, kv, lane, t - p * S1, nl, pf);
     };
     float acc[R][M];
@@ -820,26 +810,14 @@ __device__ __forceinline__ void gemv_rows_passes(const uint4 *__restrict__ xs, c
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
-        if constexpr (SILU) {
-            const long j = ((long)blockIdx.x * P + p) * WARPS + warp;
-            if (j < n)
+        long rows[R];
+        bool valid[R];
 #pragma unroll
-                for (int m = 0; m < M; ++m)
-                    if (lane == m) {
-                        const float g = bf(tobf(acc[0][m]));
-                        const float u = bf(tobf(acc[1][m]));
-                        y[(long)m * n + j] = tobf(bf(tobf(silu(g))) * u);
-                    }
-        } else {
-            long rows[R];
-            bool valid[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                rows[r] = base + (long)p * WARPS * R + r;
-                valid[r] = rows[r] < n;
-            }
-            store_rows<M, RESIDUAL>(acc, rows, valid, y, n, lane, gate);
+        for (int r = 0; r < R; ++r) {
+            rows[r] = base + (long)p * WARPS * R + r;
+            valid[r] = rows[r] < n;
         }
+        store_rows<M, RESIDUAL>(acc, rows, valid, y, n, lane, gate);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -909,14 +887,6 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
                                                __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit,
                                                Prologue prologue, const Pf &pf, int ring_off = 0,
                                                const Out &out = Out{}) {
-#if GEMV_PASSES > 1 && defined(GEMV_SILU_PASSES)
-    if constexpr (Out::plain) {  // the row-pass form (above) for the SiLU entries too (-DGEMV_SILU_PASSES)
-        (void)pf;
-        (void)ring_off;
-        gemv_rows_passes<M, false, U, Prologue, PdlGate, true>(xs, w, y, n, k, ksplit, prologue, PdlGate{});
-        return;
-    }
-#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv = k >> 3;
     const int group = warp / ksplit, part = warp % ksplit;
