@@ -38,7 +38,8 @@ ARGMAX_BLOCK = 2048
 SHAPES = [(151936, 2560), (151936, 1024), (4000, 5120), (1001, 1040), (77, 48)]
 #: The stage-1 entries: the default, `_r8` (8 rows per warp), and their `_pP` forms (P row groups per block, grid
 #: ceil_div(nb1, P): the same keys and, per group, the same bpart as their one-group entry).
-SCREENS = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_screen_m1_p18", "kern_lmhead_screen_m1_r8_p9")
+SCREENS = ("kern_lmhead_screen_m1", "kern_lmhead_screen_m1_r8", "kern_lmhead_screen_m1_p18",
+           "kern_lmhead_screen_m1_r8_p9")
 
 
 @pytest.fixture(scope="session")
