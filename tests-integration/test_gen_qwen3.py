@@ -547,14 +547,15 @@ def test_screened_lm_head(preset: str, fake_kernels: Path, pdl: bool) -> None:
     assert (m.buffers["lm_head.screen.rows"].dtype, m.buffers["lm_head.screen.rows"].shape) == ("f32", [V, 4])
     op = m.ops[gen.LM_HEAD_SCREENED_OP]
     screen, pick, red = op.impl.launches
-    # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one; each in its row-group
-    # form that makes the screen one wave of 2 × 132 blocks (the vocabulary's 2,374 groups of 64 rows in 9s, 4,748 of
-    # 32 in 18s)
-    entry = "kern_lmhead_screen_m1_r8_p9" if H <= 1024 else "kern_lmhead_screen_m1_p18"
+    # short rows (k ≤ 1,024: 0.6B) take the 8-rows-per-warp entry, the others the default one; rows of one load stage
+    # (k ≤ 2,560) in the row-group form that makes the screen one wave of 2 × 132 blocks (the vocabulary's 2,374
+    # groups of 64 rows in 9s, 4,748 of 32 in 18s), longer rows one group per block
+    entry, grid = (("kern_lmhead_screen_m1_r8_p9", 264) if H <= 1024 else ("kern_lmhead_screen_m1_p18", 264)
+                   if H <= 2560 else ("kern_lmhead_screen_m1", 4748))
     assert [la.entry for la in op.impl.launches] == [entry, "kern_lmhead_pick_m1", "argmax_reduce"]
     assert all(bool(la.pdl) == pdl for la in op.impl.launches) and red.module == ("argmax_pdl" if pdl else "argmax")
     nb1, parts = math.ceil(V / (64 if H <= 1024 else 32)), math.ceil(V / 1024)
-    assert (screen.grid, pick.grid, red.grid) == ([264, 1, 1], [parts, 1, 1], [1, 1, 1])
+    assert (screen.grid, pick.grid, red.grid) == ([grid, 1, 1], [parts, 1, 1], [1, 1, 1])
     assert pick.args[gen.load_index(fake_kernels)["kern_lmhead_pick_m1"].param_names.index("nb1")].i32 == nb1
     assert (screen.shared_mem, pick.shared_mem) == (4 * H, 2 * H)
     assert op.impl.scratch["bpart"].shape == [nb1] and op.impl.scratch["partial"].shape == [parts]
@@ -588,6 +589,28 @@ def test_lm_screen_entry_without_group_forms(fake_kernels: Path, tmp_path: Path)
     for preset, entry, grid in (("4b", "kern_lmhead_screen_m1", 4748), ("0.6b", "kern_lmhead_screen_m1_r8", 2374)):
         screen = _build(preset, old, lm_head="screened").ops[gen.LM_HEAD_SCREENED_OP].impl.launches[0]
         assert (screen.entry, screen.grid) == (entry, [grid, 1, 1]), preset
+
+
+def test_lm_screen_entry_keeps_long_rows_on_one_group(fake_kernels: Path) -> None:
+    """Rows of more than one load stage (hidden 4,096 and 5,120: 8B, 14B, 32B) keep the one-group screen entry: the
+    row-group forms were measured on one-stage rows only."""
+    for preset in ("8b", "14b"):
+        screen = _build(preset, fake_kernels, lm_head="screened").ops[gen.LM_HEAD_SCREENED_OP].impl.launches[0]
+        assert (screen.entry, screen.grid) == ("kern_lmhead_screen_m1", [4748, 1, 1]), preset
+
+
+def test_screened_lm_head_grid_checked(fake_kernels: Path) -> None:
+    """check_wiring refuses a screen grid that does not match its entry's row groups per block: the `_p18` form on
+    the one-group grid (18 times too many blocks) and the one-group entry on the `_p18` grid (rows left unscreened)."""
+    cfg = Qwen3Config.preset("4b")
+    index = gen.load_index(fake_kernels)
+    for entry, grid, want in (("kern_lmhead_screen_m1_p18", 4748, 264), ("kern_lmhead_screen_m1", 264, 4748)):
+        m = _build("4b", fake_kernels, lm_head="screened")
+        screen = m.ops[gen.LM_HEAD_SCREENED_OP].impl.launches[0]
+        screen.entry, screen.grid = entry, [grid, 1, 1]
+        with pytest.raises(gen.WiringError) as e:
+            gen.check_wiring(m, cfg, gen.make_layout(cfg), index)
+        assert f"`{entry}`: grid [{grid}, 1, 1], expected [{want}, 1, 1]" in str(e.value), entry
 
 
 def test_screened_lm_head_wiring_checked(fake_kernels: Path) -> None:

@@ -84,8 +84,6 @@ def dense(ks: KernelSet, x, nw, w) -> tuple[int, torch.Tensor]:
     return int(out.item()), logits
 
 
-
-
 def screened(ks: KernelSet, x, nw, q8, rows, w, screen: str) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The screened op's token with stage-1 entry `screen`, and its scratch: keys (int64 of the u16), bpart (int64 of
     the u32), xn."""

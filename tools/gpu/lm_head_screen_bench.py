@@ -9,7 +9,7 @@ log-normal row scales as tools/make_random_checkpoint.py draws it, its int8 tabl
 program makes them:
 - dense: kern_gemv_norm_m1 (the `_u5` entry where gemv_plan.gemv_entry_unroll gives it for lm_head) + argmax_partial_pdl
   + argmax_reduce_pdl (the ops `gemv_norm_lm_head` and `argmax`);
-- screened: kern_lmhead_screen_m1 (its `_r8` entry for k ≤ 1,024, as gen_qwen3 --lm-head screened picks) +
+- screened: kern_lmhead_screen_m1 (its `_r8` entry for k ≤ 1,024; gen_qwen3 picks their `_pP` form below) +
   kern_lmhead_pick_m1 + argmax_reduce_pdl;
 - screen alone: that screen entry repeated;
 - the same two for each `_pP` form of that entry (P row groups per block; the same pick and reduce after it).

@@ -531,8 +531,8 @@ def _lm_head_screen_kernels() -> list[Kernel]:
                    "16-element vector; for each row r of the int8 head q8: i8 [n, k] with rows: f32 [n, 4] = (scale s, "
                    "error norm e, ||w||, s·||q||), an interval around s·(x̃·q8[r]) (int8 dot products) that holds the "
                    "dense fp32 logit; keys[r] (u16 [n]) = the argmax order of bf16(upper bound) (0xFFFF: always a "
-                   "candidate), bpart[b] (u32 [grid.x]) = the block's max order of bf16(lower bound). k: a multiple of "
-                   "16; dynamic shared memory 4*k bytes." + pdl)
+                   "candidate), bpart[g] (u32 [ceil_div(n, rows per group)]) = row group g's max order of bf16(lower "
+                   "bound); one group per block. k: a multiple of 16; dynamic shared memory 4*k bytes." + pdl)
     r8_rows, r8_loads = LM_SCREEN_R8
     r8 = replace(screen, name="kern_lmhead_screen_m1_r8", entry="kern_lmhead_screen_m1_r8",
                  constexprs={**const, "ROWS_PER_WARP": r8_rows, "LOADS_PER_STAGE": r8_loads},
@@ -544,7 +544,8 @@ def _lm_head_screen_kernels() -> list[Kernel]:
                       constexprs={**base.constexprs, "PASSES": p},
                       grid=f"(ceil_div(ceil_div(n, {GEMV_WARPS * base.constexprs['ROWS_PER_WARP']}), {p}), 1, 1): "
                            f"{p} groups of 8 warps × {base.constexprs['ROWS_PER_WARP']} rows per block",
-                      doc=base.doc + f" The `_p{p}` entry: {p} consecutive row groups per block (the norm and x's "
+                      doc=base.doc.replace("one group per block", f"{p} groups per block")
+                          + f" The `_p{p}` entry: {p} consecutive row groups per block (the norm and x's "
                           "quantization once per block, each group's first loads issued as the group before it has "
                           "consumed its own); keys and bpart (one entry per group) as the one-group entry writes them.")
               for base, ps in ((screen, LM_SCREEN_PASSES), (r8, LM_SCREEN_R8_PASSES)) for p in ps]

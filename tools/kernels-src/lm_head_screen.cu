@@ -20,21 +20,23 @@
 // argmax, slowly). Rows holding a non-finite weight must carry a NaN table row (the export does): always candidates.
 //
 //   kern_lmhead_screen_m1(x, norm_w, q8, rows, xn, keys, bpart, n, k, eps)
-//   kern_lmhead_screen_m1_r8(the same params)
+//   kern_lmhead_screen_m1_r8, kern_lmhead_screen_m1_p18, kern_lmhead_screen_m1_r8_p9 (the same params)
 //       x: bf16 [k] (the residual), norm_w: bf16 [k], q8: int8 [n, k], rows: f32 [n, 4] (s, e, nw, snq);
 //       xn: bf16 [k] out (block 0 writes the normalized x, for stage 2), keys: u16 [n] out (the order of
-//       bf16(hi[r]), argmax_key.cuh's argmax_order; 0xFFFF: always a candidate), bpart: u32 [grid.x] out (per
-//       block, the max order of bf16(lo[r]) over its finite lo; 0 when none, or when xn is not finite).
+//       bf16(hi[r]), argmax_key.cuh's argmax_order; 0xFFFF: always a candidate), bpart: u32 [nb1] out (per row
+//       group of 8·R rows, nb1 = ceil_div(n, 8·R): the max order of bf16(lo[r]) over its finite lo; 0 when none, or
+//       when xn is not finite).
 //       xn = HF Qwen3RMSNorm(x)·norm_w through gemv.cu's own norm_to_smem (the same bits as the dense GEMV's).
-//       grid (ceil_div(n, 8·R), 1, 1), block 256: 8 warps × R rows, R = 4 (and U = 5 int8 16-byte loads per row
-//       per stage) or, in the `_r8` entry, R = 8 (U = 2: every load of a k ≤ 1,024 row in one stage, and half the
-//       blocks, so half the per-block prologues, which dominate short rows); dynamic shared memory 4·k bytes (xn at
-//       0, its int8 x̂ at 2·k, the vectors' f32 scales at 3·k: 3.25·k used).
+//       grid (ceil_div(nb1, P), 1, 1), block 256: 8 warps × R rows per row group, R = 4 (and U = 5 int8 16-byte
+//       loads per row per stage) or, in the `_r8` entries, R = 8 (U = 2: every load of a k ≤ 1,024 row in one stage,
+//       and half the groups, so half the per-block prologues, which dominate short rows); P row groups per block:
+//       1, or 18 / 9 in the `_pP` entries (the prologue once per block; see SCREEN_ENTRY); dynamic shared memory
+//       4·k bytes (xn at 0, its int8 x̂ at 2·k, the vectors' f32 scales at 3·k: 3.25·k used).
 //       k: a multiple of 16; pointers 16-byte aligned. The first U 16-byte int8 loads of each of a lane's rows go
 //       out before griddepcontrol.wait (weights only); k ≤ 16·32·U puts every load there (later stages wait a
 //       latency each).
 //   kern_lmhead_pick_m1(xn, w, keys, bpart, nb1, partial, n, k)
-//       xn: bf16 [k] from stage 1, w: bf16 [n, k] (the dense head), keys, bpart: stage 1's (nb1 = its grid.x),
+//       xn: bf16 [k] from stage 1, w: bf16 [n, k] (the dense head), keys, bpart: stage 1's (nb1 its row groups),
 //       partial: u64 [grid.x] out, argmax.cu's packed key of the best candidate of the block's rows (0: none).
 //       grid (ceil_div(n, LS_PICK_ROWS), 1, 1), block 256; dynamic shared memory 2·k bytes. k: a multiple of 8.
 //   Then argmax.cu's argmax_reduce(partial, out, parts = grid.x of stage 2).
