@@ -91,7 +91,14 @@
 #               dense dot may overflow a candidate; the runs of calls 3–5 were on 6f5f69fe… and 3c067af0…): its GPU
 #               tests (with the new near-underflow and near-overflow cases), the kernel bench, and the 4B and 0.6B
 #               program A/B of `--lm-head screened` (program_sweep, tokens identical expected, −0.058 / −0.018 ms/token
-#               as in call 3); $OUT/lm-head-screen.tgz. About 5 minutes on a fresh machine.
+#               as in call 3); $OUT/lm-head-screen.tgz. About 5 minutes on a fresh machine. (Ran in session 24, call 1.)
+#   lm-head-long-rows  (written in session 26; owed, not urgent) the screen's row-group form `_p18` on rows of two
+#               load stages (hidden 4,096 and 5,120: 8B, 14B, 32B), which gen_qwen3 keeps on one group per block
+#               because only one-stage rows were timed (NOTES.md 68, review helper-72): its GPU test (the 4000x5120 case
+#               covers two stages) and lm_head_screen_bench at --hidden 4096 --hidden 5120 (kernel against kernel; in
+#               session 26 the 4B program gained four times what the kernel did, so a kernel gain is a lower bound);
+#               if `_p18` is faster there, let lm_screen_entry take it for every k. $OUT/lm-head-long-rows.tgz. About
+#               3 minutes on a fresh machine (no checkpoint needed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
@@ -343,6 +350,15 @@ for stage in "${stages[@]}"; do
           --manifest-variant screened="$K/screened-$g.json"
       done
       (cd "$OUT" && tar czf lm-head-screen.tgz lhs-*.log && rm -f lhs-*.log)
+      ;;
+    lm-head-long-rows)
+      K=/tmp/kern-e2e
+      wheels /dev/null
+      step lhl-build 300 python3 tools/build_kernels.py --out "$K/kernels" -q
+      KERN_KERNELS_DIR="$K/kernels" step lhl-gpu-tests 300 python3 -m pytest -m gpu -q -s -p no:cacheprovider \
+        tests-integration/gpu/test_lm_head_screen_gpu.py
+      step lhl-bench 200 python3 tools/gpu/lm_head_screen_bench.py --kernels "$K/kernels" --hidden 4096 --hidden 5120
+      (cd "$OUT" && tar czf lm-head-long-rows.tgz lhl-*.log && rm -f lhl-*.log)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
