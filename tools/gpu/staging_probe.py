@@ -31,6 +31,11 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
               token, read back by the launch itself): one launch between two graphs, no copy at all
     stage     kern-driver's `Runtime.stage` (what kread prototyped): writes, the feed and the read in one launch,
               as kern-run's loop now enqueues a step
+    graphkread  kread's kernel as the first node of the decode graph (one graph of its own, captured here: the
+              kernel, then the decode program), replayed back to back: what staging costs inside the graph rather
+              than between graphs (written in session 26, not yet run: if it is near `replay`, a `Runtime.stage`
+              node in the decode graph with its parameters set per step by cuGraphExecKernelNodeSetParams would save
+              kread's difference; NOTES.md 67–68)
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
@@ -47,7 +52,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
 MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel", "kread",
-         "stage")
+         "stage", "graphkread")
 
 #: The stage kernel of mode `kernel`: *tok_dst = *tok_src; *pos = *slot = posval; *seq = seqval (one thread).
 STAGE_PTX = r"""
@@ -171,10 +176,28 @@ def main() -> int:
                 ops.append(o)
             check(drv.cuStreamBatchMemOp(stream, len(ops), ops, 0), "cuStreamBatchMemOp")
 
+        staged_graph = graph = None
+        if "graphkread" in modes:  # kread's kernel, then the decode program, as one graph
+            from kern_driver.resolve import check_vars
+
+            prog = rt._program("decode")
+            env = check_vars(rt.manifest, prog.required, {"tokens": 1}, "staging_probe graphkread")
+            rt._prepare(prog, env)
+            check(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                  "cuStreamBeginCapture")
+            check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kparams_r.ctypes.data, 0), "cuLaunchKernel")
+            rt._enqueue(prog, capturing=True)
+            graph = check(drv.cuStreamEndCapture(stream), "cuStreamEndCapture")
+            staged_graph = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            check(drv.cuGraphUpload(staged_graph, stream), "cuGraphUpload")
+
         side_read = ("side", "sidedtod", "batch4", "batch4c", "kernel")
         held: list = []  # mode `stage`: its reads, resolved two steps behind (as kern-run's loop does)
 
         def step(mode: str) -> None:
+            if mode == "graphkread":
+                check(drv.cuGraphLaunch(staged_graph, stream), "cuGraphLaunch")
+                return
             if mode in ("batch4", "batch4c"):
                 srcs, at = (srcs4, attrs4) if mode == "batch4" else (srcs4c, attrs4c)
                 check(drv.cuMemcpyBatchAsync(dsts, srcs, [8, 8, 8, 4], 4, at, [0, 1], 2, stream),
@@ -236,6 +259,9 @@ def main() -> int:
         for m in modes:
             med = statistics.median(times[m])
             print(f"| {m} | {', '.join(f'{t:.1f}' for t in times[m])} | {med:.1f} | {med - base:+.1f} |")
+        if staged_graph is not None:
+            check(drv.cuGraphExecDestroy(staged_graph), "cuGraphExecDestroy")
+            check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
         host.free()
         src.free()
         drv.cuMemFreeHost(mapped_ptr)
