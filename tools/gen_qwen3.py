@@ -754,10 +754,13 @@ def lm_screen_entry(b: ManifestBuilder, k: int) -> str:
     faster for short rows), else `kern_lmhead_screen_m1`; then its row-group form `_pP` (P = lm_screen_groups of the
     head's row groups) where the index has it and a row's loads are one stage (k ≤ 16·32·LOADS_PER_STAGE: 2,560 for
     the default entry; longer rows, untimed in that form, keep one group per block)."""
+    def one_stage(entry: str) -> bool:  # a lane's loads of a k-element row fit one of the entry's stages
+        return k <= 16 * 32 * b.constexpr(entry, "LOADS_PER_STAGE")
+
     r8 = "kern_lmhead_screen_m1_r8"
-    base = r8 if r8 in b.index and k <= 16 * 32 * b.constexpr(r8, "LOADS_PER_STAGE") else "kern_lmhead_screen_m1"
-    if k > 16 * 32 * b.constexpr(base, "LOADS_PER_STAGE"):  # rows of two or more load stages (8B, 14B, 32B):
-        return base  # the row-group forms were measured on one-stage rows only (4B, 0.6B; NOTES.md 68)
+    base = r8 if r8 in b.index and one_stage(r8) else "kern_lmhead_screen_m1"
+    if not one_stage(base):  # rows of two or more load stages (8B, 14B, 32B): the row-group forms were measured
+        return base  # on one-stage rows only (4B, 0.6B; NOTES.md 68)
     rows_per_group = b.constexpr(base, "WARPS") * b.constexpr(base, "ROWS_PER_WARP")
     groups = lm_screen_groups(math.ceil(b.cfg.vocab_size / rows_per_group))
     return f"{base}_p{groups}" if groups > 1 and f"{base}_p{groups}" in b.index else base
@@ -778,8 +781,9 @@ def declare_lm_head_screened(b: ManifestBuilder, pdl: bool) -> None:
     w[v]), bit for bit the token of kern_gemv_norm_m1 at ksplit 1 + argmax (`gemv_norm_lm_head` + `argmax` with
     `--gemv gemv`), in three launches: kern_lmhead_screen_m1 or the form `lm_screen_entry` picks (bounds
     from the int8 copy q8 [V, H] with rows f32 [V, 4]; grid ceil_div(row groups, PASSES)), kern_lmhead_pick_m1
-    (the candidates' dense logits from w), argmax_reduce (over the pick's per-block keys). Scratch: the normalized x, the bounds' keys, the screen's and
-    the pick's per-block results. The three are PDL launches with `pdl` (the screen follows the last down GEMV)."""
+    (the candidates' dense logits from w), argmax_reduce (over the pick's per-block keys). Scratch: the normalized
+    x, the bounds' keys, the screen's and the pick's per-block results. The three are PDL launches with `pdl` (the
+    screen follows the last down GEMV)."""
     c = b.cfg
     H, V, eps = c.hidden_size, c.vocab_size, c.rms_norm_eps
     if H % 16:
