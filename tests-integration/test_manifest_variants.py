@@ -370,7 +370,7 @@ def test_program_sweep_runs_one_process_per_manifest_and_round_by_default(built_
     monkeypatch.setattr(kern_driver.Runtime, "load", staticmethod(fake_load))
     calls = []
 
-    def fake_run(cmd, capture_output, text):
+    def fake_run(cmd, capture_output, text, env):
         calls.append(cmd)
         assert cmd[0] == sys.executable and cmd[1].endswith("program_sweep.py") and "--child" in cmd
         i = cmd.index("--child")
@@ -392,10 +392,48 @@ def test_program_sweep_runs_one_process_per_manifest_and_round_by_default(built_
     assert "2 alternating rounds, one process per manifest and round (tools/gpu/program_sweep.py)" in out
     assert "| o.ksplit=1 |" in out and "| identical |" in out
 
-    def failing(cmd, capture_output, text):
+    def failing(cmd, capture_output, text, env):
         return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nKernDriverError: out of memory\n")
 
     monkeypatch.setattr(program_sweep.subprocess, "run", failing)
     with pytest.raises(SystemExit) as e:
         program_sweep.main(args)
     assert "the process timing (manifest) (round 1) exited 1" in str(e.value) and "out of memory" in str(e.value)
+
+
+def test_program_sweep_env_variant(built_kernels, tmp_path, capsys, monkeypatch):
+    """--env-variant NAME=VAR=VALUE[,VAR=VALUE]: the manifest itself, timed in processes with those variables set
+    (and only those processes); malformed specs, taken names and --in-process are refused with the reason."""
+    work = tmp_path / "work"
+    (work / "qwen3-4b").mkdir(parents=True)
+    (work / "kernels").symlink_to(built_kernels)
+    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    args = ["--work", str(work), "--geometry", "4b"]
+    assert program_sweep.main(args + ["--dry-run", "--env-variant", "eager=CUDA_MODULE_LOADING=EAGER,KERN_X=1"]) == 0
+    out = capsys.readouterr().out
+    assert "env variant eager: the manifest with CUDA_MODULE_LOADING=EAGER, KERN_X=1\n" in out
+    assert "variant eager: verified" in out
+    for bad, needle in (("eager", "NAME=VAR=VALUE"), ("eager=", "NAME=VAR=VALUE"), ("e=X", "NAME=VAR=VALUE"),
+                        ("e==1", "NAME=VAR=VALUE"), ("(manifest)=A=1", "is taken")):
+        with pytest.raises(SystemExit):
+            program_sweep.main(args + ["--dry-run", "--env-variant", bad])
+        assert needle in capsys.readouterr().err, bad
+    with pytest.raises(SystemExit):
+        program_sweep.main(args + ["--dry-run", "--manifest-variant", f"b={EXAMPLE}", "--env-variant", "b=A=1"])
+    assert "is taken" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        program_sweep.main(args + ["--in-process", "--env-variant", "eager=CUDA_MODULE_LOADING=EAGER"])
+    assert "not with --in-process" in capsys.readouterr().err
+
+    seen = []
+
+    def fake_run(cmd, capture_output, text, env):
+        seen.append((Path(cmd[cmd.index("--child") + 1]).name, env.get("CUDA_MODULE_LOADING")))
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"ms": 2.0, "tokens": [1, 2]}) + "\n", stderr="")
+
+    monkeypatch.setattr(program_sweep.subprocess, "run", fake_run)
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    assert program_sweep.main(args + ["--rounds", "2", "--env-variant", "eager=CUDA_MODULE_LOADING=EAGER"]) == 0
+    assert seen == [("manifest-0.json", None), ("manifest-1.json", "EAGER")] * 2
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| eager")]
+    assert rows and rows[0].endswith("| +0.000 | identical |")

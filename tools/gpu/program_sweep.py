@@ -3,7 +3,7 @@
 `tools/manifest_variants.py` variant of it, in alternating rounds, one runtime per process.
 
     python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
-        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--in-process] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
+        [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--env-variant NAME=VAR=VALUE] [--in-process] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
 
 DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Each round
 starts one process per manifest (this script with a hidden `--child`), which loads it (`kern_driver.Runtime`),
@@ -18,6 +18,9 @@ listed), and the result is verified against KDIR before it is loaded from there.
 
 `--manifest-variant NAME=PATH` adds a manifest file of the same model (same weights; e.g. one a script rewrote in
 ways manifest_variants cannot), verified against DIR/kernels.
+
+`--env-variant NAME=VAR=VALUE[,VAR=VALUE]` times the manifest itself in processes with those environment variables
+set (a CUDA driver setting such as CUDA_MODULE_LOADING=EAGER), alternating with the others like any variant.
 
 `--in-process` is the quick screen: every manifest gets its own runtime in this process (all loaded at once: about
 the weights' size each, 8 GB for 4B, so a dozen 4B variants fit an H200), warmed up, then each round runs one
@@ -39,6 +42,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -149,9 +153,11 @@ def time_one(work: Path, geometry: str, manifest: Path, kernels: Path, context: 
         rt.close()
 
 
-def run_processes(a, manifests: dict[str, dict], kernels: dict[str, Path]) -> tuple[dict, dict]:
-    """The default mode: per round, one process per manifest (this script with `--child`). Returns (times, tokens) by
-    name. Raises SystemExit naming the manifest whose process failed, with the end of its output."""
+def run_processes(a, manifests: dict[str, dict], kernels: dict[str, Path],
+                  envs: dict[str, dict[str, str]] | None = None) -> tuple[dict, dict]:
+    """The default mode: per round, one process per manifest (this script with `--child`), `envs[name]` added to the
+    environment of the processes of `name`. Returns (times, tokens) by name. Raises SystemExit naming the manifest
+    whose process failed, with the end of its output."""
     times: dict[str, list[float]] = {n: [] for n in manifests}
     tokens: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory(prefix="program-sweep-") as tmp:
@@ -164,7 +170,8 @@ def run_processes(a, manifests: dict[str, dict], kernels: dict[str, Path]) -> tu
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--work", str(a.work), "--geometry", a.geometry,
                        "--context", str(a.context), "--steps", str(a.steps), "--child", str(files[name]),
                        str(kernels[name])]
-                done = subprocess.run(cmd, capture_output=True, text=True)
+                env = {**os.environ, **(envs or {}).get(name, {})}
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 last = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
                 if done.returncode or not last:
                     tail = "\n    ".join((done.stderr or done.stdout).strip().splitlines()[-8:])
@@ -189,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the manifest against another kernels dir (its differing cubins re-hashed); repeat")
     ap.add_argument("--manifest-variant", action="append", default=[], metavar="NAME=PATH",
                     help="another manifest file of the same model, timed beside it; repeat")
+    ap.add_argument("--env-variant", action="append", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
+                    help="the manifest itself in a process with these environment variables set (e.g. "
+                    "eager=CUDA_MODULE_LOADING=EAGER); repeat; not with --in-process")
     ap.add_argument("--context", type=int, default=128, help="prompt tokens (cached tokens at the first step)")
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
@@ -218,6 +228,17 @@ def main(argv: list[str] | None = None) -> int:
                 if name in named[other]:
                     ap.error(f"{flag} {item}: the name `{name}` is already given by --{other.replace('_', '-')}")
             named[opt][name] = Path(path)
+    envs: dict[str, dict[str, str]] = {}
+    for item in a.env_variant:
+        name, eq, spec = item.partition("=")
+        pairs = [kv.partition("=") for kv in spec.split(",")] if spec else []
+        if not (eq and name and pairs and all(k and e for k, e, _ in pairs)):
+            ap.error(f"--env-variant {item}: NAME=VAR=VALUE[,VAR=VALUE] (e.g. eager=CUDA_MODULE_LOADING=EAGER)")
+        if name == "(manifest)" or name in envs or any(name in v for v in named.values()):
+            ap.error(f"--env-variant {item}: the name `{name}` is taken; choose another")
+        envs[name] = {k: v for k, _, v in pairs}
+    if envs and a.in_process:
+        ap.error("--env-variant needs one process per manifest: not with --in-process")
     for opt in ("context", "steps", "rounds"):
         if getattr(a, opt) < 1:
             ap.error(f"--{opt} must be at least 1")
@@ -234,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             kernels[name] = kdir
             print(f"kernels variant {name}: {kdir}, " + (f"modules differing: {', '.join(changed)}" if changed
                                                          else "no module differs (a control run)"))
+        for name, env in envs.items():
+            variants[name], kernels[name] = base, p["kernels"]
+            print(f"env variant {name}: the manifest with " + ", ".join(f"{k}={v}" for k, v in env.items()))
     except VariantError as e:
         print(f"program_sweep: error: {e}", file=sys.stderr)
         return 1
@@ -245,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
     manifests = {"(manifest)": base, **variants}
     if not a.in_process:
-        times, tokens = run_processes(a, manifests, kernels)
+        times, tokens = run_processes(a, manifests, kernels, envs)
         return report(a, times, tokens)
 
     from kern_driver import KernDriverError, Runtime

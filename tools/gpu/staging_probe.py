@@ -33,9 +33,10 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
               as kern-run's loop now enqueues a step
     graphkread  kread's kernel as the first node of the decode graph (one graph of its own, captured here: the
               kernel, then the decode program), replayed back to back: what staging costs inside the graph rather
-              than between graphs (written in session 26, not yet run: if it is near `replay`, a `Runtime.stage`
-              node in the decode graph with its parameters set per step by cuGraphExecKernelNodeSetParams would save
-              kread's difference; NOTES.md 67–68)
+              than between graphs (session 27: +1.9 µs against `stage`'s +5.0 on the H200; NOTES.md 69)
+    runstage  what kern-run 0.4 enqueues: `Runtime.run(..., stage=Stage(...))`, the staging kernel as the decode
+              graph's first node with its operations set per step (cuGraphExecKernelNodeSetParams), the read
+              resolved behind the step (kern-driver 0.8)
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
@@ -52,7 +53,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
 MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel", "kread",
-         "stage", "graphkread")
+         "stage", "graphkread", "runstage")
 
 #: The stage kernel of mode `kernel`: *tok_dst = *tok_src; *pos = *slot = posval; *seq = seqval (one thread).
 STAGE_PTX = r"""
@@ -108,6 +109,7 @@ def main() -> int:
 
     import numpy as np
 
+    from kern_driver import Stage
     from kern_driver.cuda import PinnedBuffer, check, drv
     from step_gap_probe import decoding_session
 
@@ -207,6 +209,13 @@ def main() -> int:
                                      feeds={"token_ids": "next_token"}, reads=["next_token"])["next_token"])
                 if len(held) > 2:
                     held.pop(0).result()
+            elif mode == "runstage":
+                st = Stage(writes={"positions": pos_arr, "slot_mapping": pos_arr, "seq_lens": seq_arr},
+                           feeds={"token_ids": "next_token"}, reads=["next_token"])
+                held.append(rt.run("decode", graph=True, tokens=1, stage=st)["next_token"])
+                if len(held) > 2:
+                    held.pop(0).result()
+                return
             elif mode in ("kernel", "kread"):
                 kp = kparams if mode == "kernel" else kparams_r
                 check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kp.ctypes.data, 0), "cuLaunchKernel")

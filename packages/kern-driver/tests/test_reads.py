@@ -248,10 +248,10 @@ def test_a_var_the_program_does_not_use_makes_no_new_graph(rt_runs, monkeypatch)
     rt._graphs, rt.max_graphs, rt.prime_graphs, rt.debug, rt._stream = OrderedDict(), 4, False, False, None
     captured = []
 
-    def instantiate(prog, env):
+    def instantiate(prog, env, staged=False):
         captured.append(dict(env))
         g = object.__new__(Graph)
-        g.program, g.vars, g._exec = prog.name, dict(env), object()
+        g.program, g.vars, g._exec, g.staged = prog.name, dict(env), object(), staged
         return g
 
     rt._instantiate = instantiate
@@ -320,3 +320,60 @@ def test_a_missing_var_that_cannot_be_a_keyword_is_hinted_as_a_mapping(rt_runs):
         rt.run("odd", {"graph": 1})
     assert e.value.hint.endswith("rt.run(prog, tokens=...)")
     rt.run("odd", {"graph": 2}, tokens=1)  # the mapping form runs
+
+
+def test_a_staged_run_has_a_graph_of_its_own_whose_first_node_is_set_per_replay(rt_runs, monkeypatch):
+    """run(..., stage=Stage(...)): with graph=True the staging kernel is the first node of a graph captured for
+    (program, vars, staged), its operations set before each replay, the reads committed behind the replay; the same
+    program without a stage keeps its own graph; eagerly the staging kernel is launched before the program and its
+    reads committed right behind it. A stage that is not a Stage is refused before anything is enqueued."""
+    from collections import OrderedDict
+
+    import kern_driver.runtime as runtime_mod
+    from kern_driver import Stage
+    from kern_driver.graphs import Graph
+    from kern_driver.runtime import _Program
+
+    rt = rt_runs
+    rt._programs["decode"] = _Program("decode", None, {"pos"}, writes={"logits"})
+    rt.manifest.vars.update(pos=type(rt.manifest.vars["tokens"])(max=4096))
+    rt.manifest.vars["tokens"].min = rt.manifest.vars["pos"].min = 0
+    rt._graphs, rt.max_graphs, rt.prime_graphs, rt.debug, rt._stream = OrderedDict(), 4, False, False, None
+    log: list = []
+
+    def instantiate(prog, env, staged=False):
+        log.append(("capture", dict(env), staged))
+        g = object.__new__(Graph)
+        g.program, g.vars, g._exec, g.staged = prog.name, dict(env), len(log), staged
+        return g
+
+    rt._instantiate = instantiate
+    rt._stage_request = lambda what, w, f, r: (log.append(("request", what, dict(w or {}), dict(f or {}), list(r)))
+                                               or ([f"op{len(log)}"], [f"slot{len(log)}"]))
+    rt._set_stage_node = lambda g, ops: log.append(("set", g._exec, ops))
+    rt._launch_stage = lambda ops: log.append(("launch stage", ops))
+    rt._commit_reads = lambda taken: log.append(("commit", taken)) or {"next_token": taken}
+    rt._prepare = lambda prog, env: log.append(("prepare", prog.name))
+    rt._enqueue = lambda prog: log.append(("enqueue", prog.name))
+    monkeypatch.setattr(runtime_mod.drv, "cuGraphLaunch", lambda ex, stream: log.append(("replay", ex)) or
+                        (runtime_mod.SUCCESS,), raising=False)
+
+    st = Stage(writes={"positions": 1}, feeds={"token_ids": "next_token"}, reads=["next_token"])
+    assert rt.run("decode", graph=True, stage=st, pos=7) == {"next_token": ["slot1"]}
+    assert log == [("request", "run('decode', stage=Stage({}))", {"positions": 1}, {"token_ids": "next_token"},
+                    ["next_token"]), ("capture", {"pos": 7}, True), ("set", 2, ["op1"]), ("replay", 2),
+                   ("commit", ["slot1"])]
+    del log[:]
+    rt.run("decode", graph=True, stage=st, pos=7)  # the same graph, its node set again
+    assert [e[0] for e in log] == ["request", "set", "replay", "commit"] and log[1][1] == 2
+    del log[:]
+    assert rt.run("decode", graph=True, pos=7) == {}  # no stage: a graph of its own, no node to set
+    assert log == [("capture", {"pos": 7}, False), ("replay", 1)] and len(rt._graphs) == 2
+    del log[:]
+    rt.run("decode", stage=st, pos=7)  # eager: the stage launch, its reads, then the program
+    assert [e[0] for e in log] == ["request", "launch stage", "commit", "prepare", "enqueue"]
+    del log[:]
+    with pytest.raises(KernDriverError, match=r"run\('decode'\): stage=\{'reads': \['next_token'\]\} is not a "
+                                              r"kern_driver.Stage") as e:
+        rt.run("decode", graph=True, stage={"reads": ["next_token"]}, pos=7)
+    assert "stage=Stage(" in e.value.hint and log == []

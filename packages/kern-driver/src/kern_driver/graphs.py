@@ -37,14 +37,19 @@ class Graph:
     `nodes` (nodes in the CUDA graph: cuBLASLt may add more than one per GEMM) and
     `programmatic_edges` (edges of type CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: stream
     capture turns each `pdl` launch that follows a kernel into one; -1 when the query
-    failed) describe it."""
+    failed) describe it. `staged`: the graph begins with kern-driver's staging kernel
+    (`Runtime.run(..., stage=...)`, which sets that node's operations for each replay; such a
+    graph replays only through it)."""
 
-    def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int):
+    def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int,
+                 stage_node: Any = None):
         self._rt = runtime
         self.program = program
         self.vars = dict(vars)
         self._graph = graph
         self._exec = exec_
+        self._stage_node = stage_node
+        self.staged = stage_node is not None
         self.launches = launches
         try:
             self.nodes = int(check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
@@ -61,8 +66,14 @@ class Graph:
         Raises:
             KernDriverError: `vars` names a var the graph was not captured with or gives a var
                 the launches use a value other than the captured one, the graph was destroyed,
-                or cuGraphLaunch failed.
+                the graph is `staged` (its first node would redo the last run's staging, reads into
+                host memory included), or cuGraphLaunch failed.
         """
+        if self.staged:
+            raise KernDriverError(f"graph of program `{self.program}` {self.vars} begins with a staging node: it "
+                                  "replays only through run(..., stage=...)",
+                                  hint=f"rt.run({self.program!r}, graph=True, stage=Stage(...), ...) replays it with "
+                                  "this step's staging")
         if self._exec is None:
             raise KernDriverError(f"graph of program `{self.program}` {self.vars} was destroyed (runtime closed or cache evicted)",
                                   hint="capture it again with rt.capture(...) or use rt.run(program, graph=True, ...)")
@@ -89,4 +100,4 @@ class Graph:
 
     def __repr__(self) -> str:
         return (f"Graph({self.program!r}, {self.vars}, launches={self.launches}, nodes={self.nodes}, "
-                f"programmatic_edges={self.programmatic_edges})")
+                f"programmatic_edges={self.programmatic_edges}" + (", staged" if self.staged else "") + ")")

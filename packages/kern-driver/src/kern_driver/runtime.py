@@ -71,6 +71,20 @@ NUMPY_DTYPES: dict[str, Any] = {
 SHARED_DEFAULT_LIMIT = 48 * 1024
 
 
+@dataclass(frozen=True)
+class Stage:
+    """A run's staging, done by the run itself: `Runtime.run(program, stage=Stage(...))`. The three fields are
+    `Runtime.stage`'s arguments (writes: {input: array}, prefix writes carried as kernel parameters; feeds:
+    {input: output or carry}, device to device; reads: outputs read back into pinned host memory, their values
+    before the run). In a graph run the staging kernel is the graph's first node, its parameters set for each
+    replay (cuGraphExecKernelNodeSetParams): no launch between two graphs (H200, Qwen3-4B decode: +1.9 µs per step
+    over bare replays instead of +5.0 for a `Runtime.stage` launch before each replay; BENCHMARKS.md "Session 27")."""
+
+    writes: Mapping[str, Any] | None = None
+    feeds: Mapping[str, str] | None = None
+    reads: Sequence[str] = ()
+
+
 def shared_opt_ins(needs: dict[Any, tuple[int, str]], static: dict[Any, int], device_max: int
                    ) -> list[tuple[Any, int, str]]:
     """The functions whose `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` must be raised before they launch.
@@ -593,7 +607,7 @@ class Runtime:
         return set(self._program(program).required)
 
     def run(self, program: str, values: Mapping[str, int] | None = None, /, *, graph: bool = False,
-            **vars: int) -> None:
+            stage: Stage | None = None, **vars: int) -> dict[str, PendingRead]:
         """Enqueue `program` on the runtime's stream (asynchronous; `read_output` synchronizes).
 
         Args:
@@ -602,41 +616,66 @@ class Runtime:
                 launches use) instead of launching eagerly (the first call for new values
                 captures; the cache keeps `max_graphs` graphs). Other declared vars may be
                 given (they shape `read_output`) and make no new graph.
+            stage: a `Stage`: what `Runtime.stage` would do in a launch before the run, done by the run's own first
+                launch. With `graph`, that launch is the first node of a graph of its own for the program and vars
+                (captured once, its parameters set for each replay), so no launch runs between two replays; its
+                reads resolve once the whole replay has run (the values are still those before the run). Eagerly,
+                the staging kernel is launched before the program and its reads resolve right behind it.
             vars: the values of the vars the program uses, each within its bounds.
             values: the same as a mapping, for a var whose name cannot be a keyword argument of `run` (a var
-                named `graph`, or one that is not a Python identifier: `rt.run("decode", {"graph": 2})`); a var
-                given both ways is refused.
+                named `graph` or `stage`, or one that is not a Python identifier: `rt.run("decode", {"graph": 2})`);
+                a var given both ways is refused.
+
+        Returns:
+            {name: PendingRead} for the stage's reads (empty without a stage or reads).
 
         Raises:
             KernDriverError: unknown program, missing/unknown var, value out of bounds, a var given twice,
                 `graph` not a bool when the manifest declares a var named `graph` (`graph=2` meant the var),
-                a failed launch (naming program, call label, launch index).
+                `stage` not a `Stage`, any check of `Runtime.stage`, a failed launch (naming program, call label,
+                launch index).
         """
         if not isinstance(graph, bool) and "graph" in self.manifest.vars:
             raise KernDriverError(
                 f"run({program!r}): graph={graph!r} is run's graph flag (True or False), not the manifest's var `graph`",
                 hint=f"pass the var in the mapping: rt.run({program!r}, {{'graph': {graph!r}}}, ...)")
+        if stage is not None and not isinstance(stage, Stage):
+            hint = (f"pass the var in the mapping: rt.run({program!r}, {{'stage': {stage!r}}}, ...)"
+                    if "stage" in self.manifest.vars else
+                    "e.g. stage=Stage(writes={'positions': pos}, feeds={'token_ids': 'next_token'})")
+            raise KernDriverError(f"run({program!r}): stage={stage!r} is not a kern_driver.Stage", hint=hint)
         prog = self._program(program)
         env = check_vars(self.manifest, prog.required, _merge_vars(values, vars, f"run({program!r})"),
                          f"run({program!r})")
+        ops, taken = ([], []) if stage is None else self._stage_request(
+            f"run({program!r}, stage=Stage({{}}))", stage.writes, stage.feeds, stage.reads)
         if graph:
-            key = self._graph_key(prog, env)
+            key = self._graph_key(prog, env, staged=stage is not None)
             g = self._graphs.get(key)
             if g is None:
-                g = self._capture(prog, env)
+                g = self._capture(prog, env, staged=stage is not None)
             else:
                 self._graphs.move_to_end(key)
+            if stage is not None:
+                self._set_stage_node(g, ops)
             self._replay(g, env)
-            return
+            return self._commit_reads(taken) if stage is not None else {}
+        reads = {}
+        if stage is not None:
+            self._launch_stage(ops)
+            reads = self._commit_reads(taken)
         self._prepare(prog, env)
         self._enqueue(prog)
         self._ran(prog, env)
+        return reads
 
     @staticmethod
-    def _graph_key(prog: _Program, env: dict[str, int]) -> tuple[str, tuple[tuple[str, int], ...]]:
-        """The graph cache's key: the program and the values of the vars its launches use. A var the program does not
-        use (given for `read_output`'s shapes, say) changes nothing in its graph, so it makes no new one."""
-        return prog.name, tuple(sorted((k, v) for k, v in env.items() if k in prog.required))
+    def _graph_key(prog: _Program, env: dict[str, int], staged: bool = False
+                   ) -> tuple[str, tuple[tuple[str, int], ...], bool]:
+        """The graph cache's key: the program, the values of the vars its launches use, and whether the graph begins
+        with the staging kernel (`run(..., stage=...)`). A var the program does not use (given for `read_output`'s
+        shapes, say) changes nothing in its graph, so it makes no new one."""
+        return prog.name, tuple(sorted((k, v) for k, v in env.items() if k in prog.required)), staged
 
     def _ran(self, prog: _Program, env: dict[str, int]) -> None:
         """Record an enqueued run: its vars shape `read_buffer`, and each buffer it writes is readable
@@ -657,19 +696,20 @@ class Runtime:
                          f"capture({program!r})")
         return self._capture(prog, env)
 
-    def _capture(self, prog: _Program, env: dict[str, int]) -> Graph:
-        """Capture `prog` with `env` into a cached graph. With `prime_graphs`, the runtime's first capture of a
-        program with `pdl` launches is preceded by a throwaway: the same capture, instantiated and uploaded, then
-        destroyed before the kept one is captured (the order measured in NOTES.md 37)."""
+    def _capture(self, prog: _Program, env: dict[str, int], staged: bool = False) -> Graph:
+        """Capture `prog` with `env` into a cached graph (`staged`: the staging kernel first). With `prime_graphs`,
+        the runtime's first capture of a program with `pdl` launches is preceded by a throwaway: the same capture,
+        instantiated and uploaded, then destroyed before the kept one is captured (the order measured in NOTES.md
+        37)."""
         if self.prime_graphs and self.primed is None and prog.staged.pdl_steps:
-            throwaway = self._instantiate(prog, env)
+            throwaway = self._instantiate(prog, env, staged)
             try:
                 self._dev.synchronize(f"uploading the prime_graphs throwaway of program `{prog.name}` with {env}")
             finally:
                 throwaway.destroy()
             self.primed = prog.name
-        graph = self._instantiate(prog, env)
-        key = self._graph_key(prog, env)
+        graph = self._instantiate(prog, env, staged)
+        key = self._graph_key(prog, env, staged)
         old = self._graphs.pop(key, None)
         if old is not None:
             old.destroy()
@@ -682,13 +722,18 @@ class Runtime:
                 ev.destroy()
         return graph
 
-    def _instantiate(self, prog: _Program, env: dict[str, int]) -> Graph:
-        """Stream-capture `prog` with `env`, instantiate and upload the graph (not cached)."""
-        where = f"capturing program `{prog.name}` with {env}"
+    def _instantiate(self, prog: _Program, env: dict[str, int], staged: bool = False) -> Graph:
+        """Stream-capture `prog` with `env` (`staged`: after a launch of the staging kernel with no operations, the
+        node `_set_stage_node` fills for each replay), instantiate and upload the graph (not cached)."""
+        where = f"capturing program `{prog.name}` with {env}" + (" behind the staging kernel" if staged else "")
         self._prepare(prog, env)
+        if staged:
+            self._stage_function()  # its module loads outside the capture
         check(drv.cuStreamBeginCapture(self._stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
               "cuStreamBeginCapture", where)
         try:
+            if staged:
+                self._launch_stage([], where)
             self._enqueue(prog, capturing=True)
         except BaseException:
             r = drv.cuStreamEndCapture(self._stream)
@@ -702,12 +747,38 @@ class Runtime:
             drv.cuGraphDestroy(g)
             raise
         try:
+            node = self._stage_node(g, where) if staged else None
             check(drv.cuGraphUpload(ex, self._stream), "cuGraphUpload", where)
         except BaseException:
             drv.cuGraphExecDestroy(ex)
             drv.cuGraphDestroy(g)
             raise
-        return Graph(self, prog.name, env, g, ex, len(prog.items))
+        return Graph(self, prog.name, env, g, ex, len(prog.items) + staged, stage_node=node)
+
+    def _stage_node(self, g: Any, where: str) -> Any:
+        """The staging kernel's node of a staged capture: the graph's one root, a kernel node of that function."""
+        roots = check(drv.cuGraphGetRootNodes(g, 0), "cuGraphGetRootNodes", where)[1]
+        if len(roots) == 1 and check(drv.cuGraphNodeGetType(roots[0]), "cuGraphNodeGetType", where) == \
+                drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+            p = check(drv.cuGraphKernelNodeGetParams(roots[0]), "cuGraphKernelNodeGetParams", where)
+            if int(p.func) == int(self._stage_fn):
+                return roots[0]
+        raise KernDriverError(f"{where}: the captured graph does not begin with the staging kernel alone "
+                              f"({len(roots)} root node(s))", hint="a kern-driver bug: please report it")
+
+    def _set_stage_node(self, g: Graph, ops: list["stage_kernel.StageOp"]) -> None:
+        """Give the staged graph `g`'s first node the operations `ops` for its next replays
+        (cuGraphExecKernelNodeSetParams: the replays already enqueued keep theirs)."""
+        block = stage_kernel.pack(ops)
+        params = np.array([block.ctypes.data], dtype=np.uint64)
+        p = drv.CUDA_KERNEL_NODE_PARAMS()
+        p.func = self._stage_fn
+        p.gridDimX = p.gridDimY = p.gridDimZ = 1
+        p.blockDimX, p.blockDimY, p.blockDimZ = stage_kernel.THREADS, 1, 1
+        p.sharedMemBytes = 0
+        p.kernelParams = params.ctypes.data
+        check(drv.cuGraphExecKernelNodeSetParams(g._exec, g._stage_node, p), "cuGraphExecKernelNodeSetParams",
+              f"the staging node of program `{g.program}`'s graph {g.vars}")
 
     def _replay(self, g: Graph, env: dict[str, int] | None = None) -> None:
         """Launch `g`; `env` (default: the captured values) is what the run records for `read_output`'s shapes."""
@@ -862,31 +933,42 @@ class Runtime:
                 (each feed and read is one, each write one per 8 bytes: write larger inputs with `write_input`);
                 the kernel's PTX failing to load (the driver's JIT), or the launch failing.
         """
+        ops, taken = self._stage_request("stage({})", writes, feeds, reads)
+        if ops:
+            self._launch_stage(ops)
+        return self._commit_reads(taken)
+
+    def _stage_request(self, what: str, writes: Mapping[str, Any] | None, feeds: Mapping[str, str] | None,
+                       reads: Sequence[str]) -> tuple[list["stage_kernel.StageOp"], list[tuple]]:
+        """`stage`'s checks and its staging kernel's operations: (ops, the read slots taken, to commit once the
+        kernel is enqueued). `what`: the call, with `{}` where an argument is named ("stage({})"). Raises
+        KernDriverError as `stage` documents."""
         self._alive()
         if isinstance(reads, str):
-            raise KernDriverError(f"stage(reads={reads!r}): a sequence of output names, not one string",
+            raise KernDriverError(f"{what.format(f'reads={reads!r}')}: a sequence of output names, not one string",
                                   hint=f"pass reads=[{reads!r}]")
         writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads)
+        call = what.format("")
         if not (writes or feeds or reads):
-            raise KernDriverError("stage(): nothing to stage", hint="pass writes=, feeds= and/or reads=")
+            raise KernDriverError(f"{call}: nothing to stage", hint="pass writes=, feeds= and/or reads=")
         if dup := sorted(set(writes) & set(feeds)):
-            raise KernDriverError(f"stage(): input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
+            raise KernDriverError(f"{call}: input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
                                   hint="give each input one source")
         if len(set(reads)) != len(reads):
-            raise KernDriverError(f"stage(): reads {reads} name an output more than once",
+            raise KernDriverError(f"{call}: reads {reads} name an output more than once",
                                   hint="list each output once: one read returns its value to every user")
         ops: list[stage_kernel.StageOp] = []
         for name, array in writes.items():
-            r, data = self._input_bytes(name, array, True, "stage(writes=...)")
+            r, data = self._input_bytes(name, array, True, what.format("writes=..."))
             ops += stage_kernel.immediates(self._arena + r.offset, data)
         for name, src in feeds.items():
-            d, r = self._feed_regions(name, src, f"stage(feeds={{`{name}`: `{src}`}})")
+            d, r = self._feed_regions(name, src, what.format(f"feeds={{`{name}`: `{src}`}}"))
             if r.nbytes:
                 ops.append(stage_kernel.StageOp(self._arena + d.offset, self._arena + r.offset, r.nbytes))
-        views = {name: self._output(name, "stage(reads=...)") for name in reads}
+        views = {name: self._output(name, what.format("reads=...")) for name in reads}
         if len(ops) + len(reads) > stage_kernel.MAX_OPS:
             raise KernDriverError(
-                f"stage(): {len(ops) + len(reads)} operations ({len(reads)} reads, {len(feeds)} feeds, the writes "
+                f"{call}: {len(ops) + len(reads)} operations ({len(reads)} reads, {len(feeds)} feeds, the writes "
                 f"8 bytes each), at most {stage_kernel.MAX_OPS} per launch",
                 hint="write larger inputs with write_input before staging the rest")
         taken = []
@@ -896,23 +978,31 @@ class Runtime:
             taken.append((name, slot, shape, dt, n))
             if n:
                 ops.append(stage_kernel.StageOp(slot.buffer.device_ptr, self._arena + r.offset, n))
-        if ops:
-            self._launch_stage(ops)
+        return ops, taken
+
+    def _commit_reads(self, taken: list[tuple]) -> dict[str, PendingRead]:
+        """The PendingReads of `_stage_request`'s slots, each event recorded on the stream behind what is enqueued."""
         return {name: self._reads.commit(slot, name, n, shape, dt, self._stream) for name, slot, shape, dt, n in taken}
 
-    def _launch_stage(self, ops: list["stage_kernel.StageOp"]) -> None:
-        """Launch the staging kernel with `ops` on the runtime's stream (its module loaded on first use)."""
+    def _stage_function(self) -> Any:
+        """The staging kernel's function (its PTX module loaded, i.e. JIT-compiled by the driver, on first use)."""
         if self._stage_fn is None:
             self._stage_mod = check(drv.cuModuleLoadData(stage_kernel.PTX.encode() + b"\0"),
                                     "cuModuleLoadData (kern-driver's staging kernel, PTX)", "Runtime.stage",
                                     hint="the driver's JIT compiles it for this GPU: it needs a driver for CUDA 13")
             self._stage_fn = check(drv.cuModuleGetFunction(self._stage_mod, stage_kernel.ENTRY.encode()),
                                    f"cuModuleGetFunction({stage_kernel.ENTRY!r})", "Runtime.stage")
+        return self._stage_fn
+
+    def _launch_stage(self, ops: list["stage_kernel.StageOp"], capturing: str = "") -> None:
+        """Launch the staging kernel with `ops` on the runtime's stream (`capturing`: inside that stream capture,
+        so no debug synchronization)."""
+        fn = self._stage_function()
         block = stage_kernel.pack(ops)
         params = np.array([block.ctypes.data], dtype=np.uint64)
-        check(drv.cuLaunchKernel(self._stage_fn, 1, 1, 1, stage_kernel.THREADS, 1, 1, 0, self._stream,
-                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", "Runtime.stage")
-        if self.debug:
+        check(drv.cuLaunchKernel(fn, 1, 1, 1, stage_kernel.THREADS, 1, 1, 0, self._stream,
+                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", capturing or "Runtime.stage")
+        if self.debug and not capturing:
             check(drv.cuStreamSynchronize(self._stream), "staging kernel", "Runtime.stage")
 
     def _output(self, name: str, what: str) -> tuple[Region, dict[str, int]]:
