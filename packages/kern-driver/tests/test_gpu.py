@@ -385,8 +385,8 @@ def test_prime_graphs_keeps_one_graph_that_computes_the_same(tmp_path, pdl_cubin
     made = []
     real = rt._instantiate
 
-    def spy(prog, env):
-        made.append(real(prog, env))
+    def spy(prog, env, staged=False):
+        made.append(real(prog, env, staged))
         return made[-1]
 
     rt._instantiate = spy

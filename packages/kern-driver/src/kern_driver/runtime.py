@@ -756,13 +756,13 @@ class Runtime:
         return Graph(self, prog.name, env, g, ex, len(prog.items) + staged, stage_node=node)
 
     def _stage_node(self, g: Any, where: str) -> Any:
-        """The staging kernel's node of a staged capture: the graph's one root, a kernel node of that function."""
-        roots = check(drv.cuGraphGetRootNodes(g, 0), "cuGraphGetRootNodes", where)[1]
+        """The staging kernel's node of a staged capture: the graph's one root (the capture began with that launch,
+        and every later node depends on it), a kernel node."""
+        n = int(check(drv.cuGraphGetRootNodes(g, 0), "cuGraphGetRootNodes", where)[1])
+        roots = list(check(drv.cuGraphGetRootNodes(g, n), "cuGraphGetRootNodes", where)[0] or [])[:n] if n else []
         if len(roots) == 1 and check(drv.cuGraphNodeGetType(roots[0]), "cuGraphNodeGetType", where) == \
                 drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            p = check(drv.cuGraphKernelNodeGetParams(roots[0]), "cuGraphKernelNodeGetParams", where)
-            if int(p.func) == int(self._stage_fn):
-                return roots[0]
+            return roots[0]
         raise KernDriverError(f"{where}: the captured graph does not begin with the staging kernel alone "
                               f"({len(roots)} root node(s))", hint="a kern-driver bug: please report it")
 
