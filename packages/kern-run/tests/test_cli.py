@@ -1,7 +1,6 @@
 """kern-run's command line: one-line errors, notes, the run end to end on a fake kern_driver."""
 
 import json
-import os
 import sys
 import types
 
@@ -90,19 +89,6 @@ def test_eager_flag(files, driver, capsys):
     rc, out, err = run([*files, "--prompt-ids", "1,2", "--steps", "3", "--eager", "--capacity", "64"], capsys)
     assert rc == 0, err
     assert not driver.loaded[0].graphs and "captured" not in err and "(eager)" in err
-
-
-@pytest.mark.parametrize("given", [None, "LAZY"])
-def test_cuda_modules_load_eagerly_unless_the_caller_chose(files, driver, capsys, monkeypatch, given):
-    """CUDA_MODULE_LOADING=EAGER is set before kern_driver is imported (the driver reads it at cuInit), unless the
-    environment already names a mode, which is kept."""
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_MODULE_LOADING"}
-    if given:
-        env["CUDA_MODULE_LOADING"] = given
-    monkeypatch.setattr(os, "environ", env)
-    rc, out, err = run([*files, "--prompt-ids", "1,2", "--steps", "2", "--capacity", "64"], capsys)
-    assert rc == 0, err
-    assert env["CUDA_MODULE_LOADING"] == (given or "EAGER")
 
 
 def test_prompt_text_uses_the_shipped_tokenizer(files, driver, capsys):

@@ -134,11 +134,6 @@ def run(args: argparse.Namespace) -> int:
         log(f"note: --chunk {args.chunk} is more than the manifest's `tokens` max; using {info.tokens_max}")
     chunk = min(args.chunk or DEFAULT_CHUNK, info.tokens_max)
 
-    # Every module's functions loaded when it is (the CUDA driver reads this at cuInit, which Runtime.load calls), unless
-    # the caller chose: H200, Qwen3-4B decode −0.004…−0.007 ms/token against the default lazy loading in four
-    # measurements (BENCHMARKS.md "Session 25", "Session 27"); the cause is not known (loading kern-driver's own
-    # functions eagerly, cuFuncLoad, gains nothing). An application embedding kern-driver decides for itself.
-    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
     try:
         from kern_driver import KernDriverError, Runtime
     except ImportError as e:
