@@ -258,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, env in envs.items():
             variants[name], kernels[name] = base, p["kernels"]
             print(f"env variant {name}: the manifest with " + ", ".join(f"{k}={v}" for k, v in env.items()))
+            for k in env:
+                if k in os.environ:
+                    print(f"  note: {k}={os.environ[k]} is set in this environment: every other process runs with "
+                          "it", file=sys.stderr)
     except VariantError as e:
         print(f"program_sweep: error: {e}", file=sys.stderr)
         return 1

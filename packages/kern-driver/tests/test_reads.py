@@ -348,10 +348,11 @@ def test_a_staged_run_has_a_graph_of_its_own_whose_first_node_is_set_per_replay(
         return g
 
     rt._instantiate = instantiate
-    rt._stage_request = lambda what, w, f, r: (log.append(("request", what, dict(w or {}), dict(f or {}), list(r)))
+    rt._stage_request = lambda what, w, f, r: (log.append(("request", what.format("x"), dict(w or {}), dict(f or {}),
+                                                            list(r)))
                                                or ([f"op{len(log)}"], [f"slot{len(log)}"]))
     rt._set_stage_node = lambda g, ops: log.append(("set", g._exec, ops))
-    rt._launch_stage = lambda ops: log.append(("launch stage", ops))
+    rt._launch_stage = lambda ops, what="": log.append(("launch stage", what))
     rt._commit_reads = lambda taken: log.append(("commit", taken)) or {"next_token": taken}
     rt._prepare = lambda prog, env: log.append(("prepare", prog.name))
     rt._enqueue = lambda prog: log.append(("enqueue", prog.name))
@@ -360,7 +361,7 @@ def test_a_staged_run_has_a_graph_of_its_own_whose_first_node_is_set_per_replay(
 
     st = Stage(writes={"positions": 1}, feeds={"token_ids": "next_token"}, reads=["next_token"])
     assert rt.run("decode", graph=True, stage=st, pos=7) == {"next_token": ["slot1"]}
-    assert log == [("request", "run('decode', stage=Stage({}))", {"positions": 1}, {"token_ids": "next_token"},
+    assert log == [("request", "run('decode', stage=Stage(x))", {"positions": 1}, {"token_ids": "next_token"},
                     ["next_token"]), ("capture", {"pos": 7}, True), ("set", 2, ["op1"]), ("replay", 2),
                    ("commit", ["slot1"])]
     del log[:]
@@ -370,8 +371,14 @@ def test_a_staged_run_has_a_graph_of_its_own_whose_first_node_is_set_per_replay(
     assert rt.run("decode", graph=True, pos=7) == {}  # no stage: a graph of its own, no node to set
     assert log == [("capture", {"pos": 7}, False), ("replay", 1)] and len(rt._graphs) == 2
     del log[:]
-    rt.run("decode", stage=st, pos=7)  # eager: the stage launch, its reads, then the program
-    assert [e[0] for e in log] == ["request", "launch stage", "commit", "prepare", "enqueue"]
+    rt.run("decode", stage=st, pos=7)  # eager: prepared (its refusals first), the stage launch, its reads, the program
+    assert [e[0] for e in log] == ["request", "prepare", "launch stage", "commit", "enqueue"]
+    assert log[2][1] == "run('decode', stage=Stage())"  # the call a staging launch error names
+    del log[:]
+    rt._prepare = lambda prog, env: (_ for _ in ()).throw(KernDriverError("no cuBLASLt algorithm"))
+    with pytest.raises(KernDriverError, match="no cuBLASLt algorithm"):
+        rt.run("decode", stage=st, pos=7)
+    assert [e[0] for e in log] == ["request"]  # refused before the staging kernel was enqueued
     del log[:]
     with pytest.raises(KernDriverError, match=r"run\('decode'\): stage=\{'reads': \['next_token'\]\} is not a "
                                               r"kern_driver.Stage") as e:

@@ -7,7 +7,11 @@ values is refused. Pointers are frozen too, which is why everything the
 graph touches lives in the runtime's arena (inputs are written by
 `write_input` outside the graph, into the same device buffers, before each
 replay; a captured host-to-device copy would replay from whatever the pinned
-host buffer holds at replay time, so staging copies are never captured).
+host buffer holds at replay time, so staging copies are never captured). A
+run's own staging (`Runtime.run(..., stage=Stage(...))`) is the exception that
+needs no copy: kern-driver's staging kernel, carrying the values as kernel
+parameters, is the first node of a graph of its own, and those parameters are
+set for each replay (cuGraphExecKernelNodeSetParams).
 """
 
 from __future__ import annotations

@@ -82,7 +82,19 @@ class Stage:
 
     writes: Mapping[str, Any] | None = None
     feeds: Mapping[str, str] | None = None
-    reads: Sequence[str] = ()
+    reads: Sequence[str] | None = ()
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How a staging error names its call: `format(arg)` = prefix + arg + suffix ("stage(writes=...)",
+    "run('decode', stage=Stage(writes=...))"); no str.format, so braces in a program name are text."""
+
+    prefix: str
+    suffix: str
+
+    def format(self, arg: str) -> str:
+        return f"{self.prefix}{arg}{self.suffix}"
 
 
 def shared_opt_ins(needs: dict[Any, tuple[int, str]], static: dict[Any, int], device_max: int
@@ -647,8 +659,9 @@ class Runtime:
         prog = self._program(program)
         env = check_vars(self.manifest, prog.required, _merge_vars(values, vars, f"run({program!r})"),
                          f"run({program!r})")
+        stage_what = _Call(f"run({program!r}, stage=Stage(", "))")
         ops, taken = ([], []) if stage is None else self._stage_request(
-            f"run({program!r}, stage=Stage({{}}))", stage.writes, stage.feeds, stage.reads)
+            stage_what, stage.writes, stage.feeds, stage.reads)
         if graph:
             key = self._graph_key(prog, env, staged=stage is not None)
             g = self._graphs.get(key)
@@ -658,13 +671,12 @@ class Runtime:
                 self._graphs.move_to_end(key)
             if stage is not None:
                 self._set_stage_node(g, ops)
-            self._replay(g, env)
-            return self._commit_reads(taken) if stage is not None else {}
+            return self._replay(g, env, taken)
+        self._prepare(prog, env)  # its refusals (a GEMM's extent, no cuBLASLt algorithm) before anything is enqueued
         reads = {}
         if stage is not None:
-            self._launch_stage(ops)
+            self._launch_stage(ops, what=stage_what.format(""))
             reads = self._commit_reads(taken)
-        self._prepare(prog, env)
         self._enqueue(prog)
         self._ran(prog, env)
         return reads
@@ -728,7 +740,7 @@ class Runtime:
         where = f"capturing program `{prog.name}` with {env}" + (" behind the staging kernel" if staged else "")
         self._prepare(prog, env)
         if staged:
-            self._stage_function()  # its module loads outside the capture
+            self._stage_function(where)  # its module loads outside the capture
         check(drv.cuStreamBeginCapture(self._stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
               "cuStreamBeginCapture", where)
         try:
@@ -780,16 +792,21 @@ class Runtime:
         check(drv.cuGraphExecKernelNodeSetParams(g._exec, g._stage_node, p), "cuGraphExecKernelNodeSetParams",
               f"the staging node of program `{g.program}`'s graph {g.vars}")
 
-    def _replay(self, g: Graph, env: dict[str, int] | None = None) -> None:
-        """Launch `g`; `env` (default: the captured values) is what the run records for `read_output`'s shapes."""
+    def _replay(self, g: Graph, env: dict[str, int] | None = None, taken: list[tuple] | None = None
+                ) -> dict[str, PendingRead]:
+        """Launch `g`; `env` (default: the captured values) is what the run records for `read_output`'s shapes;
+        `taken`: the staged graph's read slots, committed behind the launch (before a debug synchronization can
+        raise, so that the slots' values are resolved by `close` even then). Returns their PendingReads."""
         self._alive()
         r = drv.cuGraphLaunch(g._exec, self._stream)
         if r[0] != SUCCESS:
             raise_error(r[0], "cuGraphLaunch", where=f"graph of program `{g.program}` {g.vars}")
         self._ran(self._programs[g.program], g.vars if env is None else env)
+        committed = self._commit_reads(taken) if taken else {}
         if self.debug:
             check(drv.cuStreamSynchronize(self._stream), "graph execution", f"graph of program `{g.program}` {g.vars}",
                   hint="replay the program eagerly with debug=True to find the faulting launch")
+        return committed
 
     def write_input(self, name: str, array: Any, *, prefix: bool = False) -> None:
         """Copy `array` into input buffer `name` through its pinned staging (asynchronous,
@@ -933,24 +950,25 @@ class Runtime:
                 (each feed and read is one, each write one per 8 bytes: write larger inputs with `write_input`);
                 the kernel's PTX failing to load (the driver's JIT), or the launch failing.
         """
-        ops, taken = self._stage_request("stage({})", writes, feeds, reads)
+        ops, taken = self._stage_request(_Call("stage(", ")"), writes, feeds, reads)
         if ops:
             self._launch_stage(ops)
         return self._commit_reads(taken)
 
-    def _stage_request(self, what: str, writes: Mapping[str, Any] | None, feeds: Mapping[str, str] | None,
-                       reads: Sequence[str]) -> tuple[list["stage_kernel.StageOp"], list[tuple]]:
+    def _stage_request(self, what: "_Call", writes: Mapping[str, Any] | None, feeds: Mapping[str, str] | None,
+                       reads: Sequence[str] | None) -> tuple[list["stage_kernel.StageOp"], list[tuple]]:
         """`stage`'s checks and its staging kernel's operations: (ops, the read slots taken, to commit once the
-        kernel is enqueued). `what`: the call, with `{}` where an argument is named ("stage({})"). Raises
-        KernDriverError as `stage` documents."""
+        kernel is enqueued). `what`: the call, `what.format(arg)` naming one argument of it. Raises KernDriverError
+        as `stage` documents."""
         self._alive()
         if isinstance(reads, str):
             raise KernDriverError(f"{what.format(f'reads={reads!r}')}: a sequence of output names, not one string",
                                   hint=f"pass reads=[{reads!r}]")
-        writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads)
+        writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads or ())
         call = what.format("")
         if not (writes or feeds or reads):
-            raise KernDriverError(f"{call}: nothing to stage", hint="pass writes=, feeds= and/or reads=")
+            raise KernDriverError(f"{call}: nothing to stage", hint="pass writes=, feeds= and/or reads="
+                                  + (" (or no stage at all: stage=None)" if what.prefix.startswith("run(") else ""))
         if dup := sorted(set(writes) & set(feeds)):
             raise KernDriverError(f"{call}: input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
                                   hint="give each input one source")
@@ -984,26 +1002,28 @@ class Runtime:
         """The PendingReads of `_stage_request`'s slots, each event recorded on the stream behind what is enqueued."""
         return {name: self._reads.commit(slot, name, n, shape, dt, self._stream) for name, slot, shape, dt, n in taken}
 
-    def _stage_function(self) -> Any:
-        """The staging kernel's function (its PTX module loaded, i.e. JIT-compiled by the driver, on first use)."""
+    def _stage_function(self, what: str = "Runtime.stage") -> Any:
+        """The staging kernel's function (its PTX module loaded, i.e. JIT-compiled by the driver, on first use);
+        `what` names the call for errors."""
         if self._stage_fn is None:
             self._stage_mod = check(drv.cuModuleLoadData(stage_kernel.PTX.encode() + b"\0"),
-                                    "cuModuleLoadData (kern-driver's staging kernel, PTX)", "Runtime.stage",
+                                    "cuModuleLoadData (kern-driver's staging kernel, PTX)", what,
                                     hint="the driver's JIT compiles it for this GPU: it needs a driver for CUDA 13")
             self._stage_fn = check(drv.cuModuleGetFunction(self._stage_mod, stage_kernel.ENTRY.encode()),
-                                   f"cuModuleGetFunction({stage_kernel.ENTRY!r})", "Runtime.stage")
+                                   f"cuModuleGetFunction({stage_kernel.ENTRY!r})", what)
         return self._stage_fn
 
-    def _launch_stage(self, ops: list["stage_kernel.StageOp"], capturing: str = "") -> None:
+    def _launch_stage(self, ops: list["stage_kernel.StageOp"], capturing: str = "", what: str = "Runtime.stage"
+                      ) -> None:
         """Launch the staging kernel with `ops` on the runtime's stream (`capturing`: inside that stream capture,
-        so no debug synchronization)."""
-        fn = self._stage_function()
+        so no debug synchronization; `what` names the call for errors)."""
+        fn = self._stage_function(capturing or what)
         block = stage_kernel.pack(ops)
         params = np.array([block.ctypes.data], dtype=np.uint64)
         check(drv.cuLaunchKernel(fn, 1, 1, 1, stage_kernel.THREADS, 1, 1, 0, self._stream,
-                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", capturing or "Runtime.stage")
+                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", capturing or what)
         if self.debug and not capturing:
-            check(drv.cuStreamSynchronize(self._stream), "staging kernel", "Runtime.stage")
+            check(drv.cuStreamSynchronize(self._stream), "staging kernel", what)
 
     def _output(self, name: str, what: str) -> tuple[Region, dict[str, int]]:
         """Output buffer `name`'s region and the vars of the last run that wrote it, or a refusal naming
@@ -1171,7 +1191,8 @@ class Runtime:
         L.append(f"launch mode: {self.launch_mode}" + ("; debug: sync after each launch" if self.debug else ""))
         if self._graphs:
             for g in self._graphs.values():
-                L.append(f"graph: {g.program} {g.vars}: {g.launches} launches → 1 cuGraphLaunch ({g.nodes} nodes"
+                L.append(f"graph: {g.program} {g.vars}{' staged' if g.staged else ''}: {g.launches} launches → 1 "
+                         f"cuGraphLaunch ({g.nodes} nodes"
                          + (f", {g.programmatic_edges} programmatic edges" if g.programmatic_edges else "") + ")")
         else:
             L.append("graphs: none captured yet")

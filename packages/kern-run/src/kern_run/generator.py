@@ -19,13 +19,15 @@ A generation of N new tokens from a prompt p[0..n-1]:
     repeat N-1 times: t = decode(t, next position)
 
 Only the 8-byte ``next_token`` comes back per step, and nothing waits for it before
-the next step is enqueued. Between two decode runs there is one stream operation, a
-``Runtime.stage`` launch (kern-driver >= 0.7): it reads step n's ``next_token`` into
-pinned host memory, feeds it to ``token_ids`` on the device and writes step n + 1's
-``positions``, ``slot_mapping`` and ``seq_lens`` as kernel parameters; the host then
-collects step n's token while the GPU runs step n + 1. (Five separate copies did the
-same before, ~18–20 µs per token between the graphs on the H200/H100; the one launch
-+4.9 µs on the H200: tools/gpu/staging_probe.py; 4B 2.368 → 2.354 ms/token.)
+the next step is enqueued. Each decode step is one stream operation, the ``decode`` run
+with its own stage (``Runtime.run(..., stage=Stage(...))``, kern-driver >= 0.8; in a CUDA
+graph kern-driver's staging kernel is the graph's first node): it reads step n's
+``next_token`` into pinned host memory, feeds it to ``token_ids`` on the device and writes
+step n + 1's ``positions``, ``slot_mapping`` and ``seq_lens`` as kernel parameters. In a
+graph that read resolves once step n + 1 has run, so the loop keeps steps n + 1 and n + 2
+enqueued while it collects step n's token. (H200, 4B, per step over bare graph replays:
+five copies between the graphs ~18–20 µs, one staging launch between them +5.0 µs, the
+staging node +1.9 µs: tools/gpu/staging_probe.py.)
 """
 
 from __future__ import annotations
@@ -169,8 +171,8 @@ def check_request(info: ManifestInfo, capacity: int, prompt_ids: Sequence[int], 
 class StepToken:
     """The greedy token of one decode step (`Qwen3Session.enqueue_decode`), read back when first needed.
 
-    The read is the next step's stage read (`Runtime.stage(reads=("next_token",))`) when that step is
-    enqueued first; otherwise `result()` or `done()` enqueues `Runtime.read_output_async("next_token")`
+    The read is the next step's stage read (`Runtime.run(..., stage=Stage(reads=("next_token",)))`) when that
+    step is enqueued first; otherwise `result()` or `done()` enqueues `Runtime.read_output_async("next_token")`
     when called (nothing was enqueued since the step's run, so it reads that step's output). Either way it
     is a `kern_driver.PendingRead`: `result()` waits for it (for the GPU to finish the step) and returns
     an i64 array of shape [1], the same array on every call; `done()` is True when `result()` would not wait.
@@ -400,6 +402,11 @@ class Qwen3Session:
         self.begin_decode()
         pos = len(prompt_ids) - 1
         queue = deque([self.enqueue_decode(pos, prompt_ids[-1])])
+        if self.pipeline:
+            # the first token read right behind its own step, not by step 1's stage: in a graph that read would
+            # resolve only once step 1 has run, and the first token's time (prefill_s, the start of decode_s's
+            # window of steps - 1 steps) would then include a decode step
+            queue[0].bind()
         enqueued = 1
         t1 = 0.0
         for i in range(steps):
