@@ -385,7 +385,7 @@ def test_prime_graphs_keeps_one_graph_that_computes_the_same(tmp_path, pdl_cubin
     made = []
     real = rt._instantiate
 
-    def spy(prog, env, staged=False):
+    def spy(prog, env, staged=None):
         made.append(real(prog, env, staged))
         return made[-1]
 

@@ -46,13 +46,14 @@ class Graph:
     graph replays only through it)."""
 
     def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int,
-                 stage_node: Any = None):
+                 stage_node: Any = None, read_nodes: list[Any] | None = None):
         self._rt = runtime
         self.program = program
         self.vars = dict(vars)
         self._graph = graph
         self._exec = exec_
         self._stage_node = stage_node
+        self._read_nodes = list(read_nodes or [])  # the staged graph's event-record nodes, one per read
         self.staged = stage_node is not None
         self.launches = launches
         try:

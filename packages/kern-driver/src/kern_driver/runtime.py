@@ -376,6 +376,7 @@ class Runtime:
         self._reads = AsyncReads()
         self._stage_mod: Any = None  # kern-driver's staging kernel (Runtime.stage), loaded on first use
         self._stage_fn: Any = None
+        self._placeholder: Any = None  # the event a staged capture records (Runtime.run(..., stage=...))
         self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self._programs: dict[str, _Program] = {}
         self._last_env: dict[str, int] = {}
@@ -663,14 +664,15 @@ class Runtime:
         ops, taken = ([], []) if stage is None else self._stage_request(
             stage_what, stage.writes, stage.feeds, stage.reads)
         if graph:
-            key = self._graph_key(prog, env, staged=stage is not None)
+            staged = None if stage is None else len(taken)
+            key = self._graph_key(prog, env, staged)
             g = self._graphs.get(key)
             if g is None:
-                g = self._capture(prog, env, staged=stage is not None)
+                g = self._capture(prog, env, staged)
             else:
                 self._graphs.move_to_end(key)
             if stage is not None:
-                self._set_stage_node(g, ops)
+                self._set_stage_node(g, ops, taken)
             return self._replay(g, env, taken)
         self._prepare(prog, env)  # its refusals (a GEMM's extent, no cuBLASLt algorithm) before anything is enqueued
         reads = {}
@@ -682,11 +684,12 @@ class Runtime:
         return reads
 
     @staticmethod
-    def _graph_key(prog: _Program, env: dict[str, int], staged: bool = False
-                   ) -> tuple[str, tuple[tuple[str, int], ...], bool]:
-        """The graph cache's key: the program, the values of the vars its launches use, and whether the graph begins
-        with the staging kernel (`run(..., stage=...)`). A var the program does not use (given for `read_output`'s
-        shapes, say) changes nothing in its graph, so it makes no new one."""
+    def _graph_key(prog: _Program, env: dict[str, int], staged: int | None = None
+                   ) -> tuple[str, tuple[tuple[str, int], ...], int | None]:
+        """The graph cache's key: the program, the values of the vars its launches use, and `staged`: None, or the
+        number of reads of a graph that begins with the staging kernel (`run(..., stage=...)`; it ends with one
+        event-record node per read). A var the program does not use (given for `read_output`'s shapes, say) changes
+        nothing in its graph, so it makes no new one."""
         return prog.name, tuple(sorted((k, v) for k, v in env.items() if k in prog.required)), staged
 
     def _ran(self, prog: _Program, env: dict[str, int]) -> None:
@@ -708,8 +711,8 @@ class Runtime:
                          f"capture({program!r})")
         return self._capture(prog, env)
 
-    def _capture(self, prog: _Program, env: dict[str, int], staged: bool = False) -> Graph:
-        """Capture `prog` with `env` into a cached graph (`staged`: the staging kernel first). With `prime_graphs`,
+    def _capture(self, prog: _Program, env: dict[str, int], staged: int | None = None) -> Graph:
+        """Capture `prog` with `env` into a cached graph (`staged`: as `_instantiate`'s). With `prime_graphs`,
         the runtime's first capture of a program with `pdl` launches is preceded by a throwaway: the same capture,
         instantiated and uploaded, then destroyed before the kept one is captured (the order measured in NOTES.md
         37)."""
@@ -734,19 +737,27 @@ class Runtime:
                 ev.destroy()
         return graph
 
-    def _instantiate(self, prog: _Program, env: dict[str, int], staged: bool = False) -> Graph:
-        """Stream-capture `prog` with `env` (`staged`: after a launch of the staging kernel with no operations, the
-        node `_set_stage_node` fills for each replay), instantiate and upload the graph (not cached)."""
-        where = f"capturing program `{prog.name}` with {env}" + (" behind the staging kernel" if staged else "")
+    def _instantiate(self, prog: _Program, env: dict[str, int], staged: int | None = None) -> Graph:
+        """Stream-capture `prog` with `env`, instantiate and upload the graph (not cached). `staged` (the number of
+        reads, or None): the program after a launch of the staging kernel with no operations and before `staged`
+        event-record nodes (cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) in the capture), the nodes
+        `_set_stage_node` fills for each replay: a read's event recorded inside the graph costs the step nothing,
+        where a cuEventRecord between two graph launches cost ~3 µs (H200, session 27)."""
+        where = f"capturing program `{prog.name}` with {env}" + (" behind the staging kernel" if staged is not None
+                                                                 else "")
         self._prepare(prog, env)
-        if staged:
+        if staged is not None:
             self._stage_function(where)  # its module loads outside the capture
         check(drv.cuStreamBeginCapture(self._stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
               "cuStreamBeginCapture", where)
         try:
-            if staged:
+            if staged is not None:
                 self._launch_stage([], where)
             self._enqueue(prog, capturing=True)
+            for _ in range(staged or 0):
+                check(drv.cuEventRecordWithFlags(self._capture_event(), self._stream,
+                                                 drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
+                      "cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL)", where)
         except BaseException:
             r = drv.cuStreamEndCapture(self._stream)
             if r[0] == SUCCESS and r[1] is not None and int(r[1]):
@@ -759,13 +770,33 @@ class Runtime:
             drv.cuGraphDestroy(g)
             raise
         try:
-            node = self._stage_node(g, where) if staged else None
+            node = self._stage_node(g, where) if staged is not None else None
+            events = self._event_nodes(g, staged, where) if staged else []
             check(drv.cuGraphUpload(ex, self._stream), "cuGraphUpload", where)
         except BaseException:
             drv.cuGraphExecDestroy(ex)
             drv.cuGraphDestroy(g)
             raise
-        return Graph(self, prog.name, env, g, ex, len(prog.items) + staged, stage_node=node)
+        return Graph(self, prog.name, env, g, ex, len(prog.items) + (staged is not None), stage_node=node,
+                     read_nodes=events)
+
+    def _capture_event(self) -> Any:
+        """The event a staged capture records (each replay records the reads' own events instead)."""
+        if self._placeholder is None:
+            self._placeholder = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+                                      "the staged graphs' placeholder event")
+        return self._placeholder
+
+    def _event_nodes(self, g: Any, n: int, where: str) -> list[Any]:
+        """The `n` event-record nodes a staged capture ended with."""
+        count = int(check(drv.cuGraphGetNodes(g, 0), "cuGraphGetNodes", where)[1])
+        nodes = list(check(drv.cuGraphGetNodes(g, count), "cuGraphGetNodes", where)[0] or [])[:count]
+        rec = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD
+        found = [x for x in nodes if check(drv.cuGraphNodeGetType(x), "cuGraphNodeGetType", where) == rec]
+        if len(found) != n:
+            raise KernDriverError(f"{where}: the captured graph has {len(found)} event-record node(s), {n} expected",
+                                  hint="a kern-driver bug: please report it")
+        return found
 
     def _stage_node(self, g: Any, where: str) -> Any:
         """The staging kernel's node of a staged capture: the graph's one root (the capture began with that launch,
@@ -778,9 +809,10 @@ class Runtime:
         raise KernDriverError(f"{where}: the captured graph does not begin with the staging kernel alone "
                               f"({len(roots)} root node(s))", hint="a kern-driver bug: please report it")
 
-    def _set_stage_node(self, g: Graph, ops: list["stage_kernel.StageOp"]) -> None:
-        """Give the staged graph `g`'s first node the operations `ops` for its next replays
-        (cuGraphExecKernelNodeSetParams: the replays already enqueued keep theirs)."""
+    def _set_stage_node(self, g: Graph, ops: list["stage_kernel.StageOp"], taken: list[tuple]) -> None:
+        """Give the staged graph `g`'s first node the operations `ops`, and its event-record nodes the events of the
+        read slots `taken`, for its next replays (cuGraphExecKernelNodeSetParams, cuGraphExecEventRecordNodeSetEvent:
+        the replays already enqueued keep theirs)."""
         block = stage_kernel.pack(ops)
         params = np.array([block.ctypes.data], dtype=np.uint64)
         p = drv.CUDA_KERNEL_NODE_PARAMS()
@@ -789,8 +821,11 @@ class Runtime:
         p.blockDimX, p.blockDimY, p.blockDimZ = stage_kernel.THREADS, 1, 1
         p.sharedMemBytes = 0
         p.kernelParams = params.ctypes.data
-        check(drv.cuGraphExecKernelNodeSetParams(g._exec, g._stage_node, p), "cuGraphExecKernelNodeSetParams",
-              f"the staging node of program `{g.program}`'s graph {g.vars}")
+        where = f"the staging node of program `{g.program}`'s graph {g.vars}"
+        check(drv.cuGraphExecKernelNodeSetParams(g._exec, g._stage_node, p), "cuGraphExecKernelNodeSetParams", where)
+        for node, (_, slot, *_) in zip(g._read_nodes, taken, strict=True):
+            check(drv.cuGraphExecEventRecordNodeSetEvent(g._exec, node, slot.event),
+                  "cuGraphExecEventRecordNodeSetEvent", where)
 
     def _replay(self, g: Graph, env: dict[str, int] | None = None, taken: list[tuple] | None = None
                 ) -> dict[str, PendingRead]:
@@ -802,7 +837,7 @@ class Runtime:
         if r[0] != SUCCESS:
             raise_error(r[0], "cuGraphLaunch", where=f"graph of program `{g.program}` {g.vars}")
         self._ran(self._programs[g.program], g.vars if env is None else env)
-        committed = self._commit_reads(taken) if taken else {}
+        committed = self._commit_reads(taken, recorded=True) if taken else {}
         if self.debug:
             check(drv.cuStreamSynchronize(self._stream), "graph execution", f"graph of program `{g.program}` {g.vars}",
                   hint="replay the program eagerly with debug=True to find the faulting launch")
@@ -998,9 +1033,11 @@ class Runtime:
                 ops.append(stage_kernel.StageOp(slot.buffer.device_ptr, self._arena + r.offset, n))
         return ops, taken
 
-    def _commit_reads(self, taken: list[tuple]) -> dict[str, PendingRead]:
-        """The PendingReads of `_stage_request`'s slots, each event recorded on the stream behind what is enqueued."""
-        return {name: self._reads.commit(slot, name, n, shape, dt, self._stream) for name, slot, shape, dt, n in taken}
+    def _commit_reads(self, taken: list[tuple], recorded: bool = False) -> dict[str, PendingRead]:
+        """The PendingReads of `_stage_request`'s slots, each event recorded on the stream behind what is enqueued
+        (`recorded`: by the graph just launched, not here)."""
+        return {name: self._reads.commit(slot, name, n, shape, dt, self._stream, record=not recorded)
+                for name, slot, shape, dt, n in taken}
 
     def _stage_function(self, what: str = "Runtime.stage") -> Any:
         """The staging kernel's function (its PTX module loaded, i.e. JIT-compiled by the driver, on first use);
@@ -1235,6 +1272,9 @@ class Runtime:
         if self._stage_mod is not None:
             drv.cuModuleUnload(self._stage_mod)
             self._stage_mod = self._stage_fn = None
+        if self._placeholder is not None:
+            drv.cuEventDestroy(self._placeholder)
+            self._placeholder = None
         self._dev.release()
         self._closed = self._freed = True
 
