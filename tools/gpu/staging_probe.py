@@ -33,10 +33,9 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
               as kern-run's loop now enqueues a step
     graphkread  kread's kernel as the first node of the decode graph (one graph of its own, captured here: the
               kernel, then the decode program), replayed back to back: what staging costs inside the graph rather
-              than between graphs (session 27: +1.9 µs against `stage`'s +5.0 on the H200; NOTES.md 69)
-    runstage  what kern-run 0.4 enqueues: `Runtime.run(..., stage=Stage(...))`, the staging kernel as the decode
-              graph's first node with its operations set per step (cuGraphExecKernelNodeSetParams), the read
-              resolved behind the step (kern-driver 0.8)
+              than between graphs (session 27: +1.9 / −0.0 µs against `stage`'s +5.0 / +5.7 on the H200, but the
+              same as a `Runtime.run(..., stage=...)` node set per step cost kern-run's loop ±0.000 ms/token:
+              NOTES.md 69; that form's code is at 0603e52)
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
@@ -53,7 +52,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
 MODES = ("replay", "copies", "values", "batch", "dtod", "side", "sidedtod", "batch4", "batch4c", "kernel", "kread",
-         "stage", "graphkread", "runstage")
+         "stage", "graphkread")
 
 #: The stage kernel of mode `kernel`: *tok_dst = *tok_src; *pos = *slot = posval; *seq = seqval (one thread).
 STAGE_PTX = r"""
@@ -109,7 +108,6 @@ def main() -> int:
 
     import numpy as np
 
-    from kern_driver import Stage
     from kern_driver.cuda import PinnedBuffer, check, drv
     from step_gap_probe import decoding_session
 
@@ -209,13 +207,6 @@ def main() -> int:
                                      feeds={"token_ids": "next_token"}, reads=["next_token"])["next_token"])
                 if len(held) > 2:
                     held.pop(0).result()
-            elif mode == "runstage":
-                st = Stage(writes={"positions": pos_arr, "slot_mapping": pos_arr, "seq_lens": seq_arr},
-                           feeds={"token_ids": "next_token"}, reads=["next_token"])
-                held.append(rt.run("decode", graph=True, tokens=1, stage=st)["next_token"])
-                if len(held) > 2:
-                    held.pop(0).result()
-                return
             elif mode in ("kernel", "kread"):
                 kp = kparams if mode == "kernel" else kparams_r
                 check(drv.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, kp.ctypes.data, 0), "cuLaunchKernel")

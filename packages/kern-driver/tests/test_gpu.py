@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from kern_driver import KernDriverError, Runtime, Stage
+from kern_driver import KernDriverError, Runtime
 from kern_driver.testing import (CLUSTER16_CU, SMEM_CU, PDL_CU, RESIDENT_CU, pdl_manifest, VADD_CU, build_cubin, find_nvcc, from_bf16,
                                  gemm_manifest, peak_residency, resident_manifest, sha256, to_bf16, vadd_manifest,
                                  write_safetensors)
@@ -163,16 +163,13 @@ def test_async_reads_and_device_fed_inputs_pipeline_runs(vdir, graph):
     np.testing.assert_array_equal(last.result(), expect[-1] + np.float32(2.0) * w[:n])  # resolved by close()
 
 
-@pytest.mark.parametrize("how", ["stage", "run"])
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("n", [1000, 999, 1])  # 8-byte copies; a size that is not a multiple of 8: bytewise
-def test_stage_feeds_reads_and_writes_in_one_launch(vdir, graph, n, how):
-    """Runtime.stage between runs (how="stage"), or the run doing its own staging (how="run": run(..., stage=Stage(
-    ...)), in a graph the staging kernel as the graph's first node with its operations set per replay): the
-    read-back of the last output (stored by the staging kernel into mapped pinned memory), that output fed back as
-    the next input, and a prefix write, all in one launch: the same values as write_input / write_input_from /
-    read_output_async give, more reads in flight than slots, the read taken before the feed of the same launch
-    lands."""
+def test_stage_feeds_reads_and_writes_in_one_launch(vdir, graph, n):
+    """Runtime.stage between runs: the read-back of the last output (stored by the staging kernel into mapped
+    pinned memory), that output fed back as the next input, and a prefix write, all in one launch: the same values
+    as write_input / write_input_from / read_output_async give, more reads in flight than slots, the read taken
+    before the feed of the same launch lands."""
     _, w = vdir
     rng = np.random.default_rng(n)
     x0 = rng.standard_normal(n).astype(np.float32)
@@ -185,21 +182,11 @@ def test_stage_feeds_reads_and_writes_in_one_launch(vdir, graph, n, how):
         for i in range(7):
             writes = {"x": head} if i == 3 else None
             feeds = None if i == 3 else {"x": "out"}
-            if how == "stage":
-                got = rt.stage(writes=writes, feeds=feeds, reads=["out"])
-                rt.run("main", graph=graph, n=n)
-            else:
-                got = rt.run("main", graph=graph, n=n, stage=Stage(writes=writes, feeds=feeds, reads=["out"]))
+            got = rt.stage(writes=writes, feeds=feeds, reads=["out"])
             assert list(got) == ["out"]
             reads.append(got["out"])
+            rt.run("main", graph=graph, n=n)
         reads.append(rt.stage(reads=["out"])["out"])
-        if graph:  # the plain graph of the first run, and for how="run" one staged graph, replayed only by run
-            assert sorted(g.staged for g in rt.graphs) == ([False, True] if how == "run" else [False])
-            for g in rt.graphs:
-                if g.staged:
-                    assert g.launches == next(h for h in rt.graphs if not h.staged).launches + 1
-                    with pytest.raises(KernDriverError, match="replays only through run"):
-                        g.replay()
         x = x0.copy()
         out = x + np.float32(2.0) * w[:n]
         expect = [out]
@@ -385,8 +372,8 @@ def test_prime_graphs_keeps_one_graph_that_computes_the_same(tmp_path, pdl_cubin
     made = []
     real = rt._instantiate
 
-    def spy(prog, env, staged=None):
-        made.append(real(prog, env, staged))
+    def spy(prog, env):
+        made.append(real(prog, env))
         return made[-1]
 
     rt._instantiate = spy

@@ -31,7 +31,7 @@ def fake_runtime(prime: bool, fail_at: int | None = None, fail_sync: bool = Fals
     rt._graphs = OrderedDict()
     made = {"n": 0}
 
-    def instantiate(prog, env, staged=None):
+    def instantiate(prog, env):
         made["n"] += 1
         if made["n"] == fail_at:
             raise KernDriverError(f"cuGraphInstantiate failed (capture {made['n']})")

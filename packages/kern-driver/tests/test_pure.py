@@ -741,7 +741,7 @@ def test_graph_replay_refuses_unknown_and_changed_vars():
     replays = []
     rt = NS(_programs={"decode": NS(required={"pos"})}, _replay=lambda g, env: replays.append(env))
     g = object.__new__(Graph)  # no CUDA graph: the runtime is a stub that records the replays
-    g.program, g.vars, g._exec, g._rt, g.staged = "decode", {"pos": 7, "tokens": 1}, object(), rt, False
+    g.program, g.vars, g._exec, g._rt = "decode", {"pos": 7, "tokens": 1}, object(), rt
     with pytest.raises(KernDriverError, match=r"graph of program `decode` has no var `foo` \(it was captured with "
                                               r"\{'pos': 7, 'tokens': 1\}\)") as e:
         g.replay(foo=1)
@@ -753,8 +753,3 @@ def test_graph_replay_refuses_unknown_and_changed_vars():
     g.replay(tokens=3)
     g.replay()
     assert replays == [{"pos": 7, "tokens": 3}, {"pos": 7, "tokens": 1}]
-    g.staged = True  # a graph that begins with the staging node: only run(..., stage=...) sets that node's operations
-    with pytest.raises(KernDriverError, match=r"graph of program `decode` .* begins with a staging node: it replays "
-                                              r"only through run\(\.\.\., stage=\.\.\.\)") as e:
-        g.replay()
-    assert "stage=Stage(...)" in e.value.hint and len(replays) == 2

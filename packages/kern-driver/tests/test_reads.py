@@ -248,10 +248,10 @@ def test_a_var_the_program_does_not_use_makes_no_new_graph(rt_runs, monkeypatch)
     rt._graphs, rt.max_graphs, rt.prime_graphs, rt.debug, rt._stream = OrderedDict(), 4, False, False, None
     captured = []
 
-    def instantiate(prog, env, staged=None):
+    def instantiate(prog, env):
         captured.append(dict(env))
         g = object.__new__(Graph)
-        g.program, g.vars, g._exec, g.staged = prog.name, dict(env), object(), staged is not None
+        g.program, g.vars, g._exec = prog.name, dict(env), object()
         return g
 
     rt._instantiate = instantiate
@@ -320,113 +320,3 @@ def test_a_missing_var_that_cannot_be_a_keyword_is_hinted_as_a_mapping(rt_runs):
         rt.run("odd", {"graph": 1})
     assert e.value.hint.endswith("rt.run(prog, tokens=...)")
     rt.run("odd", {"graph": 2}, tokens=1)  # the mapping form runs
-
-
-def test_a_staged_run_has_a_graph_of_its_own_whose_first_node_is_set_per_replay(rt_runs, monkeypatch):
-    """run(..., stage=Stage(...)): with graph=True the staging kernel is the first node of a graph captured for
-    (program, vars, staged), its operations set before each replay, the reads committed behind the replay; the same
-    program without a stage keeps its own graph; eagerly the staging kernel is launched before the program and its
-    reads committed right behind it. A stage that is not a Stage is refused before anything is enqueued."""
-    from collections import OrderedDict
-
-    import kern_driver.runtime as runtime_mod
-    from kern_driver import Stage
-    from kern_driver.graphs import Graph
-    from kern_driver.runtime import _Program
-
-    rt = rt_runs
-    rt._programs["decode"] = _Program("decode", None, {"pos"}, writes={"logits"})
-    rt.manifest.vars.update(pos=type(rt.manifest.vars["tokens"])(max=4096))
-    rt.manifest.vars["tokens"].min = rt.manifest.vars["pos"].min = 0
-    rt._graphs, rt.max_graphs, rt.prime_graphs, rt.debug, rt._stream = OrderedDict(), 4, False, False, None
-    log: list = []
-
-    def instantiate(prog, env, staged=None):
-        log.append(("capture", dict(env), staged))
-        g = object.__new__(Graph)
-        g.program, g.vars, g._exec, g.staged = prog.name, dict(env), len(log), staged is not None
-        return g
-
-    rt._instantiate = instantiate
-    rt._stage_request = lambda what, w, f, r: (log.append(("request", what.format("x"), dict(w or {}), dict(f or {}),
-                                                            list(r)))
-                                               or ([f"op{len(log)}"], [f"slot{len(log)}"]))
-    rt._set_stage_node = lambda g, ops, taken: log.append(("set", g._exec, ops, taken))
-    rt._launch_stage = lambda ops, what="": log.append(("launch stage", what))
-    rt._commit_reads = lambda taken, recorded=False: log.append(("commit", taken, recorded)) or {"next_token": taken}
-    rt._prepare = lambda prog, env: log.append(("prepare", prog.name))
-    rt._enqueue = lambda prog: log.append(("enqueue", prog.name))
-    monkeypatch.setattr(runtime_mod.drv, "cuGraphLaunch", lambda ex, stream: log.append(("replay", ex)) or
-                        (runtime_mod.SUCCESS,), raising=False)
-
-    st = Stage(writes={"positions": 1}, feeds={"token_ids": "next_token"}, reads=["next_token"])
-    assert rt.run("decode", graph=True, stage=st, pos=7) == {"next_token": ["slot1"]}
-    assert log == [("request", "run('decode', stage=Stage(x))", {"positions": 1}, {"token_ids": "next_token"},
-                    ["next_token"]), ("capture", {"pos": 7}, 1), ("set", 2, ["op1"], ["slot1"]), ("replay", 2),
-                   ("commit", ["slot1"], True)]  # one read: one event-record node, which records its slot's event
-    del log[:]
-    rt.run("decode", graph=True, stage=st, pos=7)  # the same graph, its node set again
-    assert [e[0] for e in log] == ["request", "set", "replay", "commit"] and log[1][1] == 2
-    del log[:]
-    assert rt.run("decode", graph=True, pos=7) == {}  # no stage: a graph of its own, no node to set
-    assert log == [("capture", {"pos": 7}, None), ("replay", 1)] and len(rt._graphs) == 2
-    del log[:]
-    rt.run("decode", stage=st, pos=7)  # eager: prepared (its refusals first), the stage launch, its reads, the program
-    assert [e[0] for e in log] == ["request", "prepare", "launch stage", "commit", "enqueue"]
-    assert log[2][1] == "run('decode', stage=Stage())"  # the call a staging launch error names
-    del log[:]
-    rt._prepare = lambda prog, env: (_ for _ in ()).throw(KernDriverError("no cuBLASLt algorithm"))
-    with pytest.raises(KernDriverError, match="no cuBLASLt algorithm"):
-        rt.run("decode", stage=st, pos=7)
-    assert [e[0] for e in log] == ["request"]  # refused before the staging kernel was enqueued
-    del log[:]
-    with pytest.raises(KernDriverError, match=r"run\('decode'\): stage=\{'reads': \['next_token'\]\} is not a "
-                                              r"kern_driver.Stage") as e:
-        rt.run("decode", graph=True, stage={"reads": ["next_token"]}, pos=7)
-    assert "stage=Stage(" in e.value.hint and log == []
-
-
-def test_staged_graph_nodes_are_found_and_set_through_the_driver_calls(rt_runs, monkeypatch):
-    """The staged capture's nodes as the driver returns them (cuda.bindings tuples: (err, nodes, count)): the one
-    root is the staging node, the event-record nodes are one per read; each replay's operations go to the staging
-    node through cuGraphExecKernelNodeSetParams (the packed block's address as kernelParams) and each read slot's
-    event to one event-record node. A capture that does not have that shape is refused as a kern-driver bug."""
-    import kern_driver.runtime as runtime_mod
-    from kern_driver import stage_kernel
-    from kern_driver.graphs import Graph
-
-    drv = runtime_mod.drv
-    K, E, OTHER = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL, drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD, \
-        drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY
-    kinds = {"stage": K, "k1": K, "k2": K, "ev1": E, "ev2": E, "copy": OTHER}
-    graph = {"roots": ["stage"], "nodes": ["stage", "k1", "k2", "ev1", "ev2"]}
-
-    def listing(key):
-        return lambda g, n: (runtime_mod.SUCCESS, graph[key][:n] if n else None, len(graph[key]))
-
-    calls = []
-    monkeypatch.setattr(drv, "cuGraphGetRootNodes", listing("roots"), raising=False)
-    monkeypatch.setattr(drv, "cuGraphGetNodes", listing("nodes"), raising=False)
-    monkeypatch.setattr(drv, "cuGraphNodeGetType", lambda n: (runtime_mod.SUCCESS, kinds[n]), raising=False)
-    monkeypatch.setattr(drv, "cuGraphExecKernelNodeSetParams", lambda ex, node, p: calls.append(
-        ("params", ex, node, p.blockDimX, p.gridDimX, p.kernelParams)) or (runtime_mod.SUCCESS,), raising=False)
-    monkeypatch.setattr(drv, "cuGraphExecEventRecordNodeSetEvent", lambda ex, node, ev: calls.append(
-        ("event", ex, node, ev)) or (runtime_mod.SUCCESS,), raising=False)
-    rt = rt_runs
-    rt._stage_fn = drv.CUfunction(0)
-    assert rt._stage_node("g", "here") == "stage"
-    assert rt._event_nodes("g", 2, "here") == ["ev1", "ev2"]
-    with pytest.raises(KernDriverError, match=r"here: the captured graph has 2 event-record node\(s\), 1 expected"):
-        rt._event_nodes("g", 1, "here")
-    g = object.__new__(Graph)
-    g.program, g.vars, g._exec, g._stage_node, g._read_nodes = "decode", {}, "exec", "stage", ["ev1", "ev2"]
-    slots = [type("S", (), {"event": f"event{i}"})() for i in (1, 2)]
-    rt._set_stage_node(g, [stage_kernel.StageOp(16, 32, 8)], [("a", slots[0], (1,), None, 8),
-                                                                ("b", slots[1], (1,), None, 8)])
-    assert [c[:5] for c in calls] == [("params", "exec", "stage", stage_kernel.THREADS, 1),
-                                      ("event", "exec", "ev1", "event1"), ("event", "exec", "ev2", "event2")]
-    assert isinstance(calls[0][5], int) and calls[0][5] != 0  # the address of the one-pointer kernelParams array
-    for roots in (["stage", "copy"], ["copy"], []):
-        graph["roots"] = roots
-        with pytest.raises(KernDriverError, match=rf"does not begin with the staging kernel alone \({len(roots)} root"):
-            rt._stage_node("g", "here")

@@ -84,8 +84,7 @@ class _Reads:
         self.log.append(("take", name, nbytes_max))
         return _Slot(name)
 
-    def commit(self, slot, name, nbytes, shape, dtype, stream, record=True):
-        assert record  # Runtime.stage records each read's event behind its launch
+    def commit(self, slot, name, nbytes, shape, dtype, stream):
         self.log.append(("commit", name, nbytes, shape, np.dtype(dtype).name))
         return ("pending", name)
 
@@ -95,8 +94,7 @@ def srt(rt_runs):
     rt = rt_runs
     rt._arena, rt._stream, rt.debug, rt._reads = ARENA, 0, False, _Reads()
     rt.launched = []
-    rt._launch_stage = lambda ops, what="Runtime.stage": (rt.launched.append(list(ops)),
-                                                          rt._reads.log.append(("launch",)))
+    rt._launch_stage = lambda ops: (rt.launched.append(list(ops)), rt._reads.log.append(("launch",)))
     return rt
 
 

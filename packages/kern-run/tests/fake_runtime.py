@@ -11,8 +11,6 @@ wrong chunking, position or slot changes the generated sequence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from kern_run.generator import ManifestInfo
@@ -41,15 +39,6 @@ def reference_generate(prompt: list[int], steps: int) -> list[int]:
 
 class ContractError(AssertionError):
     pass
-
-
-@dataclass(frozen=True)
-class Stage:
-    """`kern_driver.Stage` for a fake `kern_driver` module (the CLI tests'): the same three fields."""
-
-    writes: dict | None = None
-    feeds: dict | None = None
-    reads: tuple = ()
 
 
 class FakePending:
@@ -112,14 +101,7 @@ class FakeRuntime:
         self.bufs[name][: a.shape[0]] = a
         self.calls.append(("write", name, a, prefix))
 
-    def run(self, program, *, graph=False, stage=None, **vars):
-        """`Runtime.run`; with `stage` (a kern_driver.Stage) its `stage(...)` first (logged as a "stage" call before
-        the run's), returning its reads; else {}."""
-        reads = {} if stage is None else self.stage(writes=stage.writes, feeds=stage.feeds, reads=stage.reads)
-        self._run(program, graph=graph, **vars)
-        return reads
-
-    def _run(self, program, *, graph=False, **vars):
+    def run(self, program, *, graph=False, **vars):
         if set(vars) != {"tokens"}:
             raise ContractError(f"vars {sorted(vars)} != ['tokens']")
         n = vars["tokens"]

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from fake_runtime import FakeRuntime, Stage, info, manifest_json, reference_generate
+from fake_runtime import FakeRuntime, info, manifest_json, reference_generate
 from kern_run import cli
 
 
@@ -44,7 +44,6 @@ def driver(monkeypatch):
             return rt
 
     mod.Runtime = Runtime
-    mod.Stage = Stage
     monkeypatch.setitem(sys.modules, "kern_driver", mod)
     return mod
 

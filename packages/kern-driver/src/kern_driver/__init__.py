@@ -30,11 +30,11 @@ from .graphs import Graph
 from .plan import Layout, Region
 from .reads import PendingRead
 from .resolve import EXTERNS, FakeModuleTable
-from .runtime import NUMPY_DTYPES, Prepared, Runtime, Stage, prepare
+from .runtime import NUMPY_DTYPES, Prepared, Runtime, prepare
 
-__version__ = "0.8.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "EXTERNS", "FakeModuleTable", "Graph", "KernDriverError", "Layout", "NUMPY_DTYPES", "PendingRead", "Prepared",
-    "Region", "Runtime", "Stage", "prepare",
+    "Region", "Runtime", "prepare",
 ]

@@ -7,11 +7,7 @@ values is refused. Pointers are frozen too, which is why everything the
 graph touches lives in the runtime's arena (inputs are written by
 `write_input` outside the graph, into the same device buffers, before each
 replay; a captured host-to-device copy would replay from whatever the pinned
-host buffer holds at replay time, so staging copies are never captured). A
-run's own staging (`Runtime.run(..., stage=Stage(...))`) is the exception that
-needs no copy: kern-driver's staging kernel, carrying the values as kernel
-parameters, is the first node of a graph of its own, and those parameters are
-set for each replay (cuGraphExecKernelNodeSetParams).
+host buffer holds at replay time, so staging copies are never captured).
 """
 
 from __future__ import annotations
@@ -41,20 +37,14 @@ class Graph:
     `nodes` (nodes in the CUDA graph: cuBLASLt may add more than one per GEMM) and
     `programmatic_edges` (edges of type CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: stream
     capture turns each `pdl` launch that follows a kernel into one; -1 when the query
-    failed) describe it. `staged`: the graph begins with kern-driver's staging kernel
-    (`Runtime.run(..., stage=...)`, which sets that node's operations for each replay; such a
-    graph replays only through it)."""
+    failed) describe it."""
 
-    def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int,
-                 stage_node: Any = None, read_nodes: list[Any] | None = None):
+    def __init__(self, runtime: Any, program: str, vars: dict[str, int], graph: Any, exec_: Any, launches: int):
         self._rt = runtime
         self.program = program
         self.vars = dict(vars)
         self._graph = graph
         self._exec = exec_
-        self._stage_node = stage_node
-        self._read_nodes = list(read_nodes or [])  # the staged graph's event-record nodes, one per read
-        self.staged = stage_node is not None
         self.launches = launches
         try:
             self.nodes = int(check(drv.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
@@ -71,14 +61,8 @@ class Graph:
         Raises:
             KernDriverError: `vars` names a var the graph was not captured with or gives a var
                 the launches use a value other than the captured one, the graph was destroyed,
-                the graph is `staged` (its first node would redo the last run's staging, reads into
-                host memory included), or cuGraphLaunch failed.
+                or cuGraphLaunch failed.
         """
-        if self.staged:
-            raise KernDriverError(f"graph of program `{self.program}` {self.vars} begins with a staging node: it "
-                                  "replays only through run(..., stage=...)",
-                                  hint=f"rt.run({self.program!r}, graph=True, stage=Stage(...), ...) replays it with "
-                                  "this step's staging")
         if self._exec is None:
             raise KernDriverError(f"graph of program `{self.program}` {self.vars} was destroyed (runtime closed or cache evicted)",
                                   hint="capture it again with rt.capture(...) or use rt.run(program, graph=True, ...)")
@@ -105,4 +89,4 @@ class Graph:
 
     def __repr__(self) -> str:
         return (f"Graph({self.program!r}, {self.vars}, launches={self.launches}, nodes={self.nodes}, "
-                f"programmatic_edges={self.programmatic_edges}" + (", staged" if self.staged else "") + ")")
+                f"programmatic_edges={self.programmatic_edges})")

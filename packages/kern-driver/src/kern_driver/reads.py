@@ -159,11 +159,9 @@ class AsyncReads:
         return slot
 
     def commit(self, slot: _Slot, name: str, nbytes: int, shape: tuple[int, ...], dtype: np.dtype,
-               stream: Any, record: bool = True) -> PendingRead:
-        """Record `slot`'s event on `stream` (behind the copy just enqueued into it; `record=False`: a graph just
-        launched records it) and return its PendingRead."""
-        if record:
-            check(drv.cuEventRecord(slot.event, stream), "cuEventRecord", f"read of output `{name}`")
+               stream: Any) -> PendingRead:
+        """Record `slot`'s event on `stream` (behind the copy just enqueued into it) and return its PendingRead."""
+        check(drv.cuEventRecord(slot.event, stream), "cuEventRecord", f"read of output `{name}`")
         slot.owner = PendingRead(name, shape, dtype, nbytes, slot)
         return slot.owner
 

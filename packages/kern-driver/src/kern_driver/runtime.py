@@ -71,32 +71,6 @@ NUMPY_DTYPES: dict[str, Any] = {
 SHARED_DEFAULT_LIMIT = 48 * 1024
 
 
-@dataclass(frozen=True)
-class Stage:
-    """A run's staging, done by the run itself: `Runtime.run(program, stage=Stage(...))`. The three fields are
-    `Runtime.stage`'s arguments (writes: {input: array}, prefix writes carried as kernel parameters; feeds:
-    {input: output or carry}, device to device; reads: outputs read back into pinned host memory, their values
-    before the run). In a graph run the staging kernel is the graph's first node, its parameters set for each
-    replay (cuGraphExecKernelNodeSetParams): no launch between two graphs (H200, Qwen3-4B decode: +1.9 µs per step
-    over bare replays instead of +5.0 for a `Runtime.stage` launch before each replay; BENCHMARKS.md "Session 27")."""
-
-    writes: Mapping[str, Any] | None = None
-    feeds: Mapping[str, str] | None = None
-    reads: Sequence[str] | None = ()
-
-
-@dataclass(frozen=True)
-class _Call:
-    """How a staging error names its call: `format(arg)` = prefix + arg + suffix ("stage(writes=...)",
-    "run('decode', stage=Stage(writes=...))"); no str.format, so braces in a program name are text."""
-
-    prefix: str
-    suffix: str
-
-    def format(self, arg: str) -> str:
-        return f"{self.prefix}{arg}{self.suffix}"
-
-
 def shared_opt_ins(needs: dict[Any, tuple[int, str]], static: dict[Any, int], device_max: int
                    ) -> list[tuple[Any, int, str]]:
     """The functions whose `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` must be raised before they launch.
@@ -376,7 +350,6 @@ class Runtime:
         self._reads = AsyncReads()
         self._stage_mod: Any = None  # kern-driver's staging kernel (Runtime.stage), loaded on first use
         self._stage_fn: Any = None
-        self._placeholder: Any = None  # the event a staged capture records (Runtime.run(..., stage=...))
         self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
         self._programs: dict[str, _Program] = {}
         self._last_env: dict[str, int] = {}
@@ -620,7 +593,7 @@ class Runtime:
         return set(self._program(program).required)
 
     def run(self, program: str, values: Mapping[str, int] | None = None, /, *, graph: bool = False,
-            stage: Stage | None = None, **vars: int) -> dict[str, PendingRead]:
+            **vars: int) -> None:
         """Enqueue `program` on the runtime's stream (asynchronous; `read_output` synchronizes).
 
         Args:
@@ -629,68 +602,41 @@ class Runtime:
                 launches use) instead of launching eagerly (the first call for new values
                 captures; the cache keeps `max_graphs` graphs). Other declared vars may be
                 given (they shape `read_output`) and make no new graph.
-            stage: a `Stage`: what `Runtime.stage` would do in a launch before the run, done by the run's own first
-                launch. With `graph`, that launch is the first node of a graph of its own for the program and vars
-                (captured once, its parameters set for each replay), so no launch runs between two replays; its
-                reads resolve once the whole replay has run (the values are still those before the run). Eagerly,
-                the staging kernel is launched before the program and its reads resolve right behind it.
             vars: the values of the vars the program uses, each within its bounds.
             values: the same as a mapping, for a var whose name cannot be a keyword argument of `run` (a var
-                named `graph` or `stage`, or one that is not a Python identifier: `rt.run("decode", {"graph": 2})`);
-                a var given both ways is refused.
-
-        Returns:
-            {name: PendingRead} for the stage's reads (empty without a stage or reads).
+                named `graph`, or one that is not a Python identifier: `rt.run("decode", {"graph": 2})`); a var
+                given both ways is refused.
 
         Raises:
             KernDriverError: unknown program, missing/unknown var, value out of bounds, a var given twice,
                 `graph` not a bool when the manifest declares a var named `graph` (`graph=2` meant the var),
-                `stage` not a `Stage`, any check of `Runtime.stage`, a failed launch (naming program, call label,
-                launch index).
+                a failed launch (naming program, call label, launch index).
         """
         if not isinstance(graph, bool) and "graph" in self.manifest.vars:
             raise KernDriverError(
                 f"run({program!r}): graph={graph!r} is run's graph flag (True or False), not the manifest's var `graph`",
                 hint=f"pass the var in the mapping: rt.run({program!r}, {{'graph': {graph!r}}}, ...)")
-        if stage is not None and not isinstance(stage, Stage):
-            hint = (f"pass the var in the mapping: rt.run({program!r}, {{'stage': {stage!r}}}, ...)"
-                    if "stage" in self.manifest.vars else
-                    "e.g. stage=Stage(writes={'positions': pos}, feeds={'token_ids': 'next_token'})")
-            raise KernDriverError(f"run({program!r}): stage={stage!r} is not a kern_driver.Stage", hint=hint)
         prog = self._program(program)
         env = check_vars(self.manifest, prog.required, _merge_vars(values, vars, f"run({program!r})"),
                          f"run({program!r})")
-        stage_what = _Call(f"run({program!r}, stage=Stage(", "))")
-        ops, taken = ([], []) if stage is None else self._stage_request(
-            stage_what, stage.writes, stage.feeds, stage.reads)
         if graph:
-            staged = None if stage is None else len(taken)
-            key = self._graph_key(prog, env, staged)
+            key = self._graph_key(prog, env)
             g = self._graphs.get(key)
             if g is None:
-                g = self._capture(prog, env, staged)
+                g = self._capture(prog, env)
             else:
                 self._graphs.move_to_end(key)
-            if stage is not None:
-                self._set_stage_node(g, ops, taken)
-            return self._replay(g, env, taken)
-        self._prepare(prog, env)  # its refusals (a GEMM's extent, no cuBLASLt algorithm) before anything is enqueued
-        reads = {}
-        if stage is not None:
-            self._launch_stage(ops, what=stage_what.format(""))
-            reads = self._commit_reads(taken)
+            self._replay(g, env)
+            return
+        self._prepare(prog, env)
         self._enqueue(prog)
         self._ran(prog, env)
-        return reads
 
     @staticmethod
-    def _graph_key(prog: _Program, env: dict[str, int], staged: int | None = None
-                   ) -> tuple[str, tuple[tuple[str, int], ...], int | None]:
-        """The graph cache's key: the program, the values of the vars its launches use, and `staged`: None, or the
-        number of reads of a graph that begins with the staging kernel (`run(..., stage=...)`; it ends with one
-        event-record node per read). A var the program does not use (given for `read_output`'s shapes, say) changes
-        nothing in its graph, so it makes no new one."""
-        return prog.name, tuple(sorted((k, v) for k, v in env.items() if k in prog.required)), staged
+    def _graph_key(prog: _Program, env: dict[str, int]) -> tuple[str, tuple[tuple[str, int], ...]]:
+        """The graph cache's key: the program and the values of the vars its launches use. A var the program does not
+        use (given for `read_output`'s shapes, say) changes nothing in its graph, so it makes no new one."""
+        return prog.name, tuple(sorted((k, v) for k, v in env.items() if k in prog.required))
 
     def _ran(self, prog: _Program, env: dict[str, int]) -> None:
         """Record an enqueued run: its vars shape `read_buffer`, and each buffer it writes is readable
@@ -711,20 +657,19 @@ class Runtime:
                          f"capture({program!r})")
         return self._capture(prog, env)
 
-    def _capture(self, prog: _Program, env: dict[str, int], staged: int | None = None) -> Graph:
-        """Capture `prog` with `env` into a cached graph (`staged`: as `_instantiate`'s). With `prime_graphs`,
-        the runtime's first capture of a program with `pdl` launches is preceded by a throwaway: the same capture,
-        instantiated and uploaded, then destroyed before the kept one is captured (the order measured in NOTES.md
-        37)."""
+    def _capture(self, prog: _Program, env: dict[str, int]) -> Graph:
+        """Capture `prog` with `env` into a cached graph. With `prime_graphs`, the runtime's first capture of a
+        program with `pdl` launches is preceded by a throwaway: the same capture, instantiated and uploaded, then
+        destroyed before the kept one is captured (the order measured in NOTES.md 37)."""
         if self.prime_graphs and self.primed is None and prog.staged.pdl_steps:
-            throwaway = self._instantiate(prog, env, staged)
+            throwaway = self._instantiate(prog, env)
             try:
                 self._dev.synchronize(f"uploading the prime_graphs throwaway of program `{prog.name}` with {env}")
             finally:
                 throwaway.destroy()
             self.primed = prog.name
-        graph = self._instantiate(prog, env, staged)
-        key = self._graph_key(prog, env, staged)
+        graph = self._instantiate(prog, env)
+        key = self._graph_key(prog, env)
         old = self._graphs.pop(key, None)
         if old is not None:
             old.destroy()
@@ -737,27 +682,14 @@ class Runtime:
                 ev.destroy()
         return graph
 
-    def _instantiate(self, prog: _Program, env: dict[str, int], staged: int | None = None) -> Graph:
-        """Stream-capture `prog` with `env`, instantiate and upload the graph (not cached). `staged` (the number of
-        reads, or None): the program after a launch of the staging kernel with no operations and before `staged`
-        event-record nodes (cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) in the capture), the nodes
-        `_set_stage_node` fills for each replay: a read's event recorded inside the graph costs the step nothing,
-        where a cuEventRecord between two graph launches cost ~3 µs (H200, session 27)."""
-        where = f"capturing program `{prog.name}` with {env}" + (" behind the staging kernel" if staged is not None
-                                                                 else "")
+    def _instantiate(self, prog: _Program, env: dict[str, int]) -> Graph:
+        """Stream-capture `prog` with `env`, instantiate and upload the graph (not cached)."""
+        where = f"capturing program `{prog.name}` with {env}"
         self._prepare(prog, env)
-        if staged is not None:
-            self._stage_function(where)  # its module loads outside the capture
         check(drv.cuStreamBeginCapture(self._stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
               "cuStreamBeginCapture", where)
         try:
-            if staged is not None:
-                self._launch_stage([], where)
             self._enqueue(prog, capturing=True)
-            for _ in range(staged or 0):
-                check(drv.cuEventRecordWithFlags(self._capture_event(), self._stream,
-                                                 drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
-                      "cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL)", where)
         except BaseException:
             r = drv.cuStreamEndCapture(self._stream)
             if r[0] == SUCCESS and r[1] is not None and int(r[1]):
@@ -770,78 +702,23 @@ class Runtime:
             drv.cuGraphDestroy(g)
             raise
         try:
-            node = self._stage_node(g, where) if staged is not None else None
-            events = self._event_nodes(g, staged, where) if staged else []
             check(drv.cuGraphUpload(ex, self._stream), "cuGraphUpload", where)
         except BaseException:
             drv.cuGraphExecDestroy(ex)
             drv.cuGraphDestroy(g)
             raise
-        return Graph(self, prog.name, env, g, ex, len(prog.items) + (staged is not None), stage_node=node,
-                     read_nodes=events)
+        return Graph(self, prog.name, env, g, ex, len(prog.items))
 
-    def _capture_event(self) -> Any:
-        """The event a staged capture records (each replay records the reads' own events instead)."""
-        if self._placeholder is None:
-            self._placeholder = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate",
-                                      "the staged graphs' placeholder event")
-        return self._placeholder
-
-    def _event_nodes(self, g: Any, n: int, where: str) -> list[Any]:
-        """The `n` event-record nodes a staged capture ended with."""
-        count = int(check(drv.cuGraphGetNodes(g, 0), "cuGraphGetNodes", where)[1])
-        nodes = list(check(drv.cuGraphGetNodes(g, count), "cuGraphGetNodes", where)[0] or [])[:count]
-        rec = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD
-        found = [x for x in nodes if check(drv.cuGraphNodeGetType(x), "cuGraphNodeGetType", where) == rec]
-        if len(found) != n:
-            raise KernDriverError(f"{where}: the captured graph has {len(found)} event-record node(s), {n} expected",
-                                  hint="a kern-driver bug: please report it")
-        return found
-
-    def _stage_node(self, g: Any, where: str) -> Any:
-        """The staging kernel's node of a staged capture: the graph's one root (the capture began with that launch,
-        and every later node depends on it), a kernel node."""
-        n = int(check(drv.cuGraphGetRootNodes(g, 0), "cuGraphGetRootNodes", where)[1])
-        roots = list(check(drv.cuGraphGetRootNodes(g, n), "cuGraphGetRootNodes", where)[0] or [])[:n] if n else []
-        if len(roots) == 1 and check(drv.cuGraphNodeGetType(roots[0]), "cuGraphNodeGetType", where) == \
-                drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
-            return roots[0]
-        raise KernDriverError(f"{where}: the captured graph does not begin with the staging kernel alone "
-                              f"({len(roots)} root node(s))", hint="a kern-driver bug: please report it")
-
-    def _set_stage_node(self, g: Graph, ops: list["stage_kernel.StageOp"], taken: list[tuple]) -> None:
-        """Give the staged graph `g`'s first node the operations `ops`, and its event-record nodes the events of the
-        read slots `taken`, for its next replays (cuGraphExecKernelNodeSetParams, cuGraphExecEventRecordNodeSetEvent:
-        the replays already enqueued keep theirs)."""
-        block = stage_kernel.pack(ops)
-        params = np.array([block.ctypes.data], dtype=np.uint64)
-        p = drv.CUDA_KERNEL_NODE_PARAMS()
-        p.func = self._stage_fn
-        p.gridDimX = p.gridDimY = p.gridDimZ = 1
-        p.blockDimX, p.blockDimY, p.blockDimZ = stage_kernel.THREADS, 1, 1
-        p.sharedMemBytes = 0
-        p.kernelParams = params.ctypes.data
-        where = f"the staging node of program `{g.program}`'s graph {g.vars}"
-        check(drv.cuGraphExecKernelNodeSetParams(g._exec, g._stage_node, p), "cuGraphExecKernelNodeSetParams", where)
-        for node, (_, slot, *_) in zip(g._read_nodes, taken, strict=True):
-            check(drv.cuGraphExecEventRecordNodeSetEvent(g._exec, node, slot.event),
-                  "cuGraphExecEventRecordNodeSetEvent", where)
-
-    def _replay(self, g: Graph, env: dict[str, int] | None = None, taken: list[tuple] | None = None
-                ) -> dict[str, PendingRead]:
-        """Launch `g`; `env` (default: the captured values) is what the run records for `read_output`'s shapes;
-        `taken`: the staged graph's read slots, committed behind the launch (before a debug synchronization can
-        raise, so that the slots' values are resolved by `close` even then). Returns their PendingReads."""
+    def _replay(self, g: Graph, env: dict[str, int] | None = None) -> None:
+        """Launch `g`; `env` (default: the captured values) is what the run records for `read_output`'s shapes."""
         self._alive()
         r = drv.cuGraphLaunch(g._exec, self._stream)
         if r[0] != SUCCESS:
             raise_error(r[0], "cuGraphLaunch", where=f"graph of program `{g.program}` {g.vars}")
         self._ran(self._programs[g.program], g.vars if env is None else env)
-        committed = self._commit_reads(taken, recorded=True) if taken else {}
         if self.debug:
             check(drv.cuStreamSynchronize(self._stream), "graph execution", f"graph of program `{g.program}` {g.vars}",
                   hint="replay the program eagerly with debug=True to find the faulting launch")
-        return committed
 
     def write_input(self, name: str, array: Any, *, prefix: bool = False) -> None:
         """Copy `array` into input buffer `name` through its pinned staging (asynchronous,
@@ -985,43 +862,31 @@ class Runtime:
                 (each feed and read is one, each write one per 8 bytes: write larger inputs with `write_input`);
                 the kernel's PTX failing to load (the driver's JIT), or the launch failing.
         """
-        ops, taken = self._stage_request(_Call("stage(", ")"), writes, feeds, reads)
-        if ops:
-            self._launch_stage(ops)
-        return self._commit_reads(taken)
-
-    def _stage_request(self, what: "_Call", writes: Mapping[str, Any] | None, feeds: Mapping[str, str] | None,
-                       reads: Sequence[str] | None) -> tuple[list["stage_kernel.StageOp"], list[tuple]]:
-        """`stage`'s checks and its staging kernel's operations: (ops, the read slots taken, to commit once the
-        kernel is enqueued). `what`: the call, `what.format(arg)` naming one argument of it. Raises KernDriverError
-        as `stage` documents."""
         self._alive()
         if isinstance(reads, str):
-            raise KernDriverError(f"{what.format(f'reads={reads!r}')}: a sequence of output names, not one string",
+            raise KernDriverError(f"stage(reads={reads!r}): a sequence of output names, not one string",
                                   hint=f"pass reads=[{reads!r}]")
-        writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads or ())
-        call = what.format("")
+        writes, feeds, reads = dict(writes or {}), dict(feeds or {}), list(reads)
         if not (writes or feeds or reads):
-            raise KernDriverError(f"{call}: nothing to stage", hint="pass writes=, feeds= and/or reads="
-                                  + (" (or no stage at all: stage=None)" if what.prefix.startswith("run(") else ""))
+            raise KernDriverError("stage(): nothing to stage", hint="pass writes=, feeds= and/or reads=")
         if dup := sorted(set(writes) & set(feeds)):
-            raise KernDriverError(f"{call}: input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
+            raise KernDriverError(f"stage(): input(s) {', '.join(f'`{n}`' for n in dup)} both written and fed",
                                   hint="give each input one source")
         if len(set(reads)) != len(reads):
-            raise KernDriverError(f"{call}: reads {reads} name an output more than once",
+            raise KernDriverError(f"stage(): reads {reads} name an output more than once",
                                   hint="list each output once: one read returns its value to every user")
         ops: list[stage_kernel.StageOp] = []
         for name, array in writes.items():
-            r, data = self._input_bytes(name, array, True, what.format("writes=..."))
+            r, data = self._input_bytes(name, array, True, "stage(writes=...)")
             ops += stage_kernel.immediates(self._arena + r.offset, data)
         for name, src in feeds.items():
-            d, r = self._feed_regions(name, src, what.format(f"feeds={{`{name}`: `{src}`}}"))
+            d, r = self._feed_regions(name, src, f"stage(feeds={{`{name}`: `{src}`}})")
             if r.nbytes:
                 ops.append(stage_kernel.StageOp(self._arena + d.offset, self._arena + r.offset, r.nbytes))
-        views = {name: self._output(name, what.format("reads=...")) for name in reads}
+        views = {name: self._output(name, "stage(reads=...)") for name in reads}
         if len(ops) + len(reads) > stage_kernel.MAX_OPS:
             raise KernDriverError(
-                f"{call}: {len(ops) + len(reads)} operations ({len(reads)} reads, {len(feeds)} feeds, the writes "
+                f"stage(): {len(ops) + len(reads)} operations ({len(reads)} reads, {len(feeds)} feeds, the writes "
                 f"8 bytes each), at most {stage_kernel.MAX_OPS} per launch",
                 hint="write larger inputs with write_input before staging the rest")
         taken = []
@@ -1031,36 +896,24 @@ class Runtime:
             taken.append((name, slot, shape, dt, n))
             if n:
                 ops.append(stage_kernel.StageOp(slot.buffer.device_ptr, self._arena + r.offset, n))
-        return ops, taken
+        if ops:
+            self._launch_stage(ops)
+        return {name: self._reads.commit(slot, name, n, shape, dt, self._stream) for name, slot, shape, dt, n in taken}
 
-    def _commit_reads(self, taken: list[tuple], recorded: bool = False) -> dict[str, PendingRead]:
-        """The PendingReads of `_stage_request`'s slots, each event recorded on the stream behind what is enqueued
-        (`recorded`: by the graph just launched, not here)."""
-        return {name: self._reads.commit(slot, name, n, shape, dt, self._stream, record=not recorded)
-                for name, slot, shape, dt, n in taken}
-
-    def _stage_function(self, what: str = "Runtime.stage") -> Any:
-        """The staging kernel's function (its PTX module loaded, i.e. JIT-compiled by the driver, on first use);
-        `what` names the call for errors."""
+    def _launch_stage(self, ops: list["stage_kernel.StageOp"]) -> None:
+        """Launch the staging kernel with `ops` on the runtime's stream (its module loaded on first use)."""
         if self._stage_fn is None:
             self._stage_mod = check(drv.cuModuleLoadData(stage_kernel.PTX.encode() + b"\0"),
-                                    "cuModuleLoadData (kern-driver's staging kernel, PTX)", what,
+                                    "cuModuleLoadData (kern-driver's staging kernel, PTX)", "Runtime.stage",
                                     hint="the driver's JIT compiles it for this GPU: it needs a driver for CUDA 13")
             self._stage_fn = check(drv.cuModuleGetFunction(self._stage_mod, stage_kernel.ENTRY.encode()),
-                                   f"cuModuleGetFunction({stage_kernel.ENTRY!r})", what)
-        return self._stage_fn
-
-    def _launch_stage(self, ops: list["stage_kernel.StageOp"], capturing: str = "", what: str = "Runtime.stage"
-                      ) -> None:
-        """Launch the staging kernel with `ops` on the runtime's stream (`capturing`: inside that stream capture,
-        so no debug synchronization; `what` names the call for errors)."""
-        fn = self._stage_function(capturing or what)
+                                   f"cuModuleGetFunction({stage_kernel.ENTRY!r})", "Runtime.stage")
         block = stage_kernel.pack(ops)
         params = np.array([block.ctypes.data], dtype=np.uint64)
-        check(drv.cuLaunchKernel(fn, 1, 1, 1, stage_kernel.THREADS, 1, 1, 0, self._stream,
-                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", capturing or what)
-        if self.debug and not capturing:
-            check(drv.cuStreamSynchronize(self._stream), "staging kernel", what)
+        check(drv.cuLaunchKernel(self._stage_fn, 1, 1, 1, stage_kernel.THREADS, 1, 1, 0, self._stream,
+                                 params.ctypes.data, 0), "cuLaunchKernel (staging kernel)", "Runtime.stage")
+        if self.debug:
+            check(drv.cuStreamSynchronize(self._stream), "staging kernel", "Runtime.stage")
 
     def _output(self, name: str, what: str) -> tuple[Region, dict[str, int]]:
         """Output buffer `name`'s region and the vars of the last run that wrote it, or a refusal naming
@@ -1228,8 +1081,7 @@ class Runtime:
         L.append(f"launch mode: {self.launch_mode}" + ("; debug: sync after each launch" if self.debug else ""))
         if self._graphs:
             for g in self._graphs.values():
-                L.append(f"graph: {g.program} {g.vars}{' staged' if g.staged else ''}: {g.launches} launches → 1 "
-                         f"cuGraphLaunch ({g.nodes} nodes"
+                L.append(f"graph: {g.program} {g.vars}: {g.launches} launches → 1 cuGraphLaunch ({g.nodes} nodes"
                          + (f", {g.programmatic_edges} programmatic edges" if g.programmatic_edges else "") + ")")
         else:
             L.append("graphs: none captured yet")
@@ -1272,9 +1124,6 @@ class Runtime:
         if self._stage_mod is not None:
             drv.cuModuleUnload(self._stage_mod)
             self._stage_mod = self._stage_fn = None
-        if self._placeholder is not None:
-            drv.cuEventDestroy(self._placeholder)
-            self._placeholder = None
         self._dev.release()
         self._closed = self._freed = True
 

@@ -4,7 +4,7 @@ from .generator import (GenerationStats, KernRunError, ManifestInfo, Qwen3Sessio
                         generate)
 from .stream import TextStream, load_tokenizer
 
-__version__ = "0.4.0"
+__version__ = "0.3.0"
 
 __all__ = ["GenerationStats", "KernRunError", "ManifestInfo", "Qwen3Session", "StepToken", "TextStream",
            "check_request", "generate", "load_tokenizer"]

@@ -19,22 +19,19 @@ A generation of N new tokens from a prompt p[0..n-1]:
     repeat N-1 times: t = decode(t, next position)
 
 Only the 8-byte ``next_token`` comes back per step, and nothing waits for it before
-the next step is enqueued. Each decode step is one stream operation, the ``decode`` run
-with its own stage (``Runtime.run(..., stage=Stage(...))``, kern-driver >= 0.8; in a CUDA
-graph kern-driver's staging kernel is the graph's first node): it reads step n's
-``next_token`` into pinned host memory, feeds it to ``token_ids`` on the device and writes
-step n + 1's ``positions``, ``slot_mapping`` and ``seq_lens`` as kernel parameters. In a
-graph that read resolves once step n + 1 has run, so the loop keeps steps n + 1 and n + 2
-enqueued while it collects step n's token. (H200, 4B, per step over bare graph replays:
-five copies between the graphs ~18–20 µs, one staging launch between them +5.0 µs, the
-staging node +1.9 µs: tools/gpu/staging_probe.py.)
+the next step is enqueued. Between two decode runs there is one stream operation, a
+``Runtime.stage`` launch (kern-driver >= 0.7): it reads step n's ``next_token`` into
+pinned host memory, feeds it to ``token_ids`` on the device and writes step n + 1's
+``positions``, ``slot_mapping`` and ``seq_lens`` as kernel parameters; the host then
+collects step n's token while the GPU runs step n + 1. (Five separate copies did the
+same before, ~18–20 µs per token between the graphs on the H200/H100; the one launch
++4.9 µs on the H200: tools/gpu/staging_probe.py; 4B 2.368 → 2.354 ms/token.)
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,8 +168,8 @@ def check_request(info: ManifestInfo, capacity: int, prompt_ids: Sequence[int], 
 class StepToken:
     """The greedy token of one decode step (`Qwen3Session.enqueue_decode`), read back when first needed.
 
-    The read is the next step's stage read (`Runtime.run(..., stage=Stage(reads=("next_token",)))`) when that
-    step is enqueued first; otherwise `result()` or `done()` enqueues `Runtime.read_output_async("next_token")`
+    The read is the next step's stage read (`Runtime.stage(reads=("next_token",))`) when that step is
+    enqueued first; otherwise `result()` or `done()` enqueues `Runtime.read_output_async("next_token")`
     when called (nothing was enqueued since the step's run, so it reads that step's output). Either way it
     is a `kern_driver.PendingRead`: `result()` waits for it (for the GPU to finish the step) and returns
     an i64 array of shape [1], the same array on every call; `done()` is True when `result()` would not wait.
@@ -234,9 +231,6 @@ class Qwen3Session:
         self._cu_decode = np.array([0, 1], np.int32)
         self._fed: int | None = None  # position whose token the device's next_token holds (the last step's + 1)
         self._last: StepToken | None = None  # the last decode step's token, while nothing has read it yet
-        from kern_driver import Stage  # kern_run imports kern_driver only here (the caller passes the runtime)
-
-        self._stage_type = Stage
 
     # -- checks ------------------------------------------------------------
 
@@ -289,15 +283,13 @@ class Qwen3Session:
         """Enqueue one decode step at `position` and return its greedy token as a `StepToken`
         (`.result()[0]` is the token, an int64) without waiting for the GPU.
 
-        One stream operation: the `decode` run with its own stage (`Runtime.run(..., stage=Stage(...))`: in a
-        graph, kern-driver's staging kernel is the graph's first node, so nothing is launched between two
-        steps). The stage writes `positions = slot_mapping = [position]` and `seq_lens = [position + 1]` as
-        kernel parameters, and the step's token: `token` from the host, or, when None, the previous step's
-        `next_token` copied on the device (that step must have been enqueued at `position - 1`). If the
-        previous step's token has not been read yet, the same stage reads it back (its reads see `next_token`
-        before this step's run rewrites it; in a graph the read resolves once the step has run), so the
-        pipelined loop collects step n's token while the GPU runs step n + 2 (H200, 4B: +1.9 µs per step over
-        bare graph replays, against +5.0 for a stage launch between the graphs and +19.5 for five copies:
+        Two stream operations: one `Runtime.stage` launch, then the `decode` run. The stage writes
+        `positions = slot_mapping = [position]` and `seq_lens = [position + 1]` as kernel parameters, and
+        the step's token: `token` from the host, or, when None, the previous step's `next_token` copied on
+        the device (that step must have been enqueued at `position - 1`). If the previous step's token has
+        not been read yet, the same stage reads it back (its reads see `next_token` before this step's run
+        rewrites it), so the pipelined loop collects step n's token while the GPU runs step n + 1, with one
+        launch between the graphs instead of five copies (+4.9 vs +19.5 µs per 4B token on the H200:
         tools/gpu/staging_probe.py). A token that no later stage reads is read at its `result()`/`done()` or
         before the next prefill (`Runtime.read_output_async`: nothing has touched `next_token` since its
         run), so every token comes from its own step, provided the runtime's runs go through this session.
@@ -308,8 +300,8 @@ class Qwen3Session:
         Raises:
             KernRunError: `token` is None but no decode step was enqueued at `position - 1` since the
                 last prefill.
-            KernDriverError: from `Runtime.run` or its stage (e.g. a failed launch before the oldest pending
-                read that must be resolved to free its slot).
+            KernDriverError: from `Runtime.stage` or `Runtime.run` (e.g. a failed launch before the oldest
+                pending read that must be resolved to free its slot).
         """
         if token is None and self._fed != position:
             held = ("no decode step has been enqueued since the last prefill" if self._fed is None
@@ -324,10 +316,10 @@ class Qwen3Session:
             self._token[0] = token
             writes["token_ids"] = self._token
         last = self._last if self._last is not None and not self._last.bound else None
-        reads = self.rt.run("decode", graph=self.graph, tokens=1,
-                            stage=self._stage_type(writes=writes, feeds=feeds, reads=("next_token",) if last else ()))
+        reads = self.rt.stage(writes=writes, feeds=feeds, reads=("next_token",) if last else ())
         if last:
             last.bind(reads["next_token"])
+        self.rt.run("decode", graph=self.graph, tokens=1)
         self._fed = position + 1
         self._last = StepToken(self.rt)
         return self._last
@@ -371,49 +363,35 @@ class Qwen3Session:
         """Yield `steps` greedy tokens after `prompt_ids`; fills `self.stats` as it goes.
 
         The arguments are checked at the call (KernRunError), before anything runs. With `pipeline`
-        (the session's default) steps i + 1 and i + 2 are already enqueued when token i is yielded (token i
-        is read by step i + 1's stage, which in a graph resolves once that step has run, so the GPU has step
-        i + 2 to run meanwhile), so GPU state read between two yields (`rt.read_buffer("logits")`) is a later
-        step's — pass `pipeline=False` to the session to read each token's own — and a caller that stops
-        early (break, `close()`) leaves up to those two steps run: they write the KV slots of the next
-        positions, which any later prefill or decode there rewrites. `stats` count the tokens yielded.
+        (the session's default) step i + 1 is already enqueued when token i is yielded, so GPU state read
+        between two yields (`rt.read_buffer("logits")`) is the next step's — pass `pipeline=False` to the
+        session to read each token's own — and a caller that stops early (break, `close()`) leaves that one
+        step run: it writes the KV slot of the next position, which any later prefill or decode there
+        rewrites. `stats` count the tokens yielded.
         """
         prompt_ids = [int(t) for t in prompt_ids]
         self.check(prompt_ids, steps)
         chunk = self.clamp_chunk(chunk)
         return self._generate(prompt_ids, steps, chunk)
 
-    #: Decode steps the pipelined loop keeps enqueued beyond the one whose token it waits for: step i's token is
-    #: read by step i + 1's stage, which in a graph resolves once step i + 1 has run, so step i + 2 must already be
-    #: enqueued for the GPU to have work while the host collects, yields and enqueues the next.
-    AHEAD = 2
-
     def _generate(self, prompt_ids: list[int], steps: int, chunk: int) -> Iterator[int]:
-        # Pipelined: steps i + 1 and i + 2 are enqueued (each one run with its stage: the previous step's token
-        # read back, fed to token_ids on the device, the position inputs written) before step i's token is
-        # collected, so the GPU runs them while the host waits for the read, yields and the caller consumes. The
-        # last step's token is read when collected (read_output_async). Without `pipeline`, each step is
-        # enqueued only after the caller took the previous token, which the stage writes from the host, and
-        # each token is read right behind its step (the loop before session 10; the GPU state, e.g. the logits
-        # buffer, is then that token's step's).
+        # Pipelined: step i + 1 is enqueued (one stage launch: step i's token read back, fed to token_ids on
+        # the device, the position inputs written; then the run) before step i's token is collected, so the
+        # GPU runs it while the host waits for the read, yields and the caller consumes. The last step's token
+        # is read when collected (read_output_async). Without `pipeline`, each step is enqueued only after
+        # the caller took the previous token, which the stage writes from the host, and each token is read
+        # right behind its step (the loop before session 10; the GPU state, e.g. the logits buffer, is then
+        # that token's step's).
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         t0 = time.perf_counter()
         self.prefill(prompt_ids[:-1], chunk)
         self.begin_decode()
         pos = len(prompt_ids) - 1
-        queue = deque([self.enqueue_decode(pos, prompt_ids[-1])])
-        if self.pipeline:
-            # the first token read right behind its own step, not by step 1's stage: in a graph that read would
-            # resolve only once step 1 has run, and the first token's time (prefill_s, the start of decode_s's
-            # window of steps - 1 steps) would then include a decode step
-            queue[0].bind()
-        enqueued = 1
+        pending = self.enqueue_decode(pos, prompt_ids[-1])
         t1 = 0.0
         for i in range(steps):
-            while self.pipeline and enqueued < min(steps, i + 1 + self.AHEAD):
-                queue.append(self.enqueue_decode(pos + enqueued))
-                enqueued += 1
-            token = int(queue.popleft().result()[0])
+            following = self.enqueue_decode(pos + 1 + i) if self.pipeline and i + 1 < steps else None
+            token = int(pending.result()[0])
             if i == 0:
                 t1 = time.perf_counter()
                 stats.prefill_s = t1 - t0
@@ -421,8 +399,7 @@ class Qwen3Session:
                 stats.decode_steps += 1
                 stats.decode_s = time.perf_counter() - t1
             yield token
-            if not self.pipeline and i + 1 < steps:
-                queue.append(self.enqueue_decode(pos + 1 + i, token))
+            pending = following if self.pipeline or i + 1 == steps else self.enqueue_decode(pos + 1 + i, token)
 
 
 def generate(rt, prompt_ids: Sequence[int], steps: int, chunk: int = 512, *, info: ManifestInfo,
