@@ -33,9 +33,9 @@ steps, median over `--rounds`), and each mode's difference to `replay`:
               as kern-run's loop now enqueues a step
     graphkread  kread's kernel as the first node of the decode graph (one graph of its own, captured here: the
               kernel, then the decode program), replayed back to back: what staging costs inside the graph rather
-              than between graphs (session 27: +1.9 / −0.0 µs against `stage`'s +5.0 / +5.7 on the H200, but the
-              same as a `Runtime.run(..., stage=...)` node set per step cost kern-run's loop ±0.000 ms/token:
-              NOTES.md 69; that form's code is at 0603e52)
+              than between graphs (session 27: +1.9 / −0.0 µs against `stage`'s +5.0 / +5.7 on the H200; built into
+              kern-driver as a staging node set per step, `Runtime.run(..., stage=...)`, it moved kern-run's loop by
+              ±0.000 ms/token and was reverted: NOTES.md 69, the code at 0603e52)
 
 Prints the table; appends nothing. `--help` needs no GPU.
 """
