@@ -681,6 +681,26 @@ __device__ __forceinline__ void reduce_split(float acc[R][M], int ksplit) {
         }
 }
 
+#ifndef GEMV_NORM_NB
+#define GEMV_NORM_NB 2  // GEMV_NORM_BATCH: vectors per thread whose loads go out together
+#endif
+
+// What-if (-DGEMV_X_L1): the plain and residual entries' prologue prefetches the block's whole x ([M, k] bf16) into L1
+// right after the wait, one 128-byte line per thread, so that every stage's x loads hit L1 instead of each stage
+// waiting an L2 round trip for its own.
+template <int M>
+__device__ __forceinline__ void x_to_l1(const void *x, int k) {
+#ifdef GEMV_X_L1
+    const unsigned long long a = __cvta_generic_to_global(x);
+    const unsigned long long base = a & ~127ull, end = a + 2ull * M * k;
+    for (unsigned long long p = base + 128ull * threadIdx.x; p < end; p += 128ull * blockDim.x)
+        asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
+#else
+    (void)x;
+    (void)k;
+#endif
+}
+
 // Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding. GENERIC_X: x read through
 // generic loads, not the read-only path (the flag-dependency build's waiting entries: their producer grid may still
 // be running when they read it).
@@ -696,6 +716,30 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     float ss[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) ss[m] = 0.f;
+#ifdef GEMV_NORM_BATCH
+    // What-if (-DGEMV_NORM_BATCH): each thread's x loads of a batch of NB vectors go out together, with an L1 prefetch
+    // of the same vectors of norm_w (read after the barrier), instead of one load per loop trip; the same sums in the
+    // same order (v ascending per thread).
+    constexpr int NB = GEMV_NORM_NB;
+    for (int v0 = threadIdx.x; v0 < kv; v0 += NB * blockDim.x) {
+        uint4 xb[NB][M];
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            const int v = v0 + j * blockDim.x;
+            if (v < kv) {
+#pragma unroll
+                for (int m = 0; m < M; ++m) xb[j][m] = reinterpret_cast<const uint4 *>(x + (long)m * k)[v];
+                asm volatile("prefetch.global.L1 [%0];" :: "l"(__cvta_generic_to_global(norm_w + 8l * v)));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+            if (v0 + j * blockDim.x < kv)
+#pragma unroll
+                for (int m = 0; m < M; ++m) sumsq8(ss[m], xb[j][m]);
+    }
+    if (false)
+#endif
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
@@ -723,6 +767,31 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
         for (int i = 0; i < WARPS; ++i) s += partial[m][i];
         inv[m] = rsqrtf(s / (float)k + eps);
     }
+#ifdef GEMV_NORM_BATCH
+    // the batch's norm_w and x (L1 hits after pass 1) loaded together, then normalized
+    constexpr int NB2 = GEMV_NORM_NB;
+    for (int v0 = threadIdx.x; v0 < kv; v0 += NB2 * blockDim.x) {
+        uint4 wb[NB2], xb[NB2][M];
+#pragma unroll
+        for (int j = 0; j < NB2; ++j) {
+            const int v = v0 + j * blockDim.x;
+            if (v < kv) {
+                wb[j] = reinterpret_cast<const uint4 *>(norm_w)[v];
+#pragma unroll
+                for (int m = 0; m < M; ++m) xb[j][m] = reinterpret_cast<const uint4 *>(x + (long)m * k)[v];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NB2; ++j) {
+            const int v = v0 + j * blockDim.x;
+            if (v < kv)
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    reinterpret_cast<uint4 *>(xs + (long)m * k)[v] = rms_scale8(xb[j][m], wb[j], inv[m]);
+        }
+    }
+    if (false)
+#endif
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
         const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
@@ -922,13 +991,13 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##SUFFIX(               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},      \
+        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [&] { x_to_l1<M>(x, k); },\
                             NoL2Prefetch{});                                                      \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##SUFFIX(      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
+        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [&] { x_to_l1<M>(x, k); },\
                            NoL2Prefetch{});                                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##SUFFIX(          \
