@@ -1061,6 +1061,41 @@ __device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_s
     return half ? raw : pack8(o);
 }
 
+#ifdef DA_EARLY
+// Lane i's 16 bytes of the current token's raw (GEMV output) k|v row of kv head h, as kv_row_rope reads them.
+template <class Load = LoadCg>
+__device__ __forceinline__ uint4 kv_row_raw(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
+                                            int num_kv_heads, int h) {
+    const int lane = threadIdx.x & 31, half = lane >> 4;
+    return Load{}(reinterpret_cast<const uint4*>(
+        qkv + b * q_stride + int64_t(num_q_heads + half * num_kv_heads + h) * DA_D + 8 * (lane & 15)));
+}
+
+// kv_row_rope on a row already loaded by kv_row_raw.
+__device__ __forceinline__ uint4 kv_row_rope_of(const uint4 raw, const uint4 kw, const float (&c)[8],
+                                                const float (&sn)[8], float eps) {
+    const int lane = threadIdx.x & 31, half = lane >> 4;
+    float x[8], w[8];
+    unpack8(raw, x);
+    unpack8(kw, w);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // within each half
+    const float r = rsqrtf(ss / DA_D + eps);
+    const bool first = (lane & 8) == 0;  // k elements < 64: out = a*cos - a'*sin; else a*cos + a'*sin
+    float o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float a = x[j] * r * w[j];
+        const float p = __shfl_xor_sync(0xffffffffu, a, 8);
+        o[j] = first ? a * c[j] - p * sn[j] : a * c[j] + p * sn[j];
+    }
+    return half ? raw : pack8(o);
+}
+#endif
+
 // decode_attention_cluster with qk_norm_rope_kv's decode work fused in (one launch per layer instead of two):
 // qkv: bf16 [seqs, (NQ+2*NKV)*128] (q_stride = its row), read only; each CTA rotates its group's q heads in
 // registers (load_q_rope); the warp whose page list holds the current token (position L-1, logical page
@@ -1144,11 +1179,25 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     // After the PDL wait: q, and the current token's row (its page's shared-memory copy gets the computed row,
     // so the copy may predate the store). DA_PREWAIT: each warp's first DA_ROPE_PRE_PAGES pages go out before the
     // wait (every other row of the cache was final before this launch started: see the header).
+#ifdef DA_EARLY
+    // What-if (-DDA_EARLY): this position's cos|sin row (512 bytes, read by load_q_rope after the wait) prefetched
+    // into L1 before the wait, and the current token's raw k|v row loaded right after the wait beside q, so that the
+    // loads after the wait take one L2 round trip instead of up to three in a row.
+    if (lane < 4) asm volatile("prefetch.global.L1 [%0];" :: "l"(__cvta_generic_to_global(cs + 32 * lane)));
+#endif
     const auto after_wait = [&]() {
+#ifdef DA_EARLY
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (mine) raw = kv_row_raw(qkv, b, q_stride, num_q_heads, num_kv_heads, h);
+        load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
+        if (mine) {
+            inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE, kv_row_rope_of(raw, kw, c, sn, eps)};
+#else
         load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
         if (mine) {
             inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
                          kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
+#endif
             // lane i stores physical chunk i of the swizzled row: logical chunk i ^ (row & 7)
             const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
             inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),
