@@ -1071,6 +1071,46 @@ __device__ __forceinline__ uint4 kv_row_raw(const bf16* qkv, int64_t b, int q_st
         qkv + b * q_stride + int64_t(num_q_heads + half * num_kv_heads + h) * DA_D + 8 * (lane & 15)));
 }
 
+// load_q_rope with this position's cos|sin values already in registers (DA_EARLY=2: loaded before the wait):
+// qc[kp] = cos at 32kp + 8t .. +7, qs[kp] = sin at the same indices, kp = 0, 1.
+__device__ __forceinline__ void load_q_rope_pre(const bf16* q, int64_t b, int q_stride, int h, int G,
+                                                const uint4 (&qw)[4], const float (&qc)[2][8],
+                                                const float (&qs)[2][8], float eps, uint32_t (&qa)[4][4]) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const uint4* qp = reinterpret_cast<const uint4*>(q + b * q_stride + int64_t(h * G + g) * DA_D + 8 * tig);
+    float x[4][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+        unpack8(g < G ? LoadCg{}(qp + 4 * kp) : make_uint4(0, 0, 0, 0), x[kp]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += x[kp][j] * x[kp][j];
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    const float r = rsqrtf(ss / DA_D + eps);
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+        float w[8];
+        unpack8(qw[kp], w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[kp][j] = x[kp][j] * r * w[j];
+    }
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {
+        float lo[8], hi[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            lo[j] = x[kp][j] * qc[kp][j] - x[kp + 2][j] * qs[kp][j];
+            hi[j] = x[kp + 2][j] * qc[kp][j] + x[kp][j] * qs[kp][j];
+        }
+        const uint4 vl = pack8(lo), vh = pack8(hi);
+        qa[kp][0] = vl.x, qa[kp][1] = vl.y, qa[kp][2] = vl.z, qa[kp][3] = vl.w;
+        qa[kp + 2][0] = vh.x, qa[kp + 2][1] = vh.y, qa[kp + 2][2] = vh.z, qa[kp + 2][3] = vh.w;
+    }
+}
+
 // kv_row_rope on a row already loaded by kv_row_raw.
 __device__ __forceinline__ uint4 kv_row_rope_of(const uint4 raw, const uint4 kw, const float (&c)[8],
                                                 const float (&sn)[8], float eps) {
@@ -1183,13 +1223,26 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     // What-if (-DDA_EARLY): this position's cos|sin row (512 bytes, read by load_q_rope after the wait) prefetched
     // into L1 before the wait, and the current token's raw k|v row loaded right after the wait beside q, so that the
     // loads after the wait take one L2 round trip instead of up to three in a row.
+#if DA_EARLY == 2
+    float qc[2][8], qs[2][8];  // DA_EARLY=2: the cos|sin values load_q_rope reads, in registers before the wait
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {
+        load8f(cs + 32 * kp + 8 * tig, qc[kp]);
+        load8f(cs + DA_D / 2 + 32 * kp + 8 * tig, qs[kp]);
+    }
+#else
     if (lane < 4) asm volatile("prefetch.global.L1 [%0];" :: "l"(__cvta_generic_to_global(cs + 32 * lane)));
+#endif
 #endif
     const auto after_wait = [&]() {
 #ifdef DA_EARLY
         uint4 raw = make_uint4(0, 0, 0, 0);
         if (mine) raw = kv_row_raw(qkv, b, q_stride, num_q_heads, num_kv_heads, h);
+#if DA_EARLY == 2
+        load_q_rope_pre(qkv, b, q_stride, h, G, qw, qc, qs, eps, qa);
+#else
         load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
+#endif
         if (mine) {
             inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE, kv_row_rope_of(raw, kw, c, sn, eps)};
 #else

@@ -685,20 +685,27 @@ __device__ __forceinline__ void reduce_split(float acc[R][M], int ksplit) {
 #define GEMV_NORM_NB 2  // GEMV_NORM_BATCH: vectors per thread whose loads go out together
 #endif
 
-// What-if (-DGEMV_X_L1): the plain and residual entries' prologue prefetches the block's whole x ([M, k] bf16) into L1
-// right after the wait, one 128-byte line per thread, so that every stage's x loads hit L1 instead of each stage
-// waiting an L2 round trip for its own.
+// What-if (-DGEMV_X_L1): the plain and residual entries' prologue touches the block's whole x ([M, k] bf16) right after
+// the wait, one 4-byte L1-allocating load per 128-byte line and thread, so that every stage's x loads hit L1 instead of
+// each stage waiting an L2 round trip for its own. Returns what it loaded (the caller keeps it alive with an empty asm
+// after its stores, so that nothing waits for these loads before then). An earlier form used prefetch.global.L1
+// (CCTL.E.PF1): +0.038 ms per 4B token (H200, session 28, call 1).
 template <int M>
-__device__ __forceinline__ void x_to_l1(const void *x, int k) {
+__device__ __forceinline__ unsigned x_to_l1(const void *x, int k) {
+    unsigned t = 0;
 #ifdef GEMV_X_L1
     const unsigned long long a = __cvta_generic_to_global(x);
     const unsigned long long base = a & ~127ull, end = a + 2ull * M * k;
-    for (unsigned long long p = base + 128ull * threadIdx.x; p < end; p += 128ull * blockDim.x)
-        asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
+    for (unsigned long long p = base + 128ull * threadIdx.x; p < end; p += 128ull * blockDim.x) {
+        unsigned u;
+        asm volatile("ld.global.ca.u32 %0, [%1];" : "=r"(u) : "l"(p));
+        t ^= u;
+    }
 #else
     (void)x;
     (void)k;
 #endif
+    return t;
 }
 
 // Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding. GENERIC_X: x read through
@@ -717,28 +724,27 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
 #pragma unroll
     for (int m = 0; m < M; ++m) ss[m] = 0.f;
 #ifdef GEMV_NORM_BATCH
-    // What-if (-DGEMV_NORM_BATCH): each thread's x loads of a batch of NB vectors go out together, with an L1 prefetch
-    // of the same vectors of norm_w (read after the barrier), instead of one load per loop trip; the same sums in the
-    // same order (v ascending per thread).
+    // What-if (-DGEMV_NORM_BATCH, M = 1): a thread's x and norm_w vectors (up to NB of each, loaded together right
+    // after the wait) are held in registers through the barrier, so that the prologue waits for one L2 round trip
+    // instead of one per loop trip and pass; the same sums in the same order (v ascending per thread). An earlier
+    // form prefetched norm_w into L1 instead (prefetch.global.L1, CCTL.E.PF1): +0.047 ms per 4B token (H200, session
+    // 28, call 1).
     constexpr int NB = GEMV_NORM_NB;
-    for (int v0 = threadIdx.x; v0 < kv; v0 += NB * blockDim.x) {
-        uint4 xb[NB][M];
+    uint4 xb[NB], wb[NB];
+    const bool batch = M == 1 && kv <= NB * (int)blockDim.x;
+    if (batch) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
-            const int v = v0 + j * blockDim.x;
+            const int v = threadIdx.x + j * blockDim.x;
             if (v < kv) {
-#pragma unroll
-                for (int m = 0; m < M; ++m) xb[j][m] = reinterpret_cast<const uint4 *>(x + (long)m * k)[v];
-                asm volatile("prefetch.global.L1 [%0];" :: "l"(__cvta_generic_to_global(norm_w + 8l * v)));
+                xb[j] = reinterpret_cast<const uint4 *>(x)[v];
+                wb[j] = reinterpret_cast<const uint4 *>(norm_w)[v];
             }
         }
 #pragma unroll
         for (int j = 0; j < NB; ++j)
-            if (v0 + j * blockDim.x < kv)
-#pragma unroll
-                for (int m = 0; m < M; ++m) sumsq8(ss[m], xb[j][m]);
-    }
-    if (false)
+            if (threadIdx.x + j * blockDim.x < kv) sumsq8(ss[0], xb[j]);
+    } else
 #endif
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
 #pragma unroll
@@ -768,29 +774,13 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
         inv[m] = rsqrtf(s / (float)k + eps);
     }
 #ifdef GEMV_NORM_BATCH
-    // the batch's norm_w and x (L1 hits after pass 1) loaded together, then normalized
-    constexpr int NB2 = GEMV_NORM_NB;
-    for (int v0 = threadIdx.x; v0 < kv; v0 += NB2 * blockDim.x) {
-        uint4 wb[NB2], xb[NB2][M];
+    if (batch) {
 #pragma unroll
-        for (int j = 0; j < NB2; ++j) {
-            const int v = v0 + j * blockDim.x;
-            if (v < kv) {
-                wb[j] = reinterpret_cast<const uint4 *>(norm_w)[v];
-#pragma unroll
-                for (int m = 0; m < M; ++m) xb[j][m] = reinterpret_cast<const uint4 *>(x + (long)m * k)[v];
-            }
+        for (int j = 0; j < NB; ++j) {
+            const int v = threadIdx.x + j * blockDim.x;
+            if (v < kv) reinterpret_cast<uint4 *>(xs)[v] = rms_scale8(xb[j], wb[j], inv[0]);
         }
-#pragma unroll
-        for (int j = 0; j < NB2; ++j) {
-            const int v = v0 + j * blockDim.x;
-            if (v < kv)
-#pragma unroll
-                for (int m = 0; m < M; ++m)
-                    reinterpret_cast<uint4 *>(xs + (long)m * k)[v] = rms_scale8(xb[j][m], wb[j], inv[m]);
-        }
-    }
-    if (false)
+    } else
 #endif
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
@@ -987,18 +977,33 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
 // The bulk-copy form's ring offset in dynamic shared memory: after the norm variants' M·k bf16 of x.
 #define RING_OFF(M, k) (((M) * (k) * 2 + 127) & ~127)
 
+#ifdef GEMV_X_L1
+// a use ptxas cannot drop (an empty asm is none: the loads would be deleted), placed after the stores; never taken
+// for a valid launch (k > 0)
+#define X_L1_KEEP(t, out)                            \
+    do {                                             \
+        if ((t) == 0x9e3779b9u && k < 0) (out)[0] = __float2bfloat16_rn(0.f); \
+    } while (0)
+#else
+#define X_L1_KEEP(t, out) (void)(t)
+#endif
+
 #define INSTANTIATE(M, U, SUFFIX)                                                                  \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##SUFFIX(               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [&] { x_to_l1<M>(x, k); },\
-                            NoL2Prefetch{});                                                      \
+        unsigned touch = 0;                                                                       \
+        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit,             \
+                               [&] { touch = x_to_l1<M>(x, k); }, NoL2Prefetch{});                \
+        X_L1_KEEP(touch, y);                                                                         \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##SUFFIX(      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [&] { x_to_l1<M>(x, k); },\
-                           NoL2Prefetch{});                                                       \
+        unsigned touch = 0;                                                                       \
+        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit,       \
+                              [&] { touch = x_to_l1<M>(x, k); }, NoL2Prefetch{});                 \
+        X_L1_KEEP(touch, residual);                                                                         \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##SUFFIX(          \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
