@@ -1220,9 +1220,10 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     // so the copy may predate the store). DA_PREWAIT: each warp's first DA_ROPE_PRE_PAGES pages go out before the
     // wait (every other row of the cache was final before this launch started: see the header).
 #ifdef DA_EARLY
-    // What-if (-DDA_EARLY): this position's cos|sin row (512 bytes, read by load_q_rope after the wait) prefetched
-    // into L1 before the wait, and the current token's raw k|v row loaded right after the wait beside q, so that the
-    // loads after the wait take one L2 round trip instead of up to three in a row.
+    // What-if (-DDA_EARLY=1|2|3): the current token's raw k|v row loaded right after the wait beside q (not after q's
+    // norm and rotary), so that the loads after the wait take one L2 round trip instead of up to three in a row; and
+    // this position's cos|sin row (read by load_q_rope after the wait) prefetched into L1 before the wait (1), or
+    // loaded into registers before the wait (2), or left as it is (3).
 #if DA_EARLY == 2
     float qc[2][8], qs[2][8];  // DA_EARLY=2: the cos|sin values load_q_rope reads, in registers before the wait
 #pragma unroll
@@ -1230,9 +1231,9 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
         load8f(cs + 32 * kp + 8 * tig, qc[kp]);
         load8f(cs + DA_D / 2 + 32 * kp + 8 * tig, qs[kp]);
     }
-#else
+#elif DA_EARLY == 1
     if (lane < 4) asm volatile("prefetch.global.L1 [%0];" :: "l"(__cvta_generic_to_global(cs + 32 * lane)));
-#endif
+#endif  // DA_EARLY == 3: only the k|v row beside q
 #endif
     const auto after_wait = [&]() {
 #ifdef DA_EARLY
