@@ -797,7 +797,9 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     float* recv = smem + DA_WARPS * SLOTS * DA_SLOT_BYTES / 4;
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
+#ifndef DA_ENTRY_WAIT
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
 #ifndef DA_MERGE_BARRIER
     {
         // st.async to rank r's `recv` (the same offset in every CTA), counted on rank r's receive mbarrier
@@ -830,7 +832,11 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
         // every push to this CTA has landed (its bytes were armed at entry); acquire at cluster scope
         asm volatile("{\n\t.reg .pred done;\n"
                      "RECV_%=:\n\t"
+#ifdef DA_RECV_CTA  // what-if: acquire at CTA scope (the bytes land in this CTA's shared memory; no L1 invalidation)
+                     "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n\t"
+#else
                      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n\t"
+#endif
                      "@!done bra RECV_%=;\n\t}" ::"r"(bar_a) : "memory");
     }
 #else
@@ -901,6 +907,10 @@ __device__ __forceinline__ void cluster_entry(int num_q_heads, int num_kv_heads)
                      "r"(uint32_t(DA_CLUSTER * (2 * G_ + G_ * (DA_D / DA_CLUSTER)) * 4)) : "memory");
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // started, its mbarrier initialized
+#ifdef DA_ENTRY_WAIT  // what-if: the cluster barrier's wait at entry (the cluster's CTAs start together) instead of
+                      // before the pushes, so that its L1 invalidation (CCTL.IVALL) is not on the merge's path
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
 #else
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
 #endif
