@@ -906,7 +906,12 @@ __device__ __forceinline__ void cluster_entry(int num_q_heads, int num_kv_heads)
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
                      "r"(uint32_t(DA_CLUSTER * (2 * G_ + G_ * (DA_D / DA_CLUSTER)) * 4)) : "memory");
     }
+#ifdef DA_ARRIVE_RELAXED  // what-if: CUTLASS's pattern (fence.mbarrier_init above, then a relaxed arrive): no
+                          // MEMBAR.ALL.GPU at entry
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#else
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // started, its mbarrier initialized
+#endif
 #ifdef DA_ENTRY_WAIT  // what-if: the cluster barrier's wait at entry (the cluster's CTAs start together) instead of
                       // before the pushes, so that its L1 invalidation (CCTL.IVALL) is not on the merge's path
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
