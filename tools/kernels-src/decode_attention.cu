@@ -797,11 +797,8 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     float* recv = smem + DA_WARPS * SLOTS * DA_SLOT_BYTES / 4;
     const int d = threadIdx.x;
     const int per = G * (DA_D / DA_CLUSTER);
-#ifndef DA_ENTRY_WAIT
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
 #ifndef DA_MERGE_BARRIER
-    {
+    {  // (the cluster barrier's wait, before any push, is cluster_entry's)
         // st.async to rank r's `recv` (the same offset in every CTA), counted on rank r's receive mbarrier
         const uint32_t recv_a = uint32_t(__cvta_generic_to_shared(recv));
         const uint32_t bar_a = uint32_t(__cvta_generic_to_shared(&da_recv_bar));
@@ -829,17 +826,16 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
             const int e = gg * DA_D + d;
             push(e / per, DA_CLUSTER * 2 * DA_MAX_G + s * (DA_MAX_G * DA_D / DA_CLUSTER) + e % per, A[gg]);
         }
-        // every push to this CTA has landed (its bytes were armed at entry); acquire at cluster scope
+        // every push to this CTA has landed (its bytes were armed at entry). Acquire at CTA scope, as CUTLASS waits
+        // on its transaction barriers: the bytes land in this CTA's own shared memory, and `.acquire.cluster` made
+        // ptxas follow the wait with CCTL.IVALL (an L1 invalidation; NOTES.md 70)
         asm volatile("{\n\t.reg .pred done;\n"
                      "RECV_%=:\n\t"
-#ifdef DA_RECV_CTA  // what-if: acquire at CTA scope (the bytes land in this CTA's shared memory; no L1 invalidation)
                      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n\t"
-#else
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n\t"
-#endif
                      "@!done bra RECV_%=;\n\t}" ::"r"(bar_a) : "memory");
     }
 #else
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     if (d < DA_CLUSTER) {
         float* dst = cluster.map_shared_rank(recv, d) + s * 2 * DA_MAX_G;
 #pragma unroll
@@ -906,16 +902,11 @@ __device__ __forceinline__ void cluster_entry(int num_q_heads, int num_kv_heads)
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
                      "r"(uint32_t(DA_CLUSTER * (2 * G_ + G_ * (DA_D / DA_CLUSTER)) * 4)) : "memory");
     }
-#ifdef DA_ARRIVE_RELAXED  // what-if: CUTLASS's pattern (fence.mbarrier_init above, then a relaxed arrive): no
-                          // MEMBAR.ALL.GPU at entry
+    // CUTLASS's pattern: fence.mbarrier_init (above), a relaxed arrive (a release arrive compiled to MEMBAR.ALL.GPU),
+    // and the wait right here (a cluster's CTAs are co-scheduled, so it returns at once), so that the L1 invalidation
+    // ptxas puts after any barrier.cluster.wait (CCTL.IVALL) is at entry, not on the merge's path (NOTES.md 70)
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#else
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // started, its mbarrier initialized
-#endif
-#ifdef DA_ENTRY_WAIT  // what-if: the cluster barrier's wait at entry (the cluster's CTAs start together) instead of
-                      // before the pushes, so that its L1 invalidation (CCTL.IVALL) is not on the merge's path
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
 #else
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA has started (see the push)
 #endif
@@ -1076,7 +1067,6 @@ __device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_s
     return half ? raw : pack8(o);
 }
 
-#ifdef DA_EARLY
 // Lane i's 16 bytes of the current token's raw (GEMV output) k|v row of kv head h, as kv_row_rope reads them.
 template <class Load = LoadCg>
 __device__ __forceinline__ uint4 kv_row_raw(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
@@ -1084,46 +1074,6 @@ __device__ __forceinline__ uint4 kv_row_raw(const bf16* qkv, int64_t b, int q_st
     const int lane = threadIdx.x & 31, half = lane >> 4;
     return Load{}(reinterpret_cast<const uint4*>(
         qkv + b * q_stride + int64_t(num_q_heads + half * num_kv_heads + h) * DA_D + 8 * (lane & 15)));
-}
-
-// load_q_rope with this position's cos|sin values already in registers (DA_EARLY=2: loaded before the wait):
-// qc[kp] = cos at 32kp + 8t .. +7, qs[kp] = sin at the same indices, kp = 0, 1.
-__device__ __forceinline__ void load_q_rope_pre(const bf16* q, int64_t b, int q_stride, int h, int G,
-                                                const uint4 (&qw)[4], const float (&qc)[2][8],
-                                                const float (&qs)[2][8], float eps, uint32_t (&qa)[4][4]) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, tig = lane & 3;
-    const uint4* qp = reinterpret_cast<const uint4*>(q + b * q_stride + int64_t(h * G + g) * DA_D + 8 * tig);
-    float x[4][8];
-    float ss = 0.f;
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-        unpack8(g < G ? LoadCg{}(qp + 4 * kp) : make_uint4(0, 0, 0, 0), x[kp]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) ss += x[kp][j] * x[kp][j];
-    }
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-    const float r = rsqrtf(ss / DA_D + eps);
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-        float w[8];
-        unpack8(qw[kp], w);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) x[kp][j] = x[kp][j] * r * w[j];
-    }
-#pragma unroll
-    for (int kp = 0; kp < 2; ++kp) {
-        float lo[8], hi[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            lo[j] = x[kp][j] * qc[kp][j] - x[kp + 2][j] * qs[kp][j];
-            hi[j] = x[kp + 2][j] * qc[kp][j] + x[kp][j] * qs[kp][j];
-        }
-        const uint4 vl = pack8(lo), vh = pack8(hi);
-        qa[kp][0] = vl.x, qa[kp][1] = vl.y, qa[kp][2] = vl.z, qa[kp][3] = vl.w;
-        qa[kp + 2][0] = vh.x, qa[kp + 2][1] = vh.y, qa[kp + 2][2] = vh.z, qa[kp + 2][3] = vh.w;
-    }
 }
 
 // kv_row_rope on a row already loaded by kv_row_raw.
@@ -1149,7 +1099,6 @@ __device__ __forceinline__ uint4 kv_row_rope_of(const uint4 raw, const uint4 kw,
     }
     return half ? raw : pack8(o);
 }
-#endif
 
 // decode_attention_cluster with qk_norm_rope_kv's decode work fused in (one launch per layer instead of two):
 // qkv: bf16 [seqs, (NQ+2*NKV)*128] (q_stride = its row), read only; each CTA rotates its group's q heads in
@@ -1234,39 +1183,14 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     // After the PDL wait: q, and the current token's row (its page's shared-memory copy gets the computed row,
     // so the copy may predate the store). DA_PREWAIT: each warp's first DA_ROPE_PRE_PAGES pages go out before the
     // wait (every other row of the cache was final before this launch started: see the header).
-#ifdef DA_EARLY
-    // What-if (-DDA_EARLY=1|2|3): the current token's raw k|v row loaded right after the wait beside q (not after q's
-    // norm and rotary), so that the loads after the wait take one L2 round trip instead of up to three in a row; and
-    // this position's cos|sin row (read by load_q_rope after the wait) prefetched into L1 before the wait (1), or
-    // loaded into registers before the wait (2), or left as it is (3).
-#if DA_EARLY == 2
-    float qc[2][8], qs[2][8];  // DA_EARLY=2: the cos|sin values load_q_rope reads, in registers before the wait
-#pragma unroll
-    for (int kp = 0; kp < 2; ++kp) {
-        load8f(cs + 32 * kp + 8 * tig, qc[kp]);
-        load8f(cs + DA_D / 2 + 32 * kp + 8 * tig, qs[kp]);
-    }
-#elif DA_EARLY == 1
-    if (lane < 4) asm volatile("prefetch.global.L1 [%0];" :: "l"(__cvta_generic_to_global(cs + 32 * lane)));
-#endif  // DA_EARLY == 3: only the k|v row beside q
-#endif
     const auto after_wait = [&]() {
-#ifdef DA_EARLY
+        // the current token's raw k|v row requested beside q, not after q's norm and rotary (one L2 round trip after
+        // the wait instead of two in a row; H200 session 28, NOTES.md 70)
         uint4 raw = make_uint4(0, 0, 0, 0);
         if (mine) raw = kv_row_raw(qkv, b, q_stride, num_q_heads, num_kv_heads, h);
-#if DA_EARLY == 2
-        load_q_rope_pre(qkv, b, q_stride, h, G, qw, qc, qs, eps, qa);
-#else
         load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
-#endif
         if (mine) {
             inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE, kv_row_rope_of(raw, kw, c, sn, eps)};
-#else
-        load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
-        if (mine) {
-            inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE,
-                         kv_row_rope(qkv, b, q_stride, num_q_heads, num_kv_heads, h, kw, c, sn, eps)};
-#endif
             // lane i stores physical chunk i of the swizzled row: logical chunk i ^ (row & 7)
             const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
             inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),

@@ -682,31 +682,8 @@ __device__ __forceinline__ void reduce_split(float acc[R][M], int ksplit) {
 }
 
 #ifndef GEMV_NORM_NB
-#define GEMV_NORM_NB 2  // GEMV_NORM_BATCH: vectors per thread whose loads go out together
+#define GEMV_NORM_NB 2  // norm_to_smem: x and norm_w vectors per thread whose loads go out together
 #endif
-
-// What-if (-DGEMV_X_L1): the plain and residual entries' prologue touches the block's whole x ([M, k] bf16) right after
-// the wait, one 4-byte L1-allocating load per 128-byte line and thread, so that every stage's x loads hit L1 instead of
-// each stage waiting an L2 round trip for its own. Returns what it loaded (the caller keeps it alive with an empty asm
-// after its stores, so that nothing waits for these loads before then). An earlier form used prefetch.global.L1
-// (CCTL.E.PF1): +0.038 ms per 4B token (H200, session 28, call 1).
-template <int M>
-__device__ __forceinline__ unsigned x_to_l1(const void *x, int k) {
-    unsigned t = 0;
-#ifdef GEMV_X_L1
-    const unsigned long long a = __cvta_generic_to_global(x);
-    const unsigned long long base = a & ~127ull, end = a + 2ull * M * k;
-    for (unsigned long long p = base + 128ull * threadIdx.x; p < end; p += 128ull * blockDim.x) {
-        unsigned u;
-        asm volatile("ld.global.ca.u32 %0, [%1];" : "=r"(u) : "l"(p));
-        t ^= u;
-    }
-#else
-    (void)x;
-    (void)k;
-#endif
-    return t;
-}
 
 // Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding. GENERIC_X: x read through
 // generic loads, not the read-only path (the flag-dependency build's waiting entries: their producer grid may still
@@ -723,15 +700,17 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     float ss[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) ss[m] = 0.f;
-#ifdef GEMV_NORM_BATCH
-    // What-if (-DGEMV_NORM_BATCH, M = 1): a thread's x and norm_w vectors (up to NB of each, loaded together right
-    // after the wait) are held in registers through the barrier, so that the prologue waits for one L2 round trip
-    // instead of one per loop trip and pass; the same sums in the same order (v ascending per thread). An earlier
-    // form prefetched norm_w into L1 instead (prefetch.global.L1, CCTL.E.PF1): +0.047 ms per 4B token (H200, session
-    // 28, call 1).
+    // M = 1 and 2…NB vectors per thread (k = 2,056…4,096 with NB = 2): the thread's x and norm_w vectors are loaded
+    // together right after the wait and held in registers through the barrier, so that the prologue waits for one
+    // L2 round trip instead of one per loop trip and pass (the loop below issues a trip's load only once the trip
+    // before has been summed, and reloads x and norm_w after the barrier). The same sums in the same order (v
+    // ascending per thread), the same bits. H200, session 28 (NOTES.md 70): 4B −0.045 ms/token. With one vector
+    // per thread (0.6B's k = 1,024) the loop is one trip anyway, and the early norm_w load alone measured +0.008 on
+    // 0.6B: that case keeps the loop. An L1 prefetch of norm_w instead of the register copy (prefetch.global.L1,
+    // SASS CCTL.E.PF1) cost +0.047 (4B) and +0.041 (0.6B).
     constexpr int NB = GEMV_NORM_NB;
     uint4 xb[NB], wb[NB];
-    const bool batch = M == 1 && kv <= NB * (int)blockDim.x;
+    const bool batch = M == 1 && kv > (int)blockDim.x && kv <= NB * (int)blockDim.x;
     if (batch) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
@@ -745,7 +724,6 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
         for (int j = 0; j < NB; ++j)
             if (threadIdx.x + j * blockDim.x < kv) sumsq8(ss[0], xb[j]);
     } else
-#endif
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
@@ -773,7 +751,6 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
         for (int i = 0; i < WARPS; ++i) s += partial[m][i];
         inv[m] = rsqrtf(s / (float)k + eps);
     }
-#ifdef GEMV_NORM_BATCH
     if (batch) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
@@ -781,7 +758,6 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
             if (v < kv) reinterpret_cast<uint4 *>(xs)[v] = rms_scale8(xb[j], wb[j], inv[0]);
         }
     } else
-#endif
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
         const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
@@ -977,33 +953,18 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
 // The bulk-copy form's ring offset in dynamic shared memory: after the norm variants' M·k bf16 of x.
 #define RING_OFF(M, k) (((M) * (k) * 2 + 127) & ~127)
 
-#ifdef GEMV_X_L1
-// a use ptxas cannot drop (an empty asm is none: the loads would be deleted), placed after the stores; never taken
-// for a valid launch (k > 0)
-#define X_L1_KEEP(t, out)                            \
-    do {                                             \
-        if ((t) == 0x9e3779b9u && k < 0) (out)[0] = __float2bfloat16_rn(0.f); \
-    } while (0)
-#else
-#define X_L1_KEEP(t, out) (void)(t)
-#endif
-
 #define INSTANTIATE(M, U, SUFFIX)                                                                  \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_m##M##SUFFIX(               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ y, int n, int k, int ksplit) {                                \
-        unsigned touch = 0;                                                                       \
-        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit,             \
-                               [&] { touch = x_to_l1<M>(x, k); }, NoL2Prefetch{});                \
-        X_L1_KEEP(touch, y);                                                                         \
+        gemv_rows<M, false, U>(reinterpret_cast<const uint4 *>(x), w, y, n, k, ksplit, [] {},      \
+                            NoL2Prefetch{});                                                      \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_residual_m##M##SUFFIX(      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                         \
-        unsigned touch = 0;                                                                       \
-        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit,       \
-                              [&] { touch = x_to_l1<M>(x, k); }, NoL2Prefetch{});                 \
-        X_L1_KEEP(touch, residual);                                                                         \
+        gemv_rows<M, true, U>(reinterpret_cast<const uint4 *>(x), w, residual, n, k, ksplit, [] {},  \
+                           NoL2Prefetch{});                                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m##M##SUFFIX(          \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,           \
