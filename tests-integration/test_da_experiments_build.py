@@ -73,18 +73,23 @@ def test_pages_are_bulk_copies(builds, build):
 
 
 def test_cluster_merge_is_st_async(builds):
-    """The default cluster merge pushes st.async stores counted on the owner's receive mbarrier and waits on it (no
-    second cluster barrier); the entry's arrive is a release (the mbarrier's init before it). DA_MERGE_BARRIER: the
-    barrier merge, with no st.async."""
+    """The default cluster merge pushes st.async stores counted on the owner's receive mbarrier and waits on it at CTA
+    scope (no second cluster barrier; `.acquire.cluster` made ptxas add an L1 invalidation, NOTES.md 70); the entry
+    initializes the mbarrier, fences its init, arrives relaxed and waits on the cluster barrier before anything else
+    (CUTLASS's pattern), so every wait precedes the first push. DA_MERGE_BARRIER: the barrier merge, with no st.async."""
     plain = ptx_entries(builds["plain.ptx"].read_text())
     barrier = ptx_entries(builds["barrier.ptx"].read_text())
     for e in ("decode_attention_cluster", "decode_attention_rope_cluster"):
-        text = "\n".join(plain[e])
+        lines = plain[e]
+        text = "\n".join(lines)
         assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in text, e
-        assert "mbarrier.try_wait.parity.acquire.cluster" in text, e
+        assert "mbarrier.try_wait.parity.shared::cta.b64" in text and ".acquire.cluster" not in text, e
         assert "fence.mbarrier_init.release.cluster" in text and "mbarrier.arrive.expect_tx" in text, e
-        assert "barrier.cluster.arrive.release" in text and "barrier.cluster.arrive.relaxed" not in text, e
-        assert text.count("barrier.cluster.arrive") == 1, e
+        assert "barrier.cluster.arrive.relaxed" in text and "barrier.cluster.arrive.release" not in text, e
+        assert text.count("barrier.cluster.arrive") == 1 and text.count("barrier.cluster.wait") == 1, e
+        first = lambda key: next(i for i, ln in enumerate(lines) if key in ln)  # noqa: E731
+        assert (first("fence.mbarrier_init") < first("barrier.cluster.arrive") < first("barrier.cluster.wait")
+                < first("st.async")), e
         old = "\n".join(barrier[e])
         assert "st.async" not in old and old.count("barrier.cluster.arrive") == 2, e
 

@@ -1,8 +1,7 @@
 // Device helpers shared by the decode GEMV sources (gemv.cu, gemv_persist.cu, gemv_mlp.cu, tools/gpu/megakernel_probe.cu):
 // bf16 <-> fp32, the 8-element dot step, the RMS norm's 8-element steps, the warp sum, SiLU and the
-// programmatic-dependent-launch controls. gemv.cu's own norm prologue keeps its inline form: written through
-// sumsq8/rms_scale8 its pinned default cubin (sha256 dd0c57b6…) compiles to other bytes; the other users' cubins
-// are byte-identical with them.
+// programmatic-dependent-launch controls. gemv.cu's norm prologue uses them on its batched path; its loop path (one
+// vector per thread, or more than two) keeps its inline form, written before these helpers existed.
 // Included inside each source's anonymous namespace (internal linkage per module), after
 // <cuda_bf16.h>.
 #pragma once
