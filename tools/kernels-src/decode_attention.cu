@@ -70,10 +70,10 @@
 //   merge:   out = bf16(sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s), M = max_s m_s;
 //   cluster: CTA r merges elements [r*G*16, (r+1)*G*16) of the kv head's G*128 outputs: every CTA
 //            pushes its (m, l) and its acc of those elements into CTA r's shared memory (st.async
-//            stores into the cluster's shared memory, after a cluster barrier wait whose arrive was
-//            at entry, so every CTA of the cluster has started and armed its receive mbarrier with
+//            stores into the cluster's shared memory, after the cluster barrier every CTA passes at
+//            entry, so every CTA of the cluster has started and armed its receive mbarrier with
 //            the bytes it will get), then each CTA waits on its own receive mbarrier (acquire at
-//            cluster scope) and merges the 8 partials it received.
+//            CTA scope: the bytes land in its own shared memory) and merges the 8 partials it received.
 // Arithmetic: fp32 throughout (accumulation, softmax, merges), IEEE division for the final
 // normalisation, one rounding per stored bf16.  exp2 is ex2.approx.ftz.f32 (weights below 2^-126
 // of the running max are 0).
@@ -777,10 +777,10 @@ decode_attention_merge(const float* __restrict__ part_acc, const float* __restri
 // merge it (CTA r merges elements [r*G*16, (r+1)*G*16) of the kv head's G*128 outputs): (m, l) of every q
 // head to every CTA, each acc element to its owner, into their `recv` areas (outside the ring: a CTA still
 // streaming pages is not disturbed).  Distributed shared memory is written only after every CTA of the
-// cluster has started (the wait of the arrive each kernel makes at entry, after arming its receive mbarrier
+// cluster has started (the cluster barrier each kernel passes at entry, after arming its receive mbarrier
 // da_recv_bar with the 8 * (2G + 16G) * 4 bytes it will receive).  The pushes are st.async stores, each
 // counting its 4 bytes on the owner's mbarrier; each CTA then waits for its own bytes (the mbarrier's phase 0,
-// acquire at cluster scope; no CTA leaves before every push to it has landed) and writes its slice of out_h
+// acquire at CTA scope; no CTA leaves before every push to it has landed) and writes its slice of out_h
 // (the G*128 outputs of this kv head).  -DDA_MERGE_BARRIER: plain stores, then a cluster barrier.
 // cluster_merge's output: element e = gg * D + dd of the kv head's G heads from the cluster's merged (max, sum, acc);
 // the default stores acc / sum as bf16 (the two-halves build, DA_HALVES, hands the triple to the pair merge).
@@ -888,10 +888,11 @@ __device__ __forceinline__ void cluster_merge(cg::cluster_group& cluster, float*
     DA_STAMP(7, 0);
 }
 
-// The cluster kernels' first step, by every thread: this CTA has started (the arrive whose wait precedes the
-// pushes of cluster_merge); by default thread 0 first initializes the receive mbarrier and arms it with the bytes
-// the cluster's pushes will bring, 8 CTAs x (2G + 16G) floats, and the arrive is a release, so that every CTA's
-// mbarrier is armed before any push reaches it.
+// The cluster kernels' first step, by every thread: this CTA has started (the cluster barrier that precedes the
+// pushes of cluster_merge); by default thread 0 first initializes the receive mbarrier, fences the init
+// (fence.mbarrier_init.release.cluster) and arms it with the bytes the cluster's pushes will bring, 8 CTAs x
+// (2G + 16G) floats, then every thread arrives (relaxed) and waits, so that every CTA's mbarrier is armed before any
+// push reaches it (DA_MERGE_BARRIER: the arrive only; its wait is the merge's).
 __device__ __forceinline__ void cluster_entry(int num_q_heads, int num_kv_heads) {
 #ifndef DA_MERGE_BARRIER
     if (threadIdx.x == 0) {  // the receive mbarrier, armed with the bytes the cluster's pushes will bring
