@@ -1037,37 +1037,6 @@ __device__ __forceinline__ void load_q_rope(const bf16* q, int64_t b, int q_stri
     }
 }
 
-// The current token's k|v row of kv head h as qk_norm_rope_kv writes it: lane i < 16 returns k elements 8i..8i+7
-// after k := rope(rmsnorm(k) * k_norm_w) (as load_q_rope), lane i >= 16 v elements 8(i-16).. unchanged; i.e.
-// lane i's 16 bytes of the 512-byte row. kw: k_norm_w's 8 elements at 8(i%16); c, sn: cos and sin of rotary
-// index 8(i%8) + j. Every lane of the warp must call it (shuffles).
-template <class Load = LoadCg>
-__device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
-                                             int num_kv_heads, int h, const uint4 kw, const float (&c)[8],
-                                             const float (&sn)[8], float eps) {
-    const int lane = threadIdx.x & 31, half = lane >> 4;
-    const uint4 raw = Load{}(reinterpret_cast<const uint4*>(
-        qkv + b * q_stride + int64_t(num_q_heads + half * num_kv_heads + h) * DA_D + 8 * (lane & 15)));
-    float x[8], w[8];
-    unpack8(raw, x);
-    unpack8(kw, w);
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += x[j] * x[j];
-#pragma unroll
-    for (int o = 1; o < 16; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // within each half
-    const float r = rsqrtf(ss / DA_D + eps);
-    const bool first = (lane & 8) == 0;  // k elements < 64: out = a*cos - a'*sin; else a*cos + a'*sin
-    float o[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float a = x[j] * r * w[j];
-        const float p = __shfl_xor_sync(0xffffffffu, a, 8);
-        o[j] = first ? a * c[j] - p * sn[j] : a * c[j] + p * sn[j];
-    }
-    return half ? raw : pack8(o);
-}
-
 // Lane i's 16 bytes of the current token's raw (GEMV output) k|v row of kv head h, as kv_row_rope reads them.
 template <class Load = LoadCg>
 __device__ __forceinline__ uint4 kv_row_raw(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
@@ -1099,6 +1068,17 @@ __device__ __forceinline__ uint4 kv_row_rope_of(const uint4 raw, const uint4 kw,
         o[j] = first ? a * c[j] - p * sn[j] : a * c[j] + p * sn[j];
     }
     return half ? raw : pack8(o);
+}
+
+// The current token's k|v row of kv head h as qk_norm_rope_kv writes it: lane i < 16 returns k elements 8i..8i+7
+// after k := rope(rmsnorm(k) * k_norm_w) (as load_q_rope), lane i >= 16 v elements 8(i-16).. unchanged; i.e.
+// lane i's 16 bytes of the 512-byte row. kw: k_norm_w's 8 elements at 8(i%16); c, sn: cos and sin of rotary
+// index 8(i%8) + j. Every lane of the warp must call it (shuffles).
+template <class Load = LoadCg>
+__device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_stride, int num_q_heads,
+                                             int num_kv_heads, int h, const uint4 kw, const float (&c)[8],
+                                             const float (&sn)[8], float eps) {
+    return kv_row_rope_of(kv_row_raw<Load>(qkv, b, q_stride, num_q_heads, num_kv_heads, h), kw, c, sn, eps);
 }
 
 // decode_attention_cluster with qk_norm_rope_kv's decode work fused in (one launch per layer instead of two):
