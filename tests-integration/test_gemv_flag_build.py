@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "kernels-src"
 EXAMPLES = {g: ROOT / "examples" / f"qwen3-{g}.json" for g in ("4b", "0.6b")}
-GEMV_SHA256 = "3cced1b3f3a5ee09251d4cefc5cfe0d81491c70c09746c0638189df7105b5e50"
+GEMV_SHA256 = "5b86e6944fa4c3504941e9305a87f8fc264701427f86d4a5a69d1526118ddf2c"
 
 read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
 sys.path.insert(0, str(ROOT / "tools"))

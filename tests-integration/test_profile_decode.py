@@ -144,3 +144,31 @@ def test_per_op_split_refuses_a_profile_that_does_not_match():
     with pytest.raises(SystemExit, match="none named `embedding`"):
         pd.breakdown([("nvjet_sm90_gemm", 0.0, 1.0), ("kern_gemv_m1", 2.0, 3.0)], 1, first_entry="embedding")
     assert pd.is_copy("memset (Device)") and pd.is_copy("Memcpy DtoH (Device -> Pinned)")
+
+
+def test_runtime_stage_kernels_are_not_program_launches():
+    """kern-driver's stage kernel runs before every step's first launch (from the second step on, in the profile):
+    the program's launches are matched without it, its time and increment get a row of their own, and the
+    increments still sum to the span."""
+    launches = pd.decode_launches(MANIFEST)
+    ev = pdl_step(100.0) + [("kern_runtime_stage", 196.0, 198.0)] + pdl_step(200.0)
+    ev.sort(key=lambda e: e[1])
+    calls, why = pd.per_call(ev, launches)
+    assert why is None
+    # steps = 2: the stage kernel's 2 µs once over two tokens; its increment from step 1's end (129) to 198
+    assert calls[pd.RUNTIME_LABEL] == pytest.approx((1, (198 - 129) / 2))
+    assert calls["embed"] == pytest.approx((2, (2 + 202 - 198) / 2))  # step 2's embedding now counts from 198
+    assert sum(i for _, i in calls.values()) == pytest.approx((229 - 100) / 2)
+    ops = pd.by_op(calls, MANIFEST)
+    assert ops[pd.RUNTIME_LABEL] == pytest.approx((1, 1, (198 - 129) / 2))
+    assert pd.group_of("kern_runtime_stage").startswith("staging")
+    assert pd.breakdown(ev, steps_hint=2, first_entry="embedding")["by_group"][pd.group_of("kern_runtime_stage")] \
+        == pytest.approx((2 + 1 + 1) / 2)  # the stage kernel (2 µs) and the two steps' read-back copies (1 µs each)
+    # a profile cut mid-step names the runtime's kernels it set aside
+    calls, why = pd.per_call(ev[:-2], launches)
+    assert calls is None and "besides 1 of the runtime's kern_runtime_stage" in why
+
+
+def test_runtime_kernel_name_is_kern_drivers():
+    stage_kernel = pytest.importorskip("kern_driver.stage_kernel")
+    assert stage_kernel.ENTRY in pd.RUNTIME_KERNELS

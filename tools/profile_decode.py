@@ -56,8 +56,14 @@ GROUPS = (  # (group, substrings of the kernel name), first match wins
     ("SiLU-and-mul", ("silu",)),
     ("embedding", ("embedding",)),
     ("argmax", ("argmax",)),
-    ("copies (token/position staging, 8-byte read-back)", ("Memcpy", "Memset", "memcpy", "memset")),
+    ("staging (kern-driver's stage kernel) and copies (8-byte read-back)",
+     ("kern_runtime_stage", "Memcpy", "Memset", "memcpy", "memset")),
 )
+# Kernels the runtime launches between the decode graphs, not the manifest's program: kern-driver's `Runtime.stage`
+# kernel (kern_driver/stage_kernel.py's ENTRY), which writes each step's token and position into the program's input
+# buffers. per_call matches the program's launches without them and gives their increments a row of their own.
+RUNTIME_KERNELS = ("kern_runtime_stage",)
+RUNTIME_LABEL = "(kern-driver: the step's input staging)"
 
 
 def group_of(name: str) -> str:
@@ -151,6 +157,11 @@ def is_copy(name: str) -> bool:
     return name.lower().startswith(("memcpy", "memset"))
 
 
+def is_runtime(name: str) -> bool:
+    """A kernel of the runtime itself (RUNTIME_KERNELS), launched between the decode graphs: not a program launch."""
+    return any(is_named(name, entry) for entry in RUNTIME_KERNELS)
+
+
 def decode_launches(manifest: dict) -> list[tuple[str, str | None]]:
     """(call label, entry) of every launch of one decode step, in program order: the manifest's decode calls, each
     op's launches; an extern built-in (cuBLASLt) has entry None (its kernels are the library's, not named by the
@@ -173,7 +184,9 @@ def per_call(ev, launches: list[tuple[str, str | None]]):
     by which launch's end defines it. Under PDL, where a kernel's duration includes its wait, this is the split that
     adds up; it is an attribution of end times, not a counterfactual (a faster kernel may move time into its
     neighbour's increment). A call with several launches (argmax: two) sums them; calls of one op in different
-    layers stay apart by label (`by_op` sums them per op)."""
+    layers stay apart by label (`by_op` sums them per op). The runtime's own kernels between the steps
+    (RUNTIME_KERNELS: kern-driver's stage kernel) are not program launches: they are left out of the matching, and
+    their time and increments are reported under RUNTIME_LABEL, so that the increments still sum to the span."""
     if not launches or any(entry is None for _, entry in launches):
         why = "launches no kernel" if not launches else "has extern (cuBLASLt) launches, whose kernels are not named"
         return None, f"the decode program {why}: kernels cannot be matched to its launches"
@@ -181,17 +194,25 @@ def per_call(ev, launches: list[tuple[str, str | None]]):
     n = len(launches)
     if not dec:
         return None, f"no kernel named `{launches[0][1]}` (the decode program's first launch, {launches[0][0]}) after the prefill"
-    if len(dec) % n:
-        return None, (f"{len(dec)} decode kernels are {len(dec) // n} steps of {n} launches and {len(dec) % n} more: the "
-                      "profile ends mid-step or holds another program's kernels")
-    steps = len(dec) // n
+    staged = [e for e in dec if is_runtime(e[0])]
+    program = [e for e in dec if not is_runtime(e[0])]
+    if len(program) % n:
+        extra = f" (besides {len(staged)} of the runtime's {', '.join(RUNTIME_KERNELS)})" if staged else ""
+        return None, (f"{len(program)} decode kernels{extra} are {len(program) // n} steps of {n} launches and "
+                      f"{len(program) % n} more: the profile ends mid-step or holds another program's kernels")
+    steps = len(program) // n
     dur: dict[str, float] = defaultdict(float)
     inc: dict[str, float] = defaultdict(float)
     end = dec[0][1]
-    for i, (name, a, b) in enumerate(dec):
-        label, entry = launches[i % n]
-        if not is_named(name, entry):
-            return None, f"decode kernel {i} is `{name}`, the program's launch {i % n} ({label}) is `{entry}`"
+    i = 0
+    for name, a, b in dec:
+        if is_runtime(name):
+            label = RUNTIME_LABEL
+        else:
+            label, entry = launches[i % n]
+            if not is_named(name, entry):
+                return None, f"decode kernel {i} is `{name}`, the program's launch {i % n} ({label}) is `{entry}`"
+            i += 1
         dur[label] += (b - a) / steps
         inc[label] += max(0.0, b - end) / steps
         end = max(end, b)
@@ -201,6 +222,7 @@ def per_call(ev, launches: list[tuple[str, str | None]]):
 def by_op(calls: dict[str, tuple[float, float]], manifest: dict) -> dict[str, tuple[int, float, float]]:
     """per_call's result summed per op: {op: (calls per token, µs of kernel time, µs of increment)}."""
     op_of = {c.get("label", c["op"]): c["op"] for c in manifest["programs"]["decode"]["calls"]}
+    op_of[RUNTIME_LABEL] = RUNTIME_LABEL
     out: dict[str, list] = {}
     for label, (d, i) in calls.items():
         o = out.setdefault(op_of[label], [0, 0.0, 0.0])

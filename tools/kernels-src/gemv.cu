@@ -726,16 +726,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     } else
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const uint4 xv = reinterpret_cast<const uint4 *>(x + (long)m * k)[v];
-            const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&xv);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 f = __bfloat1622float2(p[i]);
-                ss[m] = fmaf(f.x, f.x, ss[m]);
-                ss[m] = fmaf(f.y, f.y, ss[m]);
-            }
-        }
+        for (int m = 0; m < M; ++m) sumsq8(ss[m], reinterpret_cast<const uint4 *>(x + (long)m * k)[v]);
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -760,16 +751,10 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     } else
     for (int v = threadIdx.x; v < kv; v += blockDim.x) {
         const uint4 wv = reinterpret_cast<const uint4 *>(norm_w)[v];
-        const __nv_bfloat16 *wp = reinterpret_cast<const __nv_bfloat16 *>(&wv);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4 xv = reinterpret_cast<const uint4 *>(x + (long)m * k)[v];
-            const __nv_bfloat16 *xp = reinterpret_cast<const __nv_bfloat16 *>(&xv);
-            uint4 out;
-            __nv_bfloat16 *op = reinterpret_cast<__nv_bfloat16 *>(&out);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) op[i] = tobf(bf(wp[i]) * bf(tobf(bf(xp[i]) * inv[m])));
-            reinterpret_cast<uint4 *>(xs + (long)m * k)[v] = out;
+            reinterpret_cast<uint4 *>(xs + (long)m * k)[v] = rms_scale8(xv, wv, inv[m]);
         }
     }
     __syncthreads();
