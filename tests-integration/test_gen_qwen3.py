@@ -170,19 +170,20 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     m = _build("4b", fake_kernels)
     eps = pytest.approx(1e-6)
     # qkv: 384 blocks of 16 rows would be 1.45 waves of two blocks per SM, so the row-pass module
-    # (gemv_plan.gemv_passes): 192 blocks of 2 × 16 rows, the same entry name in gemv_p2.cubin
+    # (gemv_plan.gemv_passes): 192 blocks of 2 × 16 rows, the same entry name in gemv_p2.cubin; k = 2,560 (320
+    # vectors over 256 threads) takes the batched norm prologue (gemv_plan.gemv_norm_batched: `_nb2`)
     assert _gemv(m, "gemv_norm_qkv", index) == (
-        "kern_gemv_norm_m1", [6144 // 32, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1_nb2", [6144 // 32, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
     assert m.ops["gemv_norm_qkv"].impl.launches[0].module == "gemv_p2"
     assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {"gemv"}
     assert _gemv(m, "gemv_residual_o_proj", index) == (  # after the attention: ksplit 2 (gen.gemv_ksplit)
         "kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2})
     assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
-        "kern_gemv_norm_silu_m1_u5", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_silu_m1_u5_nb2", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
     assert _gemv(m, "gemv_residual_down_proj", index) == (
         "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
     assert _gemv(m, "gemv_norm_lm_head", index) == (  # followed by the argmax: `_u5`
-        "kern_gemv_norm_m1_u5", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
+        "kern_gemv_norm_m1_u5_nb2", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
     # --gemv persistent: tools/gemv_plan.py's plan
     assert _gemv(_build("4b", fake_kernels, gemv="persistent"), "gemv_norm_lm_head", index) == (
         "kern_gemvp_norm_m1", [132, 1, 1], 2 * 2560 + 40 * 5 * 512,
@@ -193,7 +194,8 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     m = _build("0.6b", fake_kernels)
     # qkv's 256 blocks are one wave: no row passes (gemv_plan.gemv_passes); every GEMV on gemv.cubin
     assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS} == {"gemv"}
-    # the small model (k = 1024 and 2048: at most 8 loads per lane and row) keeps the 4-load entries
+    # the small model (k = 1024 and 2048: at most 8 loads per lane and row) keeps the 4-load entries, and its norm
+    # GEMVs (k = 1,024: one x vector per thread) the loop prologue of the plain entries
     assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
                                                                "kern_gemv_norm_silu_m1"}
     # the small model: down (512 row pairs over k = 3072) splits k to fill the GPU, o because it follows the attention
@@ -304,6 +306,40 @@ def test_gemv_entry_unroll_not_before_the_attention() -> None:
     assert gen.GEMV_OPS_BEFORE_ATTENTION < set(gen.GEMV_OPS)
 
 
+def test_gemv_norm_batched_rule() -> None:
+    """The batched norm prologue (`_nb2`) where each of the block's 256 threads holds 2 of x's 16-byte vectors: k/8 in
+    (256, 512] (4B's 2,560 and 8B's 4,096; not 0.6B's 1,024, 1.7B's 2,048 or 14B's 5,120); bad inputs refused."""
+    assert [gemv_plan.gemv_norm_batched(k) for k in (1024, 2048, 2056, 2560, 4096, 4104, 5120)] == \
+        [False, False, True, True, True, False, False]
+    assert gemv_plan.gemv_norm_batched(2048, threads=128) and not gemv_plan.gemv_norm_batched(2560, nb=1)
+    assert gemv_plan.GEMV_NORM_NB_SUFFIX == gen.GEMV_NORM_NB_SUFFIX == "_nb2"
+    for args in ((0,), (1020,), (1024, 0), (1024, 256, 0)):
+        with pytest.raises(ValueError, match="k must be a positive multiple of 8, threads and nb ≥ 1"):
+            gemv_plan.gemv_norm_batched(*args)
+
+
+def test_gemv_norm_entry_without_batched_forms(fake_kernels: Path, tmp_path: Path) -> None:
+    """An index without the `_nb2` entries (built before session 29: its plain entries are correct for every k) gives
+    the plain entries; one whose `_nb2` entry has another NORM_NB is a stale index, refused."""
+    idx = json.loads((fake_kernels / "index.json").read_text())
+    kernels = idx["kernels"] if "kernels" in idx else idx
+    saved = {n: kernels.pop(n) for n in list(kernels) if "_nb2" in n}
+    assert len(saved) == 5  # norm, norm_silu × "", _u5, and the row-pass kern_gemv_norm_m1_nb2_p2
+    old = tmp_path / "old"
+    shutil.copytree(fake_kernels, old)
+    (old / "index.json").write_text(json.dumps(idx))
+    m = _build("4b", old)
+    entries = {op: m.ops[op].impl.launches[0].entry for op in ("gemv_norm_qkv", "gemv_norm_silu_gate_up")}
+    assert entries == {"gemv_norm_qkv": "kern_gemv_norm_m1", "gemv_norm_silu_gate_up": "kern_gemv_norm_silu_m1_u5"}
+    kernels.update(saved)
+    kernels["kern_gemv_norm_silu_m1_u5_nb2"]["constexprs"]["NORM_NB"] = 3
+    stale = tmp_path / "stale"
+    shutil.copytree(fake_kernels, stale)
+    (stale / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(gen.GenError, match="`kern_gemv_norm_silu_m1_u5_nb2` in the index has NORM_NB 3, not 2: a stale"):
+        _build("4b", stale)
+
+
 def test_gemv_passes_rule() -> None:
     """Two row passes (`kern_gemv_norm_m1_p2`) where, at ksplit 1, the default grid is more than one wave of two
     8-warp blocks per SM (NOTES.md 54: 4B's qkv; 0.6B's, one wave, lost with them); bad inputs are refused."""
@@ -329,7 +365,7 @@ def test_row_pass_gemv_wiring_checked(fake_kernels: Path) -> None:
     lay = gen.make_layout(cfg)
     index = gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels)
-    assert gen.kernels_by_op(m, index)["gemv_norm_qkv"] == [index["kern_gemv_norm_m1_p2"]]
+    assert gen.kernels_by_op(m, index)["gemv_norm_qkv"] == [index["kern_gemv_norm_m1_nb2_p2"]]
     gen.check_wiring(m, cfg, lay, index)  # as built: clean
 
     def refused(edit=None, idx=index) -> str:
@@ -340,7 +376,7 @@ def test_row_pass_gemv_wiring_checked(fake_kernels: Path) -> None:
             gen.check_wiring(t, cfg, lay, idx)
         return str(e.value)
 
-    where = "ops.gemv_norm_qkv kernel `kern_gemv_norm_m1_p2`"
+    where = "ops.gemv_norm_qkv kernel `kern_gemv_norm_m1_nb2_p2`"
 
     def default_grid(la):
         la.grid = [384, 1, 1]
@@ -350,10 +386,10 @@ def test_row_pass_gemv_wiring_checked(fake_kernels: Path) -> None:
     def ksplit_2(la):
         la.args[-1] = ks.Arg(i32=2)
         la.grid = [768, 1, 1]  # the default entry's grid at ksplit 2
-    assert f"{where}: ksplit 2 with `kern_gemv_norm_m1_p2` (2 row passes per block): the row-pass form takes ksplit 1" \
+    assert f"{where}: ksplit 2 with `kern_gemv_norm_m1_nb2_p2` (2 row passes per block): the row-pass form takes ksplit 1" \
         in refused(ksplit_2)
 
-    p2 = index["kern_gemv_norm_m1_p2"]
+    p2 = index["kern_gemv_norm_m1_nb2_p2"]
     for cx, said in (({c: v for c, v in p2.constexprs.items() if c != "PASSES"}, "None"),
                      (p2.constexprs | {"PASSES": 3}, "3"), (p2.constexprs | {"PASSES": 0}, "0")):
         stale = index | {p2.name: replace(p2, constexprs=cx)}
@@ -392,17 +428,17 @@ def test_gemv_row_pass_entry_missing_or_stale(fake_kernels: Path, tmp_path: Path
         (d / f.name).write_bytes(f.read_bytes())
     full = json.loads((d / "index.json").read_text())
     idx = copy.deepcopy(full)
-    del idx["kernels"]["kern_gemv_norm_m1_p2"]
+    del idx["kernels"]["kern_gemv_norm_m1_nb2_p2"]
     (d / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(gen.GenError, match=r"op `gemv_norm_qkv` \(n = 6144, ksplit 1\) wants `kern_gemv_norm_m1_p2` "
+    with pytest.raises(gen.GenError, match=r"op `gemv_norm_qkv` \(n = 6144, ksplit 1\) wants `kern_gemv_norm_m1_nb2_p2` "
                                            r"\(gemv.cu in 2 row passes, tools/gemv_plan.py gemv_passes\), which the "
                                            r"kernel index lacks: rebuild the kernels with tools/build_kernels.py"):
         _build("4b", d)
     _build("0.6b", d)
     idx = copy.deepcopy(full)
-    idx["kernels"]["kern_gemv_norm_m1_p2"]["constexprs"]["PASSES"] = 3
+    idx["kernels"]["kern_gemv_norm_m1_nb2_p2"]["constexprs"]["PASSES"] = 3
     (d / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(gen.GenError, match=r"kernel `kern_gemv_norm_m1_p2` in the index has PASSES 3, not 2: a stale "
+    with pytest.raises(gen.GenError, match=r"kernel `kern_gemv_norm_m1_nb2_p2` in the index has PASSES 3, not 2: a stale "
                                            r"index; rebuild the kernels with tools/build_kernels.py"):
         _build("4b", d)
 
@@ -930,14 +966,14 @@ def test_index_carveout_reaches_the_launch(fake_kernels: Path, tmp_path: Path) -
     """The generator copies each entry's carveout as it is (0 and 100 alike; absent stays absent) and adds none: an
     index that gives the qkv GEMV's entry 100 and takes the attention's away gives a manifest that says exactly that."""
     index = json.loads((fake_kernels / "index.json").read_text())
-    index["kernels"]["kern_gemv_norm_m1_p2"]["carveout"] = 100
+    index["kernels"]["kern_gemv_norm_m1_nb2_p2"]["carveout"] = 100
     del index["kernels"]["decode_attention_rope_cluster_pdl"]["carveout"]
     d = tmp_path / "k"
     d.mkdir()
     (d / "index.json").write_text(json.dumps(index))
     m = gen.build_manifest(Qwen3Config.preset("4b"), gen.load_index(d, check_files=False))
     assert {(op, la.entry, la.carveout) for op, o in m.ops.items() for la in o.impl.launches
-            if la.carveout is not None} == {("gemv_norm_qkv", "kern_gemv_norm_m1", 100)}
+            if la.carveout is not None} == {("gemv_norm_qkv", "kern_gemv_norm_m1_nb2", 100)}
     assert kern_verify.verify(m) == []
 
 

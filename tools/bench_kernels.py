@@ -66,7 +66,7 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from gemv_plan import gemv_blocks, gemv_pass_entry, gemv_passes  # noqa: E402
+from gemv_plan import GEMV_NORM_NB_SUFFIX, gemv_blocks, gemv_norm_batched, gemv_pass_entry, gemv_passes  # noqa: E402
 from geometries import PRESETS  # noqa: E402
 
 # torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
@@ -309,14 +309,18 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
 
     def qkv_gemv():
         """The qkv GEMV as gen_qwen3 plans it for the qkv shape (n = QS, k = H): the index kernel (QKV_GEMV, or its
-        row-pass instance `QKV_GEMV_p2` where gemv_plan.gemv_passes says so: 4B's qkv since session 18), grid, ksplit."""
+        row-pass instance `QKV_GEMV_p2` where gemv_plan.gemv_passes says so: 4B's qkv since session 18; first its
+        batched-prologue form `QKV_GEMV_nb2` where gemv_plan.gemv_norm_batched says so and the index has it: 4B's
+        since session 29), grid, ksplit."""
         from gen_qwen3 import GEMV_SMS, gemv_ksplit  # the generator's rules (imports kern-schema: only when this runs)
 
         cx = ks.kernels[QKV_GEMV]["constexprs"]
         ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
         passes = gemv_passes(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, sms=GEMV_SMS)
+        base = QKV_GEMV + GEMV_NORM_NB_SUFFIX
+        base = base if gemv_norm_batched(H, 32 * cx["WARPS"]) and base in ks.kernels else QKV_GEMV
         try:  # the entry gen_qwen3 launches, checked as it checks it
-            name = gemv_pass_entry(QKV_GEMV, passes, lambda nm: ks.kernels[nm]["constexprs"] if nm in ks.kernels
+            name = gemv_pass_entry(base, passes, lambda nm: ks.kernels[nm]["constexprs"] if nm in ks.kernels
                                    else None, who="the qkv GEMV (as gen_qwen3 launches it)")
         except ValueError as e:
             raise SystemExit(f"bench_kernels: {e}") from None

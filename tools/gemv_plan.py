@@ -143,6 +143,27 @@ def gemv_entry_unroll(k: int, ksplit: int, before_attention: bool) -> int:
     return 4 if before_attention else unroll
 
 
+#: gemv.cu's batched-prologue form of an M = 1 norm entry: suffix, and the most x vectors per thread it batches
+#: (catalog.py GEMV_NORM_NB_SUFFIX / GEMV_NORM_NB, the index constexpr NORM_NB).
+GEMV_NORM_NB_SUFFIX, GEMV_NORM_NB = "_nb2", 2
+
+
+def gemv_norm_batched(k: int, threads: int = 256, nb: int = GEMV_NORM_NB) -> bool:
+    """Whether an M = 1 norm GEMV over `k` should launch the batched-prologue entry (`NAME_nb2`): where each of the
+    block's `threads` threads holds 2…`nb` of x's 16-byte vectors (threads < k/8 ≤ nb·threads: k = 2,056…4,096 with
+    256 threads), which the loop form loads one L2 round trip per vector and again after the block barrier. With one
+    vector per thread the loop is one trip, and the plain entry (the loop alone) is faster.
+
+    Measured (H200, kern-run decode, program_sweep, tokens identical): Qwen3-4B (k = 2,560: qkv, gate_up, the screen)
+    −0.045 ms/token (session 28, NOTES.md 70); Qwen3-0.6B (k = 1,024) with the batched path compiled into the plain
+    entries +0.017, though its k takes the loop (session 29, NOTES.md 71). Raises ValueError unless k is a positive
+    multiple of 8 and threads, nb ≥ 1."""
+    if k < 8 or k % 8 or threads < 1 or nb < 1:
+        raise ValueError(f"gemv_norm_batched: k = {k}, threads = {threads}, nb = {nb}: k must be a positive multiple "
+                         f"of 8, threads and nb ≥ 1")
+    return threads < k // 8 <= nb * threads
+
+
 class GemvPlan(NamedTuple):
     """piece_chunks: chunks per slot (the kernels' last param); grid: blocks (grid.x, one
     per SM); smem: dynamic shared memory in bytes (x, then the slots); slots: slots the

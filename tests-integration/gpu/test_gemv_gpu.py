@@ -170,6 +170,26 @@ def test_gemv_u5_bitwise(ks, variant: str, n: int, k: int) -> None:
                                      f"(max |diff| {(y4.double() - y5.double()).abs().max().item():.3g})")
 
 
+#: The norm variants' shapes for the batched-prologue entries (`_nb2`): k/8 in (256, 512] takes the batched path
+#: (2,056: thread 0 alone holds two vectors; 2,560; 4,096: every thread two), other k the loop (1,024: one vector per
+#: thread; 2,048: the edge; 4,104: three for thread 0; 9,728).
+NB2_CASES = [(v, u, n, k) for v in ("gemv_norm", "gemv_norm_silu") for u in ("", "_u5")
+             for n, k in ((1000, 2056), (2560, 2560), (264, 4096), (1000, 1024), (1000, 2048), (264, 4104), (64, 9728))]
+
+
+@pytest.mark.parametrize(("variant", "u", "n", "k"), NB2_CASES, ids=[f"{v}{u}-{n}x{k}" for v, u, n, k in NB2_CASES])
+def test_gemv_norm_nb2_bitwise(ks, variant: str, u: str, n: int, k: int) -> None:
+    """kern_*_m1{,_u5}_nb2 == kern_*_m1{,_u5} bit for bit (the same sums in the same order), at every ksplit, on the
+    same fresh inputs, inside and outside the batched path's k."""
+    x, w, nw = operands(variant, 1, n, k)
+    for ksplit in KSPLITS:
+        y = run(ks, f"kern_{variant}_m1{u}", variant, x, w, nw, n, k, ksplit, None)
+        yb = run(ks, f"kern_{variant}_m1{u}_nb2", variant, x, w, nw, n, k, ksplit, None)
+        assert not torch.isnan(yb).any(), f"kern_{variant}_m1{u}_nb2 ksplit {ksplit}: NaN (an output not written)"
+        assert torch.equal(y, yb), (f"kern_{variant}_m1{u}_nb2 n={n} k={k} ksplit {ksplit}: differs from "
+                                    f"kern_{variant}_m1{u} (max |diff| {(y.double() - yb.double()).abs().max().item():.3g})")
+
+
 def test_ksplit_results_agree(ks) -> None:
     """Only the summation order changes with ksplit: results agree to a few bf16 ulps."""
     n, k = 2560, 9728

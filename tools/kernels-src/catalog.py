@@ -382,6 +382,9 @@ GEMV_KSPLITS = (1, 2, 4, 8)
 GEMV_UNROLL = {1: 4, 2: 2, 4: 2, 8: 2}
 #: Suffixed M = 1 entries: suffix -> loads per row per stage.
 GEMV_M1_UNROLLS = {"_u5": 5}
+#: The M = 1 norm entries' batched-prologue forms (gemv.cu INSTANTIATE_NORM_NB, norm_to_smem's NB): entry suffix, and
+#: the most x vectors per thread it batches (the constexpr NORM_NB; the plain entries have 1: the loop alone).
+GEMV_NORM_NB_SUFFIX, GEMV_NORM_NB = "_nb2", 2
 
 
 def _gemv_kernels() -> list[Kernel]:
@@ -395,7 +398,25 @@ def _gemv_kernels() -> list[Kernel]:
     """
     out = [k for M in GEMV_MS for k in _gemv_family(M, "", GEMV_UNROLL[M])]
     out += [k for sfx, u in GEMV_M1_UNROLLS.items() for k in _gemv_family(1, sfx, u)]
+    out += _gemv_norm_nb_kernels(out)
     return out + _gemv_passes_kernels(out)
+
+
+def _gemv_norm_nb_kernels(base: list[Kernel]) -> list[Kernel]:
+    """The batched-prologue forms `NAME_nb2` of the M = 1 norm entries (kern_gemv_norm{,_silu}_m1{,_u5}): the same
+    params, grid, shared memory, arithmetic and bits; for k/8 in (256, 2·256] (two x vectors per thread:
+    tools/gemv_plan.py `gemv_norm_batched`) the prologue loads each thread's x and norm_w vectors together after the
+    wait and holds them in registers through the block barrier; other k take the plain entries' loop. Entries of
+    their own because compiled into the plain entries the batched path slowed the loop's k (NOTES.md 71)."""
+    names = [f"kern_gemv{v}_m1{sfx}" for v in ("_norm", "_norm_silu") for sfx in ("", *GEMV_M1_UNROLLS)]
+    by_name = {k.name: k for k in base}
+    return [replace(k, name=k.name + GEMV_NORM_NB_SUFFIX, entry=k.entry + GEMV_NORM_NB_SUFFIX,
+                    constexprs={**k.constexprs, "NORM_NB": GEMV_NORM_NB},
+                    doc=k.doc + f" Batched norm prologue (gemv.cu norm_to_smem NB = {GEMV_NORM_NB}): for k/8 in "
+                        f"(256, {GEMV_NORM_NB * 256}] each thread's x and norm_w vectors are loaded together after the "
+                        "wait and kept in registers through the block barrier (one L2 round trip, not one per loop "
+                        "trip and pass); other k as the plain entry.")
+            for k in (by_name[n] for n in names)]
 
 
 #: Row passes per block of the row-pass module (gemv.cu -DGEMV_PASSES; tools/gemv_plan.py `gemv_passes`).
@@ -403,11 +424,11 @@ GEMV_PASSES = 2
 
 
 def _gemv_passes_kernels(base: list[Kernel]) -> list[Kernel]:
-    """The row-pass form of the norm GEMV for the launch before the decode attention (`kern_gemv_norm_m1_p2`):
+    """The row-pass forms of the norm GEMV for the launch before the decode attention (`kern_gemv_norm_m1_p2`, and
+    `kern_gemv_norm_m1_nb2_p2` of its batched-prologue form):
     gemv.cu compiled with -DGEMV_PASSES=2 into its own module (gemv_p2.cubin; the default gemv.cubin is unchanged),
     the entry `kern_gemv_norm_m1` with the same params and bits, each block owning PASSES consecutive 16-row units
     (ksplit 1): grid.x = ceil_div(n, 16·PASSES). NOTES.md 54."""
-    k = next(k for k in base if k.name == "kern_gemv_norm_m1")
     return [replace(k, name=k.name + f"_p{GEMV_PASSES}", defines=(f"GEMV_PASSES={GEMV_PASSES}",),
                     module_suffix=f"_p{GEMV_PASSES}", constexprs={**k.constexprs, "PASSES": GEMV_PASSES},
                     grid=f"(ceil_div(n, 16 * {GEMV_PASSES}), 1, 1): 8 warps × 2 rows per block, {GEMV_PASSES} times "
@@ -415,7 +436,8 @@ def _gemv_passes_kernels(base: list[Kernel]) -> list[Kernel]:
                     doc=k.doc + f" Row-pass form (module gemv_p{GEMV_PASSES}.cubin, gemv.cu -DGEMV_PASSES="
                         f"{GEMV_PASSES}): the same params, arithmetic and bits; each block computes {GEMV_PASSES} "
                         "consecutive units of 16 rows in one register pipeline, so the grid leaves SMs room for "
-                        "the next PDL launch's blocks (the decode attention after the qkv GEMV).")]
+                        "the next PDL launch's blocks (the decode attention after the qkv GEMV).")
+            for k in base if k.name in ("kern_gemv_norm_m1", "kern_gemv_norm_m1" + GEMV_NORM_NB_SUFFIX)]
 
 
 def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:

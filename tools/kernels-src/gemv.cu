@@ -681,14 +681,11 @@ __device__ __forceinline__ void reduce_split(float acc[R][M], int ksplit) {
         }
 }
 
-#ifndef GEMV_NORM_NB
-#define GEMV_NORM_NB 2  // norm_to_smem: x and norm_w vectors per thread whose loads go out together
-#endif
-
 // Writes xn = rmsnorm(x[m]) · norm_w into shared memory (bf16, [M, k]), HF rounding. GENERIC_X: x read through
 // generic loads, not the read-only path (the flag-dependency build's waiting entries: their producer grid may still
-// be running when they read it).
-template <int M, bool GENERIC_X = false>
+// be running when they read it). NB > 1 (M = 1 only): the batched prologue below for 2…NB vectors per thread, the
+// loop otherwise; NB = 1 compiles the loop alone.
+template <int M, bool GENERIC_X = false, int NB = 1>
 __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x_arg,
                                              const __nv_bfloat16 *__restrict__ norm_w,
                                              __nv_bfloat16 *xs, int k, float eps) {
@@ -700,17 +697,17 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     float ss[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) ss[m] = 0.f;
-    // M = 1 and 2…NB vectors per thread (k = 2,056…4,096 with NB = 2): the thread's x and norm_w vectors are loaded
-    // together right after the wait and held in registers through the barrier, so that the prologue waits for one
-    // L2 round trip instead of one per loop trip and pass (the loop below issues a trip's load only once the trip
-    // before has been summed, and reloads x and norm_w after the barrier). The same sums in the same order (v
-    // ascending per thread), the same bits. H200, session 28 (NOTES.md 70): 4B −0.045 ms/token. With one vector
-    // per thread (0.6B's k = 1,024) the loop is one trip anyway, and the early norm_w load alone measured +0.008 on
-    // 0.6B: that case keeps the loop. An L1 prefetch of norm_w instead of the register copy (prefetch.global.L1,
-    // SASS CCTL.E.PF1) cost +0.047 (4B) and +0.041 (0.6B).
-    constexpr int NB = GEMV_NORM_NB;
+    // The batched prologue (NB > 1, M = 1, 2…NB vectors per thread: k = 2,056…4,096 with NB = 2 and 256 threads):
+    // the thread's x and norm_w vectors are loaded together right after the wait and held in registers through the
+    // barrier, so that the prologue waits for one L2 round trip instead of one per loop trip and pass (the loop
+    // below issues a trip's load only once the trip before has been summed, and reloads x and norm_w after the
+    // barrier). The same sums in the same order (v ascending per thread), the same bits. H200, session 28 (NOTES.md
+    // 70): 4B −0.045 ms/token. Compiled into the same entries as the loop it cost 0.6B (k = 1,024, one vector per
+    // thread: the loop path) +0.017 ms/token (session 29, NOTES.md 71): the NB = 2 forms are entries of their own
+    // (`_nb2`), which tools/gemv_plan.py `gemv_norm_batched` picks. An L1 prefetch of norm_w instead of the register
+    // copy (prefetch.global.L1, SASS CCTL.E.PF1) cost +0.047 (4B) and +0.041 (0.6B).
     uint4 xb[NB], wb[NB];
-    const bool batch = M == 1 && kv > (int)blockDim.x && kv <= NB * (int)blockDim.x;
+    const bool batch = NB > 1 && M == 1 && kv > (int)blockDim.x && kv <= NB * (int)blockDim.x;
     if (batch) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
@@ -970,6 +967,29 @@ __device__ __forceinline__ void gemv_silu_rows(const uint4 *__restrict__ xs, con
                           [&] { norm_to_smem<M>(x, norm_w, xs, k, eps); }, NoL2Prefetch{}, RING_OFF(M, k)); \
     }
 
+// kern_gemv_norm{,_silu}_m1{,_u5}_nb2: the M = 1 norm entries with the batched prologue (norm_to_smem's NB = 2):
+// the same params, arithmetic and bits; for k/8 in (256, 512] (tools/gemv_plan.py gemv_norm_batched), correct for
+// every k (other k take the loop).
+#define INSTANTIATE_NORM_NB(U, SUFFIX)                                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1##SUFFIX##_nb2(                    \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                          \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
+        extern __shared__ __align__(16) unsigned char smem[];                                                    \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                             \
+        gemv_rows<1, false, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                          \
+                               [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); }, NoL2Prefetch{},       \
+                               RING_OFF(1, k));                                                                  \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_silu_m1##SUFFIX##_nb2(               \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                          \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
+        extern __shared__ __align__(16) unsigned char smem[];                                                    \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                             \
+        gemv_silu_rows<1, U>(reinterpret_cast<const uint4 *>(xs), w, y, n, k, ksplit,                            \
+                             [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); }, NoL2Prefetch{},         \
+                             RING_OFF(1, k));                                                                    \
+    }
+
 #if defined(GEMV_NO_ENTRIES)
 // included by another source (gemv_mlp.cu) for its helpers: no entries of its own
 #elif defined(GEMV_FLAG_DEP)
@@ -1056,6 +1076,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemv_norm_m1_flagw
 #elif !defined(GEMV_L2_PREFETCH)
 INSTANTIATE(1, 4, )
 INSTANTIATE(1, 5, _u5)
+INSTANTIATE_NORM_NB(4, )
+INSTANTIATE_NORM_NB(5, _u5)
 INSTANTIATE(2, 2, )
 INSTANTIATE(4, 2, )
 INSTANTIATE(8, 2, )

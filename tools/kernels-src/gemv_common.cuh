@@ -1,7 +1,6 @@
 // Device helpers shared by the decode GEMV sources (gemv.cu, gemv_persist.cu, gemv_mlp.cu, tools/gpu/megakernel_probe.cu):
 // bf16 <-> fp32, the 8-element dot step, the RMS norm's 8-element steps, the warp sum, SiLU and the
-// programmatic-dependent-launch controls. gemv.cu's norm prologue uses them on its batched path; its loop path (one
-// vector per thread, or more than two) keeps its inline form, written before these helpers existed.
+// programmatic-dependent-launch controls.
 // Included inside each source's anonymous namespace (internal linkage per module), after
 // <cuda_bf16.h>.
 #pragma once

@@ -165,7 +165,7 @@ __device__ __forceinline__ void screen_rows(
     screen_stage(buf, q, row0, n, kv, lane, 0, nl);
     griddep_launch_dependents();
     griddep_wait();
-    norm_to_smem<1>(x, norm_w, xs, k, eps);  // ends with a block barrier
+    norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps);  // the batched prologue (gemv.cu's _nb2); ends with a block barrier
     if (blockIdx.x == 0)
         for (int v = threadIdx.x; v < (k >> 3); v += blockDim.x)
             reinterpret_cast<uint4 *>(xn)[v] = reinterpret_cast<const uint4 *>(xs)[v];
