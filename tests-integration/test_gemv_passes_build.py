@@ -28,7 +28,7 @@ from ptx_entries import ptx_entries  # noqa: E402
 read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
 
 #: the entries the pass form replaces (the SiLU entries keep the default form), every M and unroll
-PASS_ENTRY = re.compile(r"^kern_gemv(_norm|_residual)?_m\d(_u5)?$")
+PASS_ENTRY = re.compile(r"^kern_gemv(_norm|_residual)?_m\d(_u5)?(_nb2)?$")
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def test_passes_module_has_the_default_abi(builds, build):
     base = read_cubin(builds["default"].read_bytes(), "gemv.cubin")
     passes = read_cubin(builds[build].read_bytes(), builds[build].name)
     assert passes.arch == base.arch
-    assert set(passes.entries) == set(base.entries) and len(base.entries) == 20
-    assert sum(bool(PASS_ENTRY.match(name)) for name in base.entries) == 15
+    assert set(passes.entries) == set(base.entries) and len(base.entries) == 24  # 20 + the four `_nb2` forms
+    assert sum(bool(PASS_ENTRY.match(name)) for name in base.entries) == 17
     assert builds[build].read_bytes() != builds["default"].read_bytes()
     for name, info in base.entries.items():
         e = passes.entries[name]
@@ -68,13 +68,13 @@ def test_passes_module_has_the_default_abi(builds, build):
 def test_passes_ptx_loads_before_the_wait_and_stores_after(builds):
     entries = ptx_entries(builds["p2_ptx"].read_text())
     passes = {n: lines for n, lines in entries.items() if PASS_ENTRY.match(n)}
-    assert len(passes) == 15 and "kern_gemv_norm_m1" in passes
+    assert len(passes) == 17 and {"kern_gemv_norm_m1", "kern_gemv_norm_m1_nb2"} <= set(passes)
     for name, lines in passes.items():
         waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
         assert len(waits) == 1, name
         before = lines[:waits[0]]
         assert not [ln for ln in before if re.search(r"\bst\.global|\batom\.|\bred\.", ln)], name
-        unroll = 5 if name.endswith("_u5") else 4 if "_m1" in name else 2  # catalog.GEMV_UNROLL, GEMV_M1_UNROLLS
+        unroll = 5 if "_u5" in name else 4 if "_m1" in name else 2  # catalog.GEMV_UNROLL, GEMV_M1_UNROLLS
         assert sum("ld.global.nc.L1::no_allocate" in ln for ln in before) == 2 * 2 * unroll, name
         assert [ln for ln in lines[waits[0]:] if re.match(r"st\.global", ln)], name
 

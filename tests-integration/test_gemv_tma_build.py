@@ -73,7 +73,7 @@ def _table(info) -> list[tuple[int, int, int]]:
 def test_tma_module_has_the_default_abi(builds, build):
     base = read_cubin(builds["default"].read_bytes(), "gemv.cubin")
     tma = read_cubin(builds[build].read_bytes(), builds[build].name)
-    assert set(tma.entries) == set(base.entries) and len(base.entries) == 20
+    assert set(tma.entries) == set(base.entries) and len(base.entries) == 24  # 20 + the four `_nb2` forms
     for name, info in base.entries.items():
         assert _table(tma.entries[name]) == _table(info), name
         assert tma.entries[name].grid_dep_wait is True, name
@@ -81,8 +81,8 @@ def test_tma_module_has_the_default_abi(builds, build):
 
 def test_tma_ptx_copies_before_the_wait(builds):
     tma = ptx_entries(builds["tma_ptx"].read_text())
-    m1 = {n: lines for n, lines in tma.items() if re.search(r"_m1(_u5)?$", n)}
-    assert len(m1) == 8
+    m1 = {n: lines for n, lines in tma.items() if re.search(r"_m1(_u5)?(_nb2)?$", n)}
+    assert len(m1) == 12
     for name, lines in m1.items():
         wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
         copies = [i for i, ln in enumerate(lines) if ln.startswith("cp.async.bulk.shared::cluster.global.mbarrier")]
@@ -120,7 +120,7 @@ def test_probe_manifest_variant_verifies(builds, built_kernels, dense_4b, tmp_pa
     assert not [d for d in verify_text(text, kernels_dir=kernels) if d.severity == "error"]
     base, v = json.loads(dense_4b.read_text()), json.loads(text)
     launch = v["ops"]["gemv_norm_lm_head"]["impl"]["launches"][0]
-    assert launch["module"] == "gemv_tma_c64_s2" and launch["entry"] == "kern_gemv_norm_m1_u5"
+    assert launch["module"] == "gemv_tma_c64_s2" and launch["entry"] == "kern_gemv_norm_m1_u5_nb2"
     assert launch["shared_mem"] == 5120 + 8 * 2 * 2 * 64 * 16  # x (k = 2,560 bf16) + the ring
     assert v["modules"]["gemv_tma_c64_s2"] == {
         "source": "gemv_tma_c64_s2.cubin", "sha256": hashlib.sha256(builds["tma"].read_bytes()).hexdigest()}

@@ -53,11 +53,12 @@ def dense(dense_4b: Path) -> dict:
 
 
 def test_entry_follows_the_index_shared_memory_and_pdl_flag(dense, index, built_kernels):
-    """On the dense lm_head's manifest: its GEMV, `_u5` before the argmax, goes back to the 4-load entry."""
+    """On the dense lm_head's manifest: its GEMV, `_u5` (and the batched norm prologue, `_nb2`) before the argmax, goes
+    back to the 4-load entry with the loop prologue; gate_up from its `_u5_nb2` entry to the plain 4-load one."""
     m = mv.apply(dense, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+lm_head.entry=kern_gemv_norm_m1", index)
     assert launch(m, "gemv_norm_silu_gate_up")["entry"] == "kern_gemv_norm_silu_m1"
     assert launch(m, "gemv_norm_silu_gate_up")["shared_mem"] == 2 * 2560  # x in shared memory, as before
-    assert launch(dense, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1_u5"
+    assert launch(dense, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1_u5_nb2"
     assert launch(m, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1"
     assert "pdl" not in launch(m, "attention_decode_rope") and launch(dense, "attention_decode_rope")["pdl"] is True
     assert launch(mv.apply(m, "attn.pdl=1", index), "attention_decode_rope")["pdl"] is True
@@ -133,7 +134,7 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     for ks in (2, 4, 8):
         with pytest.raises(mv.VariantError) as e:
             mv.apply(base, f"qkv.ksplit={ks}", index)
-        assert (f"`qkv.ksplit={ks}`: `kern_gemv_norm_m1` of module gemv_p2.cubin (op `gemv_norm_qkv`) is the row-pass "
+        assert (f"`qkv.ksplit={ks}`: `kern_gemv_norm_m1_nb2` of module gemv_p2.cubin (op `gemv_norm_qkv`) is the row-pass "
                 "form, 2 units of 16 rows per block (gemv.cu -DGEMV_PASSES=2): it takes ksplit 1 only") in str(e.value)
         assert "tools/manifest_whatif.py --op-module qkv=gemv.cubin --op-grid qkv=384" in str(e.value)
 
@@ -145,7 +146,7 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     ("attn.ksplit=2", "`decode_attention_rope_cluster` (op `attention_decode_rope`) has no ksplit param"),
     ("o.entry=kern_gemv_m1", "only an entry with the same params can replace it"),
     ("o.entry=kern_gemv_residual_m2", "`kern_gemv_residual_m2` is not `kern_gemv_residual_m1` with another unroll "
-                                      "(their M 1 vs 2"),
+                                      "or norm prologue (their M 1 vs 2"),
     ("gu.entry=kern_gemv_norm_m1", "(their COLS_PER_WARP 1 vs 2)"),
     ("embedding.pdl=1", "op `embedding` is also called by prefill; a variant changes decode-only ops: "
                         "attention_decode_rope, gemv_norm_qkv, gemv_norm_silu_gate_up, gemv_residual_down_proj, "
@@ -153,7 +154,8 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     ("rms_norm.pdl=1", "op `rms_norm` is not called by decode"),
     ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
     # 4B's qkv runs on the row-pass module, which holds only that entry
-    ("qkv.entry=kern_gemv_norm_m1_u5", "no entry `kern_gemv_norm_m1_u5` in module gemv_p2.cubin (it has: kern_gemv_norm_m1)"),
+    ("qkv.entry=kern_gemv_norm_m1_u5", "no entry `kern_gemv_norm_m1_u5` in module gemv_p2.cubin (it has: kern_gemv_norm_m1, "
+     "kern_gemv_norm_m1_nb2)"),
     ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl, carveout)"),
     ("attn.pdl=2", "pdl is 0 or 1"),
     ("attn.carveout=101", "`attn.carveout=101`: carveout is a percent 0..100 of the maximum shared memory per SM (0: "

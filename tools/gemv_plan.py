@@ -164,6 +164,13 @@ def gemv_norm_batched(k: int, threads: int = 256, nb: int = GEMV_NORM_NB) -> boo
     return threads < k // 8 <= nb * threads
 
 
+def gemv_plain_entry(name: str) -> str:
+    """`name` without its batched-prologue suffix (`kern_gemv_norm_m1_nb2` -> `kern_gemv_norm_m1`): the plain entry of
+    the same params, grid and bits, whose twins the experiment builds (gemv.cu's flag, MLP, TMA, L2-prefetch forms)
+    are; any other name unchanged."""
+    return name[: -len(GEMV_NORM_NB_SUFFIX)] if name.endswith(GEMV_NORM_NB_SUFFIX) else name
+
+
 class GemvPlan(NamedTuple):
     """piece_chunks: chunks per slot (the kernels' last param); grid: blocks (grid.x, one
     per SM); smem: dynamic shared memory in bytes (x, then the slots); slots: slots the

@@ -15,8 +15,9 @@ manifest's argmax's partial pass, of two):
 - `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
   entry's COLS_PER_WARP, WARPS and PASSES from the kernel index); N in 1, 2, 4, 8 (only 1 on a row-pass entry,
   PASSES > 1: 4B's qkv on gemv_p2.cubin).
-- `entry=NAME`: the same kernel with another unroll: an entry of the same module with the same params and
-  the same index constexprs but UNROLL (e.g. `kern_gemv_norm_silu_m1` for `kern_gemv_norm_silu_m1_u5`); the
+- `entry=NAME`: the same kernel with another unroll or norm prologue: an entry of the same module with the same
+  params and the same index constexprs but UNROLL and NORM_NB (e.g. `kern_gemv_norm_silu_m1` for
+  `kern_gemv_norm_silu_m1_u5`, or for `kern_gemv_norm_silu_m1_nb2`, its batched-prologue form); the
   launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`), and so does its `carveout`.
 - `pdl=0|1`: the launch's programmatic-dependent-launch flag.
 - `carveout=P|none`: the launch's preferred shared-memory carveout (percent 0..100; `none` removes the field: the
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
 from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule)
-from gemv_plan import gemv_blocks  # noqa: E402
+from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
 
 #: The screened lm_head's op (tools/gen_qwen3.py --lm-head screened, the default since session 24): the final norm,
 #: the lm_head and the argmax in three launches (lm_head_screen.cubin's screen and pick, then argmax_reduce), in place
@@ -170,9 +171,10 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                 raise VariantError(f"`{change}`: `{value}` takes {new['params']}, `{launch['entry']}` takes "
                                    f"{old['params']}; only an entry with the same params can replace it")
             differ = sorted(c for c in set(new["constexprs"]) | set(old["constexprs"])
-                            if c != "UNROLL" and new["constexprs"].get(c) != old["constexprs"].get(c))
+                            if c not in ("UNROLL", "NORM_NB") and new["constexprs"].get(c) != old["constexprs"].get(c))
             if differ:
-                raise VariantError(f"`{change}`: `{value}` is not `{launch['entry']}` with another unroll (their "
+                raise VariantError(f"`{change}`: `{value}` is not `{launch['entry']}` with another unroll or norm "
+                                   "prologue (their "
                                    + ", ".join(f"{c} {old['constexprs'].get(c)} vs {new['constexprs'].get(c)}"
                                                for c in differ) + ")")
             try:
@@ -257,15 +259,17 @@ def prune(m: dict) -> None:
 
 def known_launch(m: dict, op: str, known: tuple[str, ...]) -> dict:
     """The first launch of op `op` of manifest `m`, whose entry must be one of `known` (tools/gpu's rewrites of a
-    generated decode program). Raises VariantError naming the op: the manifest has none, or it launches another
-    entry."""
+    generated decode program), or the batched-prologue form `NAME_nb2` of one (gemv_plan.gemv_plain_entry: the same
+    params, grid and bits): then a copy of the launch whose entry is the plain NAME, whose twins the experiment
+    builds are. Raises VariantError naming the op: the manifest has none, or it launches another entry."""
     if op not in m["ops"]:
         raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program from tools/gen_qwen3.py, "
                            "not yet rewritten, is expected)" + lm_head_note(m, op))
     ln = m["ops"][op]["impl"]["launches"][0]
-    if ln.get("entry") not in known:
+    plain = gemv_plain_entry(str(ln.get("entry")))
+    if plain not in known:
         raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(known)}")
-    return ln
+    return ln if plain == ln.get("entry") else {**ln, "entry": plain}
 
 
 def merge_pairs(calls: list[dict], first: str, second: str, merge: Callable[[dict, dict], dict], missing: str,

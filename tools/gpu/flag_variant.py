@@ -41,12 +41,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gemv_plan import gemv_plain_entry  # noqa: E402
 from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 MODULE = "gemv_flag"
 FLAGS = "gemv_flags"
 U32_IO = "inout buffer<u32>"
-#: The decode ops the rewrite touches and the manifest entries it knows for each (the flag build has a twin of each).
+#: The decode ops the rewrite touches and the manifest entries it knows for each (the flag build has a twin of each;
+#: a batched-prologue entry `NAME_nb2` is known as its plain NAME, whose twin it gets: the same bits, the loop prologue).
 KNOWN = {
     "gemv_norm_silu_gate_up": ("kern_gemv_norm_silu_m1", "kern_gemv_norm_silu_m1_u5"),
     "gemv_residual_down_proj": ("kern_gemv_residual_m1",),
@@ -60,15 +62,16 @@ TAGGED = "act_tagged"
 
 
 def _launch(m: dict, op: str) -> dict:
-    """The single launch of decode op `op`, which must be gemv.cu's KNOWN entry."""
+    """The single launch of decode op `op`, which must be gemv.cu's KNOWN entry (or its `_nb2` form), as a copy whose
+    entry is the plain one (the flag build's twins are named after it)."""
     if op not in m["ops"]:
         raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program of tools/gen_qwen3.py is expected)")
     launches = m["ops"][op]["impl"]["launches"]
-    if len(launches) != 1 or launches[0].get("entry") not in KNOWN[op]:
+    if len(launches) != 1 or gemv_plain_entry(str(launches[0].get("entry"))) not in KNOWN[op]:
         got = ", ".join(str(ln.get("entry") or ln.get("extern")) for ln in launches)
         raise VariantError(f"op `{op}` launches {got}; this rewrite knows one launch of "
                            + " or ".join(f"`{e}`" for e in KNOWN[op]))
-    return launches[0]
+    return {**launches[0], "entry": gemv_plain_entry(launches[0]["entry"])}
 
 
 def _check_cubin(kernels: Path, cubin_name: str) -> None:

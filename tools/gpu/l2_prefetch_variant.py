@@ -12,7 +12,8 @@ weight as the range to prefetch, split evenly over all the launch's blocks (gemv
 start late issue their share late too; the launch keeps the rest of its configuration (`pdl`, shared memory, a
 `carveout` where it has one), and the grid where its module is `gemv`. ROWS = 0 is the control: the `_pf` form with nothing to prefetch.
 
-- OP: `qkv` (gemv_norm_qkv on kern_gemv_norm_m1) or `o` (gemv_residual_o_proj on kern_gemv_residual_m1);
+- OP: `qkv` (gemv_norm_qkv on kern_gemv_norm_m1, or its batched-prologue form kern_gemv_norm_m1_nb2, whose `_pf`
+  form is the plain entry's: the same bits, the loop prologue) or `o` (gemv_residual_o_proj on kern_gemv_residual_m1);
 - TARGET: `self` (the op's own weight in that layer) or `gate_up` (the same layer's gate_up weight).
 
 The result is verified with kern-verify against KDIR before it is written.
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gemv_plan import gemv_blocks  # noqa: E402
+from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
 from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 MODULE = "gemv_pf0"
@@ -64,7 +65,7 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
         if op not in m["ops"]:
             raise ValueError(f"`{spec}`: the manifest has no op `{op}` (a generated Qwen3 manifest is expected)")
         ln = copy.deepcopy(m["ops"][op]["impl"]["launches"][0])
-        if ln.get("entry") != base:
+        if gemv_plain_entry(str(ln.get("entry"))) != base:
             raise ValueError(f"`{spec}`: op `{op}` launches {ln.get('entry')}, which has no `_pf` form here ({base} does)")
         weight = WEIGHTS[key if target == "self" else target]
         n_rows, k = m["buffers"][f"model.layers.0.{weight}"]["shape"]
