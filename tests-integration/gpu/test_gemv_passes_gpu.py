@@ -6,7 +6,7 @@ The build (P = 2 is tools/build_kernels.py's gemv_p2.cubin, 4B's qkv since sessi
 --op-module with --op-grid puts another op on it): the plain, residual and norm entries with each block owning P consecutive 16-row units (ksplit 1,
 grid.x = ceil_div(n, 16·P)), the warp's stages one register pipeline over its P row pairs. Its outputs must equal the
 default entries' (grid ceil_div(n, 16), ksplit 1) bit for bit: kern_gemv_norm_m1, kern_gemv_m1, kern_gemv_residual_m1
-and their `_u5` twins, P = 2 and 3, over the 4B decode shapes (qkv, o, gate_up's k in down, the lm_head), n not a
+and their `_u5` twins, kern_gemv_norm_m1's batched-prologue forms `_nb2` and `_u5_nb2`, P = 2 and 3, over the 4B decode shapes (qkv, o, gate_up's k in down, the lm_head), n not a
 multiple of 16·P (1,000; 24; 7; 33; 264), k of one or a few 16-byte loads per lane, and odd and even stage counts per
 row pair (a pair's last stage in either register buffer). Fresh random inputs per case; the
 output NaN-poisoned (the residual: the same random residual) between sentinel guards that must come back unchanged;
@@ -35,7 +35,8 @@ EPS = 1e-6
 PASSES = (2, 3)
 GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
 SENTINEL = 12352.0
-ENTRIES = [f"kern_gemv{v}_m1{u}" for v in ("_norm", "", "_residual") for u in ("", "_u5")]
+ENTRIES = [f"kern_gemv{v}_m1{u}" for v in ("_norm", "", "_residual") for u in ("", "_u5")] + \
+    ["kern_gemv_norm_m1_nb2", "kern_gemv_norm_m1_u5_nb2"]  # the batched norm prologue (4B's qkv since session 29)
 #: The m > 1 entries of the same module (speculative verification's rows; unused by the generator today): a row of x
 #: per m, each normalized on its own, y [M, n]
 MULTI = [f"kern_gemv{v}_m{m}" for v in ("_norm", "", "_residual") for m in (2, 4, 8)]
