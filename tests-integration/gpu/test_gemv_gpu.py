@@ -160,14 +160,19 @@ U5_CASES = [(v, n, k) for v, shapes in SHAPES.items() for n, k in shapes + [(100
 @pytest.mark.parametrize(("variant", "n", "k"), U5_CASES, ids=[f"{v}-{n}x{k}" for v, n, k in U5_CASES])
 def test_gemv_u5_bitwise(ks, variant: str, n: int, k: int) -> None:
     """kern_*_m1_u5 == kern_*_m1 bit for bit, at every ksplit, on the same fresh inputs."""
+    assert_twins_bitwise(ks, variant, f"kern_{variant}_m1", f"kern_{variant}_m1_u5", n, k)
+
+
+def assert_twins_bitwise(ks, variant: str, base: str, twin: str, n: int, k: int) -> None:
+    """Entry `twin` gives `base`'s output bit for bit at every ksplit, on the same fresh inputs (m = 1)."""
     x, w, nw = operands(variant, 1, n, k)
     r0 = torch.randn(1, n, device=DEV, dtype=BF) if variant == "gemv_residual" else None
     for ksplit in KSPLITS:
-        y4 = run(ks, f"kern_{variant}_m1", variant, x, w, nw, n, k, ksplit, r0)
-        y5 = run(ks, f"kern_{variant}_m1_u5", variant, x, w, nw, n, k, ksplit, r0)
-        assert not torch.isnan(y5).any(), f"kern_{variant}_m1_u5 ksplit {ksplit}: NaN (an output not written)"
-        assert torch.equal(y4, y5), (f"kern_{variant}_m1_u5 n={n} k={k} ksplit {ksplit}: differs from kern_{variant}_m1 "
-                                     f"(max |diff| {(y4.double() - y5.double()).abs().max().item():.3g})")
+        y = run(ks, base, variant, x, w, nw, n, k, ksplit, r0)
+        yt = run(ks, twin, variant, x, w, nw, n, k, ksplit, r0)
+        assert not torch.isnan(yt).any(), f"{twin} ksplit {ksplit}: NaN (an output not written)"
+        assert torch.equal(y, yt), (f"{twin} n={n} k={k} ksplit {ksplit}: differs from {base} "
+                                    f"(max |diff| {(y.double() - yt.double()).abs().max().item():.3g})")
 
 
 #: The norm variants' shapes for the batched-prologue entries (`_nb2`): k/8 in (256, 512] takes the batched path
@@ -181,13 +186,7 @@ NB2_CASES = [(v, u, n, k) for v in ("gemv_norm", "gemv_norm_silu") for u in ("",
 def test_gemv_norm_nb2_bitwise(ks, variant: str, u: str, n: int, k: int) -> None:
     """kern_*_m1{,_u5}_nb2 == kern_*_m1{,_u5} bit for bit (the same sums in the same order), at every ksplit, on the
     same fresh inputs, inside and outside the batched path's k."""
-    x, w, nw = operands(variant, 1, n, k)
-    for ksplit in KSPLITS:
-        y = run(ks, f"kern_{variant}_m1{u}", variant, x, w, nw, n, k, ksplit, None)
-        yb = run(ks, f"kern_{variant}_m1{u}_nb2", variant, x, w, nw, n, k, ksplit, None)
-        assert not torch.isnan(yb).any(), f"kern_{variant}_m1{u}_nb2 ksplit {ksplit}: NaN (an output not written)"
-        assert torch.equal(y, yb), (f"kern_{variant}_m1{u}_nb2 n={n} k={k} ksplit {ksplit}: differs from "
-                                    f"kern_{variant}_m1{u} (max |diff| {(y.double() - yb.double()).abs().max().item():.3g})")
+    assert_twins_bitwise(ks, variant, f"kern_{variant}_m1{u}", f"kern_{variant}_m1{u}_nb2", n, k)
 
 
 def test_ksplit_results_agree(ks) -> None:
