@@ -189,6 +189,10 @@ def test_rewrite_verifies(builds, built_kernels, tmp_path, geometry, mode):
         assert qkvs[1]["args"][-1] == {"buf": "gemv_flags", "offset": 8}
         ln = out["ops"]["gemv_norm_qkv_flagwait"]["impl"]["launches"][0]
         assert ln["args"][-1] == {"i32": down} and ln["pdl"] is True
+        # the flag form is one 16-row unit per block: 4B's qkv (row-pass module gemv_p2, 192 blocks) gets the default
+        # form's grid back, every row covered
+        n_qkv = m["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]["args"][4]["i32"]
+        assert ln["grid"] == [-(-n_qkv // 16), 1, 1] and ln["module"] == "gemv_flag"
     ln = out["ops"]["gemv_residual_down_proj_flagwait"]["impl"]["launches"][0]
     assert (ln["module"], ln["args"][-1], ln["pdl"]) == ("gemv_flag", {"i32": gu}, True)
     base = m["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]

@@ -92,3 +92,18 @@ def test_passes_refuses_bad_builds(builds, defines, message):
     with pytest.raises(subprocess.CalledProcessError) as e:
         subprocess.run(cmd, cwd=SRC, check=True, capture_output=True)
     assert message in e.value.stderr.decode(), e.value.stderr.decode()[-2000:]
+
+
+def test_nb2_entries_batch_the_norm_prologue(builds):
+    """The `_nb2` entries are the batched prologue, not aliases of the plain entries: after griddepcontrol.wait a plain
+    norm entry loads x and norm_w through the loop (3 read-only vector loads: x for the sum, then norm_w and x again
+    after the barrier), its `_nb2` form 4 more (NB = 2 vectors of x and of norm_w, held in registers through the
+    barrier), the weight loads (L1::no_allocate) aside. Read from the row-pass build's PTX, which holds both."""
+    entries = ptx_entries(builds["p2_ptx"].read_text())
+    for plain in ("kern_gemv_norm_m1", "kern_gemv_norm_m1_u5", "kern_gemv_norm_silu_m1", "kern_gemv_norm_silu_m1_u5"):
+        counts = []
+        for name in (plain, plain + "_nb2"):
+            lines = entries[name]
+            wait = next(i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait"))
+            counts.append(sum(ln.startswith("ld.global.nc.v4") and "no_allocate" not in ln for ln in lines[wait:]))
+        assert counts == [3, 7], (plain, counts)

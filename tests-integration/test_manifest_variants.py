@@ -153,7 +153,7 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
                         "gemv_residual_o_proj, norm_lm_head_argmax_screened"),
     ("rms_norm.pdl=1", "op `rms_norm` is not called by decode"),
     ("gu.entry=nope", "the kernel index has no entry `nope` in module gemv.cubin (it has: kern_gemv_m1,"),
-    # 4B's qkv runs on the row-pass module, which holds only that entry
+    # 4B's qkv runs on the row-pass module, which holds that entry (plain and `_nb2`) alone
     ("qkv.entry=kern_gemv_norm_m1_u5", "no entry `kern_gemv_norm_m1_u5` in module gemv_p2.cubin (it has: kern_gemv_norm_m1, "
      "kern_gemv_norm_m1_nb2)"),
     ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl, carveout)"),

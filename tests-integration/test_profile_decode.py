@@ -126,7 +126,7 @@ def test_per_op_split_refuses_a_profile_that_does_not_match():
     ev = pdl_step(0.0)
     ev[4] = ("kern_gemv_norm_m1_u5", ev[4][1], ev[4][2])  # another entry whose name contains the expected one
     calls, why = pd.per_call(ev, launches)
-    assert calls is None and "decode kernel 4 is `kern_gemv_norm_m1_u5`" in why and "(l1.gemv)" in why
+    assert calls is None and "program kernel 4 (in start order, the runtime's own kernels left out) is `kern_gemv_norm_m1_u5`" in why and "(l1.gemv)" in why
     r = pd.breakdown(ev, steps_hint=1)
     r["ops_skipped"] = why
     assert "no per-op split" in pd.table(r, "x", "no GPU")

@@ -33,7 +33,8 @@ and right after its layer's ``qk_norm_rope_kv_pdl`` (``pair``) beside the prolog
 griddepcontrol.wait, so under PDL they stream while the launch before it finishes. The default decode
 attention of the generator, ``decode_attention_rope_cluster_pdl`` (the prologue's decode work and the
 attention in one launch), runs back to back with PDL (its time per call is a whole layer's attention), and right
-after its layer's qkv GEMV (``kern_gemv_norm_m1`` as gen_qwen3 launches it: on 4B in two row passes, ``kern_gemv_norm_m1_p2``;
+after its layer's qkv GEMV (``kern_gemv_norm_m1`` as gen_qwen3 launches it: on 4B in two row passes with the batched
+norm prologue, ``kern_gemv_norm_m1_nb2_p2``;
 PDL, its own 31.5 MB weight per layer; it writes the qkv the
 attention reads) beside the GEMV chain alone: the difference is what the default attention costs a decode layer.
 

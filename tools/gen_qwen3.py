@@ -26,7 +26,9 @@ op entries (tools/README.md is the contract):
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
   row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
   and lm_head; for the GEMV before the attention, `kern_gemv_norm_m1_p2` of `gemv_p2.cubin`, two 16-row units per
-  block, where its default grid is more than one wave of two blocks per SM: `gemv_plan.gemv_passes`; in 4B, qkv)
+  block, where its default grid is more than one wave of two blocks per SM: `gemv_plan.gemv_passes`; in 4B, qkv;
+  for a norm GEMV, its batched-prologue form `NAME_nb2` where `gemv_plan.gemv_norm_batched(k)`: in 4B, qkv on
+  `kern_gemv_norm_m1_nb2_p2` and gate_up on `kern_gemv_norm_silu_m1_u5_nb2`)
   or the persistent plan's `piece_chunks` (tools/gemv_plan.py), grid and dynamic shared memory are
   literals of its one launch. By default (`--pdl`; `--no-pdl` turns it off) every decode launch but
   the embedding is a programmatic dependent launch of the kernels' PDL forms.

@@ -211,7 +211,8 @@ def per_call(ev, launches: list[tuple[str, str | None]]):
         else:
             label, entry = launches[i % n]
             if not is_named(name, entry):
-                return None, f"decode kernel {i} is `{name}`, the program's launch {i % n} ({label}) is `{entry}`"
+                return None, (f"program kernel {i} (in start order, the runtime's own kernels left out) is `{name}`, "
+                              f"the program's launch {i % n} ({label}) is `{entry}`")
             i += 1
         dur[label] += (b - a) / steps
         inc[label] += max(0.0, b - end) / steps

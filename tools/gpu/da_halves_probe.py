@@ -5,7 +5,7 @@ NOTES.md 63) against the default one-cluster form, kernel against kernel: 36 lay
     python3 tools/gpu/da_halves_probe.py --kernels KDIR --cubin FILE [--context 130 --context 4096] [--replays 30]
         [--rounds 3] [--carveout 0 --carveout 72]
 
-KDIR: a build_kernels.py dir with kern_gemv_norm_m1_p2 (4B's qkv GEMV, grid 192) and
+KDIR: a build_kernels.py dir with kern_gemv_norm_m1_nb2_p2 (4B's qkv GEMV, grid 192) and
 decode_attention_rope_cluster_pdl. FILE: decode_attention.cu built with -DKERN_PDL -DDA_HALVES=2 (its rope entry takes
 two more params: `part`, f32 [NKV, 2, G·D, 3], and `pair_count`, u32 [NKV, 8], zeroed once). Every launch is PDL, as
 the decode program launches them. Before timing, at each context, layer 0's output of each form (after the same qkv)
@@ -35,7 +35,9 @@ from qkv_attention_bench import context_inputs, layer_weights, raw_launcher, tim
 
 NQ, NKV, D, K, LAYERS, EPS, CLUSTER = 32, 8, 128, 2560, 36, 1e-6, 8  # LAYERS: qkv_attention_bench's too
 N = (NQ + 2 * NKV) * D
-GEMV_GRID = 192  # kern_gemv_norm_m1_p2 on 4B's qkv
+GEMV_GRID = 192  # the row-pass qkv GEMV on 4B's qkv
+#: 4B's qkv GEMV as gen_qwen3 launches it since session 29 (the batched norm prologue; kern_gemv_norm_m1_p2 before)
+QKV_GEMV = "kern_gemv_norm_m1_nb2_p2"
 BW = 4.25e6  # bytes per µs
 
 
@@ -101,7 +103,7 @@ def run(a: argparse.Namespace) -> int:
             "kv", "bt", "layer_elems", "page_elems", "seq", "pos", "slot", "qkv", "out", "tail"))
 
         def gemv(layer):
-            ks.launch("kern_gemv_norm_m1_p2", (GEMV_GRID,), [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
+            ks.launch(QKV_GEMV, (GEMV_GRID,), [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
 
         def one(layer):
             ks.launch("decode_attention_rope_cluster_pdl", (NKV, CLUSTER, 1),

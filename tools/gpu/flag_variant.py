@@ -41,8 +41,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gemv_plan import gemv_plain_entry  # noqa: E402
-from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
+from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
+from manifest_variants import NB2_NOTE, VariantError, known_launch, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
 
 MODULE = "gemv_flag"
 FLAGS = "gemv_flags"
@@ -70,8 +70,8 @@ def _launch(m: dict, op: str) -> dict:
     if len(launches) != 1 or gemv_plain_entry(str(launches[0].get("entry"))) not in KNOWN[op]:
         got = ", ".join(str(ln.get("entry") or ln.get("extern")) for ln in launches)
         raise VariantError(f"op `{op}` launches {got}; this rewrite knows one launch of "
-                           + " or ".join(f"`{e}`" for e in KNOWN[op]))
-    return {**launches[0], "entry": gemv_plain_entry(launches[0]["entry"])}
+                           + " or ".join(f"`{e}`" for e in KNOWN[op]) + NB2_NOTE * any("_norm" in e for e in KNOWN[op]))
+    return known_launch(m, op, KNOWN[op])  # the plain twin of an `_nb2` entry, with a note
 
 
 def _check_cubin(kernels: Path, cubin_name: str) -> None:
@@ -93,6 +93,11 @@ def _flag_op(m: dict, op: str, entry: str, extra_params: list[str], extra_args: 
     n_iface = len(m["ops"][op]["params"])
     ptrs = [p for p in extra_params if p == U32_IO]
     fwd = iter(range(n_iface, n_iface + len(ptrs)))
+    if ln.get("module") != "gemv":
+        # a row-pass module (4B's qkv on gemv_p2): the flag build's entry is the default form, one 16-row unit per
+        # block, whose grid is the default's (n and ksplit the launch's literals; 2 rows per warp group, 8 warps)
+        n_out, ksplit = ln["args"][4 if "norm" in ln["entry"] else 3]["i32"], ln["args"][-1]["i32"]
+        ln["grid"] = [gemv_blocks(n_out, 1 if "silu" in ln["entry"] else 2, 8, ksplit), 1, 1]
     ln.update(module=MODULE, entry=entry)
     ln["params"] = [*ln["params"], *extra_params]
     ln["args"] = [*ln["args"], *({"param": next(fwd)} if p == U32_IO else a for p, a in zip(extra_params, extra_args))]

@@ -182,8 +182,9 @@ def run(a: argparse.Namespace, specs: list[tuple[str, Path, int, int, int]]) -> 
 
     torch.empty(1, device="cuda")
     ks = KernelSet(a.kernels)
-    p2 = "kern_gemv_norm_m1_p2" in ks.kernels
-    gemv = "kern_gemv_norm_m1_p2" if p2 else "kern_gemv_norm_m1"
+    # 4B's qkv as gen_qwen3 launches it: the row-pass module, with the batched norm prologue where the index has it
+    gemv = next((g for g in ("kern_gemv_norm_m1_nb2_p2", "kern_gemv_norm_m1_p2") if g in ks.kernels), "kern_gemv_norm_m1")
+    p2 = gemv.endswith("_p2")
     grid = (192,) if p2 else (-(-N // 16),)
     builds = {name: fused_launcher(f, slots, slot_bytes, threads) for name, f, slots, slot_bytes, threads in specs}
     x, ws, nw, qw, kw, cos_sin = layer_weights()

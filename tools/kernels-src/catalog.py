@@ -383,7 +383,7 @@ GEMV_UNROLL = {1: 4, 2: 2, 4: 2, 8: 2}
 #: Suffixed M = 1 entries: suffix -> loads per row per stage.
 GEMV_M1_UNROLLS = {"_u5": 5}
 #: The M = 1 norm entries' batched-prologue forms (gemv.cu INSTANTIATE_NORM_NB, norm_to_smem's NB): entry suffix, and
-#: the most x vectors per thread it batches (the constexpr NORM_NB; the plain entries have 1: the loop alone).
+#: the most x vectors per thread it batches (their constexpr NORM_NB; the plain entries have no NORM_NB: the loop).
 GEMV_NORM_NB_SUFFIX, GEMV_NORM_NB = "_nb2", 2
 
 

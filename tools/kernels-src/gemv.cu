@@ -33,6 +33,10 @@
 // (kern-run 4B, NOTES.md 28) gate_up's `_u5` is neutral and qkv's and lm_head's, followed by other
 // kernels, lose; tools/gemv_plan.py `gemv_entry_unroll` is the rule the generator applies.
 //
+// The M = 1 norm entries also have `_nb2` forms (kern_gemv_norm{,_silu}_m1{,_u5}_nb2, INSTANTIATE_NORM_NB): the same
+// params, arithmetic and bits, with norm_to_smem's batched prologue (NB = 2) for k/8 in (256, 512]; the generator
+// launches them where tools/gemv_plan.py `gemv_norm_batched` says so (4B's qkv and gate_up; NOTES.md 70-71).
+//
 // Roundings follow HF transformers' bf16 Qwen3 exactly where it rounds (GEMM
 // output, SiLU, product, residual add), so decode tokens track the reference.
 //
@@ -706,6 +710,7 @@ __device__ __forceinline__ void norm_to_smem(const __nv_bfloat16 *__restrict__ x
     // thread: the loop path) +0.017 ms/token (session 29, NOTES.md 71): the NB = 2 forms are entries of their own
     // (`_nb2`), which tools/gemv_plan.py `gemv_norm_batched` picks. An L1 prefetch of norm_w instead of the register
     // copy (prefetch.global.L1, SASS CCTL.E.PF1) cost +0.047 (4B) and +0.041 (0.6B).
+    static_assert(NB == 1 || M == 1, "norm_to_smem: the batched prologue (NB > 1) is for M = 1");
     uint4 xb[NB], wb[NB];
     const bool batch = NB > 1 && M == 1 && kv > (int)blockDim.x && kv <= NB * (int)blockDim.x;
     if (batch) {
@@ -781,7 +786,8 @@ __device__ __forceinline__ void store_rows(const float (&acc)[R][M], const long 
 }
 
 // The row-pass form (-DGEMV_PASSES=P, P = 2…8, a module of its own; tools/build_kernels.py builds P = 2: gemv_p2.cubin,
-// entry kern_gemv_norm_m1_p2, for the GEMV gemv_plan.gemv_passes picks: 4B's qkv): the plain, residual and norm entries
+// entries kern_gemv_norm_m1_p2 and kern_gemv_norm_m1_nb2_p2, for the GEMV gemv_plan.gemv_passes picks: 4B's qkv, on the
+// latter): the plain, residual and norm entries
 // with the same params and bits, but each block owns P consecutive row units of 2·WARPS rows (ksplit must be 1),
 // grid.x = ceil_div(n, 2·WARPS·P). A warp's weight stages run as one register pipeline over its P row pairs (two
 // stages in flight across a pass boundary: the next pair's first loads go out during the current pair's last FMAs),

@@ -235,6 +235,7 @@ MLP_ENTRY(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__
     const long j = (long)blockIdx.x * WARPS + warp;
     long rows[R] = {j, n + j};
     float a[R][1];
+    // norm_to_smem's loop prologue (NB = 1), the form this experiment was measured with (not the `_nb2` entries')
     pdl_dot<1, R, 5>(reinterpret_cast<const uint4 *>(xs), reinterpret_cast<const uint4 *>(w_gu), rows, kv, 0, kv, lane,
                      [&] { norm_to_smem<1>(x, norm_w, xs, k, eps); }, a, DownPrefetch{wd, dsm, pass_stride, passes}, 0);
 
