@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 from cubin_launch import launch_function  # noqa: E402
-from gemv_plan import (GEMV_NORM_NB_SUFFIX, GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS,  # noqa: E402
-                       gemv_entry_unroll, gemv_norm_batched, plan_gemvp)
+from gemv_plan import (GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_entry_unroll,  # noqa: E402
+                       gemv_norm_entry_name, plan_gemvp)
 from gen_qwen3 import GEMV_OPS, GEMV_OPS_BEFORE_ATTENTION  # noqa: E402
 
 GEOMETRIES = {
@@ -135,7 +135,7 @@ def gemv_entry(base, k, ks, unroll=None, before_attention=False):
     by the decode attention or not (`before_attention`), as tools/gen_qwen3.py does, unless `unroll` forces 4
     or 5; for the norm variants, then its batched-prologue form (`_nb2`) where gemv_norm_batched picks it."""
     name = base + GEMV_UNROLL_SUFFIX[gemv_entry_unroll(k, ks, before_attention) if unroll is None else unroll]
-    return name + GEMV_NORM_NB_SUFFIX if "_norm" in base and gemv_norm_batched(k) else name
+    return gemv_norm_entry_name(name, k) if "_norm" in base else name
 
 
 def run_plain(g, x, w, y, n, k, ks=1, pdl=False, unroll=None, before_attention=False):

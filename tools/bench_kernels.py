@@ -67,7 +67,7 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from gemv_plan import GEMV_NORM_NB_SUFFIX, gemv_blocks, gemv_norm_batched, gemv_pass_entry, gemv_passes  # noqa: E402
+from gemv_plan import gemv_blocks, gemv_norm_entry_name, gemv_pass_entry, gemv_passes  # noqa: E402
 from geometries import PRESETS  # noqa: E402
 
 # torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
@@ -318,8 +318,7 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
         cx = ks.kernels[QKV_GEMV]["constexprs"]
         ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
         passes = gemv_passes(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, sms=GEMV_SMS)
-        base = QKV_GEMV + GEMV_NORM_NB_SUFFIX
-        base = base if gemv_norm_batched(H, 32 * cx["WARPS"]) and base in ks.kernels else QKV_GEMV
+        base = gemv_norm_entry_name(QKV_GEMV, H, lambda name: name in ks.kernels, 32 * cx["WARPS"])
         try:  # the entry gen_qwen3 launches, checked as it checks it
             name = gemv_pass_entry(base, passes, lambda nm: ks.kernels[nm]["constexprs"] if nm in ks.kernels
                                    else None, who="the qkv GEMV (as gen_qwen3 launches it)")

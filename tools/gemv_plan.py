@@ -164,6 +164,15 @@ def gemv_norm_batched(k: int, threads: int = 256, nb: int = GEMV_NORM_NB) -> boo
     return threads < k // 8 <= nb * threads
 
 
+def gemv_norm_entry_name(name: str, k: int, has=lambda name: True, threads: int = 256) -> str:
+    """The entry an M = 1 norm GEMV over `k` launches for plain entry `name`: its batched-prologue form `name_nb2`
+    where gemv_norm_batched(k, threads) and `has(name_nb2)` (an index or module that holds it; an index built before
+    session 29 has none, and its plain entries are correct for every k), else `name`. Raises ValueError as
+    gemv_norm_batched does."""
+    nb = name + GEMV_NORM_NB_SUFFIX
+    return nb if gemv_norm_batched(k, threads) and has(nb) else name
+
+
 def gemv_plain_entry(name: str) -> str:
     """`name` without its batched-prologue suffix (`kern_gemv_norm_m1_nb2` -> `kern_gemv_norm_m1`): the plain entry of
     the same params, grid and bits, whose twins the experiment builds (gemv.cu's flag, MLP, TMA, L2-prefetch forms)

@@ -100,7 +100,7 @@ from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemv_plan import (GEMV_NORM_NB, GEMV_NORM_NB_SUFFIX, GEMV_UNROLL_SUFFIX, gemv_blocks,  # noqa: E402
-                       gemv_entry_unroll, gemv_norm_batched, gemv_pass_entry, gemv_passes, plan_gemvp)
+                       gemv_entry_unroll, gemv_norm_entry_name, gemv_pass_entry, gemv_passes, plan_gemvp)
 from export_weights import SCREEN_Q8, SCREEN_ROWS  # noqa: E402  (the names of the screened head's weights)
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
@@ -871,13 +871,12 @@ GEMV_OPS_BEFORE_ATTENTION = frozenset({"gemv_norm_qkv"})
 GEMV_OPS_AFTER_ATTENTION = frozenset({"gemv_residual_o_proj"})
 
 
-def gemv_norm_entry(b: ManifestBuilder, kname: str) -> str:
-    """The batched-prologue form of the norm entry `kname` (`kname` + GEMV_NORM_NB_SUFFIX, for the k that
-    gemv_plan.gemv_norm_batched picks), or `kname` itself where the index has no such entry (an index built before
-    session 29: its plain entries are correct for every k, only slower or faster). Raises GenError where the index's
-    entry is not the form this generator knows (NORM_NB ≠ GEMV_NORM_NB: a stale index)."""
-    nb = kname + GEMV_NORM_NB_SUFFIX
-    if nb not in b.index:
+def gemv_norm_entry(b: ManifestBuilder, kname: str, k: int, threads: int) -> str:
+    """The entry of the norm GEMV `kname` over `k` (gemv_plan.gemv_norm_entry_name: its batched-prologue form where
+    gemv_norm_batched picks it and the index has it, else `kname`). Raises GenError where the index's `_nb2` entry is
+    not the form this generator knows (NORM_NB ≠ GEMV_NORM_NB: a stale index)."""
+    nb = gemv_norm_entry_name(kname, k, lambda name: name in b.index, threads)
+    if nb == kname:
         return kname
     if (got := b.constexpr(nb, "NORM_NB")) != GEMV_NORM_NB:
         raise GenError(f"kernel `{nb}` in the index has NORM_NB {got}, not {GEMV_NORM_NB}: a stale index; rebuild the "
@@ -933,8 +932,8 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         if (got := b.constexpr(kname, "UNROLL")) != unroll:
             raise GenError(f"kernel `{kname}` in the index has UNROLL {got}, not {unroll}: a stale index; rebuild the "
                            f"kernels with tools/build_kernels.py")
-        if variant != "gemv_residual" and gemv_norm_batched(k, 32 * warps_per_block):
-            kname = gemv_norm_entry(b, kname)
+        if variant != "gemv_residual":
+            kname = gemv_norm_entry(b, kname, k, 32 * warps_per_block)
         assert warps_per_block % ksplit == 0, (kname, warps_per_block, ksplit)
         passes = gemv_passes(n, cols, warps_per_block, ksplit, sms=GEMV_SMS) if op in GEMV_OPS_BEFORE_ATTENTION else 1
         try:  # the row-pass module where gemv_plan.gemv_passes says so: room for the attention's CTAs beside it

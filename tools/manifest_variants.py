@@ -270,6 +270,14 @@ def known_launch(m: dict, op: str, known: tuple[str, ...]) -> dict:
     if plain not in known:
         raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(known)}"
                            + NB2_NOTE * any("_norm" in e for e in known))
+    return plain_twin(op, ln)
+
+
+def plain_twin(op: str, ln: dict) -> dict:
+    """Launch `ln` of op `op` itself, or, where it launches a batched-prologue entry `NAME_nb2`, a copy on the plain
+    NAME (gemv_plan.gemv_plain_entry), with a note (once per op and entry) that the rewrite's twin has the loop
+    prologue and what to time it against."""
+    plain = gemv_plain_entry(str(ln.get("entry")))
     if plain == ln.get("entry"):
         return ln
     if (op, plain) not in _NOTED:

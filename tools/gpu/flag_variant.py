@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
-from manifest_variants import NB2_NOTE, VariantError, known_launch, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
+from manifest_variants import (NB2_NOTE, VariantError, pin_module, plain_twin, prune, rewrite_main,  # noqa: E402
+                               rewrite_parser)
 
 MODULE = "gemv_flag"
 FLAGS = "gemv_flags"
@@ -71,7 +72,7 @@ def _launch(m: dict, op: str) -> dict:
         got = ", ".join(str(ln.get("entry") or ln.get("extern")) for ln in launches)
         raise VariantError(f"op `{op}` launches {got}; this rewrite knows one launch of "
                            + " or ".join(f"`{e}`" for e in KNOWN[op]) + NB2_NOTE * any("_norm" in e for e in KNOWN[op]))
-    return known_launch(m, op, KNOWN[op])  # the plain twin of an `_nb2` entry, with a note
+    return plain_twin(op, launches[0])
 
 
 def _check_cubin(kernels: Path, cubin_name: str) -> None:

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from cubin_launch import KernelSet
     from export_weights import screen_head_rows
-    from gemv_plan import GEMV_NORM_NB_SUFFIX, GEMV_UNROLL_SUFFIX, gemv_entry_unroll, gemv_norm_batched
+    from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_entry_unroll, gemv_norm_entry_name
 
     torch.cuda.init()
     torch.empty(1, device="cuda")
@@ -97,9 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = torch.empty(V, dtype=torch.int16, device="cuda")
         bpart = torch.empty(nb1, dtype=torch.int32, device="cuda")
         partial_s = torch.empty(parts_s, dtype=torch.int64, device="cuda")
-        gemv = "kern_gemv_norm_m1" + GEMV_UNROLL_SUFFIX[gemv_entry_unroll(H, 1, False)]
-        if gemv_norm_batched(H) and gemv + GEMV_NORM_NB_SUFFIX in ks.kernels:  # as gen_qwen3 --lm-head dense launches it
-            gemv += GEMV_NORM_NB_SUFFIX
+        gemv = gemv_norm_entry_name("kern_gemv_norm_m1" + GEMV_UNROLL_SUFFIX[gemv_entry_unroll(H, 1, False)], H,
+                                    lambda name: name in ks.kernels)  # as gen_qwen3 --lm-head dense launches it
         dense = [launcher(gemv, math.ceil(V / 16), [x, nw, w, logits, V, H, EPS, 1]),
                  launcher("argmax_partial_pdl", parts_d, [logits, partial_d, V, parts_d]),
                  launcher("argmax_reduce_pdl", 1, [partial_d, out_d, parts_d])]
