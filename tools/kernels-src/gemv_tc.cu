@@ -1,0 +1,209 @@
+// Decode GEMVs on the tensor cores (sm_90, M = 1): gemv.cu's four variants with the same params and roundings, the
+// dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate) instead of 16 FMAs and 8 converts per 16-byte load.
+//
+// Why (NOTES.md 27, 72): in gemv.cu a lane's next weight loads are issued only after the FMAs of the stage they
+// replace, so the stream loop's own instructions delay the weight stream at every kernel boundary; a probe measured
+// the FMA form of the dots at +3.5 µs per launch and an mma form at +0.9. One mma here consumes one 16-byte load per
+// lane: per 32 elements of k a lane issues two weight loads, one x load and two mma.
+//
+// Layout. A block owns one tile of 16 rows (rows row0 + g and row0 + g + 8 for lane (g, t) = (lane / 4, lane % 4));
+// its 8 warps split k into 8 contiguous ranges of whole 32-element steps. In step s, lane (g, t) loads the 8
+// elements 32·s + 8·t … + 7 of row g (A0) and of row g + 8 (A1), and x's same 8 elements (X). Two mma per step:
+//     A = {A0.x, A1.x, A0.y, A1.y}, B = {X.x, X.y}    (elements 8t … 8t + 3 of the step)
+//     A = {A0.z, A1.z, A0.w, A1.w}, B = {X.z, X.w}    (elements 8t + 4 … 8t + 7)
+// which is the m16n8k16 fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16", .bf16: a0,a1 = (row g, k
+// 2t, 2t+1), a2,a3 = (row g+8, …), a4..a7 the same at k + 8; b0,b1 = (k 2t, 2t+1, column g), b2,b3 = k + 8) with
+// the k slots of each mma mapped onto the step's elements the same way for every row and for x: a dot product
+// does not depend on the order of k. Every column of B is x, so every column of C is the same dot: c0 is row g's
+// partial sum, c2 row g + 8's. Four accumulators (two per mma position, alternating steps) keep the mma chains
+// short; they, then the 8 warps' partials, are summed in a fixed order: results are deterministic, but not
+// gemv.cu's bits (the tensor core sums its 16 products in its own order and precision).
+//
+//   kern_gemvtc_m1{,_u5}(x, w, y, n, k, ksplit)                       y[j] = bf16(x·w[j])
+//   kern_gemvtc_norm_m1{,_u5}(x, norm_w, w, y, n, k, eps, ksplit)     y[j] = bf16(xn·w[j]), xn as gemv.cu's norm
+//   kern_gemvtc_norm_silu_m1{,_u5}(x, norm_w, w, y, n, k, eps, ksplit) y[j] = bf16(bf16(silu(g)) · u), the tile's
+//       rows g < 8 are gate rows j0 + g, rows g + 8 up rows n + j0 + g (8 output columns per block)
+//   kern_gemvtc_residual_m1{,_u5}(x, w, residual, n, k, ksplit)       residual[j] = bf16(residual[j] + bf16(x·w[j]))
+// Launch: block 256, grid.x = ceil_div(n, 16) (norm_silu: ceil_div(n, 8)), ksplit must be 1 (the warps always
+// split k 8 ways: the launch geometry of gemv.cu's entries at ksplit 1); k a multiple of 32; pointers 16-byte
+// aligned; the norm variants take k·2 bytes of dynamic shared memory. U (4, or 5 in `_u5`) steps per pipeline stage
+// (2U weight loads per lane), two stages issued before griddepcontrol.wait, as gemv.cu. A launch with ksplit ≠ 1 or
+// k % 32 ≠ 0 traps.
+#define GEMV_NO_ENTRIES
+#include "gemv.cu"
+
+namespace {
+
+// c += A·B for one m16n8k16 tile (bf16 inputs, fp32 accumulators; PTX ISA mma.sync.aligned.m16n8k16.row.col).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Stage s of a lane's weight loads: steps j = s·U + u < ns, rows g (buf[0]) and g + 8 (buf[1]); p0/p1 point at the
+// lane's first vector of its warp's range in each row; a step is 4 vectors (32 elements).
+template <int U>
+__device__ __forceinline__ void tc_stage_load(uint4 (&buf)[2][U], const uint4 *p0, const uint4 *p1, int s, int ns) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int j = s * U + u;
+        buf[0][u] = ldg_stage_if<false>(p0 + 4 * j, j < ns, 0);
+        buf[1][u] = ldg_stage_if<false>(p1 + 4 * j, j < ns, 0);
+    }
+}
+
+// The mma of stage s: step j = s·U + u into accumulators c[2·(u & 1)] and c[2·(u & 1) + 1]; `xv(j)` is x's 16-byte
+// vector of the lane for step j. ns is the same for the warp's 32 lanes (mma.sync wants them all).
+template <int U, typename XV>
+__device__ __forceinline__ void tc_stage_mma(float (&c)[4][4], const uint4 (&buf)[2][U], int s, int ns, const XV &xv) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int j = s * U + u;
+        if (j < ns) {
+            const uint4 x = xv(j);
+            const uint4 a = buf[0][u], b = buf[1][u];
+            mma_bf16(c[2 * (u & 1)], a.x, b.x, a.y, b.y, x.x, x.y);
+            mma_bf16(c[2 * (u & 1) + 1], a.z, b.z, a.w, b.w, x.z, x.w);
+        }
+    }
+}
+
+// The 16 row sums of the block's tile into sums[0..15] (shared, valid after the barrier this ends with): each warp's
+// two-stage register pipeline over its k range (the first two stages before the PDL gate, as gemv.cu's pdl_dot),
+// then its partials through shared memory, summed over the warps in order by threads 0..15. rows past n are
+// clamped to n − 1 for the loads (their sums are not stored by the callers). `xv(v)`: x's vector v (8 elements).
+template <int U, typename Prologue, typename XV>
+__device__ __forceinline__ void tc_tile(const __nv_bfloat16 *__restrict__ w_, long r0, long r1, int k,
+                                        Prologue prologue, const XV &xvec, float *sums) {
+    __shared__ float part[WARPS][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int kv = k >> 3, steps = k >> 5;
+    const int per = (steps + WARPS - 1) / WARPS, s0 = min(steps, warp * per), ns = min(steps - s0, per);
+    const uint4 *w = reinterpret_cast<const uint4 *>(w_);
+    const uint4 *p0 = w + r0 * kv + 4 * s0 + t, *p1 = w + r1 * kv + 4 * s0 + t;
+    const int stages = (ns + U - 1) / U;
+    uint4 a[2][U], b[2][U];
+    tc_stage_load<U>(a, p0, p1, 0, ns);
+    tc_stage_load<U>(b, p0, p1, 1, ns);
+    pdl_gate(prologue);
+    float c[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[i][e] = 0.f;
+    const int xv0 = 4 * s0 + t;
+    auto xv = [&](int j) { return xvec(xv0 + 4 * j); };
+    for (int s = 0; s < stages; s += 2) {
+        tc_stage_mma<U>(c, a, s, ns, xv);
+        tc_stage_load<U>(a, p0, p1, s + 2, ns);
+        if (s + 1 < stages) {
+            tc_stage_mma<U>(c, b, s + 1, ns, xv);
+            tc_stage_load<U>(b, p0, p1, s + 3, ns);
+        }
+    }
+    if (t == 0) {
+        part[warp][g] = (c[0][0] + c[1][0]) + (c[2][0] + c[3][0]);
+        part[warp][g + 8] = (c[0][2] + c[1][2]) + (c[2][2] + c[3][2]);
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) acc += part[i][threadIdx.x];
+        sums[threadIdx.x] = acc;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void tc_check(int k, int ksplit) {
+    if (ksplit != 1 || (k & 31) != 0) __trap();  // the launch geometry and the 32-element steps (see the header)
+}
+
+// plain (RESIDUAL false) and residual: rows row0 … row0 + 15 of y.
+template <bool RESIDUAL, int U, typename Prologue, typename XV>
+__device__ __forceinline__ void tc_rows(const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n,
+                                        int k, Prologue prologue, const XV &xv) {
+    __shared__ float sums[16];
+    const int g = (threadIdx.x & 31) >> 2;
+    const long row0 = (long)blockIdx.x * 16;
+    const long r0 = min(row0 + g, (long)n - 1), r1 = min(row0 + g + 8, (long)n - 1);
+    tc_tile<U>(w, r0, r1, k, prologue, xv, sums);
+    const long i = row0 + threadIdx.x;
+    if (threadIdx.x < 16 && i < n) {
+        if (RESIDUAL)
+            y[i] = tobf(bf(y[i]) + bf(tobf(sums[threadIdx.x])));
+        else
+            y[i] = tobf(sums[threadIdx.x]);
+    }
+}
+
+// norm + SiLU-and-mul: output columns j0 … j0 + 7 (gate rows j0 + g, up rows n + j0 + g).
+template <int U, typename Prologue, typename XV>
+__device__ __forceinline__ void tc_silu_rows(const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y,
+                                             int n, int k, Prologue prologue, const XV &xv) {
+    __shared__ float sums[16];
+    const int g = (threadIdx.x & 31) >> 2;
+    const long j0 = (long)blockIdx.x * 8, jc = min(j0 + g, (long)n - 1);
+    tc_tile<U>(w, jc, n + jc, k, prologue, xv, sums);
+    const long j = j0 + threadIdx.x;
+    if (threadIdx.x < 8 && j < n) {
+        const float gt = bf(tobf(sums[threadIdx.x]));
+        const float up = bf(tobf(sums[threadIdx.x + 8]));
+        y[j] = tobf(bf(tobf(silu(gt))) * up);
+    }
+}
+
+// x's vector v: through generic loads from global memory (plain, residual: as gemv.cu's PdlGate::x) or from the
+// normalized copy in shared memory (norm variants).
+struct XGlobal {
+    const uint4 *x;
+    __device__ __forceinline__ uint4 operator()(int v) const { return x[v]; }
+};
+struct XShared {
+    const uint4 *xs;
+    __device__ __forceinline__ uint4 operator()(int v) const { return xs[v]; }
+};
+
+}  // namespace
+
+#define INSTANTIATE_TC(U, SUFFIX)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_m1##SUFFIX(                               \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, \
+        int n, int k, int ksplit) {                                                                               \
+        tc_check(k, ksplit);                                                                                      \
+        const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
+        asm volatile("" : "+l"(xp)); /* generic loads: a PDL predecessor wrote x */                               \
+        tc_rows<false, U>(w, y, n, k, [] {}, XGlobal{xp});                                                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_residual_m1##SUFFIX(                      \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                                \
+        __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                                         \
+        tc_check(k, ksplit);                                                                                      \
+        const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
+        asm volatile("" : "+l"(xp));                                                                              \
+        tc_rows<true, U>(w, residual, n, k, [] {}, XGlobal{xp});                                                  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_norm_m1##SUFFIX(                          \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
+        tc_check(k, ksplit);                                                                                      \
+        extern __shared__ __align__(16) unsigned char smem[];                                                     \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
+        tc_rows<false, U>(w, y, n, k, [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); },                  \
+                          XShared{reinterpret_cast<const uint4 *>(xs)});                                          \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_norm_silu_m1##SUFFIX(                     \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
+        const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
+        tc_check(k, ksplit);                                                                                      \
+        extern __shared__ __align__(16) unsigned char smem[];                                                     \
+        __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
+        tc_silu_rows<U>(w, y, n, k, [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); },                    \
+                        XShared{reinterpret_cast<const uint4 *>(xs)});                                            \
+    }
+
+INSTANTIATE_TC(4, )
+INSTANTIATE_TC(5, _u5)
