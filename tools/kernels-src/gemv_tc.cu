@@ -6,18 +6,19 @@
 // the FMA form of the dots at +3.5 µs per launch and an mma form at +0.9. One mma here consumes one 16-byte load per
 // lane: per 32 elements of k a lane issues two weight loads, one x load and two mma.
 //
-// Layout. A block owns one tile of 16 rows (rows row0 + g and row0 + g + 8 for lane (g, t) = (lane / 4, lane % 4));
-// its 8 warps split k into 8 contiguous ranges of whole 32-element steps. In step s, lane (g, t) loads the 8
-// elements 32·s + 8·t … + 7 of row g (A0) and of row g + 8 (A1), and x's same 8 elements (X). Two mma per step:
-//     A = {A0.x, A1.x, A0.y, A1.y}, B = {X.x, X.y}    (elements 8t … 8t + 3 of the step)
-//     A = {A0.z, A1.z, A0.w, A1.w}, B = {X.z, X.w}    (elements 8t + 4 … 8t + 7)
-// which is the m16n8k16 fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16", .bf16: a0,a1 = (row g, k
-// 2t, 2t+1), a2,a3 = (row g+8, …), a4..a7 the same at k + 8; b0,b1 = (k 2t, 2t+1, column g), b2,b3 = k + 8) with
-// the k slots of each mma mapped onto the step's elements the same way for every row and for x: a dot product
-// does not depend on the order of k. Every column of B is x, so every column of C is the same dot: c0 is row g's
-// partial sum, c2 row g + 8's. Four accumulators (two per mma position, alternating steps) keep the mma chains
-// short; they, then the 8 warps' partials, are summed in a fixed order: results are deterministic, but not
-// gemv.cu's bits (the tensor core sums its 16 products in its own order and precision).
+// Layout. A block owns one tile of 16 rows; its 8 warps split k into 8 contiguous ranges of whole 32-element steps.
+// Lane (g, t) = (lane / 4, lane % 4) loads, in step s, the 8 elements e = 32·s + 8·t … + 7 of row g and of row
+// g + 8 of the tile, and x's same 8 elements X. Each 16-byte row load is the A operand of one mma.m16n8k16 as it
+// lands (no register moves): the fragment's registers (PTX ISA, "Matrix Fragments for mma.m16n8k16", .bf16) are
+// a0a1 = (A row g, k slots 2t, 2t+1), a2a3 = (A row g+8, slots 2t, 2t+1), a4a5 = (A row g, 2t+8, 2t+9), a6a7 =
+// (A row g+8, 2t+8, 2t+9), so A's row g holds the weight row's elements 8t+{0,1,4,5} and A's row g+8 its elements
+// 8t+{2,3,6,7}, i.e. an 8-row tile whose two halves of k sit in A's two row halves. B's columns carry x in both
+// orders: the lanes of even g (columns 0, 2, …) hold X's elements {0,1} and {4,5} (b0b1 = X.x, b2b3 = X.z), the
+// lanes of odd g X's {2,3} and {6,7} (X.y, X.w). Then C[g][even column] is row g's dot over 8t+{0,1,4,5} and
+// C[g+8][odd column] its dot over 8t+{2,3,6,7}: the lane's c0 + c3 is the row's partial sum (a dot product does
+// not depend on the order of k). Two mma per step (row g's load, row g+8's), four accumulators (two per row,
+// alternating steps); they, then the 8 warps' partials, are summed in a fixed order: results are deterministic,
+// but not gemv.cu's bits (the tensor core sums its products in its own order and precision).
 //
 //   kern_gemvtc_m1{,_u5}(x, w, y, n, k, ksplit)                       y[j] = bf16(x·w[j])
 //   kern_gemvtc_norm_m1{,_u5}(x, norm_w, w, y, n, k, eps, ksplit)     y[j] = bf16(xn·w[j]), xn as gemv.cu's norm
@@ -55,18 +56,22 @@ __device__ __forceinline__ void tc_stage_load(uint4 (&buf)[2][U], const uint4 *p
     }
 }
 
-// The mma of stage s: step j = s·U + u into accumulators c[2·(u & 1)] and c[2·(u & 1) + 1]; `xv(j)` is x's 16-byte
-// vector of the lane for step j. ns is the same for the warp's 32 lanes (mma.sync wants them all).
+// The mma of stage s: for step j = s·U + u, one mma per loaded row (buf[0]: row g, buf[1]: row g + 8), into
+// accumulators c[u & 1] and c[2 + (u & 1)]; `xv(j)` is x's 16-byte vector of the lane for step j, `odd` = g & 1
+// picks the half of it that the lane's B column holds (see the header). ns is the same for the warp's 32 lanes
+// (mma.sync wants them all).
 template <int U, typename XV>
-__device__ __forceinline__ void tc_stage_mma(float (&c)[4][4], const uint4 (&buf)[2][U], int s, int ns, const XV &xv) {
+__device__ __forceinline__ void tc_stage_mma(float (&c)[4][4], const uint4 (&buf)[2][U], int s, int ns, bool odd,
+                                             const XV &xv) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int j = s * U + u;
         if (j < ns) {
             const uint4 x = xv(j);
+            const uint32_t b0 = odd ? x.y : x.x, b1 = odd ? x.w : x.z;
             const uint4 a = buf[0][u], b = buf[1][u];
-            mma_bf16(c[2 * (u & 1)], a.x, b.x, a.y, b.y, x.x, x.y);
-            mma_bf16(c[2 * (u & 1) + 1], a.z, b.z, a.w, b.w, x.z, x.w);
+            mma_bf16(c[u & 1], a.x, a.y, a.z, a.w, b0, b1);
+            mma_bf16(c[2 + (u & 1)], b.x, b.y, b.z, b.w, b0, b1);
         }
     }
 }
@@ -95,18 +100,19 @@ __device__ __forceinline__ void tc_tile(const __nv_bfloat16 *__restrict__ w_, lo
 #pragma unroll
         for (int e = 0; e < 4; ++e) c[i][e] = 0.f;
     const int xv0 = 4 * s0 + t;
+    const bool odd = g & 1;
     auto xv = [&](int j) { return xvec(xv0 + 4 * j); };
     for (int s = 0; s < stages; s += 2) {
-        tc_stage_mma<U>(c, a, s, ns, xv);
+        tc_stage_mma<U>(c, a, s, ns, odd, xv);
         tc_stage_load<U>(a, p0, p1, s + 2, ns);
         if (s + 1 < stages) {
-            tc_stage_mma<U>(c, b, s + 1, ns, xv);
+            tc_stage_mma<U>(c, b, s + 1, ns, odd, xv);
             tc_stage_load<U>(b, p0, p1, s + 3, ns);
         }
     }
     if (t == 0) {
-        part[warp][g] = (c[0][0] + c[1][0]) + (c[2][0] + c[3][0]);
-        part[warp][g + 8] = (c[0][2] + c[1][2]) + (c[2][2] + c[3][2]);
+        part[warp][g] = (c[0][0] + c[0][3]) + (c[1][0] + c[1][3]);  // row g: even column + odd column
+        part[warp][g + 8] = (c[2][0] + c[2][3]) + (c[3][0] + c[3][3]);
     }
     __syncthreads();
     if (threadIdx.x < 16) {
@@ -170,7 +176,7 @@ struct XShared {
 }  // namespace
 
 #define INSTANTIATE_TC(U, SUFFIX)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_m1##SUFFIX(                               \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_m1##SUFFIX(                               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, \
         int n, int k, int ksplit) {                                                                               \
         tc_check(k, ksplit);                                                                                      \
@@ -178,7 +184,7 @@ struct XShared {
         asm volatile("" : "+l"(xp)); /* generic loads: a PDL predecessor wrote x */                               \
         tc_rows<false, U>(w, y, n, k, [] {}, XGlobal{xp});                                                        \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_residual_m1##SUFFIX(                      \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_residual_m1##SUFFIX(                      \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                                         \
         tc_check(k, ksplit);                                                                                      \
@@ -186,7 +192,7 @@ struct XShared {
         asm volatile("" : "+l"(xp));                                                                              \
         tc_rows<true, U>(w, residual, n, k, [] {}, XGlobal{xp});                                                  \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_norm_m1##SUFFIX(                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_m1##SUFFIX(                          \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
         tc_check(k, ksplit);                                                                                      \
@@ -195,7 +201,7 @@ struct XShared {
         tc_rows<false, U>(w, y, n, k, [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); },                  \
                           XShared{reinterpret_cast<const uint4 *>(xs)});                                          \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) kern_gemvtc_norm_silu_m1##SUFFIX(                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_silu_m1##SUFFIX(                     \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
         tc_check(k, ksplit);                                                                                      \
