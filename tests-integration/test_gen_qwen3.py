@@ -175,13 +175,24 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     assert _gemv(m, "gemv_norm_qkv", index) == (
         "kern_gemv_norm_m1_nb2", [6144 // 32, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
     assert m.ops["gemv_norm_qkv"].impl.launches[0].module == "gemv_p2"
-    assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {"gemv"}
-    assert _gemv(m, "gemv_residual_o_proj", index) == (  # after the attention: ksplit 2 (gen.gemv_ksplit)
-        "kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2})
+    # the residual GEMVs on gemv_tc.cu (gemv_plan.gemv_tensor_core): one 16-row tile per block, ksplit 1
+    assert {op: m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {
+        "gemv_residual_o_proj": "gemv_tc", "gemv_residual_down_proj": "gemv_tc", "gemv_norm_silu_gate_up": "gemv",
+        "gemv_norm_lm_head": "gemv"}
+    assert _gemv(m, "gemv_residual_o_proj", index) == (
+        "kern_gemvtc_residual_m1", [2560 // 16, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 1})
     assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
         "kern_gemv_norm_silu_m1_u5_nb2", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
     assert _gemv(m, "gemv_residual_down_proj", index) == (
+        "kern_gemvtc_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
+    # --gemv gemv-fma: gemv.cu's entries for every op (the manifests before session 30)
+    fma = _build("4b", fake_kernels, gemv="gemv-fma")
+    assert {fma.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {"gemv"}
+    assert _gemv(fma, "gemv_residual_o_proj", index) == (  # after the attention: ksplit 2 (gen.gemv_ksplit)
+        "kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2})
+    assert _gemv(fma, "gemv_residual_down_proj", index) == (
         "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
+    assert all(fma.ops[op] == m.ops[op] for op in ("gemv_norm_qkv", "gemv_norm_silu_gate_up", "gemv_norm_lm_head"))
     assert _gemv(m, "gemv_norm_lm_head", index) == (  # followed by the argmax: `_u5`
         "kern_gemv_norm_m1_u5_nb2", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
     # --gemv persistent: tools/gemv_plan.py's plan
@@ -191,13 +202,17 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     assert m.ops["gemv_residual_o_proj"].params == ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>"]
     assert m.ops["gemv_norm_qkv"].params == ["in buffer<bf16>"] * 3 + ["out buffer<bf16>"]
 
-    m = _build("0.6b", fake_kernels)
+    m = _build("0.6b", fake_kernels, gemv="gemv-fma")
     # qkv's 256 blocks are one wave: no row passes (gemv_plan.gemv_passes); every GEMV on gemv.cubin
     assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS} == {"gemv"}
     # the small model (k = 1024 and 2048: at most 8 loads per lane and row) keeps the 4-load entries, and its norm
     # GEMVs (k = 1,024: one x vector per thread) the loop prologue of the plain entries
     assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
                                                                "kern_gemv_norm_silu_m1"}
+    tc = _build("0.6b", fake_kernels)  # the default: o and down on gemv_tc.cu, 64 tiles of 16 rows
+    assert {op: _gemv(tc, op, index) for op in ("gemv_residual_o_proj", "gemv_residual_down_proj")} == {
+        "gemv_residual_o_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 2048, "ksplit": 1}),
+        "gemv_residual_down_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 3072, "ksplit": 1})}
     # the small model: down (512 row pairs over k = 3072) splits k to fill the GPU, o because it follows the attention
     assert _gemv(m, "gemv_residual_down_proj", index)[1:] == ([1024 * 4 // 16, 1, 1], None,
                                                               {"n": 1024, "k": 3072, "ksplit": 4})
@@ -216,7 +231,7 @@ def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
     or without PDL."""
     index = gen.load_index(fake_kernels)
     cfg = Qwen3Config.preset(preset)
-    m, plain = (_build(preset, fake_kernels, gemv=g) for g in ("persistent", "gemv"))
+    m, plain = (_build(preset, fake_kernels, gemv=g) for g in ("persistent", "gemv-fma"))
     default, default_pdl = _build(preset, fake_kernels), _build(preset, fake_kernels, pdl=True)
     assert kern_verify.verify(m) == []
     shapes = {"gemv_norm_qkv": (cfg.qkv_size, cfg.hidden_size, False),
@@ -235,8 +250,8 @@ def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
             [plan.grid, 1, 1], plan.smem, n, k, plan.piece_chunks)
         assert smem <= 112 * 1024 and m.ops[op].params == plain.ops[op].params
         assert _gemv(plain, op, index)[0].startswith("kern_gemv_")
-        assert _gemv(default, op, index)[0].startswith("kern_gemv_")
-        assert _gemv(default_pdl, op, index)[0].startswith("kern_gemv_")
+        assert _gemv(default, op, index)[0].startswith("kern_gemvtc_" if "residual" in op else "kern_gemv_")
+        assert _gemv(default_pdl, op, index)[0].startswith("kern_gemvtc_" if "residual" in op else "kern_gemv_")
     assert m.programs == plain.programs and m.buffers == plain.buffers
 
 
@@ -338,6 +353,62 @@ def test_gemv_norm_entry_without_batched_forms(fake_kernels: Path, tmp_path: Pat
     (stale / "index.json").write_text(json.dumps(idx))
     with pytest.raises(gen.GenError, match="`kern_gemv_norm_silu_m1_u5_nb2` in the index has NORM_NB 3, not 2: a stale"):
         _build("4b", stale)
+
+
+def test_gemv_tensor_core_rule() -> None:
+    """gemv_tc.cu for the residual GEMVs (o_proj, down_proj) where k is a multiple of its 32-element mma step; gemv.cu
+    for the norm GEMVs (measured slower on the tensor cores, NOTES.md 72); entry names; bad inputs refused."""
+    assert [gemv_plan.gemv_tensor_core("gemv_residual", k) for k in (1024, 4096, 9728, 25600, 1000, 1032)] == \
+        [True, True, True, True, False, False]
+    assert not any(gemv_plan.gemv_tensor_core(v, 4096) for v in ("gemv_norm", "gemv_norm_silu", "gemv"))
+    assert gemv_plan.GEMV_TC_STEP == 32 and set(gemv_plan.GEMV_TC_VARIANTS) <= set(gen.GEMV_OPS.values())
+    assert [gemv_plan.gemv_tc_entry(n) for n in ("kern_gemv_residual_m1", "kern_gemv_norm_silu_m1_u5_nb2",
+                                                  "kern_gemv_m1")] == [
+        "kern_gemvtc_residual_m1", "kern_gemvtc_norm_silu_m1_u5", "kern_gemvtc_m1"]
+    with pytest.raises(ValueError, match="`kern_gemvp_m1` is not a gemv.cu entry"):
+        gemv_plan.gemv_tc_entry("kern_gemvp_m1")
+    with pytest.raises(ValueError, match="k = 1020 must be a positive multiple of 8"):
+        gemv_plan.gemv_tensor_core("gemv_residual", 1020)
+
+
+def test_gemv_tensor_core_index_old_or_stale(fake_kernels: Path, tmp_path: Path) -> None:
+    """An index without gemv_tc.cu's entries (built before session 30) gives gemv.cu's residual entries, as
+    `--gemv gemv-fma` does; one whose tensor-core entry has another TC_STEP is a stale index, refused."""
+    idx = json.loads((fake_kernels / "index.json").read_text())
+    kernels = idx["kernels"] if "kernels" in idx else idx
+    saved = {n: kernels.pop(n) for n in list(kernels) if n.startswith("kern_gemvtc")}
+    assert len(saved) == 8  # plain, norm, norm_silu, residual × "", _u5
+    old = tmp_path / "old"
+    shutil.copytree(fake_kernels, old)
+    (old / "index.json").write_text(json.dumps(idx))
+    m, fma = _build("4b", old), _build("4b", fake_kernels, gemv="gemv-fma")
+    assert all(m.ops[op] == fma.ops[op] for op in gen.GEMV_OPS)
+    kernels.update(saved)
+    kernels["kern_gemvtc_residual_m1"]["constexprs"]["TC_STEP"] = 16
+    stale = tmp_path / "stale"
+    shutil.copytree(fake_kernels, stale)
+    (stale / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(gen.GenError, match="kernel `kern_gemvtc_residual_m1` in the index has TC_STEP 16, M 1 .*: a "
+                                           "stale index"):
+        _build("4b", stale)
+
+
+def test_tensor_core_gemv_wiring_checked(fake_kernels: Path) -> None:
+    """check_wiring holds a tensor-core launch to its rule (ksplit 1, k a multiple of 32, grid ceil_div(n, 16)),
+    naming the launch."""
+    cfg = Qwen3Config.preset("4b")
+    lay, index = gen.make_layout(cfg), gen.load_index(fake_kernels)
+    m = _build("4b", fake_kernels)
+    gen.check_wiring(m, cfg, lay, index)
+    t = ks.load(ks.dump(m))
+    la = t.ops["gemv_residual_o_proj"].impl.launches[0]
+    la.args[-1] = ks.Arg(i32=2)
+    la.grid = [320, 1, 1]  # gemv.cu's grid at ksplit 2
+    with pytest.raises(gen.WiringError) as e:
+        gen.check_wiring(t, cfg, lay, index)
+    assert ("ops.gemv_residual_o_proj kernel `kern_gemvtc_residual_m1`: ksplit 2, k = 4096 with "
+            "`kern_gemvtc_residual_m1` (gemv_tc.cu, mma steps of 32 elements): the tensor-core form takes ksplit 1 "
+            "and k a multiple of 32 (any other launch traps)") in str(e.value)
 
 
 def test_gemv_passes_rule() -> None:
@@ -756,7 +827,9 @@ def test_attention_reading_k_as_q_trips_the_wiring_check(fake_kernels: Path) -> 
 
 def test_tampered_manifest_trips_the_wiring_check(fake_kernels: Path) -> None:
     cfg = Qwen3Config.preset("0.6b")
-    m = _build("0.6b", fake_kernels)
+    # gemv.cu for every decode GEMV, whose ksplit and grid rules are tampered with below (the tensor-core entries'
+    # rule: test_tensor_core_gemv_wiring_checked)
+    m = _build("0.6b", fake_kernels, gemv="gemv-fma")
     lay = gen.make_layout(cfg)
     index = gen.load_index(fake_kernels)
     kof = gen.kernels_by_op(m, index)
@@ -1012,7 +1085,7 @@ def decode_launches(m: ks.Manifest) -> list[tuple[str, int, ks.Launch]]:
 
 #: Modules of one form, PDL-ready (griddepcontrol in their entries; no `_pdl` twin): the decode GEMVs and the screened
 #: lm_head's screen and pick.
-PDL_READY = ("gemv.cubin", "gemv_p2.cubin", "gemv_persist.cubin", "lm_head_screen.cubin")
+PDL_READY = ("gemv.cubin", "gemv_p2.cubin", "gemv_tc.cubin", "gemv_persist.cubin", "lm_head_screen.cubin")
 
 
 def check_pdl_manifest(m: ks.Manifest) -> None:

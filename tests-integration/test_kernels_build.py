@@ -64,6 +64,7 @@ def test_index_format(built):
             "rms_norm_h1024", "rms_norm_h2560", "add_rms_norm_h1024", "add_rms_norm_h2560"}
     need |= {f"kern_gemv{v}_m{m}" for v in ("", "_norm", "_norm_silu", "_residual") for m in (1, 2, 4, 8)}
     need |= {f"kern_gemvp{v}_m1" for v in ("", "_norm", "_norm_silu", "_residual")}
+    need |= {f"kern_gemvtc{v}_m1{u}" for v in ("", "_norm", "_norm_silu", "_residual") for u in ("", "_u5")}
     assert need <= set(idx["kernels"]), need - set(idx["kernels"])
     for name, k in idx["kernels"].items():
         assert set(k) - {"pdl", "carveout"} == {"module", "sha256", "entry", "params", "param_names", "aligned16",
@@ -81,7 +82,8 @@ def test_index_format(built):
         assert 0 <= k["shared_mem"] <= 232448, name
         assert k["doc"] and k["grid"], name
         if k["module"].removesuffix("_pdl.cubin").removesuffix(".cubin") not in (
-                "embedding", "argmax", "gemv", "gemv_p2", "gemv_persist", "decode_attention", "lm_head_screen"):  # Triton
+                "embedding", "argmax", "gemv", "gemv_p2", "gemv_tc", "gemv_persist", "decode_attention",
+                "lm_head_screen"):  # Triton
             assert k["params"][-2:] == ["u64", "u64"], name
             assert k["param_names"][-2:] == ["global_scratch", "profile_scratch"], name
 

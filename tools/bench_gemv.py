@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 from cubin_launch import launch_function  # noqa: E402
-from gemv_plan import (GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS, gemv_entry_unroll,  # noqa: E402
-                       gemv_norm_entry_name, plan_gemvp)
+from gemv_plan import (GEMV_TC_PREFIX, GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS,  # noqa: E402
+                       gemv_entry_unroll, gemv_norm_entry_name, gemv_tc_entry, gemv_tensor_core, plan_gemvp)
 from gen_qwen3 import GEMV_OPS, GEMV_OPS_BEFORE_ATTENTION  # noqa: E402
 
 GEOMETRIES = {
@@ -77,7 +77,7 @@ def threads_of(name: str) -> int:
 
 
 class Gemv:
-    """CUDA modules (gemv.cu, and gemv_persist.cu when given), loaded once; `launch(name, grid,
+    """CUDA modules (gemv.cu, then gemv_persist.cu and gemv_tc.cu when given), loaded once; `launch(name, grid,
     smem, args, pdl)` enqueues on torch's stream, with pdl=True through cuLaunchKernelEx with
     the programmatic-stream-serialization attribute (CUDA driver API, sm_90)."""
 
@@ -90,7 +90,8 @@ class Gemv:
     def fn(self, name: str, smem: int):
         f = self.fns.get(name)
         if f is None:
-            module = self.modules[1] if name.startswith("kern_gemvp") else self.modules[0]
+            module = self.modules[1] if name.startswith("kern_gemvp") else \
+                self.modules[2] if name.startswith(GEMV_TC_PREFIX) else self.modules[0]
             f = check(cu.cuModuleGetFunction(module, name.encode()))
             self.fns[name] = f
         if smem > 48 * 1024:
@@ -160,6 +161,13 @@ def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None, before_attentio
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
+def run_residual_tc(g, x, w, r, n, k, pdl=False):
+    """gemv_tc.cu's residual GEMV (the tensor cores; tools/gemv_plan.py gemv_tensor_core): grid ceil_div(n, 16), ksplit
+    1; k a multiple of 32."""
+    g.launch(gemv_tc_entry("kern_gemv_residual_m1"), cdiv(n, 16), 0,
+             [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (1, I32)], pdl)
+
+
 def run_shape(g, name, x, nw, w, y, n, k, ks=1, pdl=False):
     """The variant the decode program launches for shape `name` of `shapes()` (qkv, lm_head: norm; gate_up: norm +
     SiLU-and-mul over its n/2 output columns; o, down: residual add into y), with the manifests' entry
@@ -204,7 +212,7 @@ def runp_residual(g, x, w, r, n, k, pdl=False):
                                                       (n, I32), (k, I32)], pdl)
 
 
-def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, pdl=False, unroll=None):
+def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, pdl=False, unroll=None, tc=False):
     """A function that enqueues one decode token's GEMVs in program order: per layer norm + qkv into `qkv`,
     o + residual add (x = `attn`), norm + gate_up + SiLU-and-mul into `act`, down + residual add; then
     norm + lm_head into `logits`. `ks` (ksplit per shape name): gemv.cu's forms; None: the persistent forms
@@ -212,7 +220,9 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     stream serialization. gemv.cu's entries: `unroll` None: each shape's `gemv_entry` as the manifests launch
     them (the `_u5` entries except where the program's next launch is the attention, BEFORE_ATTENTION); "fit": `_u5` wherever
     gemv_plan.gemv_unroll allows (in this chain every launch is followed by a GEMV); 4 or 5: those entries
-    everywhere. `sh`: `shapes()`; `weights`: per layer {qkv, o, gate_up, down}; bf16 [1, ·] buffers."""
+    everywhere. `tc`: o and down on gemv_tc.cu's tensor-core entry where gemv_plan.gemv_tensor_core picks it, as the
+    manifests of tools/gen_qwen3.py's default `--gemv gemv` launch them. `sh`: `shapes()`; `weights`: per layer {qkv,
+    o, gate_up, down}; bf16 [1, ·] buffers."""
     h = sh["o"][0]
     if ks is None:
         norm, norm_silu, residual = runp_norm, runp_norm_silu, runp_residual
@@ -225,12 +235,18 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     def kw(nm, p):
         return dict(launch_kw[nm], pdl=p)
 
+    def res(nm, x, w, k):
+        if tc and ks is not None and gemv_tensor_core("gemv_residual", k):
+            run_residual_tc(g, x, w, resid, h, k, pdl=pdl)
+        else:
+            residual(g, x, w, resid, h, k, **kw(nm, pdl))
+
     def fn():
         for i, lw in enumerate(weights):
             norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, **kw("qkv", pdl and i > 0))
-            residual(g, attn, lw["o"], resid, h, sh["o"][1], **kw("o", pdl))
+            res("o", attn, lw["o"], sh["o"][1])
             norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, **kw("gate_up", pdl))
-            residual(g, act, lw["down"], resid, h, sh["down"][1], **kw("down", pdl))
+            res("down", act, lw["down"], sh["down"][1])
         norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, **kw("lm_head", pdl))
     return fn
 
@@ -279,6 +295,10 @@ def correctness(g, k, n, ks=1):
     r0 = r.clone()
     resid(g, x, w, r, n, k)
     errs["residual"] = rel_err(r, r0.double() + x.double() @ w.double().T)
+    if ks == 1 and gemv_tensor_core("gemv_residual", k):  # the manifests' form of o and down (gemv_tc.cu)
+        r = r0.clone()
+        run_residual_tc(g, x, w, r, n, k)
+        errs["residual_tc"] = rel_err(r, r0.double() + x.double() @ w.double().T)
     torch.cuda.synchronize()
     return errs
 
@@ -425,8 +445,8 @@ def token_graph(g, geom, bw):
     # after the attention; `ks` is each shape's best standalone ksplit
     ks_manifest = {nm: int(r) if (r := rule_ksplit(nm, *sh[nm])) != "-" else ks[nm] for nm in sh}
 
-    def ours(pdl=False, unroll=None, ksplits=None):
-        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ksplits or ks, pdl, unroll)
+    def ours(pdl=False, unroll=None, ksplits=None, tc=False):
+        return token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ksplits or ks, pdl, unroll, tc)
 
     def cublas():
         for lw in weights:
@@ -449,8 +469,10 @@ def token_graph(g, geom, bw):
         return run
 
     variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)),
-                ("kern gemv, PDL, the manifests' ksplit (" + ", ".join(f"{nm} {v}" for nm, v in ks_manifest.items())
-                 + ")", ours(True, ksplits=ks_manifest)),
+                ("kern gemv, PDL, as the manifests launch them (o, down on gemv_tc.cu's tensor cores)",
+                 ours(True, ksplits=ks_manifest, tc=True)),
+                ("kern gemv, PDL, gemv.cu for every op (--gemv gemv-fma; ksplit " + ", ".join(
+                    f"{nm} {v}" for nm, v in ks_manifest.items()) + ")", ours(True, ksplits=ks_manifest)),
                 ("kern gemv, PDL, 4 loads per stage everywhere (no _u5)", ours(True, 4)),
                 ("kern gemv, PDL, _u5 wherever 5 loads fit (qkv, lm_head too)", ours(True, "fit")),
                 ("kern gemv persistent", persistent(False)),
@@ -545,7 +567,8 @@ def main(argv=None) -> int:
         ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
 
     torch.manual_seed(0)
-    g = Gemv(gemv_cubin(args.kernels), gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"))
+    g = Gemv(gemv_cubin(args.kernels), gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"),
+             gemv_cubin(args.kernels, "gemv_tc.cu", "kern_gemvtc_m1"))
     print("== correctness (m=1, rel. error vs float64; bound 1e-2)")
     bad = 0
     for geom in args.geometries:

@@ -180,6 +180,38 @@ def gemv_plain_entry(name: str) -> str:
     return name[: -len(GEMV_NORM_NB_SUFFIX)] if name.endswith(GEMV_NORM_NB_SUFFIX) else name
 
 
+#: gemv_tc.cu, the decode GEMVs on the tensor cores: its entries are gemv.cu's names with this prefix in place of
+#: `kern_gemv` (`kern_gemvtc_residual_m1`), and k must be a multiple of its mma step (the index constexpr TC_STEP).
+GEMV_TC_PREFIX, GEMV_TC_STEP = "kern_gemvtc", 32
+#: The decode GEMV variants (tools/gen_qwen3.py GEMV_OPS values) the generator puts on gemv_tc.cu (gemv_tensor_core).
+GEMV_TC_VARIANTS = frozenset({"gemv_residual"})
+
+
+def gemv_tc_entry(name: str) -> str:
+    """gemv_tc.cu's entry for gemv.cu's M = 1 entry `name` (`kern_gemv_residual_m1` -> `kern_gemvtc_residual_m1`;
+    `_u5` kept, a batched-prologue suffix dropped: the tensor-core norm entries always batch). Raises ValueError for a
+    name that is not a gemv.cu entry."""
+    base = gemv_plain_entry(name)
+    if not base.startswith("kern_gemv_"):
+        raise ValueError(f"gemv_tc_entry: `{name}` is not a gemv.cu entry (kern_gemv*_m1*)")
+    return GEMV_TC_PREFIX + base[len("kern_gemv"):]
+
+
+def gemv_tensor_core(variant: str, k: int) -> bool:
+    """Whether the decode GEMV `variant` (gemv.cu's name, tools/gen_qwen3.py GEMV_OPS: "gemv_residual", ...) over k is
+    launched on gemv_tc.cu's entry (one 16-row tile per block, its 8 warps splitting k, the dots on mma.sync; ksplit 1,
+    U = 4) instead of gemv.cu's: the residual GEMVs (o_proj, down_proj) where k is a multiple of GEMV_TC_STEP.
+
+    Measured (H200, kern-run decode, program_sweep, tokens identical; session 30, NOTES.md 72): Qwen3-4B o_proj on it
+    −0.069 ms/token (2.281 → 2.212; −0.070 at 4,096 cached tokens), o_proj and down_proj −0.081; Qwen3-0.6B o_proj
+    −0.007. The norm GEMVs lose there (qkv +0.013 with `_u5`, ±0 with U = 4; o and gate_up together +0.026),
+    and in a chain of GEMVs alone (tools/gpu/gemv_tc_probe.py) o and down on it are slower (2.284 against 2.247 ms):
+    what it gains is in the program, beside the attention. Raises ValueError unless k is a positive multiple of 8."""
+    if k < 8 or k % 8:
+        raise ValueError(f"gemv_tensor_core: k = {k} must be a positive multiple of 8")
+    return variant in GEMV_TC_VARIANTS and k % GEMV_TC_STEP == 0
+
+
 class GemvPlan(NamedTuple):
     """piece_chunks: chunks per slot (the kernels' last param); grid: blocks (grid.x, one
     per SM); smem: dynamic shared memory in bytes (x, then the slots); slots: slots the

@@ -18,7 +18,8 @@ op entries (tools/README.md is the contract):
   only the KV state. (The last layer stops after its KV write: nothing after it reaches the
   state.)
 - `decode`: one token (`tokens` = 1): every layer through the fused decode GEMV ops of
-  `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv, o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
+  `gemv.cu` (o and down on `gemv_tc.cu`'s tensor-core entries by default) or `gemv_persist.cu` (`--gemv`; norm + qkv,
+  o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
   5 launches per layer with the default decode attention, which does the attention prologue's decode work
   too; 6 with `--decode-attention cluster` and its own prologue launch), then the
   final norm + lm_head (the embedding when tied) and a greedy argmax into `next_token` (i64 [1]): by default
@@ -99,8 +100,9 @@ import kern_schema as ks
 from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Module, Op, Program, Scratch, State, Var
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_plan import (GEMV_NORM_NB, GEMV_NORM_NB_SUFFIX, GEMV_UNROLL_SUFFIX, gemv_blocks,  # noqa: E402
-                       gemv_entry_unroll, gemv_norm_entry_name, gemv_pass_entry, gemv_passes, plan_gemvp)
+from gemv_plan import (GEMV_NORM_NB, GEMV_NORM_NB_SUFFIX, GEMV_TC_STEP, GEMV_UNROLL_SUFFIX, gemv_blocks,  # noqa: E402
+                       gemv_entry_unroll, gemv_norm_entry_name, gemv_pass_entry, gemv_passes, gemv_tc_entry,
+                       gemv_tensor_core, plan_gemvp)
 from export_weights import SCREEN_Q8, SCREEN_ROWS  # noqa: E402  (the names of the screened head's weights)
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
@@ -129,12 +131,15 @@ DEFAULT_DECODE_ATTENTION = "rope-cluster"
 CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
 CLUSTER_SPLITS = 8
-#: The decode GEMV impls (`--gemv`): `gemv` (the default) every decode GEMV op through gemv.cu; `persistent`
+#: The decode GEMV impls (`--gemv`): `gemv` (the default) every decode GEMV op through gemv.cu, but the ones
+#: tools/gemv_plan.py `gemv_tensor_core` puts on gemv_tc.cu's tensor-core entries (the residual GEMVs, o_proj and
+#: down_proj: 4B −0.081 ms/token, 0.6B −0.007, session 30, NOTES.md 72); `gemv-fma` every one through gemv.cu (the
+#: manifests before session 30); `persistent`
 #: every one through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs; gemv.cu
 #: where tools/gemv_plan.py has no plan, e.g. 32B's down). Measured on the H200 (kern-run decode,
 #: tools/bench_decode.py, --pdl; NOTES.md 20, 22): 0.6B 0.685 ms/token gemv.cu vs 0.815 persistent (gemv.cu
 #: with two pipeline stages issued before the PDL wait; with one, 0.865 vs 0.820), 4B 2.675 vs 3.261.
-GEMV_IMPLS = ("gemv", "persistent")
+GEMV_IMPLS = ("gemv", "gemv-fma", "persistent")
 DEFAULT_GEMV = "gemv"
 #: The decode program's last step, final norm + lm_head + greedy argmax (`--lm-head`): `dense` = the GEMV op
 #: `gemv_norm_lm_head` into `logits`, then the op `argmax`; `screened` = the op LM_HEAD_SCREENED_OP, three launches
@@ -885,7 +890,7 @@ def gemv_norm_entry(b: ManifestBuilder, kname: str, k: int, threads: int) -> str
 
 
 def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl: bool = False,
-                 persistent: bool = False) -> None:
+                 persistent: bool = False, tensor_core: bool = True) -> None:
     """One decode GEMV op (m = 1) over a weight of n output columns by k.
 
     Interfaces: `gemv_norm` and `gemv_norm_silu` take (x, norm_w, w, out): out = rmsnorm(x)·norm_w
@@ -895,7 +900,10 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     `persistent`: the impl is gemv_persist.cu's entry (GEMVP_ENTRY) with tools/gemv_plan.py's plan
     (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
     where the plan does not apply (k not a multiple of 256, or fewer than 2 slots per warp fit beside x:
-    32B's down) gemv.cu's entry instead.
+    32B's down) gemv.cu's entry instead. Otherwise, with `tensor_core`, the ops that gemv_plan.gemv_tensor_core picks
+    (the residual GEMVs, o_proj and down_proj, k a multiple of 32) launch gemv_tc.cu's entry (`kern_gemvtc_*`, the
+    same interface and roundings, the dots on the tensor cores; grid ceil_div(n, 16), ksplit 1) where the index has it,
+    and every other op gemv.cu's.
     With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
     both GEMV sources issue their first weight loads, then `griddepcontrol.wait`, so they stream weights
     while the kernel before drains. Every decode GEMV follows a kernel launch, never a
@@ -918,6 +926,14 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         launch = b.launch(op, iface, GEMVP_ENTRY[variant], [plan.grid, 1, 1], n=n, k=k,
                           piece_chunks=plan.piece_chunks, **wiring)
         launch.shared_mem = plan.smem
+    elif tensor_core and gemv_tensor_core(variant, k) and (tc := gemv_tc_entry(f"kern_{variant}_m1")) in b.index:
+        # gemv_tc.cu (an index built before session 30 has none: gemv.cu's entry below)
+        if (step := b.constexpr(tc, "TC_STEP")) != GEMV_TC_STEP or b.constexpr(tc, "M") != 1:
+            raise GenError(f"kernel `{tc}` in the index has TC_STEP {step}, M {b.constexpr(tc, 'M')} (this generator "
+                           f"knows TC_STEP {GEMV_TC_STEP}, M 1): a stale index; rebuild the kernels with "
+                           f"tools/build_kernels.py")
+        grid = [gemv_blocks(n, b.constexpr(tc, "COLS_PER_WARP"), b.constexpr(tc, "WARPS"), 1), 1, 1]
+        launch = b.launch(op, iface, tc, grid, n=n, k=k, ksplit=1, **wiring)
     else:
         base = f"kern_{variant}_m1"
         if (m := b.constexpr(base, "M")) != 1:
@@ -961,7 +977,7 @@ def declare_gemv_ops(b: ManifestBuilder, *, pdl: bool = False, gemv: str = DEFAU
                        "gemv_norm_lm_head": (c.vocab_size, H)}.items():
         if op == "gemv_norm_lm_head" and lm_head != "dense":
             continue
-        declare_gemv(b, op, n, k, eps, pdl=pdl, persistent=gemv == "persistent")
+        declare_gemv(b, op, n, k, eps, pdl=pdl, persistent=gemv == "persistent", tensor_core=gemv == "gemv")
 
 
 def forward(b: ManifestBuilder, layout: Layout, program: str, *, pdl: bool = False,
@@ -1193,6 +1209,9 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
             if passes > 1 and split != 1:
                 err(f"{where}: ksplit {split} with `{k.name}` ({passes} row passes per block): the row-pass form "
                     f"takes ksplit 1")
+            if (step := k.constexprs.get("TC_STEP")) is not None and (split != 1 or kk % step):
+                err(f"{where}: ksplit {split}, k = {kk} with `{k.name}` (gemv_tc.cu, mma steps of {step} elements): the "
+                    f"tensor-core form takes ksplit 1 and k a multiple of {step} (any other launch traps)")
             grid = [gemv_blocks(n, cols, warps, split, passes), 1, 1]
             if la.grid != grid:
                 err(f"{where}: grid {la.grid} != {grid} (n = {n}, {cols} columns per warp group, ksplit {split}"
@@ -1235,7 +1254,7 @@ def _check_gemv(m: Manifest, cfg: Qwen3Config, index: dict[str, Kernel], kernels
                 writers.append(call.label)
                 kerns = kernels_of.get(call.op, [])
                 ok = call.label == "embed" if call.op == "embedding" else \
-                    bool(kerns) and all(kn.entry.startswith(("kern_gemv_residual", "kern_gemvp_residual"))
+                    bool(kerns) and all(kn.entry.startswith(("kern_gemv_residual", "kern_gemvtc_residual", "kern_gemvp_residual"))
                                         for kn in kerns)
                 if not ok:
                     err(f"programs.decode `{call.label}`: writes `residual` through `{call.op}`; in decode only the "
@@ -1532,7 +1551,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{DEFAULT_DECODE_ATTENTION} (triton with --fused-attention)")
     ap.add_argument("--cuda-attention", action="store_true", help="= --decode-attention cuda")
     ap.add_argument("--gemv", choices=GEMV_IMPLS, default=DEFAULT_GEMV,
-                    help="the decode GEMV impls: gemv (gemv.cu, the faster on the H200), persistent "
+                    help="the decode GEMV impls: gemv (gemv.cu, and gemv_tc.cu's tensor-core entries for o_proj and "
+                         "down_proj: the fastest on the H200), gemv-fma (gemv.cu for every op), persistent "
                          f"(gemv_persist.cu, one block per SM); default {DEFAULT_GEMV}")
     ap.add_argument("--lm-head", choices=LM_HEAD_IMPLS, default=DEFAULT_LM_HEAD,
                     help="decode's final norm + lm_head + argmax: screened (lm_head_screen.cu: the greedy token from "

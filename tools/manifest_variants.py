@@ -14,7 +14,7 @@ manifest's argmax's partial pass, of two):
   manifest.
 - `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
   entry's COLS_PER_WARP, WARPS and PASSES from the kernel index); N in 1, 2, 4, 8 (only 1 on a row-pass entry,
-  PASSES > 1: 4B's qkv on gemv_p2.cubin).
+  PASSES > 1: 4B's qkv on gemv_p2.cubin, and on gemv_tc.cu's tensor-core entries, TC_STEP: o and down by default).
 - `entry=NAME`: the same kernel with another unroll or norm prologue: an entry of the same module with the same
   params and the same index constexprs but UNROLL and NORM_NB (e.g. `kern_gemv_norm_silu_m1` for
   `kern_gemv_norm_silu_m1_u5`, or for `kern_gemv_norm_silu_m1_nb2`, its batched-prologue form); the
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
 from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule)
-from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
+from gemv_plan import GEMV_TC_PREFIX, gemv_blocks, gemv_plain_entry  # noqa: E402
 
 #: The screened lm_head's op (tools/gen_qwen3.py --lm-head screened, the default since session 24): the final norm,
 #: the lm_head and the argmax in three launches (lm_head_screen.cubin's screen and pick, then argmax_reduce), in place
@@ -162,6 +162,11 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                                    f"-DGEMV_PASSES={passes}): it takes ksplit 1 only (another traps); to try another, "
                                    f"put the op on the default form first: tools/manifest_whatif.py --op-module "
                                    f"{op_key}=gemv.cubin --op-grid {op_key}={default}")
+            if "TC_STEP" in cx and ks != 1:
+                raise VariantError(f"`{change}`: `{launch['entry']}` (op `{op}`) is gemv_tc.cu's tensor-core form, one "
+                                   f"16-row tile per block with its 8 warps splitting k: it takes ksplit 1 only "
+                                   f"(another traps); for gemv.cu's ksplit, generate the manifest with "
+                                   f"`tools/gen_qwen3.py --gemv gemv-fma`")
             launch["args"][k["param_names"].index("ksplit")] = {"i32": ks}
             launch["grid"][0] = gemv_blocks(n, cx["COLS_PER_WARP"], cx["WARPS"], ks, passes)
         elif option == "entry":
@@ -259,38 +264,58 @@ def prune(m: dict) -> None:
 
 def known_launch(m: dict, op: str, known: tuple[str, ...]) -> dict:
     """The first launch of op `op` of manifest `m`, whose entry must be one of `known` (tools/gpu's rewrites of a
-    generated decode program), or the batched-prologue form `NAME_nb2` of one (gemv_plan.gemv_plain_entry: the same
-    params, grid and bits): then a copy of the launch whose entry is the plain NAME, whose twins the experiment
-    builds are. Raises VariantError naming the op: the manifest has none, or it launches another entry."""
+    generated decode program), or a form of one with the same params that `twin_entry` maps onto it: the
+    batched-prologue form `NAME_nb2` (the same grid and bits) or gemv_tc.cu's tensor-core entry (`kern_gemvtc_*`: the
+    same grid at ksplit 1, other bits); then a copy of the launch on that entry, whose twins the experiment builds
+    are (see `plain_twin`). Raises VariantError naming the op: the manifest has none, or it launches another entry."""
     if op not in m["ops"]:
         raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program from tools/gen_qwen3.py, "
                            "not yet rewritten, is expected)" + lm_head_note(m, op))
     ln = m["ops"][op]["impl"]["launches"][0]
-    plain = gemv_plain_entry(str(ln.get("entry")))
-    if plain not in known:
+    if twin_entry(str(ln.get("entry"))) not in known:
         raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(known)}"
-                           + NB2_NOTE * any("_norm" in e for e in known))
+                           + NB2_NOTE * any("_norm" in e for e in known) + TC_NOTE)
     return plain_twin(op, ln)
 
 
+def twin_entry(entry: str) -> str:
+    """gemv.cu's plain entry that an experiment build's twin of `entry` copies: `NAME` for its batched-prologue form
+    `NAME_nb2` (gemv_plan.gemv_plain_entry) and for gemv_tc.cu's `kern_gemvtc*` form of NAME; `entry` otherwise."""
+    if entry.startswith(GEMV_TC_PREFIX):
+        entry = "kern_gemv" + entry[len(GEMV_TC_PREFIX):]
+    return gemv_plain_entry(entry)
+
+
 def plain_twin(op: str, ln: dict) -> dict:
-    """Launch `ln` of op `op` itself, or, where it launches a batched-prologue entry `NAME_nb2`, a copy on the plain
-    NAME (gemv_plan.gemv_plain_entry), with a note (once per op and entry) that the rewrite's twin has the loop
-    prologue and what to time it against."""
-    plain = gemv_plain_entry(str(ln.get("entry")))
-    if plain == ln.get("entry"):
+    """Launch `ln` of op `op` itself, or, where it launches another form of a plain gemv.cu entry NAME (`twin_entry`),
+    a copy on NAME with a note (once per op and entry) on what to time the rewrite against: for a batched-prologue
+    entry `NAME_nb2` the variant `OP.entry=NAME` (the loop prologue, the same bits); for a tensor-core entry
+    (gemv_tc.cu, whose launches take ksplit 1 and gemv.cu's ksplit-1 grid) the copy is on gemv.cu's module (`gemv`)
+    with the same grid and args, a valid gemv.cu launch at ksplit 1, and the fair control is a manifest of
+    `tools/gen_qwen3.py --gemv gemv-fma` (gemv.cu for every op; its o_proj at ksplit 2)."""
+    entry = str(ln.get("entry"))
+    plain = twin_entry(entry)
+    if plain == entry:
         return ln
+    tc = entry.startswith(GEMV_TC_PREFIX)
     if (op, plain) not in _NOTED:
         _NOTED.add((op, plain))
-        print(f"note: op `{op}` launches `{ln['entry']}`; the rewrite's twin is `{plain}`'s, with the loop norm "
-              f"prologue (the same bits, slower on this k): time it against the variant `{op}.entry={plain}` "
-              "(tools/manifest_variants.py), not against the manifest as it is", file=sys.stderr)
-    return {**ln, "entry": plain}
+        if tc:
+            print(f"note: op `{op}` launches `{entry}` (gemv_tc.cu, the tensor cores); the rewrite's twin is gemv.cu's "
+                  f"`{plain}` at ksplit 1 (other bits): time it against a manifest of `tools/gen_qwen3.py --gemv "
+                  "gemv-fma`, not against the manifest as it is", file=sys.stderr)
+        else:
+            print(f"note: op `{op}` launches `{entry}`; the rewrite's twin is `{plain}`'s, with the loop norm "
+                  f"prologue (the same bits, slower on this k): time it against the variant `{op}.entry={plain}` "
+                  "(tools/manifest_variants.py), not against the manifest as it is", file=sys.stderr)
+    return {**ln, "entry": plain, "module": "gemv"} if tc else {**ln, "entry": plain}
 
 
 _NOTED: set[tuple[str, str]] = set()  # known_launch's notes already printed in this process
 #: Added to a refusal that lists known norm entries: their batched-prologue forms are known too.
 NB2_NOTE = " (or their `_nb2` forms)"
+#: Added to every refusal of known_launch: gemv_tc.cu's forms of the known entries are known too.
+TC_NOTE = " (or gemv_tc.cu's `kern_gemvtc` forms of them)"
 
 
 def merge_pairs(calls: list[dict], first: str, second: str, merge: Callable[[dict, dict], dict], missing: str,

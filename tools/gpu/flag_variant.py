@@ -41,9 +41,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
-from manifest_variants import (NB2_NOTE, VariantError, pin_module, plain_twin, prune, rewrite_main,  # noqa: E402
-                               rewrite_parser)
+from gemv_plan import gemv_blocks  # noqa: E402
+from manifest_variants import (NB2_NOTE, TC_NOTE, VariantError, pin_module, plain_twin, prune, rewrite_main,  # noqa: E402
+                               rewrite_parser, twin_entry)
 
 MODULE = "gemv_flag"
 FLAGS = "gemv_flags"
@@ -63,15 +63,17 @@ TAGGED = "act_tagged"
 
 
 def _launch(m: dict, op: str) -> dict:
-    """The single launch of decode op `op`, which must be gemv.cu's KNOWN entry (or its `_nb2` form), as a copy whose
-    entry is the plain one (the flag build's twins are named after it)."""
+    """The single launch of decode op `op`, which must be gemv.cu's KNOWN entry (or its `_nb2` or gemv_tc.cu form:
+    manifest_variants.twin_entry), as a copy whose entry is the plain one (the flag build's twins are named after it;
+    manifest_variants.plain_twin)."""
     if op not in m["ops"]:
         raise VariantError(f"the manifest has no op `{op}` (a Qwen3 decode program of tools/gen_qwen3.py is expected)")
     launches = m["ops"][op]["impl"]["launches"]
-    if len(launches) != 1 or gemv_plain_entry(str(launches[0].get("entry"))) not in KNOWN[op]:
+    if len(launches) != 1 or twin_entry(str(launches[0].get("entry"))) not in KNOWN[op]:
         got = ", ".join(str(ln.get("entry") or ln.get("extern")) for ln in launches)
         raise VariantError(f"op `{op}` launches {got}; this rewrite knows one launch of "
-                           + " or ".join(f"`{e}`" for e in KNOWN[op]) + NB2_NOTE * any("_norm" in e for e in KNOWN[op]))
+                           + " or ".join(f"`{e}`" for e in KNOWN[op]) + NB2_NOTE * any("_norm" in e for e in KNOWN[op])
+                           + TC_NOTE)
     return plain_twin(op, launches[0])
 
 

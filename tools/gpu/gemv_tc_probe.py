@@ -1,6 +1,6 @@
 """The tensor-core decode GEMVs (tools/kernels-src/gemv_tc.cu) against gemv.cu's, on the GPU machine.
 
-    python3 tools/gpu/gemv_tc_probe.py --kernels KDIR --tc gemv_tc.cubin [--geometries 4b 0.6b] [--rounds 5]
+    python3 tools/gpu/gemv_tc_probe.py --kernels KDIR [--tc gemv_tc.cubin] [--geometries 4b 0.6b] [--rounds 5]
         [--out FILE]
 
 1. Numerics: every tc entry (plain, norm, norm_silu, residual; U = 4 and `_u5`) at every decode shape of each
@@ -21,7 +21,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:  # the GPU machine's; without it only --help works (main() refuses to run)
+    torch = None
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -29,19 +32,6 @@ import bench_gemv as bg  # noqa: E402
 from bench_gemv import I32, F32, P, cdiv  # noqa: E402
 
 TC_VARIANTS = ("", "_u5")
-
-
-class Gemv3(bg.Gemv):
-    """bench_gemv.Gemv with a third module: the `kern_gemvtc` entries (gemv_tc.cubin)."""
-
-    def fn(self, name, smem):
-        if name.startswith("kern_gemvtc"):
-            f = self.fns.get(name)
-            if f is None:
-                f = bg.check(bg.cu.cuModuleGetFunction(self.modules[1], name.encode()))
-                self.fns[name] = f
-            return f
-        return super().fn(name, smem)
 
 
 def tc_launch(g, variant, u, args, n_rows, silu, smem, pdl):
@@ -218,13 +208,16 @@ def chains(g, geom, bw, rounds):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", required=True, help="kernels dir (gemv.cubin, sha256 checked)")
-    ap.add_argument("--tc", required=True, help="gemv_tc.cubin")
+    ap.add_argument("--tc", default=None, help="a gemv_tc.cubin to use instead of the kernels dir's")
     ap.add_argument("--geometries", nargs="+", default=["4b", "0.6b"], choices=sorted(bg.GEOMETRIES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if torch is None:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
     torch.manual_seed(0)
-    g = Gemv3(bg.gemv_cubin(args.kernels), Path(args.tc).read_bytes())
+    g = bg.Gemv(bg.gemv_cubin(args.kernels), bg.gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"),
+                Path(args.tc).read_bytes() if args.tc else bg.gemv_cubin(args.kernels, "gemv_tc.cu", "kern_gemvtc_m1"))
     lines = ["| geometry | shape | op | tc form | tc rel. err | gemv.cu rel. err | tc deterministic |",
              "|---|---|---|---|---|---|---|"]
     bad = 0

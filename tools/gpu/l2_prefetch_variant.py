@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gemv_plan import gemv_blocks, gemv_plain_entry  # noqa: E402
-from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser  # noqa: E402
+from gemv_plan import gemv_blocks  # noqa: E402
+from manifest_variants import VariantError, pin_module, prune, rewrite_main, rewrite_parser, twin_entry  # noqa: E402
 
 MODULE = "gemv_pf0"
 OPS = {"qkv": ("gemv_norm_qkv", "kern_gemv_norm_m1", "kern_gemv_norm_m1_pf"),
@@ -65,7 +65,7 @@ def rewrite(m: dict, kernels: Path, specs: list[str]) -> dict:
         if op not in m["ops"]:
             raise ValueError(f"`{spec}`: the manifest has no op `{op}` (a generated Qwen3 manifest is expected)")
         ln = copy.deepcopy(m["ops"][op]["impl"]["launches"][0])
-        if gemv_plain_entry(str(ln.get("entry"))) != base:
+        if twin_entry(str(ln.get("entry"))) != base:
             raise ValueError(f"`{spec}`: op `{op}` launches {ln.get('entry')}, which has no `_pf` form here ({base} does)")
         weight = WEIGHTS[key if target == "self" else target]
         n_rows, k = m["buffers"][f"model.layers.0.{weight}"]["shape"]

@@ -364,6 +364,7 @@ CUDA_FLAGS: dict[str, tuple[str, ...]] = {
     "embedding.cu": ("--use_fast_math",),
     "argmax.cu": ("--use_fast_math",),
     "gemv.cu": (),
+    "gemv_tc.cu": (),
     "gemv_persist.cu": (),
     "lm_head_screen.cu": (),
 }
@@ -475,6 +476,39 @@ def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:
              f"for m < {M}, j < n (nothing else is touched). x: bf16 [{M}, k]; w: bf16 [n, k]; residual: "
              f"bf16 [{M}, n]. ", 2, False),
     ]
+
+
+#: gemv_tc.cu's elements of k per mma step (k must be a multiple; the index constexpr TC_STEP, tools/gemv_plan.py
+#: GEMV_TC_STEP).
+GEMV_TC_STEP = 32
+
+
+def _gemv_tc_kernels() -> list[Kernel]:
+    """The decode GEMVs on the tensor cores (gemv_tc.cu, one module, gemv_tc.cubin): gemv.cu's four M = 1 variants
+    with the same params, interfaces and roundings, U = 4 and `_u5`, entries `kern_gemvtc*` (tools/gemv_plan.py
+    `gemv_tc_entry`). Each block owns one tile of 16 rows (norm_silu: 8 output columns, their gate and up rows) and
+    its 8 warps split k; the dot products are mma.sync.m16n8k16 (bf16, fp32 accumulate), deterministic but not
+    gemv.cu's bits. ksplit must be 1 (the grid is gemv.cu's at ksplit 1) and k a multiple of 32; a launch that breaks
+    either traps. tools/gemv_plan.py `gemv_tensor_core` says which ops the generator puts on them (NOTES.md 72)."""
+    out = []
+    for sfx, u in (("", GEMV_UNROLL[1]), *GEMV_M1_UNROLLS.items()):
+        for k in _gemv_family(1, sfx, u):
+            name = "kern_gemvtc" + k.name[len("kern_gemv"):]
+            cols = k.constexprs["COLS_PER_WARP"]
+            grid = (f"(ceil_div(n, {2 * GEMV_WARPS}), 1, 1): one tile of {2 * GEMV_WARPS} rows per block, its 8 warps "
+                    "splitting k; ksplit must be 1" if cols == 2 else
+                    f"(ceil_div(n, {GEMV_WARPS}), 1, 1): {GEMV_WARPS} output columns (their gate and up rows: one tile "
+                    "of 16 rows) per block, its 8 warps splitting k; ksplit must be 1")
+            doc = k.doc.replace("k: multiple of 8", f"k: multiple of {GEMV_TC_STEP}").replace(
+                "ksplit in 1, 2, 4, 8 (the block's 8 warps split k in groups of ksplit)", "ksplit must be 1 (the "
+                "block's 8 warps always split k; other values trap)").replace(
+                f"{u} 16-byte weight loads per row per lane per pipeline stage",
+                f"{u} mma steps (32 elements of k of two rows, two 16-byte loads) per lane per pipeline stage")
+            doc += (" Tensor-core form (gemv_tc.cu): the dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate), "
+                    "each 16-byte weight load an mma's A operand; deterministic, not gemv.cu's bits.")
+            out.append(replace(k, name=name, entry=name, source="gemv_tc.cu", grid=grid, doc=doc,
+                               constexprs={**k.constexprs, "TC_STEP": GEMV_TC_STEP}))
+    return out
 
 
 #: The persistent decode GEMVs (gemv_persist.cu): one 256-thread block per SM, each of its 8 warps streams
@@ -712,7 +746,7 @@ def instances(geometries: list[Geometry], *, pdl: bool = False, fused_attention:
     reads or writes the KV cache uses its one layout, head-major (tools/README.md "KV layout")."""
     out: dict[str, Kernel] = {}
     shared = _shared_kernels() + _attention_kernels() + _decode_attention_cuda_kernels() + _gemv_kernels() \
-        + _gemvp_kernels() + _lm_head_screen_kernels() + (_pdl_kernels() if pdl else []) \
+        + _gemv_tc_kernels() + _gemvp_kernels() + _lm_head_screen_kernels() + (_pdl_kernels() if pdl else []) \
         + (_fused_attention_kernels(pdl) if fused_attention else []) + (_gemv_pf_kernels() if l2_prefetch else [])
     for k in shared + [k for g in geometries for k in _norm_kernels(g.hidden_size)]:
         if k.name in out and out[k.name].key() != k.key():

@@ -1,0 +1,129 @@
+"""gemv_tc.cu, the decode GEMVs on the tensor cores (NOTES.md 72), on the GPU: against float64 and beside gemv.cu.
+
+Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_tc_gpu.py -q
+
+Every entry (kern_gemvtc_m1, _norm, _norm_silu, _residual; U = 4 and `_u5`) at grid ceil_div(n, 16) (norm_silu:
+ceil_div(n, 8) output columns), ksplit 1, over the 4B and 0.6B decode shapes, n not a multiple of 16 (1,000; 24; 7;
+33), and k of 1, 2, 9 and 96 mma steps of 32 elements (so that some of a block's 8 warps have no step, or a last
+partial pipeline stage). Fresh random inputs per case; the output NaN-poisoned (the residual: a random residual)
+between sentinel guards that must come back unchanged; the result within 1e-2 (relative, 2-norm) of float64 on the
+same bf16 operands (the norm rounded where HF rounds), within 5e-3 of gemv.cu's entry on the same inputs (another
+summation order: not bitwise), and the same bits on a second run (deterministic). gemv_tc.cu and gemv.cu are built
+here with nvcc (tools/build_kernels.py's flags); no kernels dir is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conftest.py
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_helpers import torch, BF, DEV, bits  # noqa: E402
+
+EPS = 1e-6
+GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
+SENTINEL = 12352.0
+VARIANTS = ("", "_norm", "_norm_silu", "_residual")
+ENTRIES = [f"kern_gemvtc{v}_m1{u}" for v in VARIANTS for u in ("", "_u5")]
+#: (n, k): 4B qkv, o, gate_up (as n output columns of 2n rows for norm_silu), down, lm_head; 0.6B qkv, o, down; n not
+#: a multiple of 16; k of 1, 2, 9 and 96 steps
+SHAPES = [(6144, 2560), (2560, 4096), (9728, 2560), (2560, 9728), (151936, 2560), (4096, 1024), (1024, 2048),
+          (1024, 3072), (1000, 1024), (24, 2560), (7, 32), (33, 64), (264, 288), (40, 3072)]
+
+
+@pytest.fixture(scope="module")
+def fns():
+    """{"tc" | "gemv": {entry: CUfunction}}: gemv_tc.cu's entries and their gemv.cu twins."""
+    import build_kernels
+    from cuda.bindings import driver as cu
+    from cubin_launch import check
+
+    try:
+        build_kernels._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    torch.zeros(1, device=DEV)  # torch's primary context current
+    with tempfile.TemporaryDirectory() as t:
+        jobs = {s: build_kernels.start_cuda(s, t) for s in ("gemv_tc.cu", "gemv.cu")}
+        data = {s: build_kernels.finish_cuda(job) for s, job in jobs.items()}
+    tc, gemv = (check(cu.cuModuleLoadData(data[s])) for s in ("gemv_tc.cu", "gemv.cu"))
+    return {"tc": {e: check(cu.cuModuleGetFunction(tc, e.encode())) for e in ENTRIES},
+            "gemv": {e: check(cu.cuModuleGetFunction(gemv, twin(e).encode())) for e in ENTRIES}}
+
+
+def twin(entry: str) -> str:
+    return "kern_gemv" + entry[len("kern_gemvtc"):]
+
+
+def launch(f, grid: int, args: list, smem: int) -> None:
+    """cuLaunchKernel of `f` with grid (grid, 1, 1), 256 threads, on torch's current stream; args: tensors
+    (16-byte aligned pointers), ints (i32) and floats (f32)."""
+    from cuda.bindings import driver as cu
+    from cubin_launch import launch_function
+
+    vals, types = [], []
+    for a in args:
+        if torch.is_tensor(a):
+            assert a.data_ptr() % 16 == 0
+            vals.append(a.data_ptr())
+            types.append(ctypes.c_void_p)
+        elif isinstance(a, float):
+            vals.append(a)
+            types.append(ctypes.c_float)
+        else:
+            vals.append(a)
+            types.append(ctypes.c_int)
+    launch_function(f, (grid, 1, 1), (256, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
+                    (tuple(vals), tuple(types)))
+
+
+def reference(entry: str, x, nw, w, res, n: int) -> torch.Tensor:
+    """The entry's output in float64 from the bf16 operands, the norm and the SiLU variant's gate and up rounded where
+    the kernels (and HF) round; [n]."""
+    xd = x.double()
+    if "_norm" in entry:
+        xn = (x.float() * torch.rsqrt(x.float().pow(2).mean() + EPS)).to(BF)
+        xd = (nw.float() * xn.float()).to(BF).double()
+    y = w.double() @ xd
+    if "_silu" in entry:
+        g, u = y[:n].to(BF).double(), y[n:].to(BF).double()
+        return (g * torch.sigmoid(g)).to(BF).double() * u
+    return res.double() + y.to(BF).double() if "_residual" in entry else y
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize(("n", "k"), SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_tc_entry(fns, entry: str, n: int, k: int) -> None:
+    silu = "_silu" in entry
+    rows = 2 * n if silu else n
+    x = torch.randn(k, device=DEV).to(BF)
+    nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF)
+    w = (torch.randn(rows, k, device=DEV) * 0.02).to(BF)
+    res = torch.randn(n, device=DEV).to(BF)
+    store0 = torch.full((n + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
+    store0[GUARD:GUARD + n] = res if "_residual" in entry else float("nan")
+    smem = 2 * k if "_norm" in entry else 0
+    grid = math.ceil(n / (8 if silu else 16))
+
+    def run(form: str) -> torch.Tensor:
+        store = store0.clone()
+        y = store[GUARD:GUARD + n]
+        args = [x, nw, w, y, n, k, EPS, 1] if "_norm" in entry else [x, w, y, n, k, 1]
+        launch(fns[form][entry], grid, args, smem)
+        torch.cuda.synchronize()
+        assert bool((store[:GUARD] == SENTINEL).all() and (store[GUARD + n:] == SENTINEL).all()), (entry, form)
+        assert not torch.isnan(store.float()).any(), (entry, form, "NaN left in the output")
+        return store[GUARD:GUARD + n]
+
+    out, again, fma = run("tc"), run("tc"), run("gemv")
+    ref = reference(entry, x, nw, w, res, n)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2, entry
+    assert ((out.double() - fma.double()).norm() / ref.norm()).item() < 5e-3, entry
+    assert torch.equal(bits(out), bits(again)), (entry, "not deterministic")

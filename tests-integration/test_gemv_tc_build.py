@@ -1,0 +1,87 @@
+"""CPU checks of gemv_tc.cu, the decode GEMVs on the tensor cores (the GPU numerics are gpu/test_gemv_tc_gpu.py): no
+GPU needed.
+
+- the module has gemv.cu's eight M = 1 entries (four variants, U = 4 and `_u5`) under `kern_gemvtc` names, each with
+  its gemv.cu twin's ELF parameter table (offsets and sizes): a manifest swaps one for the other without touching its
+  calls (tools/gen_qwen3.py does, for o_proj and down_proj); each waits (griddepcontrol.wait) and fits two 256-thread
+  blocks per SM (≤ 128 registers, no spills in the U = 4 entries the generator launches);
+- in the PTX, each entry executes one griddepcontrol.wait, issues its first two pipeline stages of weight loads (2
+  stages × U steps × 2 rows) before it, writes no global memory before it, and computes its dots by
+  mma.sync.m16n8k16 bf16 → f32 (none before the wait, U per stage after it);
+- the index entries (catalog.py) carry TC_STEP 32 and gemv.cu's COLS_PER_WARP and WARPS, so that gemv_plan.gemv_blocks
+  gives ceil_div(n, 16) (norm_silu: ceil_div(n, 8)) at ksplit 1.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nvcc_jobs import ROOT, nvcc_builds  # noqa: E402  (this folder's helpers)
+from ptx_entries import ptx_entries  # noqa: E402
+
+read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
+sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
+sys.path.insert(0, str(ROOT / "tools"))
+import catalog  # noqa: E402
+from gemv_plan import GEMV_TC_STEP, gemv_blocks, gemv_tc_entry  # noqa: E402
+
+TWINS = [f"kern_gemv{v}_m1{u}" for v in ("", "_norm", "_norm_silu", "_residual") for u in ("", "_u5")]
+MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gemv_tc")
+    return nvcc_builds(tmp, {"gemv": ("gemv.cu", (), "gemv.cubin"), "tc": ("gemv_tc.cu", (), "gemv_tc.cubin"),
+                             "tc_ptx": ("gemv_tc.cu", (), "gemv_tc.ptx")})
+
+
+def _table(info) -> list[tuple[int, int, int]]:
+    return [(s.index, s.offset, s.size) for s in sorted(info.params, key=lambda s: s.index)]
+
+
+def test_entries_have_their_gemv_twins_abi(builds):
+    base = read_cubin(builds["gemv"].read_bytes(), "gemv.cubin")
+    tc = read_cubin(builds["tc"].read_bytes(), "gemv_tc.cubin")
+    assert sorted(tc.entries) == sorted(gemv_tc_entry(n) for n in TWINS)
+    for twin in TWINS:
+        e = tc.entries[gemv_tc_entry(twin)]
+        assert _table(e) == _table(base.entries[twin]), twin
+        assert e.grid_dep_wait is True, twin
+        assert e.registers is not None and e.registers <= 128, (twin, e.registers)
+
+
+def test_ptx_loads_before_the_wait_and_mma_after(builds):
+    entries = ptx_entries(builds["tc_ptx"].read_text())
+    assert sorted(entries) == sorted(gemv_tc_entry(n) for n in TWINS)
+    for name, lines in entries.items():
+        waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
+        assert len(waits) == 1, name
+        before, after = lines[:waits[0]], lines[waits[0]:]
+        unroll = 5 if name.endswith("_u5") else 4
+        assert sum("ld.global.nc.L1::no_allocate" in ln for ln in before) == 2 * unroll * 2, name
+        assert not [ln for ln in before if re.search(r"\bst\.global|\batom\.|\bred\.|\bmma\.", ln)], name
+        # the loop body holds two stages' mma (each stage: U steps × two rows); unrolled stages may repeat it
+        mma = sum(ln.startswith(MMA) for ln in after)
+        assert mma >= 2 * 2 * unroll and mma % (2 * unroll) == 0, (name, mma)
+        assert [ln for ln in after if re.match(r"st\.global", ln)], name
+
+
+def test_index_entries():
+    kerns = {k.name: k for k in catalog._gemv_tc_kernels()}
+    assert sorted(kerns) == sorted(gemv_tc_entry(n) for n in TWINS)
+    base = {k.name: k for k in catalog._gemv_kernels()}
+    for twin in TWINS:
+        k, b = kerns[gemv_tc_entry(twin)], base[twin]
+        assert (k.source, k.module, k.entry, k.block) == ("gemv_tc.cu", "gemv_tc.cubin", k.name, [256, 1, 1])
+        assert k.params == b.params and k.shared_mem_per == b.shared_mem_per
+        assert k.constexprs == {**b.constexprs, "TC_STEP": GEMV_TC_STEP}
+        cols, warps = k.constexprs["COLS_PER_WARP"], k.constexprs["WARPS"]
+        assert gemv_blocks(2560, cols, warps, 1) == (2560 // 8 if "silu" in twin else 2560 // 16)
+        assert "ksplit must be 1" in k.grid and f"k: multiple of {GEMV_TC_STEP}" in k.doc
+    assert catalog.CUDA_FLAGS["gemv_tc.cu"] == ()
