@@ -106,6 +106,33 @@ def dense_examples(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def fma_examples(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The examples' manifests with gemv.cu for every decode GEMV, by geometry ("4b", "0.6b"): `tools/gen_qwen3.py
+    --preset G --gemv gemv-fma` on `built_kernels` (the manifests before session 30). Their o_proj and down_proj launch
+    gemv.cu's `kern_gemv_residual_m1` (4B's o at ksplit 2) where the examples launch gemv_tc.cu's tensor-core entry; the
+    other ops are the examples'. For the tools that rewrite gemv.cu launches (ksplit, entries, what-if modules)."""
+    d = tmp_path_factory.mktemp("fma")
+    out = {}
+    for ex in EXAMPLES:
+        g = ex.stem.removeprefix("qwen3-")
+        out[g] = d / f"qwen3-{g}-fma.json"
+        subprocess.run([sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", g, "--gemv", "gemv-fma",
+                        "--kernels", str(built_kernels), "--out", str(out[g])], check=True, stdout=subprocess.DEVNULL)
+        m, e = json.loads(out[g].read_text()), json.loads(ex.read_text())
+        res = ("gemv_residual_o_proj", "gemv_residual_down_proj")
+        assert {m["ops"][op]["impl"]["launches"][0]["entry"] for op in res} == {"kern_gemv_residual_m1"}
+        assert {op: o for op, o in m["ops"].items() if op not in res} == {op: o for op, o in e["ops"].items()
+                                                                          if op not in res}
+    return out
+
+
+@pytest.fixture(scope="session")
+def fma_4b(fma_examples: dict[str, Path]) -> Path:
+    """`fma_examples["4b"]`."""
+    return fma_examples["4b"]
+
+
+@pytest.fixture(scope="session")
 def dense_4b(dense_examples: dict[str, Path]) -> Path:
     """`dense_examples["4b"]`."""
     return dense_examples["4b"]

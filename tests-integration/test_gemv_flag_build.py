@@ -212,7 +212,8 @@ def test_rewrite_refuses_what_it_cannot_do(builds, built_kernels, tmp_path, caps
     bad = copy.deepcopy(m)
     bad["ops"]["gemv_residual_down_proj"]["impl"]["launches"][0]["entry"] = "kern_gemv_residual_m1_u5"
     with pytest.raises(ValueError, match="op `gemv_residual_down_proj` launches kern_gemv_residual_m1_u5; this "
-                                         "rewrite knows one launch of `kern_gemv_residual_m1`$"):
+                                         "rewrite knows one launch of `kern_gemv_residual_m1` \\(or gemv_tc.cu's "
+                                         "`kern_gemvtc` forms of them\\)$"):
         flag_variant.rewrite(bad, kernels)
     bad = copy.deepcopy(m)
     bad["ops"]["gemv_norm_qkv"]["impl"]["launches"][0]["pdl"] = False

@@ -141,7 +141,13 @@ def test_probe_manifest_variant_verifies(builds, built_kernels, dense_4b, tmp_pa
     assert not [d for d in verify_text(text, kernels_dir=kernels) if d.severity == "error"]
     v = json.loads(text)
     assert {op: v["ops"][op]["impl"]["launches"][0]["module"] for op in probe.GEMV_OPS} == {
-        op: "gemv_p2" if op == "gemv_norm_qkv" else "gemv_tma_c64_s2" for op in probe.GEMV_OPS}
+        op: "gemv_p2" if op == "gemv_norm_qkv" else "gemv_tc" if "residual" in op else "gemv_tma_c64_s2"
+        for op in probe.GEMV_OPS}  # o and down on gemv_tc.cu (session 30) stay there
+    with pytest.raises(ValueError, match=r"op `gemv_residual_o_proj` does not launch module `gemv` \(gemv.cu.s default "
+                                         r"form\) first but `gemv_tc`.* pass a manifest of `tools/gen_qwen3.py --gemv "
+                                         r"gemv-fma`"):
+        probe.manifest_variant(dense_4b, kernels, builds["tma"], "o", probe.ring_bytes(64, 2), tmp_path,
+                               [probe.SHORT["o"]])
     # the example (screened lm_head): no lm_head GEMV to name; by default o, gate_up and down move
     with pytest.raises(ValueError, match=rf"{EXAMPLE}: no op `gemv_norm_lm_head`; this manifest has the screened "
                                          r"lm_head \(tools/gen_qwen3.py's default\).* for those, pass a manifest of "
@@ -152,11 +158,10 @@ def test_probe_manifest_variant_verifies(builds, built_kernels, dense_4b, tmp_pa
     text = probe.manifest_variant(EXAMPLE, kernels, builds["tma"], "ex", probe.ring_bytes(64, 2), tmp_path).read_text()
     assert not [d for d in verify_text(text, kernels_dir=kernels) if d.severity == "error"]
     v, ex = json.loads(text), json.loads(EXAMPLE.read_text())
-    assert {op for op, o in v["ops"].items() if o != ex["ops"][op]} == {
-        "gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj"}
+    assert {op for op, o in v["ops"].items() if o != ex["ops"][op]} == {"gemv_norm_silu_gate_up"}
     assert {op: v["ops"][op]["impl"]["launches"][0]["module"] for op in probe.GEMV_OPS if op in v["ops"]} == {
-        "gemv_norm_qkv": "gemv_p2", "gemv_residual_o_proj": "gemv_tma_c64_s2",
-        "gemv_norm_silu_gate_up": "gemv_tma_c64_s2", "gemv_residual_down_proj": "gemv_tma_c64_s2"}
+        "gemv_norm_qkv": "gemv_p2", "gemv_residual_o_proj": "gemv_tc",
+        "gemv_norm_silu_gate_up": "gemv_tma_c64_s2", "gemv_residual_down_proj": "gemv_tc"}
     assert "gemv" not in v["modules"]  # no launch of the example left on it
     # by default, a manifest with no GEMV op on `gemv` any more is refused, not written unchanged
     with pytest.raises(ValueError, match=r"no decode GEMV op launches module `gemv` \(gemv.cu.s default form\)"):

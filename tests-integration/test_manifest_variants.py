@@ -21,8 +21,31 @@ EXAMPLE = ROOT / "examples" / "qwen3-4b.json"
 
 
 @pytest.fixture(scope="module")
-def base() -> dict:
+def base(fma_4b: Path) -> dict:
+    """The 4B example with gemv.cu for every decode GEMV (conftest.py `fma_examples`: its o at ksplit 2, the ksplit
+    and entry changes below are gemv.cu's); the example itself, with o and down on gemv_tc.cu: `example`."""
+    return json.loads(fma_4b.read_text())
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
     return json.loads(EXAMPLE.read_text())
+
+
+def test_tensor_core_launches(example, index, built_kernels):
+    """The example's o and down on gemv_tc.cu: ksplit 1 is all they take (another is refused, naming the way back to
+    gemv.cu's), `entry=` moves between the module's entries (U = 4 and `_u5`), not to gemv.cu's."""
+    assert launch(example, "gemv_residual_o_proj")["entry"] == "kern_gemvtc_residual_m1"
+    with pytest.raises(mv.VariantError) as e:
+        mv.apply(example, "o.ksplit=2", index)
+    assert ("`o.ksplit=2`: `kern_gemvtc_residual_m1` (op `gemv_residual_o_proj`) is gemv_tc.cu's tensor-core form, one "
+            "16-row tile per block with its 8 warps splitting k: it takes ksplit 1 only (another traps); for gemv.cu's "
+            "ksplit, generate the manifest with `tools/gen_qwen3.py --gemv gemv-fma`") == str(e.value)
+    m = mv.apply(example, "down.entry=kern_gemvtc_residual_m1_u5", index)
+    assert launch(m, "gemv_residual_down_proj")["entry"] == "kern_gemvtc_residual_m1_u5"
+    assert launch(m, "gemv_residual_down_proj")["grid"] == [160, 1, 1] and mv.verify(m, built_kernels) == []
+    with pytest.raises(mv.VariantError, match="no entry `kern_gemv_residual_m1` in module gemv_tc.cubin"):
+        mv.apply(example, "o.entry=kern_gemv_residual_m1", index)
 
 
 @pytest.fixture(scope="module")
@@ -200,23 +223,23 @@ def test_merge_pairs():
         mv.merge_pairs(src, "a", "b", refuse, "MISSING", "STRAY")
 
 
-def test_cli_writes_a_verified_variant_and_refuses_a_bad_one(built_kernels, tmp_path, capsys):
+def test_cli_writes_a_verified_variant_and_refuses_a_bad_one(built_kernels, tmp_path, capsys, fma_4b):
     out = tmp_path / "v.json"
-    assert mv.main([str(EXAMPLE), "--kernels", str(built_kernels), "--variant", "o.ksplit=1", "--out", str(out)]) == 0
+    assert mv.main([str(fma_4b), "--kernels", str(built_kernels), "--variant", "o.ksplit=1", "--out", str(out)]) == 0
     assert launch(json.loads(out.read_text()), "gemv_residual_o_proj")["grid"] == [160, 1, 1]
-    assert mv.main([str(EXAMPLE), "--kernels", str(tmp_path), "--variant", "o.ksplit=1", "--out", str(out)]) == 1
+    assert mv.main([str(fma_4b), "--kernels", str(tmp_path), "--variant", "o.ksplit=1", "--out", str(out)]) == 1
     assert "cannot read the kernel index" in capsys.readouterr().err
     for manifest, needle in ((tmp_path / "none.json", "cannot read the manifest"), (ROOT / "README.md", "not JSON")):
         assert mv.main([str(manifest), "--kernels", str(built_kernels), "--variant", "o.ksplit=1", "--out",
                         str(out)]) == 1
         assert needle in capsys.readouterr().err
-    assert mv.main([str(EXAMPLE), "--kernels", str(built_kernels), "--variant", "o.ksplit=2", "--out", str(out)]) == 0
+    assert mv.main([str(fma_4b), "--kernels", str(built_kernels), "--variant", "o.ksplit=2", "--out", str(out)]) == 0
     assert "`o.ksplit=2` changes nothing" in capsys.readouterr().err
     for extra, needle in ((["--variant", "o.ksplit=1", "--variant", "attn.pdl=0", "--out", str(out)], "one --variant"),
                           (["--variant", "o.ksplit=1", "--out", str(tmp_path / "no" / "v.json")], "no folder"),
                           (["--variant", "o.ksplit=1", "--out", str(tmp_path)], "is a directory")):
         with pytest.raises(SystemExit):
-            mv.main([str(EXAMPLE), "--kernels", str(built_kernels), *extra])
+            mv.main([str(fma_4b), "--kernels", str(built_kernels), *extra])
         assert needle in capsys.readouterr().err
 
 
@@ -241,7 +264,7 @@ def test_program_sweep_dry_run_builds_and_verifies(built_kernels, tmp_path, caps
         program_sweep.main(args + ["--variant", "o.ksplit=1", "--variant", "o.ksplit=1"])
 
 
-def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, dense_4b, tmp_path, capsys, monkeypatch):
+def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, dense_4b, tmp_path, capsys, monkeypatch, fma_4b):
     """--in-process without a GPU: kern_driver.Runtime.load returns kern-run's contract-checking fake runtime
     (packages/kern-run/tests/fake_runtime.py), one per manifest; every round generates on each, in turn. Each loads
     the work dir's weights its manifest declares (prepare.weights_for): the screened lm_head's file beside the weights
@@ -264,13 +287,14 @@ def test_program_sweep_rounds_on_a_fake_runtime(built_kernels, dense_4b, tmp_pat
     work = tmp_path / "work"
     (work / "qwen3-4b").mkdir(parents=True)
     (work / "kernels").symlink_to(built_kernels)
-    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    (work / "qwen3-4b" / "manifest.json").write_bytes(fma_4b.read_bytes())
     md = tmp_path / "sweep.md"
     args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--variant", "attn.pdl=0",
             "--manifest-variant", f"dense={dense_4b}",
             "--context", "40", "--steps", "6", "--rounds", "2", "--append", str(md), "--in-process"]
     assert program_sweep.main(args) == 0
-    assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320, 320]
+    # the gemv.cu manifest at ksplit 2, its o.ksplit=1 variant, and the dense variant (the default --gemv: o on gemv_tc)
+    assert [launch(m, "gemv_residual_o_proj")["grid"][0] for m, *_ in loaded] == [320, 160, 320, 160]
     assert [("gemv_norm_lm_head" in m["ops"], k.name, tuple(x.name for x in w), c) for m, k, w, c in loaded] == [
         (False, "kernels", ("weights.safetensors", "lm_head_screen.safetensors"), 4096)] * 3 + [
         (True, "kernels", ("weights.safetensors",), 4096)]
@@ -352,7 +376,7 @@ def test_program_sweep_manifest_variant_is_verified(built_kernels, tmp_path, cap
     assert "the name `a` is already given by --kernels-variant" in capsys.readouterr().err
 
 
-def test_program_sweep_runs_one_process_per_manifest_and_round_by_default(built_kernels, tmp_path, capsys, monkeypatch):
+def test_program_sweep_runs_one_process_per_manifest_and_round_by_default(built_kernels, tmp_path, capsys, monkeypatch, fma_4b):
     """The default: each round starts this script with --child for every manifest (one runtime per process); here
     each 'process' runs the child's work in-process on kern-run's fake runtime; a failing one is named."""
     pytest.importorskip("kern_driver")
@@ -385,7 +409,7 @@ def test_program_sweep_runs_one_process_per_manifest_and_round_by_default(built_
     work = tmp_path / "work"
     (work / "qwen3-4b").mkdir(parents=True)
     (work / "kernels").symlink_to(built_kernels)
-    (work / "qwen3-4b" / "manifest.json").write_bytes(EXAMPLE.read_bytes())
+    (work / "qwen3-4b" / "manifest.json").write_bytes(fma_4b.read_bytes())
     args = ["--work", str(work), "--geometry", "4b", "--variant", "o.ksplit=1", "--context", "40", "--steps", "6",
             "--rounds", "2"]
     assert program_sweep.main(args) == 0

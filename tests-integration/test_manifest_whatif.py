@@ -210,21 +210,22 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
     assert "built for sm_80, module `embedding` for sm_90 (rebuild it with -arch=sm_90)" in capsys.readouterr().err
 
 
-def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, tmp_path, capsys):
+def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, fma_4b, tmp_path, capsys):
     """--op-module down=FILE: only the down-proj's launches load the what-if build (a new module `gemv__<op>`), the
     other GEMV ops keep `gemv`; several ops with a --drop; the result verifies; every GEMV op moved prunes `gemv` (four
-    in the example, five with a dense manifest's lm_head). Refused by name: a malformed spec, an op the program does
+    in the gemv.cu manifest; in a dense manifest of the default --gemv, qkv, gate_up and its lm_head). Refused by name: a malformed spec, an op the program does
     not call, a built-in op, an op of two modules (the screened lm_head), an op given twice or also dropped, a missing
-    file, a cubin for another architecture."""
+    file, a cubin for another architecture. On the 4B example with gemv.cu for every GEMV (conftest.py `fma_examples`:
+    the example's o and down are on gemv_tc.cu, which gemv_nowait.cubin has no entry of)."""
     import hashlib
 
     import build_kernels as bk
 
     k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
     data = whatif_cubins["gemv_nowait.cubin"]
-    base = json.loads(EXAMPLES["4b"].read_text())
+    base = json.loads(fma_4b.read_text())
     out = tmp_path / "w.json"
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "down=gemv_nowait.cubin",
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--op-module", "down=gemv_nowait.cubin",
                     "--out", str(out)]) == 0
     assert "op `gemv_residual_down_proj` now loads module `gemv__gemv_residual_down_proj`" in capsys.readouterr().out
     m = json.loads(out.read_text())
@@ -241,20 +242,21 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, tmp_p
     del m["modules"]["gemv__gemv_residual_down_proj"]
     assert m == base
     # two ops, with --drop: verifies (rewrite_main verifies before writing)
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-module", "o=gemv_nowait.cubin", "--op-module",
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--op-module", "o=gemv_nowait.cubin", "--op-module",
                     "gemv_norm_qkv=gemv_nowait.cubin", "--drop", "attn", "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert {"gemv__gemv_residual_o_proj", "gemv_p2__gemv_norm_qkv", "gemv"} <= set(m["modules"])
     # every gemv op repointed: the shared module is pruned (the example's lm_head is screened: not a gemv op)
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down")
+    assert mw.main([str(fma_4b), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down")
                     for a in ("--op-module", f"{op}=gemv_nowait.cubin")], "--out", str(out)]) == 0
     assert "gemv" not in json.loads(out.read_text())["modules"]
-    # a dense manifest: its lm_head is a fifth; with the other four alone, `gemv` stays for it
-    five = [a for op in ("qkv", "o", "gu", "down", "lm_head") for a in ("--op-module", f"{op}=gemv_nowait.cubin")]
-    assert mw.main([str(dense_4b), "--kernels", str(k), *five, "--out", str(out)]) == 0
+    # a dense manifest (the default --gemv: o and down on gemv_tc.cu): its lm_head is a third gemv op beside qkv and
+    # gate_up; with those two alone, `gemv` stays for it
+    three = [a for op in ("qkv", "gu", "lm_head") for a in ("--op-module", f"{op}=gemv_nowait.cubin")]
+    assert mw.main([str(dense_4b), "--kernels", str(k), *three, "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert "gemv" not in m["modules"] and m["modules"]["gemv__gemv_norm_lm_head"] == pin
-    assert mw.main([str(dense_4b), "--kernels", str(k), *five[:-2], "--out", str(out)]) == 0
+    assert mw.main([str(dense_4b), "--kernels", str(k), *three[:-2], "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert {ln["module"] for ln in m["ops"]["gemv_norm_lm_head"]["impl"]["launches"]} == {"gemv"}
     capsys.readouterr()
@@ -274,7 +276,7 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, tmp_p
             (["--op-module", "attn=gemv_nowait.cubin", "--drop", "attn"], "--drop removes every `decode` call"),
             (["--op-module", "down=missing.cubin"], "missing.cubin: not found"),
             (["--op-module", "down=gemv_sm80.cubin"], "built for sm_80, module `gemv` for sm_90")):
-        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
+        assert mw.main([str(fma_4b), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
         assert needle in capsys.readouterr().err, argv
         assert not bad.exists()
 

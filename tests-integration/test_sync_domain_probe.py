@@ -102,7 +102,7 @@ def test_unknown_op_and_shared_function_are_refused(example):
     m, entries = example
     with pytest.raises(ValueError, match=r"no op \['nope'\] in the manifest \(ops: \["):
         sdp.function_carveouts(m, entries, {"nope": 10})
-    # o and down launch the same entry of gemv.cubin: one function, one carveout
-    with pytest.raises(ValueError, match="op gemv_residual_down_proj shares entry `kern_gemv_residual_m1` with op "
+    # o and down launch the same entry of gemv_tc.cubin: one function, one carveout
+    with pytest.raises(ValueError, match="op gemv_residual_down_proj shares entry `kern_gemvtc_residual_m1` with op "
                                          "gemv_residual_o_proj, which was given carveout 40, not 10"):
         sdp.function_carveouts(m, entries, {"gemv_residual_o_proj": 40, "gemv_residual_down_proj": 10})

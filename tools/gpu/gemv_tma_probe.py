@@ -187,6 +187,7 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
                      ops=None) -> Path:
     """Writes OUT/manifest-tma-LABEL.json: `manifest` with each of `ops` (manifest op names; None: every decode GEMV
     op that launches module `gemv`, i.e. not 4B's qkv, which runs on the row-pass module gemv_p2 since session 18, nor
+    o_proj and down_proj, on gemv_tc.cu's tensor cores since session 30 (`--gemv gemv-fma` keeps them on gemv), nor
     the lm_head of a default manifest, which is screened, not a GEMV) launching the TMA module `cubin` (copied into
     `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same entry) with `ring` more bytes of dynamic shared
     memory after its own (rounded up to 128); modules no launch uses any more are dropped (the verifier refuses an
@@ -204,7 +205,7 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
         ops = [op for op in GEMV_OPS if first_launch(op).get("module") == "gemv"]
         if not ops:
             raise ValueError(f"{manifest}: no decode GEMV op launches module `gemv` (gemv.cu's default form), which "
-                             f"a TMA module replaces (a manifest of `gen_qwen3.py --gemv gemv` is needed)")
+                             f"a TMA module replaces (a manifest of `gen_qwen3.py --gemv gemv-fma` is needed)")
     for op in ops:
         if op not in v["ops"]:
             raise ValueError(f"{manifest}: no op `{op}`" + lm_head_note(v, op))
@@ -213,7 +214,10 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
             raise ValueError(f"{manifest}: op `{op}` does not launch module `gemv` (gemv.cu's default form) first but "
                              f"`{got}`; a TMA module replaces only that"
                              + (" (the TMA form has no row passes: 4B's qkv is on gemv_p2 since session 18)"
-                                if str(got).startswith("gemv_p") else ""))
+                                if str(got).startswith("gemv_p") else
+                                " (o_proj and down_proj run on gemv_tc.cu's tensor cores by default since session 30: "
+                                "for gemv.cu's form there, pass a manifest of `tools/gen_qwen3.py --gemv gemv-fma`)"
+                                if got == "gemv_tc" else ""))
         launch["module"] = mod
         launch["shared_mem"] = ((launch.get("shared_mem", 0) + 127) & ~127) + ring
         if launch["shared_mem"] > SMEM_MAX:
