@@ -56,6 +56,27 @@ def test_entries_have_their_gemv_twins_abi(builds):
         assert e.registers is not None and e.registers <= 128, (twin, e.registers)
 
 
+def test_u4_entries_do_not_spill(tmp_path):
+    """ptxas -v on gemv_tc.cu: the U = 4 entries (the generator launches `kern_gemvtc_residual_m1`) spill nothing at the
+    128-register cap of two blocks per SM; the `_u5` ones may (the plain and residual `_u5` spill 8 bytes: they are
+    there for experiments)."""
+    import subprocess
+
+    import build_kernels as bk
+
+    try:
+        nvcc = bk._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    r = subprocess.run([nvcc, *bk.NVCC_FLAGS, "-Xptxas", "-v", "-o", str(tmp_path / "t.cubin"), "gemv_tc.cu"],
+                       capture_output=True, text=True, cwd=ROOT / "tools" / "kernels-src")
+    assert r.returncode == 0, r.stderr
+    # ptxas prints, per function, "Compiling entry function 'NAME'" then its spill line
+    spills = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n.*?(\d+) bytes spill stores", r.stderr, re.S))
+    assert sorted(spills) == sorted(gemv_tc_entry(n) for n in TWINS), r.stderr
+    assert all(spills[gemv_tc_entry(n)] == "0" for n in TWINS if not n.endswith("_u5")), spills
+
+
 def test_ptx_loads_before_the_wait_and_mma_after(builds):
     entries = ptx_entries(builds["tc_ptx"].read_text())
     assert sorted(entries) == sorted(gemv_tc_entry(n) for n in TWINS)
@@ -80,7 +101,8 @@ def test_index_entries():
         k, b = kerns[gemv_tc_entry(twin)], base[twin]
         assert (k.source, k.module, k.entry, k.block) == ("gemv_tc.cu", "gemv_tc.cubin", k.name, [256, 1, 1])
         assert k.params == b.params and k.shared_mem_per == b.shared_mem_per
-        assert k.constexprs == {**b.constexprs, "TC_STEP": GEMV_TC_STEP}
+        nb = {"NORM_NB": 2} if "_norm" in twin else {}  # the norm entries' batched prologue (gemv.cu's `_nb2`'s)
+        assert k.constexprs == {**b.constexprs, "TC_STEP": GEMV_TC_STEP, **nb}
         cols, warps = k.constexprs["COLS_PER_WARP"], k.constexprs["WARPS"]
         assert gemv_blocks(2560, cols, warps, 1) == (2560 // 8 if "silu" in twin else 2560 // 16)
         assert "ksplit must be 1" in k.grid and f"k: multiple of {GEMV_TC_STEP}" in k.doc

@@ -209,10 +209,12 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     # GEMVs (k = 1,024: one x vector per thread) the loop prologue of the plain entries
     assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
                                                                "kern_gemv_norm_silu_m1"}
-    tc = _build("0.6b", fake_kernels)  # the default: o and down on gemv_tc.cu, 64 tiles of 16 rows
+    # the default: o on gemv_tc.cu (64 tiles of 16 rows); down stays on gemv.cu at ksplit 4, where the base rule splits
+    # k to fill the GPU (gemv_plan.gemv_tensor_core)
+    tc = _build("0.6b", fake_kernels)
     assert {op: _gemv(tc, op, index) for op in ("gemv_residual_o_proj", "gemv_residual_down_proj")} == {
         "gemv_residual_o_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 2048, "ksplit": 1}),
-        "gemv_residual_down_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 3072, "ksplit": 1})}
+        "gemv_residual_down_proj": ("kern_gemv_residual_m1", [256, 1, 1], None, {"n": 1024, "k": 3072, "ksplit": 4})}
     # the small model: down (512 row pairs over k = 3072) splits k to fill the GPU, o because it follows the attention
     assert _gemv(m, "gemv_residual_down_proj", index)[1:] == ([1024 * 4 // 16, 1, 1], None,
                                                               {"n": 1024, "k": 3072, "ksplit": 4})
@@ -250,8 +252,9 @@ def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
             [plan.grid, 1, 1], plan.smem, n, k, plan.piece_chunks)
         assert smem <= 112 * 1024 and m.ops[op].params == plain.ops[op].params
         assert _gemv(plain, op, index)[0].startswith("kern_gemv_")
-        assert _gemv(default, op, index)[0].startswith("kern_gemvtc_" if "residual" in op else "kern_gemv_")
-        assert _gemv(default_pdl, op, index)[0].startswith("kern_gemvtc_" if "residual" in op else "kern_gemv_")
+        tc = "residual" in op and gemv_plan.gemv_tensor_core("gemv_residual", k, gen.gemv_ksplit(math.ceil(n / 2), k))
+        assert _gemv(default, op, index)[0].startswith("kern_gemvtc_" if tc else "kern_gemv_")
+        assert _gemv(default_pdl, op, index)[0].startswith("kern_gemvtc_" if tc else "kern_gemv_")
     assert m.programs == plain.programs and m.buffers == plain.buffers
 
 
@@ -358,17 +361,21 @@ def test_gemv_norm_entry_without_batched_forms(fake_kernels: Path, tmp_path: Pat
 def test_gemv_tensor_core_rule() -> None:
     """gemv_tc.cu for the residual GEMVs (o_proj, down_proj) where k is a multiple of its 32-element mma step; gemv.cu
     for the norm GEMVs (measured slower on the tensor cores, NOTES.md 72); entry names; bad inputs refused."""
-    assert [gemv_plan.gemv_tensor_core("gemv_residual", k) for k in (1024, 4096, 9728, 25600, 1000, 1032)] == \
+    assert [gemv_plan.gemv_tensor_core("gemv_residual", k, 1) for k in (1024, 4096, 9728, 25600, 1000, 1032)] == \
         [True, True, True, True, False, False]
-    assert not any(gemv_plan.gemv_tensor_core(v, 4096) for v in ("gemv_norm", "gemv_norm_silu", "gemv"))
+    # where gemv.cu's base rule splits k across warps to fill the GPU (0.6B's down: ksplit 4), gemv.cu stays
+    assert not any(gemv_plan.gemv_tensor_core("gemv_residual", 3072, ks) for ks in (2, 4, 8))
+    assert gen.gemv_ksplit(1024 // 2, 3072) == 4 and gen.gemv_ksplit(1024 // 2, 2048) == 1  # 0.6B down, o
+    assert not any(gemv_plan.gemv_tensor_core(v, 4096, 1) for v in ("gemv_norm", "gemv_norm_silu", "gemv"))
     assert gemv_plan.GEMV_TC_STEP == 32 and set(gemv_plan.GEMV_TC_VARIANTS) <= set(gen.GEMV_OPS.values())
     assert [gemv_plan.gemv_tc_entry(n) for n in ("kern_gemv_residual_m1", "kern_gemv_norm_silu_m1_u5_nb2",
                                                   "kern_gemv_m1")] == [
         "kern_gemvtc_residual_m1", "kern_gemvtc_norm_silu_m1_u5", "kern_gemvtc_m1"]
     with pytest.raises(ValueError, match="`kern_gemvp_m1` is not a gemv.cu entry"):
         gemv_plan.gemv_tc_entry("kern_gemvp_m1")
-    with pytest.raises(ValueError, match="k = 1020 must be a positive multiple of 8"):
-        gemv_plan.gemv_tensor_core("gemv_residual", 1020)
+    for k, ks in ((1020, 1), (1024, 0)):
+        with pytest.raises(ValueError, match=f"k = {k}, ksplit = {ks}: k must be a positive multiple of 8 and ksplit ≥ 1"):
+            gemv_plan.gemv_tensor_core("gemv_residual", k, ks)
 
 
 def test_gemv_tensor_core_index_old_or_stale(fake_kernels: Path, tmp_path: Path) -> None:

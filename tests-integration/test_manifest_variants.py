@@ -69,6 +69,28 @@ def test_ksplit_sets_the_literal_and_the_grid(base, index, built_kernels):
     assert launch(base, "gemv_residual_o_proj")["grid"] == [320, 1, 1]  # the input is not changed
 
 
+def test_known_launch_twin_of_a_tensor_core_launch(example, capsys):
+    """The experiment rewrites' twin of a gemv_tc.cu launch (known_launch / plain_twin): a copy on gemv.cu's entry and
+    module with the launch's own grid and args (gemv.cu's valid ksplit-1 launch), the input untouched, and one note
+    naming the fair control; a refusal that lists gemv.cu entries says their tensor-core forms are known too."""
+    mv._NOTED.clear()
+    ln = launch(example, "gemv_residual_o_proj")
+    twin = mv.known_launch(example, "gemv_residual_o_proj", ("kern_gemv_residual_m1",))
+    assert twin == {**ln, "entry": "kern_gemv_residual_m1", "module": "gemv"} and ln["module"] == "gemv_tc"
+    assert mv.twin_entry("kern_gemvtc_norm_silu_m1_u5") == "kern_gemv_norm_silu_m1_u5"
+    assert mv.twin_entry("kern_gemv_norm_m1_nb2") == "kern_gemv_norm_m1" and mv.twin_entry("embedding") == "embedding"
+    mv.known_launch(example, "gemv_residual_o_proj", ("kern_gemv_residual_m1",))
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and ("time it against a manifest of `tools/gen_qwen3.py --gemv gemv-fma` with the "
+                                        "variant `gemv_residual_o_proj.ksplit=1`") in err
+    with pytest.raises(mv.VariantError) as e:
+        mv.known_launch(example, "gemv_residual_o_proj", ("kern_gemv_m1",))
+    assert str(e.value).endswith("this rewrite knows kern_gemv_m1 (or gemv_tc.cu's `kern_gemvtc` forms of them)")
+    with pytest.raises(mv.VariantError) as e:
+        mv.known_launch(example, "embedding", ("argmax",))
+    assert str(e.value).endswith("this rewrite knows argmax")
+
+
 @pytest.fixture(scope="module")
 def dense(dense_4b: Path) -> dict:
     """The 4B example's `--lm-head dense` form (conftest.py): the dense lm_head GEMV and the two-launch argmax."""

@@ -189,27 +189,33 @@ GEMV_TC_VARIANTS = frozenset({"gemv_residual"})
 
 def gemv_tc_entry(name: str) -> str:
     """gemv_tc.cu's entry for gemv.cu's M = 1 entry `name` (`kern_gemv_residual_m1` -> `kern_gemvtc_residual_m1`;
-    `_u5` kept, a batched-prologue suffix dropped: the tensor-core norm entries always batch). Raises ValueError for a
-    name that is not a gemv.cu entry."""
+    `_u5` kept, a batched-prologue suffix dropped: the tensor-core norm entries compile norm_to_smem's batched prologue,
+    NB = 2, which batches for k/8 in (256, 512] and loops otherwise; their index constexpr NORM_NB says so). Raises
+    ValueError for a name that is not a gemv.cu entry."""
     base = gemv_plain_entry(name)
     if not base.startswith("kern_gemv_"):
         raise ValueError(f"gemv_tc_entry: `{name}` is not a gemv.cu entry (kern_gemv*_m1*)")
     return GEMV_TC_PREFIX + base[len("kern_gemv"):]
 
 
-def gemv_tensor_core(variant: str, k: int) -> bool:
+def gemv_tensor_core(variant: str, k: int, ksplit: int) -> bool:
     """Whether the decode GEMV `variant` (gemv.cu's name, tools/gen_qwen3.py GEMV_OPS: "gemv_residual", ...) over k is
     launched on gemv_tc.cu's entry (one 16-row tile per block, its 8 warps splitting k, the dots on mma.sync; ksplit 1,
-    U = 4) instead of gemv.cu's: the residual GEMVs (o_proj, down_proj) where k is a multiple of GEMV_TC_STEP.
+    U = 4) instead of gemv.cu's: the residual GEMVs (o_proj, down_proj) where k is a multiple of GEMV_TC_STEP and
+    `ksplit`, gemv.cu's base split for the shape (tools/gen_qwen3.py `gemv_ksplit` without its after-attention rule),
+    is 1 — i.e. where 16-row blocks fill the GPU; a GEMV that gemv.cu must split across warps to fill it (0.6B's down:
+    512 row pairs over k = 3,072, ksplit 4) would run on the tensor cores at a quarter of the blocks.
 
     Measured (H200, kern-run decode, program_sweep, tokens identical; session 30, NOTES.md 72): Qwen3-4B o_proj on it
     −0.069 ms/token (2.281 → 2.212; −0.070 at 4,096 cached tokens), o_proj and down_proj −0.081; Qwen3-0.6B o_proj
-    −0.007. The norm GEMVs lose there (qkv +0.013 with `_u5`, ±0 with U = 4; o and gate_up together +0.026),
-    and in a chain of GEMVs alone (tools/gpu/gemv_tc_probe.py) o and down on it are slower (2.284 against 2.247 ms):
-    what it gains is in the program, beside the attention. Raises ValueError unless k is a positive multiple of 8."""
-    if k < 8 or k % 8:
-        raise ValueError(f"gemv_tensor_core: k = {k} must be a positive multiple of 8")
-    return variant in GEMV_TC_VARIANTS and k % GEMV_TC_STEP == 0
+    −0.007, with down_proj too only −0.001 (0.575 against 0.567 with o alone: down at 64 blocks instead of 256). The
+    norm GEMVs lose there (qkv +0.013 with `_u5`, ±0 with U = 4; o and gate_up together +0.026), and in a chain of
+    GEMVs alone (tools/gpu/gemv_tc_probe.py) o and down on it are slower (2.284 against 2.247 ms): what it gains is in
+    the program, beside the attention. Raises ValueError unless k is a positive multiple of 8 and ksplit ≥ 1."""
+    if k < 8 or k % 8 or ksplit < 1:
+        raise ValueError(f"gemv_tensor_core: k = {k}, ksplit = {ksplit}: k must be a positive multiple of 8 and "
+                         "ksplit ≥ 1")
+    return variant in GEMV_TC_VARIANTS and k % GEMV_TC_STEP == 0 and ksplit == 1
 
 
 class GemvPlan(NamedTuple):

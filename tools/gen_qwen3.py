@@ -901,7 +901,8 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
     where the plan does not apply (k not a multiple of 256, or fewer than 2 slots per warp fit beside x:
     32B's down) gemv.cu's entry instead. Otherwise, with `tensor_core`, the ops that gemv_plan.gemv_tensor_core picks
-    (the residual GEMVs, o_proj and down_proj, k a multiple of 32) launch gemv_tc.cu's entry (`kern_gemvtc_*`, the
+    (the residual GEMVs, o_proj and down_proj, k a multiple of 32, where gemv_ksplit's base rule gives 1: not 0.6B's
+    down) launch gemv_tc.cu's entry (`kern_gemvtc_*`, the
     same interface and roundings, the dots on the tensor cores; grid ceil_div(n, 16), ksplit 1) where the index has it,
     and every other op gemv.cu's.
     With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
@@ -926,7 +927,8 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         launch = b.launch(op, iface, GEMVP_ENTRY[variant], [plan.grid, 1, 1], n=n, k=k,
                           piece_chunks=plan.piece_chunks, **wiring)
         launch.shared_mem = plan.smem
-    elif tensor_core and gemv_tensor_core(variant, k) and (tc := gemv_tc_entry(f"kern_{variant}_m1")) in b.index:
+    elif tensor_core and (tc := gemv_tc_entry(f"kern_{variant}_m1")) in b.index and gemv_tensor_core(
+            variant, k, gemv_ksplit(math.ceil(n / b.constexpr(tc, "COLS_PER_WARP")), k)):
         # gemv_tc.cu (an index built before session 30 has none: gemv.cu's entry below)
         if (step := b.constexpr(tc, "TC_STEP")) != GEMV_TC_STEP or b.constexpr(tc, "M") != 1:
             raise GenError(f"kernel `{tc}` in the index has TC_STEP {step}, M {b.constexpr(tc, 'M')} (this generator "

@@ -274,7 +274,8 @@ def known_launch(m: dict, op: str, known: tuple[str, ...]) -> dict:
     ln = m["ops"][op]["impl"]["launches"][0]
     if twin_entry(str(ln.get("entry"))) not in known:
         raise VariantError(f"op `{op}` launches `{ln.get('entry')}`; this rewrite knows {', '.join(known)}"
-                           + NB2_NOTE * any("_norm" in e for e in known) + TC_NOTE)
+                           + NB2_NOTE * any("_norm" in e for e in known)
+                           + TC_NOTE * any(e.startswith("kern_gemv_") for e in known))
     return plain_twin(op, ln)
 
 
@@ -292,7 +293,8 @@ def plain_twin(op: str, ln: dict) -> dict:
     entry `NAME_nb2` the variant `OP.entry=NAME` (the loop prologue, the same bits); for a tensor-core entry
     (gemv_tc.cu, whose launches take ksplit 1 and gemv.cu's ksplit-1 grid) the copy is on gemv.cu's module (`gemv`)
     with the same grid and args, a valid gemv.cu launch at ksplit 1, and the fair control is a manifest of
-    `tools/gen_qwen3.py --gemv gemv-fma` (gemv.cu for every op; its o_proj at ksplit 2)."""
+    `tools/gen_qwen3.py --gemv gemv-fma` (gemv.cu for every op) with the variant `OP.ksplit=1` (its o_proj is at
+    ksplit 2 there)."""
     entry = str(ln.get("entry"))
     plain = twin_entry(entry)
     if plain == entry:
@@ -303,7 +305,8 @@ def plain_twin(op: str, ln: dict) -> dict:
         if tc:
             print(f"note: op `{op}` launches `{entry}` (gemv_tc.cu, the tensor cores); the rewrite's twin is gemv.cu's "
                   f"`{plain}` at ksplit 1 (other bits): time it against a manifest of `tools/gen_qwen3.py --gemv "
-                  "gemv-fma`, not against the manifest as it is", file=sys.stderr)
+                  f"gemv-fma` with the variant `{op}.ksplit=1` (tools/manifest_variants.py: gemv.cu's form of the op as "
+                  "the twin launches it), not against the manifest as it is", file=sys.stderr)
         else:
             print(f"note: op `{op}` launches `{entry}`; the rewrite's twin is `{plain}`'s, with the loop norm "
                   f"prologue (the same bits, slower on this k): time it against the variant `{op}.entry={plain}` "
@@ -314,7 +317,7 @@ def plain_twin(op: str, ln: dict) -> dict:
 _NOTED: set[tuple[str, str]] = set()  # known_launch's notes already printed in this process
 #: Added to a refusal that lists known norm entries: their batched-prologue forms are known too.
 NB2_NOTE = " (or their `_nb2` forms)"
-#: Added to every refusal of known_launch: gemv_tc.cu's forms of the known entries are known too.
+#: Added to a refusal of known_launch that lists gemv.cu entries: gemv_tc.cu's forms of them are known too.
 TC_NOTE = " (or gemv_tc.cu's `kern_gemvtc` forms of them)"
 
 

@@ -73,7 +73,7 @@ def _launch(m: dict, op: str) -> dict:
         got = ", ".join(str(ln.get("entry") or ln.get("extern")) for ln in launches)
         raise VariantError(f"op `{op}` launches {got}; this rewrite knows one launch of "
                            + " or ".join(f"`{e}`" for e in KNOWN[op]) + NB2_NOTE * any("_norm" in e for e in KNOWN[op])
-                           + TC_NOTE)
+                           + TC_NOTE * any(e.startswith("kern_gemv_") for e in KNOWN[op]))
     return plain_twin(op, launches[0])
 
 

@@ -506,8 +506,10 @@ def _gemv_tc_kernels() -> list[Kernel]:
                 f"{u} mma steps (32 elements of k of two rows, two 16-byte loads) per lane per pipeline stage")
             doc += (" Tensor-core form (gemv_tc.cu): the dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate), "
                     "each 16-byte weight load an mma's A operand; deterministic, not gemv.cu's bits.")
+            nb = {"NORM_NB": GEMV_NORM_NB} if "_norm" in name else {}  # norm_to_smem<1, false, 2>: batched for
+            # k/8 in (256, 512], the loop otherwise (as gemv.cu's `_nb2` entries)
             out.append(replace(k, name=name, entry=name, source="gemv_tc.cu", grid=grid, doc=doc,
-                               constexprs={**k.constexprs, "TC_STEP": GEMV_TC_STEP}))
+                               constexprs={**k.constexprs, "TC_STEP": GEMV_TC_STEP, **nb}))
     return out
 
 
