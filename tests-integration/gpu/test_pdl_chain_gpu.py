@@ -200,10 +200,12 @@ def chain(kdir, tmp_path_factory):
     d = tmp_path_factory.mktemp("pdl-chain")
     gen = [sys.executable, str(ROOT / "tools" / "gen_qwen3.py"), "--preset", GEOMETRY, "--kernels", str(kdir),
            "--max-positions", str(CAPACITY), "--lm-head", "dense"]  # dense: run_chain reads every step's logits
-    # pairs of manifests that differ only in --pdl: gemv.cu's GEMVs, and the persistent ones (gemv_persist.cu);
+    # pairs of manifests that differ only in --pdl: the default GEMVs (gemv.cu; o, and 4B's down, on gemv_tc.cu), gemv.cu's
+    # alone (--gemv gemv-fma), and the persistent ones (gemv_persist.cu);
     # the plain ones need --no-pdl (--pdl is the generator's default)
     out = {}
     for name, flags in (("plain", ["--gemv", "gemv", "--no-pdl"]), ("pdl", ["--gemv", "gemv", "--pdl"]),
+                        ("fma", ["--gemv", "gemv-fma", "--no-pdl"]), ("fma_pdl", ["--gemv", "gemv-fma", "--pdl"]),
                         ("persistent", ["--gemv", "persistent", "--no-pdl"]),
                         ("persistent_pdl", ["--gemv", "persistent", "--pdl"])):
         out[name] = d / f"{name}.json"
@@ -238,10 +240,11 @@ def run_chain(chain, which: str, graph: bool):
         rt.close()
 
 
-@pytest.mark.parametrize("gemv", ["plain", "persistent"])
+@pytest.mark.parametrize("gemv", ["plain", "fma", "persistent"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_decode_chain_pdl_equals_plain(chain, graph, gemv):
-    """gen_qwen3.py --pdl gives the same bits as without, for gemv.cu's and for the persistent GEMVs."""
+    """gen_qwen3.py --pdl gives the same bits as without, for the default GEMVs (gemv.cu, o on gemv_tc.cu), gemv.cu's
+    alone (`--gemv gemv-fma`) and the persistent ones."""
     t0, l0, edges0 = run_chain(chain, gemv, graph)
     t1, l1, edges = run_chain(chain, "pdl" if gemv == "plain" else gemv + "_pdl", graph)
     assert t0 == t1, f"tokens differ: {t0} vs {t1}"
