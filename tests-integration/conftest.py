@@ -109,8 +109,8 @@ def dense_examples(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory
 def fma_examples(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The examples' manifests with gemv.cu for every decode GEMV, by geometry ("4b", "0.6b"): `tools/gen_qwen3.py
     --preset G --gemv gemv-fma` on `built_kernels` (the manifests before session 30). Their o_proj and down_proj launch
-    gemv.cu's `kern_gemv_residual_m1` (4B's o at ksplit 2) where the examples launch gemv_tc.cu's tensor-core entry; the
-    other ops are the examples'. For the tools that rewrite gemv.cu launches (ksplit, entries, what-if modules)."""
+    gemv.cu's `kern_gemv_residual_m1` (o at ksplit 2) where the examples launch gemv_tc.cu's tensor-core entry (o's, and
+    4B's down; 0.6B's down is gemv.cu's at ksplit 4 in both); the other ops are the examples'. For the tools that rewrite gemv.cu launches (ksplit, entries, what-if modules)."""
     d = tmp_path_factory.mktemp("fma")
     out = {}
     for ex in EXAMPLES:

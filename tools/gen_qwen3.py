@@ -5,7 +5,7 @@ Usage::
 
     python tools/gen_qwen3.py (--preset 4b | --config config.json) --kernels DIR --out M.json
                               [--chunk 2048] [--max-positions 40960] [--model NAME] [--no-pdl]
-                              [--fused-attention] [--gemv gemv|persistent]
+                              [--fused-attention] [--gemv gemv|gemv-fma|persistent]
                               [--decode-attention rope-cluster|cluster|cuda|triton] [--cuda-attention]
                               [--lm-head dense|screened]
 
@@ -23,7 +23,9 @@ op entries (tools/README.md is the contract):
   5 launches per layer with the default decode attention, which does the attention prologue's decode work
   too; 6 with `--decode-attention cluster` and its own prologue launch), then the
   final norm + lm_head (the embedding when tied) and a greedy argmax into `next_token` (i64 [1]): by default
-  the screened head below; with `--lm-head dense` a GEMV into `logits` [1, V] and a GPU argmax. Each GEMV op is fixed to its shape: n, k, `ksplit` (`gemv_ksplit`), the
+  the screened head below; with `--lm-head dense` a GEMV into `logits` [1, V] and a GPU argmax. Each GEMV op is fixed
+  to its shape: n, k, and on gemv_tc.cu (`gemv_plan.gemv_tensor_core`: o_proj, and down_proj where the base ksplit is
+  1) `kern_gemvtc_residual_m1` at ksplit 1, grid ceil_div(n, 16); otherwise `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
   row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
   and lm_head; for the GEMV before the attention, `kern_gemv_norm_m1_p2` of `gemv_p2.cubin`, two 16-row units per
@@ -341,7 +343,8 @@ def gemv_ksplit(warps: int, k: int, *, after_attention: bool = False) -> int:
     2026-11-29) and this base rule: 4B qkv, o, gate_up, down, lm_head: 1 (rule: 1);
     0.6B qkv 1, o 1 (512 warps: ksplit 4 would leave 512 of k per warp), down 4 (rule: same),
     gate_up 2 (rule: 1; 3072 warps already fill the GPU), lm_head 1. In the decode program
-    the o-proj takes 2 instead (`after_attention`, below).
+    the o-proj takes 2 instead (`after_attention`, below) where it runs on gemv.cu (`--gemv gemv-fma`; by default it
+    runs on gemv_tc.cu at ksplit 1, gemv_plan.gemv_tensor_core, which reads this rule without `after_attention`).
 
     `after_attention`: the GEMV that follows the decode attention in the decode program (the o-proj,
     GEMV_OPS_AFTER_ATTENTION) splits k at least in 2 where each warp keeps GEMV_MIN_K_PER_WARP of it.

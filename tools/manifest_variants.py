@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Variants of a Qwen3 manifest that differ from it in one or a few launch configurations, for A/B runs.
 
-    python3 tools/manifest_variants.py MANIFEST --kernels DIR --variant o.ksplit=2+attn.pdl=0 --out OUT.json
+    python3 tools/manifest_variants.py MANIFEST --kernels DIR --variant gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0 \
+        --out OUT.json
 
 A variant is `CHANGE[+CHANGE...]`, each `OP.OPTION=VALUE` on the first launch of one op that only the decode
 program calls (an op of several launches has its first changed: the screened lm_head's screen, of three; a dense

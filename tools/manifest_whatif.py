@@ -28,10 +28,11 @@ names changes (its module, or its grid).
 --module NAME=FILE
     Module NAME loaded from FILE in the --kernels dir instead (pinned by its sha256): a what-if build of the same
     source with the same entries and params, e.g. gemv.cu built with -DGEMV_NO_WAIT (its kernels do not wait for
-    their predecessors; NOTES.md 47), which serves the decode GEMV ops on module `gemv`: qkv, o, gate_up and down in
-    0.6B (and the lm_head of a `--lm-head dense` manifest: the default's screened lm_head is lm_head_screen.cu), all
-    but the qkv in 4B, whose qkv is on `gemv_p2` since session 18 (add --module gemv_p2=FILE, a build with
-    -DGEMV_NO_WAIT -DGEMV_PASSES=2, for it too):
+    their predecessors; NOTES.md 47), which serves the decode GEMV ops on module `gemv`: qkv, gate_up and (0.6B) down
+    (and the lm_head of a `--lm-head dense` manifest: the default's screened lm_head is lm_head_screen.cu); 4B's qkv is
+    on `gemv_p2` since session 18 (add --module gemv_p2=FILE, a build with -DGEMV_NO_WAIT -DGEMV_PASSES=2, for it
+    too), and o (and 4B's down) on `gemv_tc` since session 30 (add --module gemv_tc=FILE, gemv_tc.cu built with
+    -DGEMV_NO_WAIT; on a `tools/gen_qwen3.py --gemv gemv-fma` manifest they are on `gemv`):
 
         cd tools/kernels-src && nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT -o KDIR/gemv_nowait.cubin gemv.cu
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --module gemv=gemv_nowait.cubin --out OUT.json
@@ -46,8 +47,8 @@ names changes (its module, or its grid).
 
         python3 tools/manifest_whatif.py MANIFEST --kernels KDIR --op-module down=gemv_nowait.cubin --out OUT.json
 
-    The module copy is not free when the op shares its function with another op: in the Qwen3 manifests o and down
-    both launch gemv's kern_gemv_residual_m1, and the default gemv.cubin itself given to one of them this way costs
+    The module copy is not free when the op shares its function with another op: in the 4B manifests o and down
+    both launch gemv_tc's kern_gemvtc_residual_m1 (gemv's kern_gemv_residual_m1 with `--gemv gemv-fma`), and the default gemv.cubin itself given to one of them this way costs
     the 4B program +0.009 ms/token (nothing for gate_up, whose function is its own; NOTES.md 62): read such a
     variant against a copy of the default module given to the same op, not against the manifest alone.
 

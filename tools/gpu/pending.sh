@@ -221,8 +221,13 @@ for stage in "${stages[@]}"; do
       wheels /dev/null
       [ -f "$M" ] || step wbo-prepare 400 python3 tools/gpu/prepare.py --work "$K" --geometry 4b
       NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+      # o_proj and down_proj run on gemv_tc.cu's tensor-core entry since session 30: its no-wait build too
       (cd tools/kernels-src && "$NVCC" -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT \
-        -o "$K/kernels/gemv_nowait.cubin" gemv.cu) || { echo "$stage: nvcc failed"; status=1; continue; }
+        -o "$K/kernels/gemv_nowait.cubin" gemv.cu && "$NVCC" -cubin -arch=sm_90 -O3 -std=c++17 -DGEMV_NO_WAIT \
+        -o "$K/kernels/gemv_tc_nowait.cubin" gemv_tc.cu) || { echo "$stage: nvcc failed"; status=1; continue; }
+      nowait() {  # the no-wait build of op $1's module (4B: o and down on gemv_tc)
+        case $1 in o|down) echo gemv_tc_nowait.cubin ;; *) echo gemv_nowait.cubin ;; esac
+      }
       whatif() {  # name, manifest_whatif args...: the what-if manifest $K/name.json, added to the sweep
         local name=$1; shift
         step "wbo-make-$name" 60 python3 tools/manifest_whatif.py "$M" --kernels "$K/kernels" "$@" \
@@ -230,11 +235,11 @@ for stage in "${stages[@]}"; do
       }
       vs=()
       if [ "$stage" = wait-by-op ]; then
-        for op in qkv o gate_up down lm_head; do whatif "nowait-$op" --op-module "$op=gemv_nowait.cubin"; done
-        whatif nowait-all --module gemv=gemv_nowait.cubin
+        for op in qkv o gate_up down lm_head; do whatif "nowait-$op" --op-module "$op=$(nowait $op)"; done
+        whatif nowait-all --module gemv=gemv_nowait.cubin --module gemv_tc=gemv_tc_nowait.cubin
       else
         whatif noattn --drop attn
-        for op in o down; do whatif "noattn-nowait-$op" --drop attn --op-module "$op=gemv_nowait.cubin"; done
+        for op in o down; do whatif "noattn-nowait-$op" --drop attn --op-module "$op=$(nowait $op)"; done
       fi
       cp BENCHMARKS.md "$OUT/$stage-BENCHMARKS.md"
       step wbo-sweep 540 python3 tools/gpu/program_sweep.py --work "$K" --geometry 4b --rounds 2 "${vs[@]}" \
@@ -300,7 +305,7 @@ for stage in "${stages[@]}"; do
       KERN_KERNELS_DIR="$K/kernels" step s19c-tests 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
         tests-integration/gpu/test_gemv_passes_gpu.py tests-integration/gpu/test_da_experiments_gpu.py \
         packages/kern-driver/tests
-      cp "$K/kernels/gemv.cubin" "$K/kernels/gemv_o.cubin"
+      cp "$K/kernels/gemv_tc.cubin" "$K/kernels/gemv_o.cubin"  # o's module since session 30
       step s19c-whatif 60 python3 tools/manifest_whatif.py "$K/qwen3-4b/manifest.json" --kernels "$K/kernels" \
         --op-module gemv_residual_o_proj=gemv_o.cubin --out "$K/o_copy.json"
       for ctx in 128 4096; do

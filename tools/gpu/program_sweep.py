@@ -2,7 +2,7 @@
 """Time variants of the Qwen3 decode program side by side: kern-run's decode ms/token of the manifest and of each
 `tools/manifest_variants.py` variant of it, in alternating rounds, one runtime per process.
 
-    python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant o.ksplit=1 --variant attn.pdl=0 \\
+    python3 tools/gpu/program_sweep.py --work DIR --geometry 4b --variant gu.entry=kern_gemv_norm_silu_m1 --variant attn.pdl=0 \\
         [--kernels-variant NAME=KDIR] [--manifest-variant NAME=PATH] [--env-variant NAME=VAR=VALUE] [--in-process] [--context 128] [--steps 256] [--rounds 3] [--append BENCHMARKS.md] [--dry-run]
 
 DIR is tools/gpu/prepare.py's layout (DIR/kernels, DIR/qwen3-<g>/{manifest.json, weights.safetensors}). Each round

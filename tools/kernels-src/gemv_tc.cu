@@ -17,7 +17,7 @@
 // lanes of odd g X's {2,3} and {6,7} (X.y, X.w). Then C[g][even column] is row g's dot over 8t+{0,1,4,5} and
 // C[g+8][odd column] its dot over 8t+{2,3,6,7}: the lane's c0 + c3 is the row's partial sum (a dot product does
 // not depend on the order of k). Two mma per step (row g's load, row g+8's), four accumulators (two per row,
-// alternating steps); they, then the 8 warps' partials, are summed in a fixed order: results are deterministic,
+// alternating with u within a stage); they, then the 8 warps' partials, are summed in a fixed order: results are deterministic,
 // but not gemv.cu's bits (the tensor core sums its products in its own order and precision).
 //
 //   kern_gemvtc_m1{,_u5}(x, w, y, n, k, ksplit)                       y[j] = bf16(x·w[j])
