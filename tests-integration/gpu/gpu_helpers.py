@@ -7,6 +7,7 @@ tools/kernels-src/ first on sys.path (cubin_launch, build_kernels, the catalog).
 repository) and torch.
 
 - kernels_dir: the kernels a test module launches ($KERN_KERNELS_DIR or a fresh build);
+- launch_gemv: one launch of a decode GEMV entry (256 threads) on torch's stream;
 - nan_like, bits, rope_table: small tensor helpers;
 - the KV layout (kv_geom, slot_offsets, kv_offsets, row_offsets, changed_outside): the one place that knows
   where a token's k and v are in the paged cache; every test that reads or writes a slot goes through it;
@@ -68,6 +69,59 @@ def kernels_dir(tmp_path_factory, name: str, presets: list[str] | None, needed=N
     out = tmp_path_factory.mktemp(name)
     build_kernels.build(out, presets, quiet=True, **flags)
     return out
+
+
+def built_modules(jobs: dict) -> dict:
+    """{key: CUmodule} of tools/kernels-src modules built here with nvcc (tools/build_kernels.py's flags) and loaded in
+    torch's primary context; jobs: {key: (source, defines, cubin file name)}, all started before the first is waited
+    for. Skips the calling test where nvcc is missing."""
+    import tempfile
+
+    import build_kernels
+    from cuda.bindings import driver as cu
+    from cubin_launch import check
+
+    try:
+        build_kernels._nvcc()
+    except SystemExit:
+        pytest.skip("nvcc not found")
+    torch.zeros(1, device=DEV)  # torch's primary context current
+    with tempfile.TemporaryDirectory() as t:
+        started = {key: build_kernels.start_cuda(src, t, defines, name) for key, (src, defines, name) in jobs.items()}
+        data = {key: build_kernels.finish_cuda(job) for key, job in started.items()}
+    return {key: check(cu.cuModuleLoadData(cubin)) for key, cubin in data.items()}
+
+
+def module_functions(module, entries) -> dict:
+    """{entry: CUfunction} of `entries` in a loaded CUmodule."""
+    from cuda.bindings import driver as cu
+    from cubin_launch import check
+
+    return {e: check(cu.cuModuleGetFunction(module, e.encode())) for e in entries}
+
+
+def launch_gemv(f, grid: int, args: list, smem: int) -> None:
+    """cuLaunchKernel of a decode GEMV function `f` (gemv.cu, gemv_tc.cu: 256 threads) with grid (grid, 1, 1) on
+    torch's current stream; args: tensors (16-byte aligned pointers), ints (i32) and floats (f32)."""
+    import ctypes
+
+    from cuda.bindings import driver as cu
+    from cubin_launch import launch_function
+
+    vals, types = [], []
+    for a in args:
+        if torch.is_tensor(a):
+            assert a.data_ptr() % 16 == 0
+            vals.append(a.data_ptr())
+            types.append(ctypes.c_void_p)
+        elif isinstance(a, float):
+            vals.append(a)
+            types.append(ctypes.c_float)
+        else:
+            vals.append(a)
+            types.append(ctypes.c_int)
+    launch_function(f, (grid, 1, 1), (256, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
+                    (tuple(vals), tuple(types)))
 
 
 def nan_like(shape, dtype=BF):

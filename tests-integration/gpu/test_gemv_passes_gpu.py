@@ -16,7 +16,6 @@ The three modules are built here with nvcc (tools/build_kernels.py's flags); no 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
 import tempfile
@@ -29,7 +28,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conft
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import torch, BF, DEV, bits  # noqa: E402
+from gpu_helpers import torch, BF, DEV, bits, launch_gemv  # noqa: E402
 
 EPS = 1e-6
 PASSES = (2, 3)
@@ -72,25 +71,7 @@ def fns():
 
 
 def launch(f, grid: int, args: list, smem: int) -> None:
-    """cuLaunchKernel of `f` with grid (grid, 1, 1), 256 threads, on torch's current stream; args: tensors
-    (16-byte aligned pointers), ints (i32) and floats (f32)."""
-    from cuda.bindings import driver as cu
-    from cubin_launch import launch_function
-
-    vals, types = [], []
-    for a in args:
-        if torch.is_tensor(a):
-            assert a.data_ptr() % 16 == 0
-            vals.append(a.data_ptr())
-            types.append(ctypes.c_void_p)
-        elif isinstance(a, float):
-            vals.append(a)
-            types.append(ctypes.c_float)
-        else:
-            vals.append(a)
-            types.append(ctypes.c_int)
-    launch_function(f, (grid, 1, 1), (256, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
-                    (tuple(vals), tuple(types)))
+    launch_gemv(f, grid, args, smem)
 
 
 def reference(entry: str, x, nw, w, res) -> torch.Tensor:

@@ -14,10 +14,8 @@ here with nvcc (tools/build_kernels.py's flags); no kernels dir is needed.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conftest.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import torch, BF, DEV, bits  # noqa: E402
+from gpu_helpers import torch, BF, DEV, bits, built_modules, launch_gemv, module_functions  # noqa: E402
 
 EPS = 1e-6
 GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
@@ -41,21 +39,9 @@ SHAPES = [(6144, 2560), (2560, 4096), (9728, 2560), (2560, 9728), (151936, 2560)
 @pytest.fixture(scope="module")
 def fns():
     """{"tc" | "gemv": {entry: CUfunction}}: gemv_tc.cu's entries and their gemv.cu twins."""
-    import build_kernels
-    from cuda.bindings import driver as cu
-    from cubin_launch import check
-
-    try:
-        build_kernels._nvcc()
-    except SystemExit:
-        pytest.skip("nvcc not found")
-    torch.zeros(1, device=DEV)  # torch's primary context current
-    with tempfile.TemporaryDirectory() as t:
-        jobs = {s: build_kernels.start_cuda(s, t) for s in ("gemv_tc.cu", "gemv.cu")}
-        data = {s: build_kernels.finish_cuda(job) for s, job in jobs.items()}
-    tc, gemv = (check(cu.cuModuleLoadData(data[s])) for s in ("gemv_tc.cu", "gemv.cu"))
-    return {"tc": {e: check(cu.cuModuleGetFunction(tc, e.encode())) for e in ENTRIES},
-            "gemv": {e: check(cu.cuModuleGetFunction(gemv, twin(e).encode())) for e in ENTRIES}}
+    mods = built_modules({"tc": ("gemv_tc.cu", (), "gemv_tc.cubin"), "gemv": ("gemv.cu", (), "gemv.cubin")})
+    return {"tc": module_functions(mods["tc"], ENTRIES),
+            "gemv": dict(zip(ENTRIES, module_functions(mods["gemv"], [twin(e) for e in ENTRIES]).values()))}
 
 
 def twin(entry: str) -> str:
@@ -63,25 +49,7 @@ def twin(entry: str) -> str:
 
 
 def launch(f, grid: int, args: list, smem: int) -> None:
-    """cuLaunchKernel of `f` with grid (grid, 1, 1), 256 threads, on torch's current stream; args: tensors
-    (16-byte aligned pointers), ints (i32) and floats (f32)."""
-    from cuda.bindings import driver as cu
-    from cubin_launch import launch_function
-
-    vals, types = [], []
-    for a in args:
-        if torch.is_tensor(a):
-            assert a.data_ptr() % 16 == 0
-            vals.append(a.data_ptr())
-            types.append(ctypes.c_void_p)
-        elif isinstance(a, float):
-            vals.append(a)
-            types.append(ctypes.c_float)
-        else:
-            vals.append(a)
-            types.append(ctypes.c_int)
-    launch_function(f, (grid, 1, 1), (256, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
-                    (tuple(vals), tuple(types)))
+    launch_gemv(f, grid, args, smem)
 
 
 def reference(entry: str, x, nw, w, res, n: int) -> torch.Tensor:

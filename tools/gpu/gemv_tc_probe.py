@@ -6,10 +6,10 @@
 1. Numerics: every tc entry (plain, norm, norm_silu, residual; U = 4 and `_u5`) at every decode shape of each
    geometry against float64 on fresh random inputs, outputs poisoned with NaN first (rel. error bound 1e-2), beside
    gemv.cu's error on the same inputs; and bit-for-bit determinism (two runs).
-2. Standalone: each shape, gemv.cu's entry as the manifests launch it vs the tc entries, a graph of back-to-back
+2. Standalone: each shape, gemv.cu's entry as a `--gemv gemv-fma` manifest launches it vs the tc entries, a graph of back-to-back
    launches rotating over > 256 MB of weight copies (median replay / launches).
-3. The GEMM set of one decode token in a CUDA graph as a PDL chain (bench_gemv.token_chain's order): gemv.cu as the
-   manifests launch it, against chains with the tc entries on every op or on some ops; rounds interleaved,
+3. The GEMM set of one decode token in a CUDA graph as a PDL chain (bench_gemv.token_chain's order): gemv.cu as a
+   `--gemv gemv-fma` manifest launches it (session 29's manifests), against chains with the tc entries on every op or on some ops; rounds interleaved,
    medians. Floors from the device-to-device copy bandwidth of the same run.
 
 Prints the tables and appends them to --out (default: none).
@@ -102,7 +102,7 @@ def numerics(g, geom):
 
 
 def standalone(g, geom, bw):
-    """µs per launch: gemv.cu as the manifests launch it (run_shape at the manifest's ksplit) vs tc U4 / U5."""
+    """µs per launch: gemv.cu as a gemv-fma manifest launches it (run_shape at its ksplit) vs tc U4 / U5."""
     out = []
     sh, _ = bg.shapes(geom)
     for name, (n, k) in sh.items():
@@ -140,7 +140,8 @@ def standalone(g, geom, bw):
 
 
 def chains(g, geom, bw, rounds):
-    """The GEMM set of one token as PDL chains in graphs: gemv.cu (the manifests' entries and ksplits) and tc forms."""
+    """The GEMM set of one token as PDL chains in graphs: gemv.cu (a gemv-fma manifest's entries and ksplits) and tc
+    forms."""
     sh, layers = bg.shapes(geom)
     weights = [{nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16)
                 for nm in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
@@ -181,13 +182,15 @@ def chains(g, geom, bw, rounds):
         return fn
 
     base = {nm: gemv_op(nm) for nm in sh}
-    variants = [("gemv.cu (the manifests' entries)", base),
+    variants = [("gemv.cu (`--gemv gemv-fma`: session 29's manifests)", base),
                 ("tc _u5 on every op", {nm: tc_op(nm, "_u5") for nm in sh}),
                 ("tc U4 on every op", {nm: tc_op(nm, "") for nm in sh}),
                 ("tc _u5 on the layer ops, lm_head gemv.cu", {**{nm: tc_op(nm, "_u5") for nm in sh}, "lm_head": base["lm_head"]})]
     for one in ("qkv", "o", "gate_up", "down"):
         variants.append((f"tc _u5 on {one} only", {**base, one: tc_op(one, "_u5")}))
     variants.append(("tc _u5 on o and down", {**base, "o": tc_op("o", "_u5"), "down": tc_op("down", "_u5")}))
+    variants.append(("tc U4 on o and down (4B's default since session 30)", {**base, "o": tc_op("o", ""),
+                                                                             "down": tc_op("down", "")}))
     resid0 = resid.clone()
     graphs = []
     for _, ops in variants:
