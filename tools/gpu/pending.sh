@@ -92,6 +92,13 @@
 #               tests (with the new near-underflow and near-overflow cases), the kernel bench, and the 4B and 0.6B
 #               program A/B of `--lm-head screened` (program_sweep, tokens identical expected, −0.058 / −0.018 ms/token
 #               as in call 3); $OUT/lm-head-screen.tgz. About 5 minutes on a fresh machine. (Ran in session 24, call 1.)
+#   tc-default  (owed by session 30, whose device time ran out after its sweeps) the generator's default with o_proj
+#               (and 4B's down_proj) on gemv_tc.cu's tensor-core entry: the transformers equivalence (0.6B, 4B), the
+#               program against `--gemv gemv-fma` (program_sweep, 3 rounds, both models), the tc GPU test and the
+#               PDL chain test (default and gemv-fma pairs). Session 30 measured the same manifests as variants (4B
+#               2.200 vs 2.281, 0.6B 0.566 vs 0.573, tokens identical to gemv.cu's over 256 steps; NOTES.md 72) and a
+#               review ran the tc GPU test and the PDL chain test before the 0.6B rule change. $OUT/tc-default.tgz.
+#               About 8 minutes on a fresh machine.
 #   lm-head-long-rows  (written in session 26; owed, not urgent) the screen's row-group form `_p18` on rows of two
 #               load stages (hidden 4,096 and 5,120: 8B, 14B, 32B), which gen_qwen3 keeps on one group per block
 #               because only one-stage rows were timed (NOTES.md 68, review helper-72): its GPU test (the 4000x5120 case
@@ -364,6 +371,22 @@ for stage in "${stages[@]}"; do
         tests-integration/gpu/test_lm_head_screen_gpu.py
       step lhl-bench 200 python3 tools/gpu/lm_head_screen_bench.py --kernels "$K/kernels" --hidden 4096 --hidden 5120
       (cd "$OUT" && tar czf lm-head-long-rows.tgz lhl-*.log && rm -f lhl-*.log)
+      ;;
+    tc-default)
+      K=/tmp/kern-e2e
+      wheels /dev/null
+      step tcd-prepare 400 python3 tools/gpu/prepare.py --work "$K"
+      KERN_E2E_DIR="$K" step tcd-e2e 300 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests-integration/gpu/test_e2e_qwen3.py
+      for g in 4b 0.6b; do
+        python3 tools/gen_qwen3.py --preset $g --kernels "$K/kernels" --gemv gemv-fma --out "$K/qwen3-$g/fma.json" \
+          > /dev/null
+        step tcd-sweep-$g 200 python3 tools/gpu/program_sweep.py --work "$K" --geometry $g --rounds 3 \
+          --manifest-variant fma="$K/qwen3-$g/fma.json" --append "$OUT/tcd-sweep.md"
+      done
+      KERN_KERNELS_DIR="$K/kernels" step tcd-gpu-tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests-integration/gpu/test_gemv_tc_gpu.py tests-integration/gpu/test_pdl_chain_gpu.py
+      (cd "$OUT" && tar czf tc-default.tgz tcd-*.log tcd-sweep.md && rm -f tcd-*.log tcd-sweep.md)
       ;;
     *) echo "pending.sh: unknown stage $stage"; exit 2 ;;
   esac
