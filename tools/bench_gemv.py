@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 try:
     import torch
@@ -421,23 +422,33 @@ def standalone(g, geom, bw):
     return rows
 
 
-def token_graph(g, geom, bw):
-    """One decode token's GEMMs (all layers + lm_head) in a CUDA graph: ours vs cuBLAS."""
+def token_buffers(geom):
+    """The operands of one decode token's GEMMs for `geom` (token_chain's): a namespace of sh, layers (`shapes()`),
+    weights (per layer {qkv, o, gate_up, down}: bf16, fresh random), lm (the lm_head weight), h (hidden size), resid
+    (random), nw (ones), qkv, attn (random), act, logits (bf16 [1, ·]) and total_bytes (all weight bytes)."""
     sh, layers = shapes(geom)
-    weights = []
-    for _ in range(layers):
-        weights.append({nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16) for nm in ("qkv", "o", "gate_up", "down")})
+    weights = [{nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16)
+                for nm in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
     lm = (torch.randn(*sh["lm_head"], device="cuda") * 0.05).to(torch.bfloat16)
     h = sh["o"][0]
-    resid = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
-    nw = torch.ones(h, device="cuda", dtype=torch.bfloat16)
-    qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
-    attn = torch.randn(1, sh["o"][1], device="cuda", dtype=torch.bfloat16)
-    act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
+    return SimpleNamespace(
+        sh=sh, layers=layers, weights=weights, lm=lm, h=h,
+        resid=torch.randn(1, h, device="cuda", dtype=torch.bfloat16),
+        nw=torch.ones(h, device="cuda", dtype=torch.bfloat16),
+        qkv=torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16),
+        attn=torch.randn(1, sh["o"][1], device="cuda", dtype=torch.bfloat16),
+        act=torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16),
+        logits=torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16),
+        total_bytes=sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2)
+
+
+def token_graph(g, geom, bw):
+    """One decode token's GEMMs (all layers + lm_head) in a CUDA graph: ours vs cuBLAS."""
+    b = token_buffers(geom)
+    sh, weights, lm, h, resid, nw = b.sh, b.weights, b.lm, b.h, b.resid, b.nw
+    qkv, attn, act, logits, total_bytes = b.qkv, b.attn, b.act, b.logits, b.total_bytes
     gu = torch.empty(1, sh["gate_up"][0], device="cuda", dtype=torch.bfloat16)
     o = torch.empty(1, h, device="cuda", dtype=torch.bfloat16)
-    logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
-    total_bytes = sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2
 
     ks = {nm: KSPLIT_BEST.get((geom, nm), 1) for nm in sh}
 
@@ -517,7 +528,7 @@ def token_graph(g, geom, bw):
             times[i] += event_times(graph.replay, 10, warmup=2)
     for (label, _), ts in zip(variants, times):
         out.append((geom, label, total_bytes, total_bytes / bw * 1e3, statistics.median(ts)))
-    del weights, graphs
+    del b, weights, graphs  # b holds the weights too
     return out
 
 

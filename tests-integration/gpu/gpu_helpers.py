@@ -71,15 +71,13 @@ def kernels_dir(tmp_path_factory, name: str, presets: list[str] | None, needed=N
     return out
 
 
-def built_modules(jobs: dict) -> dict:
-    """{key: CUmodule} of tools/kernels-src modules built here with nvcc (tools/build_kernels.py's flags) and loaded in
-    torch's primary context; jobs: {key: (source, defines, cubin file name)}, all started before the first is waited
-    for. Skips the calling test where nvcc is missing."""
+def built_cubins(jobs: dict) -> dict:
+    """{key: cubin bytes} of tools/kernels-src modules built here with nvcc (tools/build_kernels.py's flags); jobs: {key:
+    (source, defines, cubin file name)}, all started before the first is waited for. Makes torch's primary context
+    current (for loading them). Skips the calling test where nvcc is missing."""
     import tempfile
 
     import build_kernels
-    from cuda.bindings import driver as cu
-    from cubin_launch import check
 
     try:
         build_kernels._nvcc()
@@ -88,8 +86,15 @@ def built_modules(jobs: dict) -> dict:
     torch.zeros(1, device=DEV)  # torch's primary context current
     with tempfile.TemporaryDirectory() as t:
         started = {key: build_kernels.start_cuda(src, t, defines, name) for key, (src, defines, name) in jobs.items()}
-        data = {key: build_kernels.finish_cuda(job) for key, job in started.items()}
-    return {key: check(cu.cuModuleLoadData(cubin)) for key, cubin in data.items()}
+        return {key: build_kernels.finish_cuda(job) for key, job in started.items()}
+
+
+def built_modules(jobs: dict) -> dict:
+    """{key: CUmodule}: `built_cubins(jobs)` loaded in torch's primary context."""
+    from cuda.bindings import driver as cu
+    from cubin_launch import check
+
+    return {key: check(cu.cuModuleLoadData(cubin)) for key, cubin in built_cubins(jobs).items()}
 
 
 def module_functions(module, entries) -> dict:

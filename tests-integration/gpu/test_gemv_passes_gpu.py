@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conft
 # gpu_helpers skips this module without torch, a CUDA GPU or cuda-bindings, and puts tools/ and
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_helpers import torch, BF, DEV, bits, launch_gemv  # noqa: E402
+from gpu_helpers import torch, BF, DEV, bits, built_cubins, launch_gemv, module_functions  # noqa: E402
 
 EPS = 1e-6
 PASSES = (2, 3)
@@ -49,25 +48,13 @@ SHAPES = [(6144, 2560), (2560, 4096), (2560, 9728), (151936, 2560), (4096, 1024)
 @pytest.fixture(scope="module")
 def fns():
     """{P: {entry: CUfunction}} of gemv.cu built with -DGEMV_PASSES=P (P = 1: the default build)."""
-    import build_kernels
     from cuda.bindings import driver as cu
     from cubin_launch import check
 
-    try:
-        build_kernels._nvcc()
-    except SystemExit:
-        pytest.skip("nvcc not found")
-    torch.zeros(1, device=DEV)  # torch's primary context current
-    with tempfile.TemporaryDirectory() as t:
-        jobs = {P: build_kernels.start_cuda("gemv.cu", t, () if P == 1 else (f"GEMV_PASSES={P}",), f"gemv_p{P}.cubin")
-                for P in (1, *PASSES)}
-        data = {P: build_kernels.finish_cuda(job) for P, job in jobs.items()}
+    data = built_cubins({P: ("gemv.cu", () if P == 1 else (f"GEMV_PASSES={P}",), f"gemv_p{P}.cubin")
+                         for P in (1, *PASSES)})
     assert len(set(data.values())) == len(data)  # three different modules
-    out = {}
-    for P, cubin in data.items():
-        mod = check(cu.cuModuleLoadData(cubin))
-        out[P] = {e: check(cu.cuModuleGetFunction(mod, e.encode())) for e in ENTRIES + MULTI}
-    return out
+    return {P: module_functions(check(cu.cuModuleLoadData(cubin)), ENTRIES + MULTI) for P, cubin in data.items()}
 
 
 def launch(f, grid: int, args: list, smem: int) -> None:

@@ -142,18 +142,9 @@ def standalone(g, geom, bw):
 def chains(g, geom, bw, rounds):
     """The GEMM set of one token as PDL chains in graphs: gemv.cu (a gemv-fma manifest's entries and ksplits) and tc
     forms."""
-    sh, layers = bg.shapes(geom)
-    weights = [{nm: (torch.randn(*sh[nm], device="cuda") * 0.05).to(torch.bfloat16)
-                for nm in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
-    lm = (torch.randn(*sh["lm_head"], device="cuda") * 0.05).to(torch.bfloat16)
-    h = sh["o"][0]
-    resid = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
-    nw = torch.ones(h, device="cuda", dtype=torch.bfloat16)
-    qkv = torch.empty(1, sh["qkv"][0], device="cuda", dtype=torch.bfloat16)
-    attn = torch.randn(1, sh["o"][1], device="cuda", dtype=torch.bfloat16)
-    act = torch.empty(1, sh["down"][1], device="cuda", dtype=torch.bfloat16)
-    logits = torch.empty(1, sh["lm_head"][0], device="cuda", dtype=torch.bfloat16)
-    total = sum(w.numel() * 2 for lw in weights for w in lw.values()) + lm.numel() * 2
+    b = bg.token_buffers(geom)
+    sh, weights, lm, h, resid, nw = b.sh, b.weights, b.lm, b.h, b.resid, b.nw
+    qkv, attn, act, logits, total = b.qkv, b.attn, b.act, b.logits, b.total_bytes
     ks = {nm: int(r) if (r := bg.rule_ksplit(nm, *sh[nm])) != "-" else 1 for nm in sh}
 
     def gemv_op(nm):
@@ -204,7 +195,7 @@ def chains(g, geom, bw, rounds):
     out = []
     for (label, _), ts in zip(variants, times):
         out.append((geom, label, total, total / bw * 1e3, statistics.median(ts)))
-    del weights, graphs
+    del b, weights, graphs  # b holds the weights too
     return out
 
 
