@@ -1,13 +1,13 @@
 """CPU checks of gemv_tc.cu, the decode GEMVs on the tensor cores (the GPU numerics are gpu/test_gemv_tc_gpu.py): no
 GPU needed.
 
-- the module has gemv.cu's eight M = 1 entries (four variants, U = 4 and `_u5`) under `kern_gemvtc` names, each with
+- the module has gemv.cu's four variants for M = 1 (U = 4 and `_u5`), 2, 4 and 8 under `kern_gemvtc` names, each with
   its gemv.cu twin's ELF parameter table (offsets and sizes): a manifest swaps one for the other without touching its
   calls (tools/gen_qwen3.py does, for o_proj and down_proj); each waits (griddepcontrol.wait) and fits two 256-thread
-  blocks per SM (≤ 128 registers, no spills in the U = 4 entries the generator launches);
+  blocks per SM (≤ 128 registers, no spills but in the M = 1 `_u5` experiments);
 - in the PTX, each entry executes one griddepcontrol.wait, issues its first two pipeline stages of weight loads (2
   stages × U steps × 2 rows) before it, writes no global memory before it, and computes its dots by
-  mma.sync.m16n8k16 bf16 → f32 (none before the wait, U per stage after it);
+  mma.sync.m16n8k16 bf16 → f32 (none before the wait; per stage U steps × 2 rows, twice over for M = 8);
 - the index entries (catalog.py) carry TC_STEP 32 and gemv.cu's COLS_PER_WARP and WARPS, so that gemv_plan.gemv_blocks
   gives ceil_div(n, 16) (norm_silu: ceil_div(n, 8)) at ksplit 1.
 """
@@ -30,7 +30,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 import catalog  # noqa: E402
 from gemv_plan import GEMV_TC_STEP, gemv_blocks, gemv_tc_entry  # noqa: E402
 
-TWINS = [f"kern_gemv{v}_m1{u}" for v in ("", "_norm", "_norm_silu", "_residual") for u in ("", "_u5")]
+VARIANTS = ("", "_norm", "_norm_silu", "_residual")
+TWINS = [f"kern_gemv{v}_m1{u}" for v in VARIANTS for u in ("", "_u5")] + [
+    f"kern_gemv{v}_m{m}" for m in (2, 4, 8) for v in VARIANTS]
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 
 
@@ -39,6 +41,16 @@ def builds(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gemv_tc")
     return nvcc_builds(tmp, {"gemv": ("gemv.cu", (), "gemv.cubin"), "tc": ("gemv_tc.cu", (), "gemv_tc.cubin"),
                              "tc_ptx": ("gemv_tc.cu", (), "gemv_tc.ptx")})
+
+
+def _inputs(name: str) -> int:
+    """M of a gemv.cu or gemv_tc.cu entry name (`kern_gemvtc_norm_m4` -> 4)."""
+    return int(name.split("_m")[-1].split("_")[0])
+
+
+def _unroll(name: str) -> int:
+    """gemv_tc.cu's mma steps per pipeline stage of an entry (catalog.GEMV_TC_UNROLL; `_u5`: 5)."""
+    return 5 if name.endswith("_u5") else catalog.GEMV_TC_UNROLL[_inputs(name)]
 
 
 def _table(info) -> list[tuple[int, int, int]]:
@@ -56,10 +68,10 @@ def test_entries_have_their_gemv_twins_abi(builds):
         assert e.registers is not None and e.registers <= 128, (twin, e.registers)
 
 
-def test_u4_entries_do_not_spill(tmp_path):
-    """ptxas -v on gemv_tc.cu: the U = 4 entries (the generator launches `kern_gemvtc_residual_m1`) spill nothing at the
-    128-register cap of two blocks per SM; the `_u5` ones may (the plain and residual `_u5` spill 8 bytes: they are
-    there for experiments)."""
+def test_entries_do_not_spill(tmp_path):
+    """ptxas -v on gemv_tc.cu: every entry but the M = 1 `_u5` ones (the generator launches `kern_gemvtc_residual_m1`)
+    spills nothing at the 128-register cap of two blocks per SM; the `_u5` ones may (the plain and residual `_u5` spill
+    8 bytes: they are there for experiments)."""
     import subprocess
 
     import build_kernels as bk
@@ -84,12 +96,13 @@ def test_ptx_loads_before_the_wait_and_mma_after(builds):
         waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
         assert len(waits) == 1, name
         before, after = lines[:waits[0]], lines[waits[0]:]
-        unroll = 5 if name.endswith("_u5") else 4
+        unroll, groups = _unroll(name), 2 if _inputs(name) == 8 else 1  # M = 8: two mma per loaded row
         assert sum("ld.global.nc.L1::no_allocate" in ln for ln in before) == 2 * unroll * 2, name
         assert not [ln for ln in before if re.search(r"\bst\.global|\batom\.|\bred\.|\bmma\.", ln)], name
-        # the loop body holds two stages' mma (each stage: U steps × two rows); unrolled stages may repeat it
+        # the loop body holds two stages' mma (each stage: U steps × two rows × groups); unrolled stages may repeat it
         mma = sum(ln.startswith(MMA) for ln in after)
-        assert mma >= 2 * 2 * unroll and mma % (2 * unroll) == 0, (name, mma)
+        per_stage = 2 * unroll * groups
+        assert mma >= 2 * per_stage and mma % per_stage == 0, (name, mma)
         assert [ln for ln in after if re.match(r"st\.global", ln)], name
 
 
@@ -101,8 +114,9 @@ def test_index_entries():
         k, b = kerns[gemv_tc_entry(twin)], base[twin]
         assert (k.source, k.module, k.entry, k.block) == ("gemv_tc.cu", "gemv_tc.cubin", k.name, [256, 1, 1])
         assert k.params == b.params and k.shared_mem_per == b.shared_mem_per
-        nb = {"NORM_NB": 2} if "_norm" in twin else {}  # the norm entries' batched prologue (gemv.cu's `_nb2`'s)
-        assert k.constexprs == {**b.constexprs, "TC_STEP": GEMV_TC_STEP, **nb}
+        # the M = 1 norm entries' batched prologue (gemv.cu's `_nb2`'s); M > 1 the loop
+        nb = {"NORM_NB": 2} if "_norm" in twin and _inputs(twin) == 1 else {}
+        assert k.constexprs == {**b.constexprs, "UNROLL": _unroll(twin), "TC_STEP": GEMV_TC_STEP, **nb}
         cols, warps = k.constexprs["COLS_PER_WARP"], k.constexprs["WARPS"]
         assert gemv_blocks(2560, cols, warps, 1) == (2560 // 8 if "silu" in twin else 2560 // 16)
         assert "ksplit must be 1" in k.grid and f"k: multiple of {GEMV_TC_STEP}" in k.doc

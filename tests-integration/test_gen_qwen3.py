@@ -384,7 +384,7 @@ def test_gemv_tensor_core_index_old_or_stale(fake_kernels: Path, tmp_path: Path)
     idx = json.loads((fake_kernels / "index.json").read_text())
     kernels = idx["kernels"] if "kernels" in idx else idx
     saved = {n: kernels.pop(n) for n in list(kernels) if n.startswith("kern_gemvtc")}
-    assert len(saved) == 8  # plain, norm, norm_silu, residual × "", _u5
+    assert len(saved) == 20  # plain, norm, norm_silu, residual × (M = 1 "", _u5; M = 2, 4, 8)
     old = tmp_path / "old"
     shutil.copytree(fake_kernels, old)
     (old / "index.json").write_text(json.dumps(idx))

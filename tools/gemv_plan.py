@@ -188,13 +188,13 @@ GEMV_TC_VARIANTS = frozenset({"gemv_residual"})
 
 
 def gemv_tc_entry(name: str) -> str:
-    """gemv_tc.cu's entry for gemv.cu's M = 1 entry `name` (`kern_gemv_residual_m1` -> `kern_gemvtc_residual_m1`;
-    `_u5` kept, a batched-prologue suffix dropped: the tensor-core norm entries compile norm_to_smem's batched prologue,
-    NB = 2, which batches for k/8 in (256, 512] and loops otherwise; their index constexpr NORM_NB says so). Raises
-    ValueError for a name that is not a gemv.cu entry."""
+    """gemv_tc.cu's entry for gemv.cu's entry `name`, any M (`kern_gemv_residual_m1` -> `kern_gemvtc_residual_m1`,
+    `kern_gemv_norm_m4` -> `kern_gemvtc_norm_m4`; `_u5` kept, a batched-prologue suffix dropped: the tensor-core M = 1
+    norm entries compile norm_to_smem's batched prologue, NB = 2, which batches for k/8 in (256, 512] and loops
+    otherwise; their index constexpr NORM_NB says so). Raises ValueError for a name that is not a gemv.cu entry."""
     base = gemv_plain_entry(name)
     if not base.startswith("kern_gemv_"):
-        raise ValueError(f"gemv_tc_entry: `{name}` is not a gemv.cu entry (kern_gemv*_m1*)")
+        raise ValueError(f"gemv_tc_entry: `{name}` is not a gemv.cu entry (kern_gemv*_m{{1,2,4,8}}*)")
     return GEMV_TC_PREFIX + base[len("kern_gemv"):]
 
 

@@ -2,13 +2,14 @@
 
 Run on the H200:  uv run pytest -m gpu tests-integration/gpu/test_gemv_tc_gpu.py -q
 
-Every entry (kern_gemvtc_m1, _norm, _norm_silu, _residual; U = 4 and `_u5`) at grid ceil_div(n, 16) (norm_silu:
-ceil_div(n, 8) output columns), ksplit 1, over the 4B and 0.6B decode shapes, n not a multiple of 16 (1,000; 24; 7;
+Every entry (kern_gemvtc_m{M}, _norm, _norm_silu, _residual for M = 1, 2, 4, 8; M = 1 with U = 4 and `_u5`) at grid
+ceil_div(n, 16) (norm_silu: ceil_div(n, 8) output columns), ksplit 1, over the 4B and 0.6B decode shapes, n not a multiple of 16 (1,000; 24; 7;
 33), and k of 1, 2, 9 and 96 mma steps of 32 elements (so that some of a block's 8 warps have no step, or a last
-partial pipeline stage). Fresh random inputs per case; the output NaN-poisoned (the residual: a random residual)
-between sentinel guards that must come back unchanged; the result within 1e-2 (relative, 2-norm) of float64 on the
-same bf16 operands (the norm rounded where HF rounds), within 5e-3 of gemv.cu's entry on the same inputs (another
-summation order: not bitwise), and the same bits on a second run (deterministic). gemv_tc.cu and gemv.cu are built
+partial pipeline stage). Fresh random inputs per case (M different x rows, each normalized on its own by the norm
+variants); the [M, n] output NaN-poisoned (the residual: a random residual) between sentinel guards that must come
+back unchanged; each of the M output rows within 1e-2 (relative, 2-norm) of float64 on the same bf16 operands (the
+norm rounded where HF rounds), within 5e-3 of gemv.cu's entry for the same M on the same inputs (another summation
+order: not bitwise), and the same bits on a second run (deterministic). gemv_tc.cu and gemv.cu are built
 here with nvcc (tools/build_kernels.py's flags); no kernels dir is needed.
 """
 
@@ -29,7 +30,8 @@ EPS = 1e-6
 GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
 SENTINEL = 12352.0
 VARIANTS = ("", "_norm", "_norm_silu", "_residual")
-ENTRIES = [f"kern_gemvtc{v}_m1{u}" for v in VARIANTS for u in ("", "_u5")]
+ENTRIES = [f"kern_gemvtc{v}_m1{u}" for v in VARIANTS for u in ("", "_u5")] + [
+    f"kern_gemvtc{v}_m{m}" for m in (2, 4, 8) for v in VARIANTS]
 #: (n, k): 4B qkv, o, gate_up (as n output columns of 2n rows for norm_silu), down, lm_head; 0.6B qkv, o, down; n not
 #: a multiple of 16; k of 1, 2, 9 and 96 steps
 SHAPES = [(6144, 2560), (2560, 4096), (9728, 2560), (2560, 9728), (151936, 2560), (4096, 1024), (1024, 2048),
@@ -52,16 +54,21 @@ def launch(f, grid: int, args: list, smem: int) -> None:
     launch_gemv(f, grid, args, smem)
 
 
+def inputs(entry: str) -> int:
+    """M of a gemv_tc.cu entry name (`kern_gemvtc_norm_m4` -> 4)."""
+    return int(entry.split("_m")[-1].split("_")[0])
+
+
 def reference(entry: str, x, nw, w, res, n: int) -> torch.Tensor:
-    """The entry's output in float64 from the bf16 operands, the norm and the SiLU variant's gate and up rounded where
-    the kernels (and HF) round; [n]."""
+    """The entry's output in float64 from the bf16 operands (x: [M, k]), each row's norm and the SiLU variant's gate
+    and up rounded where the kernels (and HF) round; [M, n]."""
     xd = x.double()
     if "_norm" in entry:
-        xn = (x.float() * torch.rsqrt(x.float().pow(2).mean() + EPS)).to(BF)
+        xn = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS)).to(BF)
         xd = (nw.float() * xn.float()).to(BF).double()
-    y = w.double() @ xd
+    y = xd @ w.double().T
     if "_silu" in entry:
-        g, u = y[:n].to(BF).double(), y[n:].to(BF).double()
+        g, u = y[:, :n].to(BF).double(), y[:, n:].to(BF).double()
         return (g * torch.sigmoid(g)).to(BF).double() * u
     return res.double() + y.to(BF).double() if "_residual" in entry else y
 
@@ -69,29 +76,30 @@ def reference(entry: str, x, nw, w, res, n: int) -> torch.Tensor:
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize(("n", "k"), SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
 def test_tc_entry(fns, entry: str, n: int, k: int) -> None:
-    silu = "_silu" in entry
-    rows = 2 * n if silu else n
-    x = torch.randn(k, device=DEV).to(BF)
+    silu, m = "_silu" in entry, inputs(entry)
+    rows, size = 2 * n if silu else n, m * n
+    x = torch.randn(m, k, device=DEV).to(BF)
     nw = (1 + 0.1 * torch.randn(k, device=DEV)).to(BF)
     w = (torch.randn(rows, k, device=DEV) * 0.02).to(BF)
-    res = torch.randn(n, device=DEV).to(BF)
-    store0 = torch.full((n + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
-    store0[GUARD:GUARD + n] = res if "_residual" in entry else float("nan")
-    smem = 2 * k if "_norm" in entry else 0
+    res = torch.randn(m, n, device=DEV).to(BF)
+    store0 = torch.full((size + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
+    store0[GUARD:GUARD + size] = res.flatten() if "_residual" in entry else float("nan")
+    smem = 2 * m * k if "_norm" in entry else 0
     grid = math.ceil(n / (8 if silu else 16))
 
     def run(form: str) -> torch.Tensor:
         store = store0.clone()
-        y = store[GUARD:GUARD + n]
+        y = store[GUARD:GUARD + size]
         args = [x, nw, w, y, n, k, EPS, 1] if "_norm" in entry else [x, w, y, n, k, 1]
         launch(fns[form][entry], grid, args, smem)
         torch.cuda.synchronize()
-        assert bool((store[:GUARD] == SENTINEL).all() and (store[GUARD + n:] == SENTINEL).all()), (entry, form)
+        assert bool((store[:GUARD] == SENTINEL).all() and (store[GUARD + size:] == SENTINEL).all()), (entry, form)
         assert not torch.isnan(store.float()).any(), (entry, form, "NaN left in the output")
-        return store[GUARD:GUARD + n]
+        return store[GUARD:GUARD + size].view(m, n)
 
     out, again, fma = run("tc"), run("tc"), run("gemv")
     ref = reference(entry, x, nw, w, res, n)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2, entry
-    assert ((out.double() - fma.double()).norm() / ref.norm()).item() < 5e-3, entry
+    for i in range(m):  # every input row on its own: one row's error must not hide in another's norm
+        assert ((out[i].double() - ref[i]).norm() / ref[i].norm()).item() < 1e-2, (entry, i)
+        assert ((out[i].double() - fma[i].double()).norm() / ref[i].norm()).item() < 5e-3, (entry, i)
     assert torch.equal(bits(out), bits(again)), (entry, "not deterministic")

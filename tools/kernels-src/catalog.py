@@ -481,18 +481,25 @@ def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:
 #: gemv_tc.cu's elements of k per mma step (k must be a multiple; the index constexpr TC_STEP, tools/gemv_plan.py
 #: GEMV_TC_STEP).
 GEMV_TC_STEP = 32
+#: gemv_tc.cu's mma steps per pipeline stage for each M (INSTANTIATE_TC): M ≤ 4 share one mma per loaded row (B's 8
+#: columns carry x for up to 4 inputs), so they keep M = 1's U = 4 at the same 16 accumulators; M = 8 takes two mma
+#: per row (32 accumulators) and U = 2 to stay within 128 registers. The M = 1 `_u5` entries: GEMV_M1_UNROLLS.
+GEMV_TC_UNROLL = {1: 4, 2: 4, 4: 4, 8: 2}
 
 
 def _gemv_tc_kernels() -> list[Kernel]:
-    """The decode GEMVs on the tensor cores (gemv_tc.cu, one module, gemv_tc.cubin): gemv.cu's four M = 1 variants
-    with the same params, interfaces and roundings, U = 4 and `_u5`, entries `kern_gemvtc*` (tools/gemv_plan.py
-    `gemv_tc_entry`). Each block owns one tile of 16 rows (norm_silu: 8 output columns, their gate and up rows) and
-    its 8 warps split k; the dot products are mma.sync.m16n8k16 (bf16, fp32 accumulate), deterministic but not
-    gemv.cu's bits. ksplit must be 1 (the grid is gemv.cu's at ksplit 1) and k a multiple of 32; a launch that breaks
-    either traps. tools/gemv_plan.py `gemv_tensor_core` says which ops the generator puts on them (NOTES.md 72)."""
+    """The decode GEMVs on the tensor cores (gemv_tc.cu, one module, gemv_tc.cubin): gemv.cu's four variants for
+    M in 1, 2, 4, 8 with the same params, interfaces and roundings (M = 1 also `_u5`), entries `kern_gemvtc*`
+    (tools/gemv_plan.py `gemv_tc_entry`). Each block owns one tile of 16 rows (norm_silu: 8 output columns, their gate
+    and up rows) and its 8 warps split k; the dot products are mma.sync.m16n8k16 (bf16, fp32 accumulate), one mma
+    per loaded row for up to 4 inputs (two for M = 8), deterministic but not gemv.cu's bits. ksplit must be 1 (the
+    grid is gemv.cu's at ksplit 1) and k a multiple of 32; a launch that breaks either traps. tools/gemv_plan.py
+    `gemv_tensor_core` says which ops the generator puts on them (NOTES.md 72)."""
     out = []
-    for sfx, u in (("", GEMV_UNROLL[1]), *GEMV_M1_UNROLLS.items()):
-        for k in _gemv_family(1, sfx, u):
+    forms = [(1, "", GEMV_TC_UNROLL[1]), *((1, sfx, u) for sfx, u in GEMV_M1_UNROLLS.items()),
+             *((M, "", GEMV_TC_UNROLL[M]) for M in GEMV_MS if M > 1)]
+    for M, sfx, u in forms:
+        for k in _gemv_family(M, sfx, u):
             name = "kern_gemvtc" + k.name[len("kern_gemv"):]
             cols = k.constexprs["COLS_PER_WARP"]
             grid = (f"(ceil_div(n, {2 * GEMV_WARPS}), 1, 1): one tile of {2 * GEMV_WARPS} rows per block, its 8 warps "
@@ -505,9 +512,11 @@ def _gemv_tc_kernels() -> list[Kernel]:
                 f"{u} 16-byte weight loads per row per lane per pipeline stage",
                 f"{u} mma steps (32 elements of k of two rows, two 16-byte loads) per lane per pipeline stage")
             doc += (" Tensor-core form (gemv_tc.cu): the dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate), "
-                    "each 16-byte weight load an mma's A operand; deterministic, not gemv.cu's bits.")
-            nb = {"NORM_NB": GEMV_NORM_NB} if "_norm" in name else {}  # norm_to_smem<1, false, 2>: batched for
-            # k/8 in (256, 512], the loop otherwise (as gemv.cu's `_nb2` entries)
+                    "each 16-byte weight load an mma's A operand" + ("" if M == 1 else
+                    f", B's columns carrying the {M} inputs' x" + (" (two mma per load)" if M > 4 else "")) +
+                    "; deterministic, not gemv.cu's bits.")
+            nb = {"NORM_NB": GEMV_NORM_NB} if "_norm" in name and M == 1 else {}  # norm_to_smem<1, false, 2>:
+            # batched for k/8 in (256, 512], the loop otherwise (as gemv.cu's `_nb2` entries); M > 1: the loop
             out.append(replace(k, name=name, entry=name, source="gemv_tc.cu", grid=grid, doc=doc,
                                constexprs={**k.constexprs, "TC_STEP": GEMV_TC_STEP, **nb}))
     return out

@@ -1,5 +1,6 @@
-// Decode GEMVs on the tensor cores (sm_90, M = 1): gemv.cu's four variants with the same params and roundings, the
-// dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate) instead of 16 FMAs and 8 converts per 16-byte load.
+// Decode GEMVs on the tensor cores (sm_90, M = 1, 2, 4, 8 inputs): gemv.cu's four variants with the same params and
+// roundings, the dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate) instead of 16·M FMAs and 8 converts per
+// 16-byte load.
 //
 // Why (NOTES.md 27, 72): in gemv.cu a lane's next weight loads are issued only after the FMAs of the stage they
 // replace, so the stream loop's own instructions delay the weight stream at every kernel boundary; a probe measured
@@ -19,15 +20,21 @@
 // not depend on the order of k). Two mma per step (row g's load, row g+8's), four accumulators (two per row,
 // alternating with u within a stage); they, then the 8 warps' partials, are summed in a fixed order: results are deterministic,
 // but not gemv.cu's bits (the tensor core sums its products in its own order and precision).
+// M inputs (x: [M, k], y and residual: [M, n]; TcInputs): B's column pairs carry different inputs — for M = 4 columns
+// 2i, 2i + 1 are input i (lanes of g = 2i, 2i + 1 load input i's X), for M = 2 columns 4i … 4i + 3 — so one mma per
+// loaded row serves up to 4 inputs at M = 1's instruction count, and lane (g, t)'s c0 + c3 is row g's sum for input t
+// (M = 4) or t / 2 (M = 2). M = 8 issues two mma per loaded row (inputs 0–3, then 4–7) into 8 accumulators; U = 2
+// there (catalog.py GEMV_TC_UNROLL) keeps it within 128 registers. The norm variants normalize each input on its own.
 //
-//   kern_gemvtc_m1{,_u5}(x, w, y, n, k, ksplit)                       y[j] = bf16(x·w[j])
-//   kern_gemvtc_norm_m1{,_u5}(x, norm_w, w, y, n, k, eps, ksplit)     y[j] = bf16(xn·w[j]), xn as gemv.cu's norm
-//   kern_gemvtc_norm_silu_m1{,_u5}(x, norm_w, w, y, n, k, eps, ksplit) y[j] = bf16(bf16(silu(g)) · u), the tile's
+//   kern_gemvtc_m{M}(x, w, y, n, k, ksplit)                       y[m, j] = bf16(x[m]·w[j])
+//   kern_gemvtc_norm_m{M}(x, norm_w, w, y, n, k, eps, ksplit)     y[m, j] = bf16(xn[m]·w[j]), xn as gemv.cu's norm
+//   kern_gemvtc_norm_silu_m{M}(x, norm_w, w, y, n, k, eps, ksplit) y[m, j] = bf16(bf16(silu(g)) · u), the tile's
 //       rows g < 8 are gate rows j0 + g, rows g + 8 up rows n + j0 + g (8 output columns per block)
-//   kern_gemvtc_residual_m1{,_u5}(x, w, residual, n, k, ksplit)       residual[j] = bf16(residual[j] + bf16(x·w[j]))
+//   kern_gemvtc_residual_m{M}(x, w, residual, n, k, ksplit)       residual[m, j] = bf16(residual[m, j] + bf16(x[m]·w[j]))
+//   for M in 1, 2, 4, 8; M = 1 also `_u5` (U = 5).
 // Launch: block 256, grid.x = ceil_div(n, 16) (norm_silu: ceil_div(n, 8)), ksplit must be 1 (the warps always
 // split k 8 ways: the launch geometry of gemv.cu's entries at ksplit 1); k a multiple of 32; pointers 16-byte
-// aligned; the norm variants take k·2 bytes of dynamic shared memory. U (4, or 5 in `_u5`) steps per pipeline stage
+// aligned; the norm variants take M·k·2 bytes of dynamic shared memory. U (4, 5 in `_u5`, 2 for M = 8) steps per pipeline stage
 // (2U weight loads per lane), two stages issued before griddepcontrol.wait, as gemv.cu. A launch with ksplit ≠ 1 or
 // k % 32 ≠ 0 traps.
 #define GEMV_NO_ENTRIES
@@ -56,34 +63,56 @@ __device__ __forceinline__ void tc_stage_load(uint4 (&buf)[2][U], const uint4 *p
     }
 }
 
-// The mma of stage s: for step j = s·U + u, one mma per loaded row (buf[0]: row g, buf[1]: row g + 8), into
-// accumulators c[u & 1] and c[2 + (u & 1)]; `xv(j)` is x's 16-byte vector of the lane for step j, `odd` = g & 1
-// picks the half of it that the lane's B column holds (see the header). ns is the same for the warp's 32 lanes
-// (mma.sync wants them all).
-template <int U, typename XV>
-__device__ __forceinline__ void tc_stage_mma(float (&c)[4][4], const uint4 (&buf)[2][U], int s, int ns, bool odd,
-                                             const XV &xv) {
+// B's 8 columns carry x for TcInputs<M>::MB inputs per mma, each in both orders (see the header): column c holds input
+// (c·MB) >> 3 of its group, so for MB = 4 columns 2i and 2i + 1 are input i, for MB = 2 columns 4i … 4i + 3, for MB = 1
+// all eight; M = 8 takes two groups (two mma per loaded row: inputs 0…3, then 4…7). Lane (g, t)'s C columns 2t and
+// 2t + 1 then belong to input (t·MB) >> 2 of each group: its c0 + c3 is row g's sum for that input.
+template <int M>
+struct TcInputs {
+    static_assert(M == 1 || M == 2 || M == 4 || M == 8, "gemv_tc.cu: M in 1, 2, 4, 8");
+    static constexpr int MB = M < 4 ? M : 4;  // inputs per mma
+    static constexpr int NG = M / MB;         // mma groups per loaded row
+    // the input whose x vector lane (g, ·) supplies as B column g in group h
+    __device__ static constexpr int col_input(int g, int h) { return MB == 1 ? h : h * MB + ((g * MB) >> 3); }
+    // the input of lane (·, t)'s C columns 2t, 2t + 1 in group h; only the first lane of each run of 4 / MB stores it
+    __device__ static constexpr int out_input(int t, int h) { return MB == 1 ? h : h * MB + ((t * MB) >> 2); }
+    __device__ static constexpr bool out_lane(int t) { return (t & (4 / MB - 1)) == 0; }
+};
+
+// The mma of stage s: for step j = s·U + u, per group h one mma per loaded row (buf[0]: row g, buf[1]: row g + 8),
+// into accumulators c[h][u & 1] and c[h][2 + (u & 1)]; `xv(m, j)` is input m's 16-byte x vector of the lane for step
+// j, `odd` = g & 1 picks the half of it that the lane's B column holds (see the header). ns is the same for the warp's
+// 32 lanes (mma.sync wants them all).
+template <int M, int U, typename XV>
+__device__ __forceinline__ void tc_stage_mma(float (&c)[TcInputs<M>::NG][4][4], const uint4 (&buf)[2][U], int s,
+                                             int ns, int g, const XV &xv) {
+    const bool odd = g & 1;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int j = s * U + u;
         if (j < ns) {
-            const uint4 x = xv(j);
-            const uint32_t b0 = odd ? x.y : x.x, b1 = odd ? x.w : x.z;
             const uint4 a = buf[0][u], b = buf[1][u];
-            mma_bf16(c[u & 1], a.x, a.y, a.z, a.w, b0, b1);
-            mma_bf16(c[2 + (u & 1)], b.x, b.y, b.z, b.w, b0, b1);
+#pragma unroll
+            for (int h = 0; h < TcInputs<M>::NG; ++h) {
+                const uint4 x = xv(TcInputs<M>::col_input(g, h), j);
+                const uint32_t b0 = odd ? x.y : x.x, b1 = odd ? x.w : x.z;
+                mma_bf16(c[h][u & 1], a.x, a.y, a.z, a.w, b0, b1);
+                mma_bf16(c[h][2 + (u & 1)], b.x, b.y, b.z, b.w, b0, b1);
+            }
         }
     }
 }
 
-// The 16 row sums of the block's tile into sums[0..15] (shared, valid after the barrier this ends with): each warp's
-// two-stage register pipeline over its k range (the first two stages before the PDL gate, as gemv.cu's pdl_dot),
-// then its partials through shared memory, summed over the warps in order by threads 0..15. rows past n are
-// clamped to n − 1 for the loads (their sums are not stored by the callers). `xv(v)`: x's vector v (8 elements).
-template <int U, typename Prologue, typename XV>
+// The 16 row sums of the block's tile for each of the M inputs into sums[m][0..15] (shared, valid after the barrier
+// this ends with): each warp's two-stage register pipeline over its k range (the first two stages before the PDL
+// gate, as gemv.cu's pdl_dot), then its partials through shared memory, summed over the warps in order by threads
+// 0..16·M − 1. rows past n are clamped to n − 1 for the loads (their sums are not stored by the callers). `xvec(m, v)`:
+// input m's x vector v (8 elements).
+template <int M, int U, typename Prologue, typename XV>
 __device__ __forceinline__ void tc_tile(const __nv_bfloat16 *__restrict__ w_, long r0, long r1, int k,
-                                        Prologue prologue, const XV &xvec, float *sums) {
-    __shared__ float part[WARPS][16];
+                                        Prologue prologue, const XV &xvec, float (*sums)[16]) {
+    using In = TcInputs<M>;
+    __shared__ float part[WARPS][M][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int kv = k >> 3, steps = k >> 5;
     const int per = (steps + WARPS - 1) / WARPS, s0 = min(steps, warp * per), ns = min(steps - s0, per);
@@ -94,32 +123,38 @@ __device__ __forceinline__ void tc_tile(const __nv_bfloat16 *__restrict__ w_, lo
     tc_stage_load<U>(a, p0, p1, 0, ns);
     tc_stage_load<U>(b, p0, p1, 1, ns);
     pdl_gate(prologue);
-    float c[4][4];
+    float c[In::NG][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int h = 0; h < In::NG; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) c[i][e] = 0.f;
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[h][i][e] = 0.f;
     const int xv0 = 4 * s0 + t;
-    const bool odd = g & 1;
-    auto xv = [&](int j) { return xvec(xv0 + 4 * j); };
+    auto xv = [&](int m, int j) { return xvec(m, xv0 + 4 * j); };
     for (int s = 0; s < stages; s += 2) {
-        tc_stage_mma<U>(c, a, s, ns, odd, xv);
+        tc_stage_mma<M, U>(c, a, s, ns, g, xv);
         tc_stage_load<U>(a, p0, p1, s + 2, ns);
         if (s + 1 < stages) {
-            tc_stage_mma<U>(c, b, s + 1, ns, odd, xv);
+            tc_stage_mma<M, U>(c, b, s + 1, ns, g, xv);
             tc_stage_load<U>(b, p0, p1, s + 3, ns);
         }
     }
-    if (t == 0) {
-        part[warp][g] = (c[0][0] + c[0][3]) + (c[1][0] + c[1][3]);  // row g: even column + odd column
-        part[warp][g + 8] = (c[2][0] + c[2][3]) + (c[3][0] + c[3][3]);
+    if (In::out_lane(t)) {
+#pragma unroll
+        for (int h = 0; h < In::NG; ++h) {
+            const int m = In::out_input(t, h);
+            part[warp][m][g] = (c[h][0][0] + c[h][0][3]) + (c[h][1][0] + c[h][1][3]);  // row g: even + odd column
+            part[warp][m][g + 8] = (c[h][2][0] + c[h][2][3]) + (c[h][3][0] + c[h][3][3]);
+        }
     }
     __syncthreads();
-    if (threadIdx.x < 16) {
+    if (threadIdx.x < 16 * M) {
+        const int m = M == 1 ? 0 : threadIdx.x >> 4, r = M == 1 ? threadIdx.x : threadIdx.x & 15;
         float acc = 0.f;
 #pragma unroll
-        for (int i = 0; i < WARPS; ++i) acc += part[i][threadIdx.x];
-        sums[threadIdx.x] = acc;
+        for (int i = 0; i < WARPS; ++i) acc += part[i][m][r];
+        sums[m][r] = acc;
     }
     __syncthreads();
 }
@@ -128,88 +163,100 @@ __device__ __forceinline__ void tc_check(int k, int ksplit) {
     if (ksplit != 1 || (k & 31) != 0) __trap();  // the launch geometry and the 32-element steps (see the header)
 }
 
-// plain (RESIDUAL false) and residual: rows row0 … row0 + 15 of y.
-template <bool RESIDUAL, int U, typename Prologue, typename XV>
+// plain (RESIDUAL false) and residual: rows row0 … row0 + 15 of y[m] for the M inputs (y: [M, n]).
+template <bool RESIDUAL, int M, int U, typename Prologue, typename XV>
 __device__ __forceinline__ void tc_rows(const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n,
                                         int k, Prologue prologue, const XV &xv) {
-    __shared__ float sums[16];
+    __shared__ float sums[M][16];
     const int g = (threadIdx.x & 31) >> 2;
     const long row0 = (long)blockIdx.x * 16;
     const long r0 = min(row0 + g, (long)n - 1), r1 = min(row0 + g + 8, (long)n - 1);
-    tc_tile<U>(w, r0, r1, k, prologue, xv, sums);
-    const long i = row0 + threadIdx.x;
-    if (threadIdx.x < 16 && i < n) {
+    tc_tile<M, U>(w, r0, r1, k, prologue, xv, sums);
+    const unsigned m = M == 1 ? 0 : threadIdx.x >> 4, r = M == 1 ? threadIdx.x : threadIdx.x & 15;
+    const long i = row0 + r;
+    if (threadIdx.x < 16 * M && i < n) {
+        __nv_bfloat16 *ym = M == 1 ? y : y + (long)m * n;
         if (RESIDUAL)
-            y[i] = tobf(bf(y[i]) + bf(tobf(sums[threadIdx.x])));
+            ym[i] = tobf(bf(ym[i]) + bf(tobf(sums[m][r])));
         else
-            y[i] = tobf(sums[threadIdx.x]);
+            ym[i] = tobf(sums[m][r]);
     }
 }
 
-// norm + SiLU-and-mul: output columns j0 … j0 + 7 (gate rows j0 + g, up rows n + j0 + g).
-template <int U, typename Prologue, typename XV>
+// norm + SiLU-and-mul: output columns j0 … j0 + 7 of y[m] (gate rows j0 + g, up rows n + j0 + g).
+template <int M, int U, typename Prologue, typename XV>
 __device__ __forceinline__ void tc_silu_rows(const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y,
                                              int n, int k, Prologue prologue, const XV &xv) {
-    __shared__ float sums[16];
+    __shared__ float sums[M][16];
     const int g = (threadIdx.x & 31) >> 2;
     const long j0 = (long)blockIdx.x * 8, jc = min(j0 + g, (long)n - 1);
-    tc_tile<U>(w, jc, n + jc, k, prologue, xv, sums);
-    const long j = j0 + threadIdx.x;
-    if (threadIdx.x < 8 && j < n) {
-        const float gt = bf(tobf(sums[threadIdx.x]));
-        const float up = bf(tobf(sums[threadIdx.x + 8]));
-        y[j] = tobf(bf(tobf(silu(gt))) * up);
+    tc_tile<M, U>(w, jc, n + jc, k, prologue, xv, sums);
+    const unsigned m = M == 1 ? 0 : threadIdx.x >> 3, c = M == 1 ? threadIdx.x : threadIdx.x & 7;
+    const long j = j0 + c;
+    if (threadIdx.x < 8 * M && j < n) {
+        const float gt = bf(tobf(sums[m][c]));
+        const float up = bf(tobf(sums[m][c + 8]));
+        (M == 1 ? y : y + (long)m * n)[j] = tobf(bf(tobf(silu(gt))) * up);
     }
 }
 
-// x's vector v: through generic loads from global memory (plain, residual: as gemv.cu's PdlGate::x) or from the
-// normalized copy in shared memory (norm variants).
+// Input m's x vector v: through generic loads from global memory (plain, residual: as gemv.cu's PdlGate::x) or from
+// the normalized copy in shared memory (norm variants); x and its copy are [M, k], kv = k / 8 vectors per input.
+template <int M>
 struct XGlobal {
     const uint4 *x;
-    __device__ __forceinline__ uint4 operator()(int v) const { return x[v]; }
+    int kv;
+    __device__ __forceinline__ uint4 operator()(int m, int v) const { return M == 1 ? x[v] : x[(long)m * kv + v]; }
 };
+template <int M>
 struct XShared {
     const uint4 *xs;
-    __device__ __forceinline__ uint4 operator()(int v) const { return xs[v]; }
+    int kv;
+    __device__ __forceinline__ uint4 operator()(int m, int v) const { return M == 1 ? xs[v] : xs[m * kv + v]; }
 };
 
 }  // namespace
 
-#define INSTANTIATE_TC(U, SUFFIX)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_m1##SUFFIX(                               \
+// The four variants for M inputs, U steps per stage; NB: norm_to_smem's batched prologue (2 for M = 1: batched for
+// k/8 in (256, 512], the loop otherwise; 1 for M > 1, the loop).
+#define INSTANTIATE_TC(M, U, NB, SUFFIX)                                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_m##M##SUFFIX(                         \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, \
         int n, int k, int ksplit) {                                                                               \
         tc_check(k, ksplit);                                                                                      \
         const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
         asm volatile("" : "+l"(xp)); /* generic loads: a PDL predecessor wrote x */                               \
-        tc_rows<false, U>(w, y, n, k, [] {}, XGlobal{xp});                                                        \
+        tc_rows<false, M, U>(w, y, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                             \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_residual_m1##SUFFIX(                      \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_residual_m##M##SUFFIX(                \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                                         \
         tc_check(k, ksplit);                                                                                      \
         const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
         asm volatile("" : "+l"(xp));                                                                              \
-        tc_rows<true, U>(w, residual, n, k, [] {}, XGlobal{xp});                                                  \
+        tc_rows<true, M, U>(w, residual, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                       \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_m1##SUFFIX(                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_m##M##SUFFIX(                    \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
         tc_check(k, ksplit);                                                                                      \
         extern __shared__ __align__(16) unsigned char smem[];                                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
-        tc_rows<false, U>(w, y, n, k, [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); },                  \
-                          XShared{reinterpret_cast<const uint4 *>(xs)});                                          \
+        tc_rows<false, M, U>(w, y, n, k, [&] { norm_to_smem<M, false, NB>(x, norm_w, xs, k, eps); },              \
+                             XShared<M>{reinterpret_cast<const uint4 *>(xs), k >> 3});                               \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_silu_m1##SUFFIX(                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_silu_m##M##SUFFIX(               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
         tc_check(k, ksplit);                                                                                      \
         extern __shared__ __align__(16) unsigned char smem[];                                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
-        tc_silu_rows<U>(w, y, n, k, [&] { norm_to_smem<1, false, 2>(x, norm_w, xs, k, eps); },                    \
-                        XShared{reinterpret_cast<const uint4 *>(xs)});                                            \
+        tc_silu_rows<M, U>(w, y, n, k, [&] { norm_to_smem<M, false, NB>(x, norm_w, xs, k, eps); },                \
+                           XShared<M>{reinterpret_cast<const uint4 *>(xs), k >> 3});                                 \
     }
 
-INSTANTIATE_TC(4, )
-INSTANTIATE_TC(5, _u5)
+INSTANTIATE_TC(1, 4, 2, )
+INSTANTIATE_TC(1, 5, 2, _u5)
+INSTANTIATE_TC(2, 4, 1, )
+INSTANTIATE_TC(4, 4, 1, )
+INSTANTIATE_TC(8, 2, 1, )
