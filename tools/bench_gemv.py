@@ -49,7 +49,7 @@ from cuda.bindings import driver as cu
 ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
-from cubin_launch import launch_function  # noqa: E402
+from cubin_launch import allow_dynamic_smem, launch_function  # noqa: E402
 from gemv_plan import (GEMV_TC_PREFIX, GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS,  # noqa: E402
                        gemv_entry_unroll, gemv_norm_entry_name, gemv_tc_entry, gemv_tensor_core, plan_gemvp)
 from gen_qwen3 import GEMV_OPS, GEMV_OPS_BEFORE_ATTENTION  # noqa: E402
@@ -95,8 +95,7 @@ class Gemv:
                 self.modules[2] if name.startswith(GEMV_TC_PREFIX) else self.modules[0]
             f = check(cu.cuModuleGetFunction(module, name.encode()))
             self.fns[name] = f
-        if smem > 48 * 1024:
-            check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+        allow_dynamic_smem(f, smem)
         return f
 
     def launch(self, name: str, grid: int, smem: int, args: list[tuple[int, type]], pdl: bool = False):

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, kernels_dir  # noqa: E402
-from cubin_launch import KernelSet, check, shared_mem_of  # noqa: E402
+from cubin_launch import KernelSet, allow_dynamic_smem, check, shared_mem_of  # noqa: E402
 from gemv_plan import gemv_blocks  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
 
@@ -67,8 +67,7 @@ def launch(ks: KernelSet, name: str, args: list, n: int, k: int, ksplit: int) ->
     cx = e["constexprs"]
     smem = shared_mem_of(e, args)
     f = ks.function(name)
-    if smem > 48 * 1024:
-        check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    allow_dynamic_smem(f, smem)
     holders = [ctypes.c_uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else _CT[t](a)
                for a, t in zip(args, e["params"])]
     assert len(holders) == len(e["params"])

@@ -1,8 +1,8 @@
 """The decode GEMVs for m ≤ 8 inputs (speculative verification, small batches): gemv.cu's M entries (FMA), gemv_tc.cu's
 (tensor cores) and cuBLAS side by side, on the GPU machine.
 
-    python3 tools/gpu/gemv_batch_bench.py --kernels KDIR [--geometries 4b 0.6b] [--ms 1 2 4 8] [--rounds 3]
-        [--out FILE]
+    python3 tools/gpu/gemv_batch_bench.py --kernels KDIR [--tc gemv_tc.cubin] [--geometries 4b 0.6b] [--ms 1 2 4 8]
+        [--rounds 3] [--out FILE]
 
 For each geometry, decode GEMM shape (qkv, o, gate_up, down, lm_head; the plain variant y[m, n] = x[m, k]·W[n, k]ᵀ,
 bf16 in and out, fp32 accumulation) and m:
@@ -13,12 +13,14 @@ bf16 in and out, fp32 accumulation) and m:
    every launch streams from HBM), median replay / launches: gemv.cu's `kern_gemv_m{M}` at ksplit 1, 2, 4 and 8 (the
    best reported with its ksplit), gemv_tc.cu's `kern_gemvtc_m{M}` (ksplit 1), torch.matmul(x, W.t()) (cuBLAS);
 3. one decode token's GEMMs at m inputs (every layer's qkv, o, gate_up, down, then the lm_head; plain GEMVs) as a
-   PDL chain in a CUDA graph: gemv.cu at each shape's best standalone ksplit, gemv_tc.cu, and cuBLAS (its own
-   launches, no PDL); median over `--rounds` interleaved rounds of 10 replays.
+   PDL chain in a CUDA graph: gemv.cu at each shape's best standalone ksplit, gemv_tc.cu, each shape on whichever of
+   the two was faster alone, and cuBLAS (its own launches, no PDL); median over `--rounds` interleaved rounds of 10
+   replays.
 
 Floors: the weight bytes (x and y are < 0.1% of them) / the device-to-device copy bandwidth measured in the same run
 (read + write counted, as tools/bench_gemv.py). gemv.cu's and gemv_tc.cu's modules come from the kernels dir of
-tools/build_kernels.py (sha256 checked against its index). Prints the tables; appends them to --out.
+tools/build_kernels.py (sha256 checked against its index); `--tc` times another build of gemv_tc.cu with the same
+entries instead (a what-if, e.g. another U for M = 8). Prints the tables; appends them to --out.
 """
 from __future__ import annotations
 
@@ -106,9 +108,9 @@ def standalone(g, geom, ms, bw):
     return out
 
 
-def chains(g, geom, m, best_ks, bw, rounds):
+def chains(g, geom, m, best_ks, tc_faster, bw, rounds):
     """[(label, floor ms, ms)]: one token's plain GEMVs at m inputs as a chain in a graph (gemv.cu at `best_ks`
-    {shape: ksplit}, tc, cuBLAS)."""
+    {shape: ksplit}, tc, each shape on tc where `tc_faster[shape]` else gemv.cu, cuBLAS)."""
     b = bg.token_buffers(geom)
     sh, weights, lm = b.sh, b.weights, b.lm
     act = {nm: torch.randn(m, sh[nm][1], device="cuda").to(torch.bfloat16) for nm in sh}  # each op's x
@@ -125,9 +127,16 @@ def chains(g, geom, m, best_ks, bw, rounds):
             op("lm_head", act["lm_head"], lm, outs["lm_head"], True)
         return fn
 
-    variants = [("gemv.cu (best standalone ksplit per shape)",
-                 lambda nm, x, w, y, pdl: fs[f"gemv.cu ks{best_ks[nm]}"](x, w, y, *sh[nm], pdl)),
-                ("tc", lambda nm, x, w, y, pdl: fs["tc"](x, w, y, *sh[nm], pdl)),
+    def fma(nm, x, w, y, pdl):
+        fs[f"gemv.cu ks{best_ks[nm]}"](x, w, y, *sh[nm], pdl)
+
+    def tc(nm, x, w, y, pdl):
+        fs["tc"](x, w, y, *sh[nm], pdl)
+
+    on_tc = ", ".join(nm for nm in sh if tc_faster[nm]) or "none"
+    variants = [("gemv.cu (best standalone ksplit per shape)", fma), ("tc", tc),
+                (f"the faster alone per shape (tc: {on_tc})",
+                 lambda nm, x, w, y, pdl: (tc if tc_faster[nm] else fma)(nm, x, w, y, pdl)),
                 ("cuBLAS", lambda nm, x, w, y, pdl: fs["cuBLAS"](x, w, y, *sh[nm]))]
     graphs = [bg.capture(chain(op)) for _, op in variants]
     times = [[] for _ in variants]
@@ -142,6 +151,7 @@ def chains(g, geom, m, best_ks, bw, rounds):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", required=True, help="kernels dir of tools/build_kernels.py (gemv.cubin, gemv_tc.cubin)")
+    ap.add_argument("--tc", default=None, help="a gemv_tc.cubin to time instead of the kernels dir's (same entries)")
     ap.add_argument("--geometries", nargs="+", default=["4b", "0.6b"], choices=sorted(bg.GEOMETRIES))
     ap.add_argument("--ms", nargs="+", type=int, default=list(MS), choices=MS)
     ap.add_argument("--rounds", type=int, default=3)
@@ -150,7 +160,8 @@ def main(argv=None) -> int:
     if torch is None:
         ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
     torch.manual_seed(0)
-    tc = bg.gemv_cubin(args.kernels, "gemv_tc.cu", "kern_gemvtc_m8", missing_ok=True)
+    tc = Path(args.tc).read_bytes() if args.tc else bg.gemv_cubin(args.kernels, "gemv_tc.cu", "kern_gemvtc_m8",
+                                                                   missing_ok=True)
     if tc is None:
         ap.error(f"{args.kernels}/index.json has no kern_gemvtc_m8 (gemv_tc.cu's M > 1 entries, session 31): rebuild "
                  "the kernels with tools/build_kernels.py")
@@ -167,11 +178,12 @@ def main(argv=None) -> int:
     lines += ["", f"Copy bandwidth {bw / 1e12:.3f} TB/s (read + write); floor = weight bytes / it.", "",
               "| geometry | shape | n×k | floor µs | m | gemv.cu µs (best ksplit) | tc µs | cuBLAS µs | tc % floor | "
               "gemv.cu % floor | cuBLAS % floor |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    best = {}
+    best, tc_faster = {}, {}
     for geom in args.geometries:
         for geom_, name, nk, floor, m, t in standalone(g, geom, args.ms, bw):
             ks, fma = min(((ks, t[f"gemv.cu ks{ks}"]) for ks in bg.KSPLITS), key=lambda p: p[1])
             best[(geom_, name, m)] = ks
+            tc_faster[(geom_, name, m)] = t["tc"] < fma
             lines.append(f"| {geom_} | {name} | {nk} | {floor:.1f} | {m} | {fma:.2f} ({ks}) | {t['tc']:.2f} | "
                          f"{t['cuBLAS']:.2f} | {100 * floor / t['tc']:.0f}% | {100 * floor / fma:.0f}% | "
                          f"{100 * floor / t['cuBLAS']:.0f}% |")
@@ -179,13 +191,15 @@ def main(argv=None) -> int:
     for geom in args.geometries:
         names = bg.shapes(geom)[0]
         for m in args.ms:
-            for label, floor, ms in chains(g, geom, m, {nm: best[(geom, nm, m)] for nm in names}, bw, args.rounds):
+            for label, floor, ms in chains(g, geom, m, {nm: best[(geom, nm, m)] for nm in names},
+                                           {nm: tc_faster[(geom, nm, m)] for nm in names}, bw, args.rounds):
                 lines.append(f"| {geom} | {m} | {label} | {floor:.3f} | {ms:.3f} | {100 * floor / ms:.0f}% |")
     table = "\n".join(lines)
     print(table)
     if args.out:
         with open(args.out, "a") as f:
-            f.write(f"\n### gemv_batch_bench ({torch.cuda.get_device_name()}, commit {bg.commit()})\n\n{table}\n")
+            tcs = f", gemv_tc.cubin from {args.tc}" if args.tc else ""
+            f.write(f"\n### gemv_batch_bench ({torch.cuda.get_device_name()}, commit {bg.commit()}{tcs})\n\n{table}\n")
     if bad:
         print(f"{bad} numerics case(s) over the bound", file=sys.stderr)
     return 1 if bad else 0

@@ -78,7 +78,7 @@ class KernelSet:
                 mod = check(cu.cuModuleLoadData(image))
                 self._modules[k["module"]] = mod
             self._funcs[name] = check(cu.cuModuleGetFunction(mod, k["entry"].encode()))
-            self._smem_limit[name] = 48 * 1024
+            self._smem_limit[name] = default_dynamic_smem(self._funcs[name])
             self._allow_smem(name, k["shared_mem"])
             carveout = index_carveout(k, f"{self.dir / 'index.json'}: kernel `{name}`")
             if carveout is not None:  # as the manifest launches it (its launch field `carveout`)
@@ -88,7 +88,8 @@ class KernelSet:
         return self._funcs[name]
 
     def _allow_smem(self, name: str, smem: int) -> None:
-        """Raise kernel `name`'s dynamic shared memory limit to `smem` bytes where it is above the 48 KB default."""
+        """Raise kernel `name`'s dynamic shared memory limit to `smem` bytes where it is above what the function may
+        take without the opt-in (`default_dynamic_smem`)."""
         if smem > self._smem_limit[name]:
             check(cu.cuFuncSetAttribute(self._funcs[name],
                                         cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
@@ -140,6 +141,25 @@ def pdl_config(grid, block, smem: int, stream) -> "cu.CUlaunchConfig":
     cfg.attrs = [attr]
     cfg.numAttrs = 1
     return cfg
+
+
+#: Shared memory per block (static + dynamic, bytes) a function may use without opting in (CUDA programming guide,
+#: "Shared Memory" of compute capability 7.x+: above 48 KB a kernel needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+DEFAULT_SMEM = 48 * 1024
+
+
+def default_dynamic_smem(f) -> int:
+    """Bytes of dynamic shared memory CUfunction `f` may launch with before it needs the opt-in attribute: 48 KB less
+    its static shared memory (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)."""
+    return DEFAULT_SMEM - check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f))
+
+
+def allow_dynamic_smem(f, smem: int) -> None:
+    """Let CUfunction `f` launch with `smem` bytes of dynamic shared memory: where its static plus `smem` exceed 48 KB,
+    set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to `smem` (cuFuncSetAttribute). Raises RuntimeError (the
+    driver's CUDA_ERROR_INVALID_VALUE) past the device's opt-in limit (227 KB per block on sm_90)."""
+    if smem > default_dynamic_smem(f):
+        check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
 
 
 def launch_function(f, grid, block, smem: int, stream, kernel_params, pdl: bool = False) -> None:
