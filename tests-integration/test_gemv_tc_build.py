@@ -99,6 +99,10 @@ def test_ptx_loads_before_the_wait_and_mma_after(builds):
         unroll, groups = _unroll(name), 2 if _inputs(name) == 8 else 1  # M = 8: two mma per loaded row
         assert sum("ld.global.nc.L1::no_allocate" in ln for ln in before) == 2 * unroll * 2, name
         assert not [ln for ln in before if re.search(r"\bst\.global|\batom\.|\bred\.|\bmma\.", ln)], name
+        # nothing an earlier launch writes (x, the residual) is read before the wait: its only loads are the params
+        # and the weight stages
+        assert not [ln for ln in before if re.search(r"\bld\.", ln)
+                    and not re.search(r"\bld\.param\.|ld\.global\.nc\.L1::no_allocate", ln)], name
         # the loop body holds two stages' mma (each stage: U steps × two rows × groups); unrolled stages may repeat it
         mma = sum(ln.startswith(MMA) for ln in after)
         per_stage = 2 * unroll * groups

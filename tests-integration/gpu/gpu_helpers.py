@@ -125,7 +125,7 @@ def launch_gemv(f, grid: int, args: list, smem: int) -> None:
         else:
             vals.append(a)
             types.append(ctypes.c_int)
-    allow_dynamic_smem(f, smem)  # the M = 4, 8 norm entries' M·k·2 bytes pass 48 KB for k ≥ 3,072
+    allow_dynamic_smem(f, smem)  # the M > 1 norm entries' M·k·2 bytes plus their static ones pass 48 KB for large k
     launch_function(f, (grid, 1, 1), (256, 1, 1), smem, cu.CUstream(torch.cuda.current_stream().cuda_stream),
                     (tuple(vals), tuple(types)))
 

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed, ks: c
 # tools/kernels-src/ on sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, bits, kernels_dir  # noqa: E402
-from cubin_launch import check, launch_function, shared_mem_of  # noqa: E402
+from cubin_launch import allow_dynamic_smem, launch_function, shared_mem_of  # noqa: E402
 from gemv_plan import gemv_blocks  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
 
@@ -77,8 +77,7 @@ def launch(ks, name: str, args: list, n: int, ksplit: int, pdl: bool = False) ->
     assert len(args) == len(e["params"]), (name, e["param_names"])
     smem = shared_mem_of(e, args)
     f = ks.function(name)
-    if smem > 48 * 1024:
-        check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    allow_dynamic_smem(f, smem)
     vals, types = [], []
     for a, t in zip(args, e["params"]):
         if _PTR.match(t):

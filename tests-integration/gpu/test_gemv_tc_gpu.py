@@ -9,7 +9,8 @@ partial pipeline stage). Fresh random inputs per case (M different x rows, each 
 variants); the [M, n] output NaN-poisoned (the residual: a random residual) between sentinel guards that must come
 back unchanged; each of the M output rows within 1e-2 (relative, 2-norm) of float64 on the same bf16 operands (the
 norm rounded where HF rounds), within 5e-3 of gemv.cu's entry for the same M on the same inputs (another summation
-order: not bitwise), and the same bits on a second run (deterministic). gemv_tc.cu and gemv.cu are built
+order: not bitwise), the same bits on a second run (deterministic), and, for M > 1, each output row the same bits as
+the M = 1 entry gives for that input row alone (the inputs share B's columns, not sums). gemv_tc.cu and gemv.cu are built
 here with nvcc (tools/build_kernels.py's flags); no kernels dir is needed.
 """
 
@@ -84,10 +85,11 @@ def test_tc_entry(fns, entry: str, n: int, k: int) -> None:
     res = torch.randn(m, n, device=DEV).to(BF)
     store0 = torch.full((size + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
     store0[GUARD:GUARD + size] = res.flatten() if "_residual" in entry else float("nan")
-    smem = 2 * m * k if "_norm" in entry else 0
     grid = math.ceil(n / (8 if silu else 16))
 
-    def run(form: str) -> torch.Tensor:
+    def run(form: str, entry: str = entry, x=x, store0=store0, m: int = m) -> torch.Tensor:
+        size = m * n
+        smem = 2 * m * k if "_norm" in entry else 0
         store = store0.clone()
         y = store[GUARD:GUARD + size]
         args = [x, nw, w, y, n, k, EPS, 1] if "_norm" in entry else [x, w, y, n, k, 1]
@@ -103,3 +105,9 @@ def test_tc_entry(fns, entry: str, n: int, k: int) -> None:
         assert ((out[i].double() - ref[i]).norm() / ref[i].norm()).item() < 1e-2, (entry, i)
         assert ((out[i].double() - fma[i].double()).norm() / ref[i].norm()).item() < 5e-3, (entry, i)
     assert torch.equal(bits(out), bits(again)), (entry, "not deterministic")
+    one = entry.replace(f"_m{m}", "_m1")
+    for i in range(m if m > 1 else 0):
+        row0 = torch.full((n + 2 * GUARD,), SENTINEL, dtype=BF, device=DEV)
+        row0[GUARD:GUARD + n] = res[i] if "_residual" in entry else float("nan")
+        alone = run("tc", one, x[i:i + 1].contiguous(), row0, 1)[0]
+        assert torch.equal(bits(out[i]), bits(alone)), (entry, i, "differs from the M = 1 entry on that row")

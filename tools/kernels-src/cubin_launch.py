@@ -60,7 +60,7 @@ class KernelSet:
         self.kernels = self.index["kernels"]
         self._modules: dict[str, object] = {}
         self._funcs: dict[str, object] = {}
-        self._smem_limit: dict[str, int] = {}  # the MAX_DYNAMIC_SHARED_SIZE_BYTES set per kernel (48 KB unset)
+        self._smem_limit: dict[str, int] = {}  # MAX_DYNAMIC_SHARED_SIZE_BYTES per kernel (default_dynamic_smem unset)
         self._images: list[bytes] = []
         check(cu.cuInit(0))
         ctx = check(cu.cuCtxGetCurrent())
@@ -155,11 +155,14 @@ def default_dynamic_smem(f) -> int:
 
 
 def allow_dynamic_smem(f, smem: int) -> None:
-    """Let CUfunction `f` launch with `smem` bytes of dynamic shared memory: where its static plus `smem` exceed 48 KB,
-    set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to `smem` (cuFuncSetAttribute). Raises RuntimeError (the
-    driver's CUDA_ERROR_INVALID_VALUE) past the device's opt-in limit (227 KB per block on sm_90)."""
-    if smem > default_dynamic_smem(f):
-        check(cu.cuFuncSetAttribute(f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+    """Let CUfunction `f` launch with `smem` bytes of dynamic shared memory: where that is above what it may take now
+    (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: 48 KB less its static shared memory until raised), raise that
+    attribute to `smem` (cuFuncSetAttribute); never lowers it, so a graph captured with a larger launch stays valid.
+    Raises RuntimeError (the driver's CUDA_ERROR_INVALID_VALUE) past the device's opt-in limit (227 KB per block on
+    sm_90, static included)."""
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    if smem > check(cu.cuFuncGetAttribute(attr, f)):
+        check(cu.cuFuncSetAttribute(f, attr, smem))
 
 
 def launch_function(f, grid, block, smem: int, stream, kernel_params, pdl: bool = False) -> None:

@@ -5,7 +5,7 @@
 // Why (NOTES.md 27, 72): in gemv.cu a lane's next weight loads are issued only after the FMAs of the stage they
 // replace, so the stream loop's own instructions delay the weight stream at every kernel boundary; a probe measured
 // the FMA form of the dots at +3.5 µs per launch and an mma form at +0.9. One mma here consumes one 16-byte load per
-// lane: per 32 elements of k a lane issues two weight loads, one x load and two mma.
+// lane: per 32 elements of k a lane issues two weight loads, one x load and two mma (M ≤ 4; M = 8: two x loads, four mma).
 //
 // Layout. A block owns one tile of 16 rows; its 8 warps split k into 8 contiguous ranges of whole 32-element steps.
 // Lane (g, t) = (lane / 4, lane % 4) loads, in step s, the 8 elements e = 32·s + 8·t … + 7 of row g and of row
@@ -73,11 +73,28 @@ struct TcInputs {
     static constexpr int MB = M < 4 ? M : 4;  // inputs per mma
     static constexpr int NG = M / MB;         // mma groups per loaded row
     // the input whose x vector lane (g, ·) supplies as B column g in group h
-    __device__ static constexpr int col_input(int g, int h) { return MB == 1 ? h : h * MB + ((g * MB) >> 3); }
+    __host__ __device__ static constexpr int col_input(int g, int h) { return MB == 1 ? h : h * MB + ((g * MB) >> 3); }
     // the input of lane (·, t)'s C columns 2t, 2t + 1 in group h; only the first lane of each run of 4 / MB stores it
-    __device__ static constexpr int out_input(int t, int h) { return MB == 1 ? h : h * MB + ((t * MB) >> 2); }
-    __device__ static constexpr bool out_lane(int t) { return (t & (4 / MB - 1)) == 0; }
+    __host__ __device__ static constexpr int out_input(int t, int h) { return MB == 1 ? h : h * MB + ((t * MB) >> 2); }
+    __host__ __device__ static constexpr bool out_lane(int t) { return (t & (4 / MB - 1)) == 0; }
+    // The mapping's invariants, checked at compile time: lane (g, t)'s c0 (C column 2t, fed by B column 2t: even, X's
+    // elements {0,1,4,5}) and c3 (column 2t + 1: odd, {2,3,6,7}) belong to the input out_input(t, h) stores, and the
+    // storing lanes cover every input exactly once.
+    __host__ __device__ static constexpr bool consistent() {
+        int stored[8] = {};
+        for (int h = 0; h < NG; ++h)
+            for (int t = 0; t < 4; ++t) {
+                if (col_input(2 * t, h) != out_input(t, h) || col_input(2 * t + 1, h) != out_input(t, h)) return false;
+                if (out_lane(t)) ++stored[out_input(t, h)];
+            }
+        for (int m = 0; m < 8; ++m)
+            if (stored[m] != (m < M ? 1 : 0)) return false;
+        return true;
+    }
 };
+static_assert(TcInputs<1>::consistent() && TcInputs<2>::consistent() && TcInputs<4>::consistent() &&
+                  TcInputs<8>::consistent(),
+              "gemv_tc.cu: TcInputs' B columns and stored C columns disagree");
 
 // The mma of stage s: for step j = s·U + u, per group h one mma per loaded row (buf[0]: row g, buf[1]: row g + 8),
 // into accumulators c[h][u & 1] and c[h][2 + (u & 1)]; `xv(m, j)` is input m's 16-byte x vector of the lane for step
