@@ -98,14 +98,16 @@
 #               PDL chain test (default and gemv-fma pairs). Session 30 measured the same manifests as variants (4B
 #               2.200 vs 2.281, 0.6B 0.566 vs 0.573, tokens identical to gemv.cu's over 256 steps; NOTES.md 72) and a
 #               review ran the tc GPU test and the PDL chain test before the 0.6B rule change. $OUT/tc-default.tgz.
-#               About 8 minutes on a fresh machine.
+#               About 8 minutes on a fresh machine. (Ran in session 31, calls 1–2, as .gpu scripts with the same commands:
+#               all passed; 4B 2.221 vs gemv-fma 2.295, 0.6B 0.567 vs 0.572; BENCHMARKS.md "Session 31".)
 #   lm-head-long-rows  (written in session 26; owed, not urgent) the screen's row-group form `_p18` on rows of two
 #               load stages (hidden 4,096 and 5,120: 8B, 14B, 32B), which gen_qwen3 keeps on one group per block
 #               because only one-stage rows were timed (NOTES.md 68, review helper-72): its GPU test (the 4000x5120 case
 #               covers two stages) and lm_head_screen_bench at --hidden 4096 --hidden 5120 (kernel against kernel; in
 #               session 26 the 4B program gained four times what the kernel did, so a kernel gain is a lower bound);
 #               if `_p18` is faster there, let lm_screen_entry take it for every k. $OUT/lm-head-long-rows.tgz. About
-#               3 minutes on a fresh machine (no checkpoint needed).
+#               3 minutes on a fresh machine (no checkpoint needed). (Ran in session 31, call 2: the test passed; `_p18`
+#               +2.1 µs at hidden 4,096, −16.6 at 5,120: the rule is unchanged; BENCHMARKS.md "Session 31, calls 2–3".)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
