@@ -28,7 +28,7 @@ read_cubin = pytest.importorskip("kern_verify.cubin").read_cubin
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 import catalog  # noqa: E402
-from gemv_plan import GEMV_TC_STEP, gemv_blocks, gemv_tc_entry  # noqa: E402
+from gemv_plan import GEMV_TC_STEP, gemv_blocks, gemv_entry_inputs as _inputs, gemv_tc_entry  # noqa: E402
 
 VARIANTS = ("", "_norm", "_norm_silu", "_residual")
 TWINS = [f"kern_gemv{v}_m1{u}" for v in VARIANTS for u in ("", "_u5")] + [
@@ -41,11 +41,6 @@ def builds(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gemv_tc")
     return nvcc_builds(tmp, {"gemv": ("gemv.cu", (), "gemv.cubin"), "tc": ("gemv_tc.cu", (), "gemv_tc.cubin"),
                              "tc_ptx": ("gemv_tc.cu", (), "gemv_tc.ptx")})
-
-
-def _inputs(name: str) -> int:
-    """M of a gemv.cu or gemv_tc.cu entry name (`kern_gemvtc_norm_m4` -> 4)."""
-    return int(name.split("_m")[-1].split("_")[0])
 
 
 def _unroll(name: str) -> int:

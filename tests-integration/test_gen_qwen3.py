@@ -373,6 +373,11 @@ def test_gemv_tensor_core_rule() -> None:
         "kern_gemvtc_residual_m1", "kern_gemvtc_norm_silu_m1_u5", "kern_gemvtc_m1"]
     with pytest.raises(ValueError, match="`kern_gemvp_m1` is not a gemv.cu entry"):
         gemv_plan.gemv_tc_entry("kern_gemvp_m1")
+    assert [gemv_plan.gemv_entry_inputs(n) for n in ("kern_gemvtc_norm_m4", "kern_gemv_residual_m1_u5",
+                                                      "kern_gemv_norm_m1_nb2_p2", "kern_gemvtc_m8")] == [4, 1, 1, 8]
+    for bad in ("kern_gemv_m3", "rms_norm_h2560"):
+        with pytest.raises(ValueError, match=f"`{bad}` is not a gemv.cu or gemv_tc.cu entry"):
+            gemv_plan.gemv_entry_inputs(bad)
     for k, ks in ((1020, 1), (1024, 0)):
         with pytest.raises(ValueError, match=f"k = {k}, ksplit = {ks}: k must be a positive multiple of 8 and ksplit ≥ 1"):
             gemv_plan.gemv_tensor_core("gemv_residual", k, ks)

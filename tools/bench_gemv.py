@@ -78,21 +78,25 @@ def threads_of(name: str) -> int:
 
 
 class Gemv:
-    """CUDA modules (gemv.cu, then gemv_persist.cu and gemv_tc.cu when given), loaded once; `launch(name, grid,
+    """CUDA modules (gemv.cu, then gemv_persist.cu when given; gemv_tc.cu as `tc`), loaded once; `launch(name, grid,
     smem, args, pdl)` enqueues on torch's stream, with pdl=True through cuLaunchKernelEx with
-    the programmatic-stream-serialization attribute (CUDA driver API, sm_90)."""
+    the programmatic-stream-serialization attribute (CUDA driver API, sm_90). Entries named `kern_gemvp*` come from
+    the second module, `kern_gemvtc*` from `tc`, the others from the first."""
 
-    def __init__(self, *cubins: bytes):
+    def __init__(self, *cubins: bytes, tc: bytes | None = None):
         check(cu.cuInit(0))
         torch.zeros(1, device="cuda")  # makes torch's primary context current
         self.modules = [check(cu.cuModuleLoadData(c)) for c in cubins]
+        self.tc = check(cu.cuModuleLoadData(tc)) if tc is not None else None
         self.fns: dict[str, object] = {}
 
     def fn(self, name: str, smem: int):
         f = self.fns.get(name)
         if f is None:
-            module = self.modules[1] if name.startswith("kern_gemvp") else \
-                self.modules[2] if name.startswith(GEMV_TC_PREFIX) else self.modules[0]
+            if name.startswith(GEMV_TC_PREFIX) and self.tc is None:
+                raise RuntimeError(f"{name}: no gemv_tc.cu module was given (Gemv(..., tc=cubin))")
+            module = self.tc if name.startswith(GEMV_TC_PREFIX) else \
+                self.modules[1] if name.startswith("kern_gemvp") else self.modules[0]
             f = check(cu.cuModuleGetFunction(module, name.encode()))
             self.fns[name] = f
         allow_dynamic_smem(f, smem)
@@ -295,7 +299,7 @@ def correctness(g, k, n, ks=1):
     r0 = r.clone()
     resid(g, x, w, r, n, k)
     errs["residual"] = rel_err(r, r0.double() + x.double() @ w.double().T)
-    if ks == 1 and k % 32 == 0 and len(g.modules) > 2:  # gemv_tc.cu's form of o and down (where the index has it)
+    if ks == 1 and k % 32 == 0 and g.tc is not None:  # gemv_tc.cu's form of o and down (where the index has it)
         r = r0.clone()
         run_residual_tc(g, x, w, r, n, k)
         errs["residual_tc"] = rel_err(r, r0.double() + x.double() @ w.double().T)
@@ -590,8 +594,7 @@ def main(argv=None) -> int:
     if tc is None:
         print(f"note: {args.kernels}/index.json has no gemv_tc.cu entries (built before session 30): the chain as "
               "the manifests launch it is gemv.cu's alone, and no tensor-core row is timed", file=sys.stderr)
-    g = Gemv(gemv_cubin(args.kernels), gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"),
-             *([tc] if tc is not None else []))
+    g = Gemv(gemv_cubin(args.kernels), gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"), tc=tc)
     print("== correctness (m=1, rel. error vs float64; bound 1e-2)")
     bad = 0
     for geom in args.geometries:

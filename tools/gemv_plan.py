@@ -15,6 +15,7 @@ tools/gpu/gemvp_timeline.py use it.
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 #: gemv_persist.cu: warps per block, elements of k per chunk, slots per block (MAX_SLOTS).
@@ -196,6 +197,15 @@ def gemv_tc_entry(name: str) -> str:
     if not base.startswith("kern_gemv_"):
         raise ValueError(f"gemv_tc_entry: `{name}` is not a gemv.cu entry (kern_gemv*_m{{1,2,4,8}}*)")
     return GEMV_TC_PREFIX + base[len("kern_gemv"):]
+
+
+def gemv_entry_inputs(name: str) -> int:
+    """M, the input rows of a gemv.cu or gemv_tc.cu entry, from its name (`kern_gemvtc_norm_m4` -> 4,
+    `kern_gemv_residual_m1_u5` -> 1). Raises ValueError for a name without an `_m{1,2,4,8}` part."""
+    m = re.search(r"_m([1248])(?:_|$)", name)
+    if not name.startswith("kern_gemv") or m is None:
+        raise ValueError(f"gemv_entry_inputs: `{name}` is not a gemv.cu or gemv_tc.cu entry (kern_gemv*_m{{1,2,4,8}}*)")
+    return int(m.group(1))
 
 
 def gemv_tensor_core(variant: str, k: int, ksplit: int) -> bool:

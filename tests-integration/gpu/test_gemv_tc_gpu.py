@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("_seed")]  # _seed: conft
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_helpers import torch, BF, DEV, bits, built_modules, launch_gemv, module_functions  # noqa: E402
+from gemv_plan import gemv_entry_inputs as inputs  # noqa: E402
 
 EPS = 1e-6
 GUARD = 64  # elements of sentinel on each side of the output (128 bytes: y stays 16-byte aligned)
@@ -53,11 +54,6 @@ def twin(entry: str) -> str:
 
 def launch(f, grid: int, args: list, smem: int) -> None:
     launch_gemv(f, grid, args, smem)
-
-
-def inputs(entry: str) -> int:
-    """M of a gemv_tc.cu entry name (`kern_gemvtc_norm_m4` -> 4)."""
-    return int(entry.split("_m")[-1].split("_")[0])
 
 
 def reference(entry: str, x, nw, w, res, n: int) -> torch.Tensor:

@@ -151,7 +151,7 @@ def chains(g, geom, m, best_ks, tc_faster, bw, rounds):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", required=True, help="kernels dir of tools/build_kernels.py (its gemv.cubin and "
-                    "gemv_tc.cubin are timed; bench_gemv.Gemv also loads its gemv_persist.cubin)")
+                    "gemv_tc.cubin are timed)")
     ap.add_argument("--tc", default=None, help="a gemv_tc.cubin to time instead of the kernels dir's (same entries)")
     ap.add_argument("--geometries", nargs="+", default=["4b", "0.6b"], choices=sorted(bg.GEOMETRIES))
     ap.add_argument("--ms", nargs="+", type=int, default=list(MS), choices=MS)
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     if tc is None:
         ap.error(f"{args.kernels}/index.json has no kern_gemvtc_m8 (gemv_tc.cu's M > 1 entries, session 31): rebuild "
                  "the kernels with tools/build_kernels.py")
-    g = bg.Gemv(bg.gemv_cubin(args.kernels), bg.gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"), tc)
+    g = bg.Gemv(bg.gemv_cubin(args.kernels), tc=tc)
     for m in args.ms:  # a --tc build without an entry fails here, by name, not at its first launch
         for name in (f"kern_gemvtc_m{m}", f"kern_gemv_m{m}"):
             try:

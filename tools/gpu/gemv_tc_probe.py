@@ -210,8 +210,8 @@ def main(argv=None) -> int:
     if torch is None:
         ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
     torch.manual_seed(0)
-    g = bg.Gemv(bg.gemv_cubin(args.kernels), bg.gemv_cubin(args.kernels, "gemv_persist.cu", "kern_gemvp_m1"),
-                Path(args.tc).read_bytes() if args.tc else bg.gemv_cubin(args.kernels, "gemv_tc.cu", "kern_gemvtc_m1"))
+    g = bg.Gemv(bg.gemv_cubin(args.kernels),
+                tc=Path(args.tc).read_bytes() if args.tc else bg.gemv_cubin(args.kernels, "gemv_tc.cu", "kern_gemvtc_m1"))
     lines = ["| geometry | shape | op | tc form | tc rel. err | gemv.cu rel. err | tc deterministic |",
              "|---|---|---|---|---|---|---|"]
     bad = 0
