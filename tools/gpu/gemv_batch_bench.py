@@ -108,10 +108,10 @@ def standalone(g, geom, ms, bw):
     return out
 
 
-def chains(g, geom, m, best_ks, tc_faster, bw, rounds):
-    """[(label, floor ms, ms)]: one token's plain GEMVs at m inputs as a chain in a graph (gemv.cu at `best_ks`
-    {shape: ksplit}, tc, each shape on tc where `tc_faster[shape]` else gemv.cu, cuBLAS)."""
-    b = bg.token_buffers(geom)
+def chains(g, b, m, best_ks, tc_faster, bw, rounds):
+    """[(label, floor ms, ms)]: one token's plain GEMVs at m inputs as a chain in a graph over the weights of `b`
+    (bench_gemv.token_buffers; gemv.cu at `best_ks` {shape: ksplit}, tc, each shape on tc where `tc_faster[shape]`
+    else gemv.cu, cuBLAS)."""
     sh, weights, lm = b.sh, b.weights, b.lm
     act = {nm: torch.randn(m, sh[nm][1], device="cuda").to(torch.bfloat16) for nm in sh}  # each op's x
     outs = {nm: torch.empty(m, sh[nm][0], device="cuda", dtype=torch.bfloat16) for nm in sh}
@@ -143,9 +143,7 @@ def chains(g, geom, m, best_ks, tc_faster, bw, rounds):
     for _ in range(rounds):
         for i, gr in enumerate(graphs):
             times[i] += bg.event_times(gr.replay, 10, warmup=2)
-    total = b.total_bytes
-    del b, weights, graphs  # b holds the weights
-    return [(label, total / bw * 1e3, statistics.median(ts)) for (label, _), ts in zip(variants, times)]
+    return [(label, b.total_bytes / bw * 1e3, statistics.median(ts)) for (label, _), ts in zip(variants, times)]
 
 
 def main(argv=None) -> int:
@@ -196,11 +194,12 @@ def main(argv=None) -> int:
                          f"{100 * floor / t['cuBLAS']:.0f}% |")
     lines += ["", "| geometry | m | one token's GEMMs in a graph | floor ms | ms | % floor |", "|---|---|---|---|---|---|"]
     for geom in args.geometries:
-        names = bg.shapes(geom)[0]
+        b = bg.token_buffers(geom)  # one geometry's weights (4B: 8 GB) at a time, shared by every m
         for m in args.ms:
-            for label, floor, ms in chains(g, geom, m, {nm: best[(geom, nm, m)] for nm in names},
-                                           {nm: tc_faster[(geom, nm, m)] for nm in names}, bw, args.rounds):
+            for label, floor, ms in chains(g, b, m, {nm: best[(geom, nm, m)] for nm in b.sh},
+                                           {nm: tc_faster[(geom, nm, m)] for nm in b.sh}, bw, args.rounds):
                 lines.append(f"| {geom} | {m} | {label} | {floor:.3f} | {ms:.3f} | {100 * floor / ms:.0f}% |")
+        del b
     table = "\n".join(lines)
     print(table)
     if args.out:
