@@ -8,8 +8,11 @@ GPU needed.
 - in the PTX, each entry executes one griddepcontrol.wait, issues its first two pipeline stages of weight loads (2
   stages × U steps × 2 rows) before it, writes no global memory before it, and computes its dots by
   mma.sync.m16n8k16 bf16 → f32 (none before the wait; per stage U steps × 2 rows, twice over for M = 8);
-- the index entries (catalog.py) carry TC_STEP 32 and gemv.cu's COLS_PER_WARP and WARPS, so that gemv_plan.gemv_blocks
-  gives ceil_div(n, 16) (norm_silu: ceil_div(n, 8)) at ksplit 1.
+- the index entries (catalog.py) carry TC_STEP (M = 1: 128, the runs layout, gemv_plan.GEMV_TC_STEP; M > 1: 32) and
+  gemv.cu's COLS_PER_WARP and WARPS, so that gemv_plan.gemv_blocks gives ceil_div(n, 16) (norm_silu: ceil_div(n, 8))
+  at ksplit 1;
+- the runs layout's fragment mapping (gemv_tc.cu tc_tile_runs), simulated in numpy from the PTX ISA's m16n8k16
+  fragment layout: the lanes it keeps sum each row's dot product, and the lanes it drops do not.
 """
 
 from __future__ import annotations
@@ -115,8 +118,46 @@ def test_index_entries():
         assert k.params == b.params and k.shared_mem_per == b.shared_mem_per
         # the M = 1 norm entries' batched prologue (gemv.cu's `_nb2`'s); M > 1 the loop
         nb = {"NORM_NB": 2} if "_norm" in twin and _inputs(twin) == 1 else {}
-        assert k.constexprs == {**b.constexprs, "UNROLL": _unroll(twin), "TC_STEP": GEMV_TC_STEP, **nb}
+        step = catalog.GEMV_TC_STEPS[_inputs(twin)]
+        assert k.constexprs == {**b.constexprs, "UNROLL": _unroll(twin), "TC_STEP": step, **nb}
         cols, warps = k.constexprs["COLS_PER_WARP"], k.constexprs["WARPS"]
         assert gemv_blocks(2560, cols, warps, 1) == (2560 // 8 if "silu" in twin else 2560 // 16)
-        assert "ksplit must be 1" in k.grid and f"k: multiple of {GEMV_TC_STEP}" in k.doc
+        assert "ksplit must be 1" in k.grid and f"k: multiple of {step}" in k.doc
     assert catalog.CUDA_FLAGS["gemv_tc.cu"] == ()
+    assert GEMV_TC_STEP == catalog.GEMV_TC_STEPS[1]  # what the generator launches: the M = 1 entries
+
+
+def _runs_warp_sums(w, x, keep):
+    """One warp of gemv_tc.cu's runs layout over weight rows w[0..1] (the half-warps' rows) and x, k a multiple of
+    128, simulated from the PTX ISA's mma.m16n8k16 .bf16 fragments (A: a0a1 = (g, 2t..), a2a3 = (g+8, 2t..), a4a5 =
+    (g, 2t+8..), a6a7 = (g+8, 2t+8..); B: b0b1 = (2t.., col g), b2b3 = (2t+8.., col g); C: c0c1 = (g, 2t..), c2c3 =
+    (g+8, 2t..)): each step, lane l loads the row's elements 128·j + 8·(l & 15) … + 7 (row l >> 4) and the lanes of
+    B column g x's chunk g >> 1 (X.x, X.z for even g, X.y, X.w for odd g); each lane accumulates c0 + c3. Returns the
+    two rows' sums over the lanes `keep(g, t)` picks."""
+    import numpy as np
+
+    acc = np.zeros(32)
+    for j in range(x.size // 128):
+        a, b = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            e = w[lane >> 4, 128 * j + 8 * (lane & 15):][:8]
+            a[g, 2 * t:2 * t + 2], a[g + 8, 2 * t:2 * t + 2] = e[0:2], e[2:4]
+            a[g, 2 * t + 8:2 * t + 10], a[g + 8, 2 * t + 8:2 * t + 10] = e[4:6], e[6:8]
+            xv = x[128 * j + 32 * (g >> 1) + 8 * t:][:8]
+            b[2 * t:2 * t + 2, g], b[2 * t + 8:2 * t + 10, g] = (xv[0:2], xv[4:6]) if g % 2 == 0 else (xv[2:4], xv[6:8])
+        assert not (np.isnan(a).any() or np.isnan(b).any())  # every fragment element written once per step
+        c = a @ b
+        acc += [c[lane >> 2, 2 * (lane & 3)] + c[(lane >> 2) + 8, 2 * (lane & 3) + 1] for lane in range(32)]
+    return [sum(acc[lane] for lane in range(16 * h, 16 * h + 16) if keep(lane >> 2, lane & 3)) for h in (0, 1)]
+
+
+def test_runs_layout_mapping():
+    """The lanes tc_tile_runs keeps (t == g & 3: lanes 0, 5, 10, 15 of each half-warp) hold exactly the half-warp row's
+    dot product, chunk by chunk; a wrong pick (the first four lanes) does not."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    w, x = rng.standard_normal((2, 384)), rng.standard_normal(384)
+    assert np.allclose(_runs_warp_sums(w, x, lambda g, t: t == (g & 3)), w @ x)
+    assert not np.allclose(_runs_warp_sums(w, x, lambda g, t: g % 4 == 0), w @ x)

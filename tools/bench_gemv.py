@@ -50,8 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 from benchinfo import commit  # noqa: E402  (tools/ is the script's own directory)
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 from cubin_launch import allow_dynamic_smem, launch_function  # noqa: E402
-from gemv_plan import (GEMV_TC_PREFIX, GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS,  # noqa: E402
-                       gemv_entry_unroll, gemv_norm_entry_name, gemv_tc_entry, gemv_tensor_core, plan_gemvp)
+from gemv_plan import (GEMV_TC_PREFIX, GEMV_TC_STEP, GEMV_UNROLL_SUFFIX, PIECE_CHUNKS, THREADS as GEMVP_THREADS,  # noqa: E402
+                       gemv_entry_unroll, gemv_norm_entry_name, gemv_tc_entry, gemv_tc_unroll, gemv_tensor_core,
+                       plan_gemvp)
 from gen_qwen3 import GEMV_OPS, GEMV_OPS_BEFORE_ATTENTION  # noqa: E402
 
 GEOMETRIES = {
@@ -165,11 +166,30 @@ def run_residual(g, x, w, r, n, k, ks=1, pdl=False, unroll=None, before_attentio
              [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (ks, I32)], pdl)
 
 
+#: The gemv.cu variant (tools/gen_qwen3.py GEMV_OPS) of each shape's decode op.
+SHAPE_VARIANTS = {"qkv": "gemv_norm", "o": "gemv_residual", "gate_up": "gemv_norm_silu", "down": "gemv_residual",
+                  "lm_head": "gemv_norm"}
+
+
+def run_tc(g, variant, x, nw, w, y, n, k, pdl=False, unroll=None, before_attention=False):
+    """gemv_tc.cu's M = 1 entry of gemv.cu variant `variant` ("gemv_norm", "gemv_norm_silu", "gemv_residual"; the
+    tensor cores, tools/gemv_plan.py gemv_tensor_core): grid ceil_div(n, 16) (norm_silu: n output columns,
+    ceil_div(n, 8)), ksplit 1, k a multiple of GEMV_TC_STEP; its `_u5` entry where gemv_plan.gemv_tc_unroll picks it
+    (as tools/gen_qwen3.py does), unless `unroll` forces 4 or 5. y: the output (norm variants) or the residual."""
+    u = gemv_tc_unroll(k, before_attention) if unroll is None else unroll
+    name = gemv_tc_entry(f"kern_{variant}_m1") + GEMV_UNROLL_SUFFIX[u]
+    if variant == "gemv_residual":
+        g.launch(name, cdiv(n, 16), 0, [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
+                                        (1, I32)], pdl)
+    else:
+        g.launch(name, cdiv(n, 8 if variant == "gemv_norm_silu" else 16), k * 2,
+                 [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
+                  (EPS, F32), (1, I32)], pdl)
+
+
 def run_residual_tc(g, x, w, r, n, k, pdl=False):
-    """gemv_tc.cu's residual GEMV (the tensor cores; tools/gemv_plan.py gemv_tensor_core): grid ceil_div(n, 16), ksplit
-    1; k a multiple of 32."""
-    g.launch(gemv_tc_entry("kern_gemv_residual_m1"), cdiv(n, 16), 0,
-             [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32), (1, I32)], pdl)
+    """gemv_tc.cu's residual GEMV at U = 4 (run_tc)."""
+    run_tc(g, "gemv_residual", x, None, w, r, n, k, pdl, unroll=4)
 
 
 def run_shape(g, name, x, nw, w, y, n, k, ks=1, pdl=False):
@@ -224,8 +244,9 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     stream serialization. gemv.cu's entries: `unroll` None: each shape's `gemv_entry` as the manifests launch
     them (the `_u5` entries except where the program's next launch is the attention, BEFORE_ATTENTION); "fit": `_u5` wherever
     gemv_plan.gemv_unroll allows (in this chain every launch is followed by a GEMV); 4 or 5: those entries
-    everywhere. `tc`: o and down on gemv_tc.cu's tensor-core entry where gemv_plan.gemv_tensor_core picks it, as the
-    manifests of tools/gen_qwen3.py's default `--gemv gemv` launch them. `sh`: `shapes()`; `weights`: per layer {qkv,
+    everywhere. `tc`: each op on gemv_tc.cu's tensor-core entry where gemv_plan.gemv_tensor_core picks it (its
+    unroll gemv_plan.gemv_tc_unroll's), as the manifests of tools/gen_qwen3.py's default `--gemv gemv` launch them (a
+    dense lm_head as `--lm-head dense` does). `sh`: `shapes()`; `weights`: per layer {qkv,
     o, gate_up, down}; bf16 [1, ·] buffers."""
     h = sh["o"][0]
     if ks is None:
@@ -239,19 +260,25 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
     def kw(nm, p):
         return dict(launch_kw[nm], pdl=p)
 
-    def res(nm, x, w, k):
-        if tc and ks is not None and gemv_tensor_core("gemv_residual", k, int(rule_ksplit(nm, h, k, base=True))):
-            run_residual_tc(g, x, w, resid, h, k, pdl=pdl)
+    def on_tc(nm):
+        n, k = sh[nm]
+        return tc and ks is not None and gemv_tensor_core(SHAPE_VARIANTS[nm], k, int(rule_ksplit(nm, n, k, base=True)))
+
+    def op(nm, x, w, y, n, k, first=False):
+        p = pdl and not first
+        if on_tc(nm):
+            run_tc(g, SHAPE_VARIANTS[nm], x, nw, w, y, n, k, pdl=p, before_attention=BEFORE_ATTENTION[nm])
         else:
-            residual(g, x, w, resid, h, k, **kw(nm, pdl))
+            {"gemv_norm": norm, "gemv_norm_silu": norm_silu, "gemv_residual": residual}[SHAPE_VARIANTS[nm]](
+                g, x, *(() if SHAPE_VARIANTS[nm] == "gemv_residual" else (nw,)), w, y, n, k, **kw(nm, p))
 
     def fn():
         for i, lw in enumerate(weights):
-            norm(g, resid, nw, lw["qkv"], qkv, sh["qkv"][0], h, **kw("qkv", pdl and i > 0))
-            res("o", attn, lw["o"], sh["o"][1])
-            norm_silu(g, resid, nw, lw["gate_up"], act, sh["down"][1], h, **kw("gate_up", pdl))
-            res("down", act, lw["down"], sh["down"][1])
-        norm(g, resid, nw, lm, logits, sh["lm_head"][0], h, **kw("lm_head", pdl))
+            op("qkv", resid, lw["qkv"], qkv, sh["qkv"][0], h, first=i == 0)
+            op("o", attn, lw["o"], resid, h, sh["o"][1])
+            op("gate_up", resid, lw["gate_up"], act, sh["down"][1], h)
+            op("down", act, lw["down"], resid, h, sh["down"][1])
+        op("lm_head", resid, lm, logits, sh["lm_head"][0], h)
     return fn
 
 
@@ -299,10 +326,19 @@ def correctness(g, k, n, ks=1):
     r0 = r.clone()
     resid(g, x, w, r, n, k)
     errs["residual"] = rel_err(r, r0.double() + x.double() @ w.double().T)
-    if ks == 1 and k % 32 == 0 and g.tc is not None:  # gemv_tc.cu's form of o and down (where the index has it)
+    if ks == 1 and k % GEMV_TC_STEP == 0 and g.tc is not None:  # gemv_tc.cu's forms (where the index has them)
         r = r0.clone()
-        run_residual_tc(g, x, w, r, n, k)
+        run_tc(g, "gemv_residual", x, None, w, r, n, k)
         errs["residual_tc"] = rel_err(r, r0.double() + x.double() @ w.double().T)
+        y.fill_(float("nan"))
+        run_tc(g, "gemv_norm", x, nw, w, y, n, k)
+        torch.cuda.synchronize()
+        errs["norm_tc"] = rel_err(y, rmsnorm_ref(x, nw).double() @ w.double().T)
+        if n % 2 == 0:
+            y2 = torch.full((1, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+            run_tc(g, "gemv_norm_silu", x, nw, w, y2, n // 2, k)
+            gu = rmsnorm_ref(x, nw).double() @ w.double().T
+            errs["norm_silu_tc"] = rel_err(y2, torch.nn.functional.silu(gu[:, :n // 2]) * gu[:, n // 2:])
     torch.cuda.synchronize()
     return errs
 
@@ -377,7 +413,9 @@ KSPLIT_BEST: dict[tuple[str, str], int] = {}
 
 
 def standalone(g, geom, bw):
-    """Per-shape standalone medians: ours (variant as decode uses it) and cuBLAS."""
+    """Per-shape standalone medians: ours (gemv.cu's variant as decode uses it, at its best ksplit), the persistent
+    form, cuBLAS, and gemv_tc.cu's M = 1 entry (the tensor cores, the unroll gemv_plan.gemv_tc_unroll picks; NaN where
+    the index has none or k is not a multiple of GEMV_TC_STEP)."""
     rows = []
     sh, _ = shapes(geom)
     for name, (n, k) in sh.items():
@@ -417,10 +455,17 @@ def standalone(g, geom, bw):
                 best = (t, ks)
         t_ours, ks_best = best
         KSPLIT_BEST[(geom, name)] = ks_best
+        def tensor_cores():
+            w = ws[it[0] % copies]
+            it[0] += 1
+            nn = n // 2 if name == "gate_up" else n
+            run_tc(g, SHAPE_VARIANTS[name], x, nw, w, y, nn, k, before_attention=BEFORE_ATTENTION[name])
+
         t_cub = graph_ms(cublas, copies) / copies
         t_p = graph_ms(persistent, copies) / copies if plan_gemvp(n // 2 if name == "gate_up" else n, k, name == "gate_up") else float("nan")
+        t_tc = graph_ms(tensor_cores, copies) / copies if g.tc is not None and k % GEMV_TC_STEP == 0 else float("nan")
         floor = n * k * 2 / bw * 1e3
-        rows.append((geom, name, f"{n}x{k}", n * k * 2, floor, t_ours, t_cub, ks_best, t_p))
+        rows.append((geom, name, f"{n}x{k}", n * k * 2, floor, t_ours, t_cub, ks_best, t_p, t_tc))
         del ws
     return rows
 
@@ -483,8 +528,8 @@ def token_graph(g, geom, bw):
         return run
 
     variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)),
-                *([("kern gemv, PDL, as the manifests launch them (o, down on gemv_tc.cu's tensor cores where "
-                    "gemv_plan.gemv_tensor_core picks it)", ours(True, ksplits=ks_manifest, tc=True))]
+                *([("kern gemv, PDL, as the manifests launch them (gemv_tc.cu's tensor cores where "
+                    "gemv_plan.gemv_tensor_core picks them)", ours(True, ksplits=ks_manifest, tc=True))]
                   if len(g.modules) > 2 else []),
                 ("kern gemv, PDL, gemv.cu for every op (--gemv gemv-fma; ksplit " + ", ".join(
                     f"{nm} {v}" for nm, v in ks_manifest.items()) + ")", ours(True, ksplits=ks_manifest)),
@@ -609,15 +654,17 @@ def main(argv=None) -> int:
     print(f"\n== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
     lines = []
     lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern GB/s | kern % floor "
-                 "| persistent µs | persistent GB/s | persistent % floor | cuBLAS µs | cuBLAS GB/s | cuBLAS % floor |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                 "| tensor cores µs | tensor cores GB/s | tensor cores % floor | persistent µs | persistent GB/s "
+                 "| persistent % floor | cuBLAS µs | cuBLAS GB/s | cuBLAS % floor |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for geom in args.geometries:
-        for geom_, name, nk, nbytes, floor, t_o, t_c, ks, t_p in standalone(g, geom, bw):
+        for geom_, name, nk, nbytes, floor, t_o, t_c, ks, t_p, t_tc in standalone(g, geom, bw):
             n, k = map(int, nk.split("x"))
-            gbs = [nbytes / (t * 1e-3) / 1e9 for t in (t_o, t_p, t_c)]  # weight bytes per second
+            cells = [f"{t * 1e3:.1f} | {nbytes / (t * 1e-3) / 1e9:,.0f} | {100 * floor / t:.0f}%"  # weight bytes/s
+                     for t in (t_tc, t_p, t_c)]
             lines.append(f"| {geom_} | {name} | {nk} | {nbytes / 1e6:.1f} | {floor * 1e3:.1f} | {t_o * 1e3:.1f} ({ks}) | "
-                         f"{rule_ksplit(name, n, k)} | {gbs[0]:,.0f} | {100 * floor / t_o:.0f}% | {t_p * 1e3:.1f} | {gbs[1]:,.0f} | "
-                         f"{100 * floor / t_p:.0f}% | {t_c * 1e3:.1f} | {gbs[2]:,.0f} | {100 * floor / t_c:.0f}% |")
+                         f"{rule_ksplit(name, n, k)} | {nbytes / (t_o * 1e-3) / 1e9:,.0f} | {100 * floor / t_o:.0f}% | "
+                         + " | ".join(cells) + " |")
     lines.append("")
     lines.append("| geometry | one decode token's GEMMs in a CUDA graph | GB | floor ms | ms | GB/s | % floor |")
     lines.append("|---|---|---|---|---|---|---|")

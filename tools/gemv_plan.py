@@ -182,10 +182,11 @@ def gemv_plain_entry(name: str) -> str:
 
 
 #: gemv_tc.cu, the decode GEMVs on the tensor cores: its entries are gemv.cu's names with this prefix in place of
-#: `kern_gemv` (`kern_gemvtc_residual_m1`), and k must be a multiple of its mma step (the index constexpr TC_STEP).
-GEMV_TC_PREFIX, GEMV_TC_STEP = "kern_gemvtc", 32
+#: `kern_gemv` (`kern_gemvtc_residual_m1`), and k must be a multiple of its step (the index constexpr TC_STEP): 128
+#: for the M = 1 entries decode launches (the runs layout: a warp's step is four 32-element chunks of two rows).
+GEMV_TC_PREFIX, GEMV_TC_STEP = "kern_gemvtc", 128
 #: The decode GEMV variants (tools/gen_qwen3.py GEMV_OPS values) the generator puts on gemv_tc.cu (gemv_tensor_core).
-GEMV_TC_VARIANTS = frozenset({"gemv_residual"})
+GEMV_TC_VARIANTS = frozenset({"gemv_norm", "gemv_norm_silu", "gemv_residual"})
 
 
 def gemv_tc_entry(name: str) -> str:
@@ -209,23 +210,42 @@ def gemv_entry_inputs(name: str) -> int:
 
 
 def gemv_tensor_core(variant: str, k: int, ksplit: int) -> bool:
-    """Whether the decode GEMV `variant` (gemv.cu's name, tools/gen_qwen3.py GEMV_OPS: "gemv_residual", ...) over k is
-    launched on gemv_tc.cu's entry (one 16-row tile per block, its 8 warps splitting k, the dots on mma.sync; ksplit 1,
-    U = 4) instead of gemv.cu's: the residual GEMVs (o_proj, down_proj) where k is a multiple of GEMV_TC_STEP and
-    `ksplit`, gemv.cu's base split for the shape (tools/gen_qwen3.py `gemv_ksplit` without its after-attention rule),
-    is 1 — i.e. where 16-row blocks fill the GPU; a GEMV that gemv.cu must split across warps to fill it (0.6B's down:
-    512 row pairs over k = 3,072, ksplit 4) would run on the tensor cores at a quarter of the blocks.
+    """Whether the decode GEMV `variant` (gemv.cu's name, tools/gen_qwen3.py GEMV_OPS: "gemv_norm", "gemv_norm_silu",
+    "gemv_residual") over k is launched on gemv_tc.cu's M = 1 entry (one 16-row tile per block, each warp reading two
+    rows in 256-byte runs over half of k, the dots on mma.sync; ksplit 1) instead of gemv.cu's: every variant where k
+    is a multiple of GEMV_TC_STEP and `ksplit`, gemv.cu's base split for the shape (tools/gen_qwen3.py `gemv_ksplit`
+    without its after-attention rule), is 1 — i.e. where 16-row blocks fill the GPU; a GEMV that gemv.cu must split
+    across warps to fill it (0.6B's down: 512 row pairs over k = 3,072, ksplit 4) would run on the tensor cores at a
+    quarter of the blocks.
 
-    Measured (H200, kern-run decode, program_sweep, tokens identical; session 30, NOTES.md 72): Qwen3-4B o_proj on it
-    −0.069 ms/token (2.281 → 2.212; −0.070 at 4,096 cached tokens), o_proj and down_proj −0.081; Qwen3-0.6B o_proj
-    −0.007, with down_proj too only −0.001 (0.575 against 0.567 with o alone: down at 64 blocks instead of 256). The
-    norm GEMVs lose there (qkv +0.013 with `_u5`, ±0 with U = 4; o and gate_up together +0.026), and in a chain of
-    GEMVs alone (tools/gpu/gemv_tc_probe.py) o and down on it are slower (2.284 against 2.247 ms): what it gains is in
-    the program, beside the attention. Raises ValueError unless k is a positive multiple of 8 and ksplit ≥ 1."""
+    Measured (H200, kern-run decode, program_sweep, tokens identical). Session 30 (NOTES.md 72), the tile layout's
+    64-byte runs: Qwen3-4B o_proj −0.069 ms/token, o_proj and down_proj −0.081, but qkv +0.013 / ±0 and gate_up
+    +0.026 (the large streams lost to the short runs), so only the residual GEMVs took it. Session 32 (NOTES.md 74),
+    the runs layout: Qwen3-4B with o and down on it 2.147 ms/token against 2.219 on the tile layout's (the manifest
+    of the same call), with qkv added 2.134, with gate_up added 2.116, all four 2.110 (−0.109). Raises ValueError unless k is a positive multiple of 8 and
+    ksplit ≥ 1."""
     if k < 8 or k % 8 or ksplit < 1:
         raise ValueError(f"gemv_tensor_core: k = {k}, ksplit = {ksplit}: k must be a positive multiple of 8 and "
                          "ksplit ≥ 1")
     return variant in GEMV_TC_VARIANTS and k % GEMV_TC_STEP == 0 and ksplit == 1
+
+
+def gemv_tc_unroll(k: int, before_attention: bool) -> int:
+    """Steps per pipeline stage (U) of the gemv_tc.cu M = 1 entry to launch over `k`: 5 (the `_u5` entries) where that
+    puts all of a warp's steps (k / GEMV_TC_STEP / 2: the block's warps take k in two halves) into the two stages
+    issued before griddepcontrol.wait and 4 does not (9 or 10 steps: k = 2,176…2,560, e.g. Qwen3-4B's qkv, gate_up and
+    lm_head), else 4; and 4 for the launch followed by the decode attention (`before_attention`), as
+    `gemv_entry_unroll` keeps for gemv.cu. GEMV_UNROLL_SUFFIX gives the entry's suffix.
+
+    Measured (H200, session 32, NOTES.md 74; tools/gpu/gemv_tc_probe.py, standalone µs per launch, U = 4 / 5):
+    gate_up 28.38 / 26.77, lm_head 176.7 / 174.4, qkv 12.08 / 12.11, o 7.73 / 8.24, down 14.42 / 14.52; one 4B
+    token's GEMVs as a PDL chain 2.182 ms with U = 4 everywhere, 2.115 with `_u5` everywhere. In the program qkv was
+    timed at U = 4 and gate_up at 5. Raises ValueError unless k is a positive multiple of GEMV_TC_STEP."""
+    if k < GEMV_TC_STEP or k % GEMV_TC_STEP:
+        raise ValueError(f"gemv_tc_unroll: k = {k} must be a positive multiple of {GEMV_TC_STEP} (gemv_tc.cu's M = 1 "
+                         "step)")
+    steps = -(-(k // GEMV_TC_STEP) // 2)
+    return 5 if not before_attention and 2 * 4 < steps <= 2 * 5 else 4
 
 
 class GemvPlan(NamedTuple):

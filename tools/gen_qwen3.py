@@ -18,14 +18,16 @@ op entries (tools/README.md is the contract):
   only the KV state. (The last layer stops after its KV write: nothing after it reaches the
   state.)
 - `decode`: one token (`tokens` = 1): every layer through the fused decode GEMV ops of
-  `gemv.cu` (o and down on `gemv_tc.cu`'s tensor-core entries by default) or `gemv_persist.cu` (`--gemv`; norm + qkv,
+  `gemv_tc.cu`'s tensor-core entries (by default, where `gemv_plan.gemv_tensor_core` says so: every op of 4B; 0.6B's
+  down on gemv.cu), `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv,
   o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
   5 launches per layer with the default decode attention, which does the attention prologue's decode work
   too; 6 with `--decode-attention cluster` and its own prologue launch), then the
   final norm + lm_head (the embedding when tied) and a greedy argmax into `next_token` (i64 [1]): by default
   the screened head below; with `--lm-head dense` a GEMV into `logits` [1, V] and a GPU argmax. Each GEMV op is fixed
-  to its shape: n, k, and on gemv_tc.cu (`gemv_plan.gemv_tensor_core`: o_proj, and down_proj where the base ksplit is
-  1) `kern_gemvtc_residual_m1` at ksplit 1, grid ceil_div(n, 16); otherwise `ksplit` (`gemv_ksplit`), the
+  to its shape: n, k, and on gemv_tc.cu (`gemv_plan.gemv_tensor_core`: k a multiple of 128 where gemv.cu's base
+  ksplit is 1) `kern_gemvtc_*_m1` (`_u5` where `gemv_plan.gemv_tc_unroll` says so: in 4B, gate_up and a dense
+  lm_head) at ksplit 1, grid ceil_div(n, 16) (gate_up: ceil_div(n, 8)); otherwise `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
   row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
   and lm_head; for the GEMV before the attention, `kern_gemv_norm_m1_p2` of `gemv_p2.cubin`, two 16-row units per
@@ -104,7 +106,7 @@ from kern_schema import Arg, Buffer, Call, ExprNode, Impl, Launch, Manifest, Mod
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemv_plan import (GEMV_NORM_NB, GEMV_NORM_NB_SUFFIX, GEMV_TC_STEP, GEMV_UNROLL_SUFFIX, gemv_blocks,  # noqa: E402
                        gemv_entry_unroll, gemv_norm_entry_name, gemv_pass_entry, gemv_passes, gemv_tc_entry,
-                       gemv_tensor_core, plan_gemvp)
+                       gemv_tc_unroll, gemv_tensor_core, plan_gemvp)
 from export_weights import SCREEN_Q8, SCREEN_ROWS  # noqa: E402  (the names of the screened head's weights)
 from qwen3_config import KV_PAGE_TOKENS, ConfigError, Qwen3Config, load_config  # noqa: E402
 
@@ -133,10 +135,10 @@ DEFAULT_DECODE_ATTENTION = "rope-cluster"
 CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
 CLUSTER_SPLITS = 8
-#: The decode GEMV impls (`--gemv`): `gemv` (the default) every decode GEMV op through gemv.cu, but the ones
-#: tools/gemv_plan.py `gemv_tensor_core` puts on gemv_tc.cu's tensor-core entries (the residual GEMVs, o_proj and
-#: down_proj: 4B −0.081 ms/token, 0.6B −0.007, session 30, NOTES.md 72); `gemv-fma` every one through gemv.cu (the
-#: manifests before session 30); `persistent`
+#: The decode GEMV impls (`--gemv`): `gemv` (the default) every decode GEMV op that tools/gemv_plan.py
+#: `gemv_tensor_core` picks on gemv_tc.cu's tensor-core entries (k a multiple of 128 where gemv.cu's base ksplit is 1:
+#: every 4B op; 4B −0.109 ms/token against session 30's o and down alone on them, session 32, NOTES.md 74), the others
+#: through gemv.cu; `gemv-fma` every one through gemv.cu (the manifests before session 30); `persistent`
 #: every one through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs; gemv.cu
 #: where tools/gemv_plan.py has no plan, e.g. 32B's down). Measured on the H200 (kern-run decode,
 #: tools/bench_decode.py, --pdl; NOTES.md 20, 22): 0.6B 0.685 ms/token gemv.cu vs 0.815 persistent (gemv.cu
@@ -904,9 +906,9 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
     where the plan does not apply (k not a multiple of 256, or fewer than 2 slots per warp fit beside x:
     32B's down) gemv.cu's entry instead. Otherwise, with `tensor_core`, the ops that gemv_plan.gemv_tensor_core picks
-    (the residual GEMVs, o_proj and down_proj, k a multiple of 32, where gemv_ksplit's base rule gives 1: not 0.6B's
-    down) launch gemv_tc.cu's entry (`kern_gemvtc_*`, the
-    same interface and roundings, the dots on the tensor cores; grid ceil_div(n, 16), ksplit 1) where the index has it,
+    (k a multiple of 128, where gemv_ksplit's base rule gives 1: not 0.6B's down) launch gemv_tc.cu's M = 1 entry
+    (`kern_gemvtc_*`, the same interface and roundings, the dots on the tensor cores; `_u5` where
+    gemv_plan.gemv_tc_unroll says so; grid ceil_div(n, 16), gate_up ceil_div(n, 8); ksplit 1) where the index has it,
     and every other op gemv.cu's.
     With `pdl`, the launch is a programmatic dependent launch (manifest `"pdl": true`):
     both GEMV sources issue their first weight loads, then `griddepcontrol.wait`, so they stream weights
@@ -937,8 +939,12 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
             raise GenError(f"kernel `{tc}` in the index has TC_STEP {step}, M {b.constexpr(tc, 'M')} (this generator "
                            f"knows TC_STEP {GEMV_TC_STEP}, M 1): a stale index; rebuild the kernels with "
                            f"tools/build_kernels.py")
-        grid = [gemv_blocks(n, b.constexpr(tc, "COLS_PER_WARP"), b.constexpr(tc, "WARPS"), 1), 1, 1]
-        launch = b.launch(op, iface, tc, grid, n=n, k=k, ksplit=1, **wiring)
+        unroll = gemv_tc_unroll(k, op in GEMV_OPS_BEFORE_ATTENTION)
+        if (tcu := tc + GEMV_UNROLL_SUFFIX[unroll]) not in b.index or b.constexpr(tcu, "UNROLL") != unroll:
+            raise GenError(f"op `{op}` (k = {k}) wants `{tcu}` ({unroll} steps per stage), which the kernel index lacks "
+                           "or builds with another UNROLL: rebuild the kernels with tools/build_kernels.py")
+        grid = [gemv_blocks(n, b.constexpr(tcu, "COLS_PER_WARP"), b.constexpr(tcu, "WARPS"), 1), 1, 1]
+        launch = b.launch(op, iface, tcu, grid, n=n, k=k, ksplit=1, **wiring)
     else:
         base = f"kern_{variant}_m1"
         if (m := b.constexpr(base, "M")) != 1:

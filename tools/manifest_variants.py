@@ -20,6 +20,12 @@ manifest's argmax's partial pass, of two):
   params and the same index constexprs but UNROLL and NORM_NB (e.g. `kern_gemv_norm_silu_m1` for
   `kern_gemv_norm_silu_m1_u5`, or for `kern_gemv_norm_silu_m1_nb2`, its batched-prologue form); the
   launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`), and so does its `carveout`.
+- `tc=1|0`: the op on gemv_tc.cu's tensor-core twin of its gemv.cu entry (`tc=1`: `kern_gemv_norm_m1_nb2` of module
+  gemv or gemv_p2 -> `kern_gemvtc_norm_m1`, `_u5` kept; tools/gemv_plan.py `gemv_tc_entry`), or back on gemv.cu's
+  plain twin (`tc=0`: module `gemv`, the loop norm prologue); either way at ksplit 1 with that entry's ksplit-1 grid
+  (`gemv_plan.gemv_blocks` with its COLS_PER_WARP and WARPS), its dynamic shared memory and carveout from the index.
+  M = 1 entries only. The module `gemv_tc` (gemv_tc.cubin of the kernels dir) is declared where the manifest lacks it.
+  With tools/manifest_whatif.py `--module gemv_tc=FILE` after it, an op can be timed on a what-if build of gemv_tc.cu.
 - `pdl=0|1`: the launch's programmatic-dependent-launch flag.
 - `carveout=P|none`: the launch's preferred shared-memory carveout (percent 0..100; `none` removes the field: the
   driver's choice), e.g. `attn.carveout=none` against the default's `"carveout": 0` (NOTES.md 55).
@@ -47,7 +53,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
 from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule)
-from gemv_plan import GEMV_TC_PREFIX, gemv_blocks, gemv_plain_entry  # noqa: E402
+from gemv_plan import (GEMV_TC_PREFIX, gemv_blocks, gemv_entry_inputs, gemv_plain_entry,  # noqa: E402
+                       gemv_tc_entry)
 
 #: The screened lm_head's op (tools/gen_qwen3.py --lm-head screened, the default since session 24): the final norm,
 #: the lm_head and the argmax in three launches (lm_head_screen.cubin's screen and pick, then argmax_reduce), in place
@@ -196,6 +203,8 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                 launch["carveout"] = new["carveout"]
             else:
                 launch.pop("carveout", None)
+        elif option == "tc":
+            _to_tensor_core(out, index, op, launch, value, change)
         elif option == "pdl":
             if value not in ("0", "1"):
                 raise VariantError(f"`{change}`: pdl is 0 or 1")
@@ -212,8 +221,68 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                 raise VariantError(f"`{change}`: carveout is a percent 0..{CARVEOUT_MAX} of the maximum shared memory "
                                    "per SM (0: the most L1), or `none` for the driver's choice")
         else:
-            raise VariantError(f"`{change}`: unknown option `{option}` (ksplit, entry, pdl, carveout)")
+            raise VariantError(f"`{change}`: unknown option `{option}` (ksplit, entry, tc, pdl, carveout)")
     return out
+
+
+#: Module names and files of the GEMV forms `tc=` moves a launch between (tools/gen_qwen3.py's names).
+TC_MODULE, GEMV_MODULE = ("gemv_tc", "gemv_tc.cubin"), ("gemv", "gemv.cubin")
+
+
+def _to_tensor_core(m: dict, index: dict, op: str, launch: dict, value: str, change: str) -> None:
+    """`OP.tc=1|0` on `launch` of op `op` of manifest `m` (in place; see the module docstring). Raises VariantError:
+    a value other than 0 or 1, an entry that is not an M = 1 gemv.cu / gemv_tc.cu entry or is already on the form
+    asked for, an entry the index lacks or whose params differ from the launch's, a module name taken by another
+    file."""
+    if value not in ("0", "1"):
+        raise VariantError(f"`{change}`: tc is 1 (gemv_tc.cu's tensor-core entry) or 0 (gemv.cu's)")
+    entry = str(launch["entry"])
+    on_tc = entry.startswith(GEMV_TC_PREFIX)
+    try:
+        inputs = gemv_entry_inputs(entry)
+    except ValueError:
+        raise VariantError(f"`{change}`: op `{op}` launches `{entry}`, not a gemv.cu or gemv_tc.cu entry"
+                           + lm_head_note(m, op)) from None
+    if inputs != 1:
+        raise VariantError(f"`{change}`: `{entry}` (op `{op}`) takes {inputs} inputs; decode's GEMVs take one")
+    if on_tc == (value == "1"):
+        raise VariantError(f"`{change}`: op `{op}` already launches `{entry}` (" +
+                           ("gemv_tc.cu's tensor-core form" if on_tc else "gemv.cu's form") + ")")
+    old = _index_entry(m, index, launch, entry, change, op)
+    (name, file_name), new_entry = (TC_MODULE, gemv_tc_entry(entry)) if value == "1" else (
+        GEMV_MODULE, twin_entry(entry))
+    new = index.get((file_name, new_entry))
+    if new is None:
+        raise VariantError(f"`{change}`: the kernel index has no `{new_entry}` in module {file_name} (rebuild the "
+                           "kernels with tools/build_kernels.py)")
+    if (new["params"], new["param_names"]) != (old["params"], old["param_names"]):
+        raise VariantError(f"`{change}`: `{new_entry}` takes {new['params']}, `{entry}` takes {old['params']}")
+    have = m["modules"].get(name)
+    if have is None:
+        m["modules"][name] = {"source": file_name, "sha256": new["sha256"]}
+    elif have["source"] != file_name:
+        raise VariantError(f"`{change}`: the manifest's module `{name}` is {have['source']}, not {file_name}")
+    cx = new["constexprs"]
+    if value == "1" and _arg(launch, new, "k", change) % cx["TC_STEP"]:
+        raise VariantError(f"`{change}`: `{new_entry}` steps k by {cx['TC_STEP']} elements (its index constexpr "
+                           f"TC_STEP); op `{op}`'s k = {_arg(launch, new, 'k', change)} is not a multiple (the launch "
+                           "would trap)")
+    launch["module"], launch["entry"] = name, new_entry
+    launch["args"][new["param_names"].index("ksplit")] = {"i32": 1}
+    launch["grid"][0] = gemv_blocks(_arg(launch, new, "n", change), cx["COLS_PER_WARP"], cx["WARPS"], 1)
+    try:
+        smem = shared_mem_of(new, [a.get("i32") for a in launch["args"]])
+    except ValueError as e:
+        raise VariantError(f"`{change}`: {e} (a literal in the manifest)") from None
+    if smem:
+        launch["shared_mem"] = smem
+    else:
+        launch.pop("shared_mem", None)
+    if new.get("carveout") is not None:
+        launch["carveout"] = new["carveout"]
+    else:
+        launch.pop("carveout", None)
+    prune(m)  # the module the op left may have no launch now (kern-verify E0073)
 
 
 def verify(m: dict, kernels_dir: str | Path | None, warnings: list[str] | None = None) -> list[str]:

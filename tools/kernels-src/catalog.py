@@ -478,9 +478,10 @@ def _gemv_family(M: int, sfx: str, unroll: int) -> list[Kernel]:
     ]
 
 
-#: gemv_tc.cu's elements of k per mma step (k must be a multiple; the index constexpr TC_STEP, tools/gemv_plan.py
-#: GEMV_TC_STEP).
-GEMV_TC_STEP = 32
+#: gemv_tc.cu's elements of k per step of a warp, for each M (k must be a multiple; the index constexpr TC_STEP): M = 1
+#: on the runs layout, 128 (four 32-element chunks of two rows per mma; tools/gemv_plan.py GEMV_TC_STEP, what the
+#: generator launches), M > 1 on the tile layout, 32.
+GEMV_TC_STEPS = {1: 128, 2: 32, 4: 32, 8: 32}
 #: gemv_tc.cu's mma steps per pipeline stage for each M (INSTANTIATE_TC): M ≤ 4 share one mma per loaded row (B's 8
 #: columns carry x for up to 4 inputs), so they keep M = 1's U = 4 at the same 16 accumulators; M = 8 takes two mma
 #: per row (32 accumulators) and U = 2 to stay within 128 registers. The M = 1 `_u5` entries: GEMV_M1_UNROLLS.
@@ -492,9 +493,11 @@ def _gemv_tc_kernels() -> list[Kernel]:
     M in 1, 2, 4, 8 with the same params, interfaces and roundings (M = 1 also `_u5`), entries `kern_gemvtc*`
     (tools/gemv_plan.py `gemv_tc_entry`). Each block owns one tile of 16 rows (norm_silu: 8 output columns, their gate
     and up rows) and its 8 warps split k; the dot products are mma.sync.m16n8k16 (bf16, fp32 accumulate), one mma
-    per loaded row for up to 4 inputs (two for M = 8), deterministic but not gemv.cu's bits. ksplit must be 1 (the
-    grid is gemv.cu's at ksplit 1) and k a multiple of 32; a launch that breaks either traps. tools/gemv_plan.py
-    `gemv_tensor_core` says which ops the generator puts on them (NOTES.md 72)."""
+    per loaded row for up to 4 inputs (two for M = 8), deterministic but not gemv.cu's bits. M = 1 reads each row in
+    256-byte runs (two rows per warp, four chunks of k in B's columns), M > 1 in 64-byte runs (8 rows per warp, B's
+    columns carrying the inputs). ksplit must be 1 (the grid is gemv.cu's at ksplit 1) and k a multiple of
+    GEMV_TC_STEPS[M]; a launch that breaks either traps. tools/gemv_plan.py `gemv_tensor_core` says which ops the
+    generator puts on them (NOTES.md 72, 74)."""
     out = []
     forms = [(1, "", GEMV_TC_UNROLL[1]), *((1, sfx, u) for sfx, u in GEMV_M1_UNROLLS.items()),
              *((M, "", GEMV_TC_UNROLL[M]) for M in GEMV_MS if M > 1)]
@@ -506,19 +509,22 @@ def _gemv_tc_kernels() -> list[Kernel]:
                     "splitting k; ksplit must be 1" if cols == 2 else
                     f"(ceil_div(n, {GEMV_WARPS}), 1, 1): {GEMV_WARPS} output columns (their gate and up rows: one tile "
                     "of 16 rows) per block, its 8 warps splitting k; ksplit must be 1")
-            doc = k.doc.replace("k: multiple of 8", f"k: multiple of {GEMV_TC_STEP}").replace(
+            step = GEMV_TC_STEPS[M]
+            doc = k.doc.replace("k: multiple of 8", f"k: multiple of {step}").replace(
                 "ksplit in 1, 2, 4, 8 (the block's 8 warps split k in groups of ksplit)", "ksplit must be 1 (the "
                 "block's 8 warps always split k; other values trap)").replace(
                 f"{u} 16-byte weight loads per row per lane per pipeline stage",
-                f"{u} mma steps (32 elements of k of two rows, two 16-byte loads) per lane per pipeline stage")
+                f"{u} steps ({step} elements of k of two rows, two 16-byte loads) per lane per pipeline stage")
             doc += (" Tensor-core form (gemv_tc.cu): the dot products by mma.sync.m16n8k16 (bf16 in, fp32 accumulate), "
-                    "each 16-byte weight load an mma's A operand" + ("" if M == 1 else
-                    f", B's columns carrying the {M} inputs' x" + (" (two mma per load)" if M > 4 else "")) +
+                    "each 16-byte weight load an mma's A operand" + (
+                        "; the runs layout: a warp reads two rows in 256-byte runs, its k in two halves per block, B's "
+                        "columns carrying four chunks of k" if M == 1 else
+                        f", B's columns carrying the {M} inputs' x" + (" (two mma per load)" if M > 4 else "")) +
                     "; deterministic, not gemv.cu's bits.")
             nb = {"NORM_NB": GEMV_NORM_NB} if "_norm" in name and M == 1 else {}  # norm_to_smem<1, false, 2>:
             # batched for k/8 in (256, 512], the loop otherwise (as gemv.cu's `_nb2` entries); M > 1: the loop
             out.append(replace(k, name=name, entry=name, source="gemv_tc.cu", grid=grid, doc=doc,
-                               constexprs={**k.constexprs, "TC_STEP": GEMV_TC_STEP, **nb}))
+                               constexprs={**k.constexprs, "TC_STEP": step, **nb}))
     return out
 
 

@@ -7,7 +7,9 @@
 // the FMA form of the dots at +3.5 µs per launch and an mma form at +0.9. One mma here consumes one 16-byte load per
 // lane: per 32 elements of k a lane issues two weight loads, one x load and two mma (M ≤ 4; M = 8: two x loads, four mma).
 //
-// Layout. A block owns one tile of 16 rows; its 8 warps split k into 8 contiguous ranges of whole 32-element steps.
+// Two layouts of a block's 16-row tile. M = 1 uses the runs layout (tc_tile_runs below: each warp reads two rows in
+// 256-byte runs, B's columns carrying four chunks of k); M > 1 the tile layout, described here.
+// Tile layout. A block owns one tile of 16 rows; its 8 warps split k into 8 contiguous ranges of whole 32-element steps.
 // Lane (g, t) = (lane / 4, lane % 4) loads, in step s, the 8 elements e = 32·s + 8·t … + 7 of row g and of row
 // g + 8 of the tile, and x's same 8 elements X. Each 16-byte row load is the A operand of one mma.m16n8k16 as it
 // lands (no register moves): the fragment's registers (PTX ISA, "Matrix Fragments for mma.m16n8k16", .bf16) are
@@ -33,10 +35,10 @@
 //   kern_gemvtc_residual_m{M}(x, w, residual, n, k, ksplit)       residual[m, j] = bf16(residual[m, j] + bf16(x[m]·w[j]))
 //   for M in 1, 2, 4, 8; M = 1 also `_u5` (U = 5).
 // Launch: block 256, grid.x = ceil_div(n, 16) (norm_silu: ceil_div(n, 8)), ksplit must be 1 (the warps always
-// split k 8 ways: the launch geometry of gemv.cu's entries at ksplit 1); k a multiple of 32; pointers 16-byte
-// aligned; the norm variants take M·k·2 bytes of dynamic shared memory. U (4, 5 in `_u5`, 2 for M = 8) steps per pipeline stage
-// (2U weight loads per lane), two stages issued before griddepcontrol.wait, as gemv.cu. A launch with ksplit ≠ 1 or
-// k % 32 ≠ 0 traps.
+// split k: the launch geometry of gemv.cu's entries at ksplit 1); k a multiple of the step (M = 1: 128, the runs
+// layout; M > 1: 32; the index constexpr TC_STEP); pointers 16-byte aligned; the norm variants take M·k·2 bytes of
+// dynamic shared memory. U (4, 5 in `_u5`, 2 for M = 8) steps per pipeline stage (2U weight loads per lane), two
+// stages issued before griddepcontrol.wait, as gemv.cu. A launch with ksplit ≠ 1 or k not a multiple of the step traps.
 #define GEMV_NO_ENTRIES
 #include "gemv.cu"
 
@@ -52,14 +54,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 }
 
 // Stage s of a lane's weight loads: steps j = s·U + u < ns, rows g (buf[0]) and g + 8 (buf[1]); p0/p1 point at the
-// lane's first vector of its warp's range in each row; a step is 4 vectors (32 elements).
-template <int U>
+// lane's first vector of its warp's range in each row; a step is STRIDE vectors (4: 32 elements; the runs layout's
+// 16: 128 elements).
+template <int U, int STRIDE = 4>
 __device__ __forceinline__ void tc_stage_load(uint4 (&buf)[2][U], const uint4 *p0, const uint4 *p1, int s, int ns) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int j = s * U + u;
-        buf[0][u] = ldg_stage_if<false>(p0 + 4 * j, j < ns, 0);
-        buf[1][u] = ldg_stage_if<false>(p1 + 4 * j, j < ns, 0);
+        buf[0][u] = ldg_stage_if<false>(p0 + STRIDE * j, j < ns, 0);
+        buf[1][u] = ldg_stage_if<false>(p1 + STRIDE * j, j < ns, 0);
     }
 }
 
@@ -176,8 +179,79 @@ __device__ __forceinline__ void tc_tile(const __nv_bfloat16 *__restrict__ w_, lo
     __syncthreads();
 }
 
+// The runs layout, M = 1's (k a multiple of 128). The tile layout above reads each weight row in 64-byte runs per load
+// instruction (a warp: 8 rows × 64 bytes), which costs the large streams (gate_up, lm_head) 5–20% against gemv.cu's
+// 512-byte runs; this one reads 256-byte runs (a warp: 2 rows × 256 bytes, lane l at the row's elements 128·j +
+// 8·(l & 15) in step j) with the same loads, x loads and mma per byte (NOTES.md 74). M = 1 leaves B's column pairs
+// free (the tile layout puts the one x vector in all four), so here they carry four k chunks instead of four inputs:
+// group g's lanes load chunk g & 3 (32 elements) of row g >> 2, split across A's rows g and g + 8 as in the tile
+// layout, and the lanes of B column g load x's chunk g >> 1 (X.x, X.z for even g; X.y, X.w for odd g). Then C[g][2q] +
+// C[g + 8][2q + 1] is row g >> 2's dot over chunk q where q = g & 3: lane (g, t) holds it in c0 + c3 when t == g & 3
+// (lanes 0, 5, 10, 15 of each half-warp); the other lanes pair a chunk of the row with another chunk of x and are
+// dropped. Block: 16 rows; warp w owns tile rows 4·(w >> 1) + {0, 1} (buf[0], half-warps 0 and 1) and 4·(w >> 1) +
+// {2, 3} (buf[1]) over k half w & 1. row_of(r): the weight row of tile row r (rows past n clamped by the caller).
+// Sums in a fixed order (the four chunk lanes, then the two k halves): deterministic, not the tile layout's bits.
+// -DGEMV_TC_M1_TILE (a what-if build) puts the M = 1 entries back on the tile layout.
+template <int U, typename RowOf, typename Prologue, typename XV>
+__device__ __forceinline__ void tc_tile_runs(const __nv_bfloat16 *__restrict__ w_, RowOf row_of, int k,
+                                             Prologue prologue, const XV &xvec, float (*sums)[16]) {
+    static_assert(WARPS == 8, "gemv_tc.cu runs layout: 4 row quads × 2 k halves");
+    __shared__ float part[2][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int quad = warp >> 1, half = warp & 1, hw = lane >> 4;
+    const int kv = k >> 3, steps = k >> 7;
+    const int per = (steps + 1) / 2, s0 = min(steps, half * per), ns = min(steps - s0, per);
+    const uint4 *w = reinterpret_cast<const uint4 *>(w_);
+    const long ra = row_of(4 * quad + hw), rb = row_of(4 * quad + 2 + hw);
+    const uint4 *p0 = w + ra * kv + 16 * s0 + (lane & 15), *p1 = w + rb * kv + 16 * s0 + (lane & 15);
+    const int stages = (ns + U - 1) / U;
+    uint4 a[2][U], b[2][U];
+    tc_stage_load<U, 16>(a, p0, p1, 0, ns);
+    tc_stage_load<U, 16>(b, p0, p1, 1, ns);
+    pdl_gate(prologue);
+    float c[1][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[0][i][e] = 0.f;
+    const int xv0 = 16 * s0 + 4 * (g >> 1) + t;
+    auto xv = [&](int, int j) { return xvec(0, xv0 + 16 * j); };
+    for (int s = 0; s < stages; s += 2) {
+        tc_stage_mma<1, U>(c, a, s, ns, g, xv);
+        tc_stage_load<U, 16>(a, p0, p1, s + 2, ns);
+        if (s + 1 < stages) {
+            tc_stage_mma<1, U>(c, b, s + 1, ns, g, xv);
+            tc_stage_load<U, 16>(b, p0, p1, s + 3, ns);
+        }
+    }
+    const float va = (c[0][0][0] + c[0][0][3]) + (c[0][1][0] + c[0][1][3]);
+    const float vb = (c[0][2][0] + c[0][2][3]) + (c[0][3][0] + c[0][3][3]);
+    const int base = lane & 16;  // the half-warp's row: its chunk lanes base + 5·q hold chunk q
+    float sa = 0.f, sb = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        sa += __shfl_sync(0xffffffffu, va, base + 5 * q);
+        sb += __shfl_sync(0xffffffffu, vb, base + 5 * q);
+    }
+    if ((lane & 15) == 0) {
+        part[half][4 * quad + hw] = sa;
+        part[half][4 * quad + 2 + hw] = sb;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) sums[0][threadIdx.x] = part[0][threadIdx.x] + part[1][threadIdx.x];
+    __syncthreads();
+}
+
+#ifndef GEMV_TC_M1_TILE
+constexpr int TC_M1_STEP = 128;  // M = 1's elements of k per step: the runs layout's (catalog.py GEMV_TC_STEPS)
+#else
+constexpr int TC_M1_STEP = 32;  // the what-if build of M = 1 on the tile layout
+#endif
+
+template <int M>
 __device__ __forceinline__ void tc_check(int k, int ksplit) {
-    if (ksplit != 1 || (k & 31) != 0) __trap();  // the launch geometry and the 32-element steps (see the header)
+    // the launch geometry and whole steps of k (see the header: M = 1 128 elements, the runs layout; M > 1 32)
+    if (ksplit != 1 || (k & ((M == 1 ? TC_M1_STEP : 32) - 1)) != 0) __trap();
 }
 
 // plain (RESIDUAL false) and residual: rows row0 … row0 + 15 of y[m] for the M inputs (y: [M, n]).
@@ -187,8 +261,15 @@ __device__ __forceinline__ void tc_rows(const __nv_bfloat16 *__restrict__ w, __n
     __shared__ float sums[M][16];
     const int g = (threadIdx.x & 31) >> 2;
     const long row0 = (long)blockIdx.x * 16;
-    const long r0 = min(row0 + g, (long)n - 1), r1 = min(row0 + g + 8, (long)n - 1);
-    tc_tile<M, U>(w, r0, r1, k, prologue, xv, sums);
+#ifndef GEMV_TC_M1_TILE
+    if constexpr (M == 1) {
+        tc_tile_runs<U>(w, [&](int r) { return min(row0 + r, (long)n - 1); }, k, prologue, xv, sums);
+    } else
+#endif
+    {
+        const long r0 = min(row0 + g, (long)n - 1), r1 = min(row0 + g + 8, (long)n - 1);
+        tc_tile<M, U>(w, r0, r1, k, prologue, xv, sums);
+    }
     const unsigned m = M == 1 ? 0 : threadIdx.x >> 4, r = M == 1 ? threadIdx.x : threadIdx.x & 15;
     const long i = row0 + r;
     if (threadIdx.x < 16 * M && i < n) {
@@ -206,8 +287,17 @@ __device__ __forceinline__ void tc_silu_rows(const __nv_bfloat16 *__restrict__ w
                                              int n, int k, Prologue prologue, const XV &xv) {
     __shared__ float sums[M][16];
     const int g = (threadIdx.x & 31) >> 2;
-    const long j0 = (long)blockIdx.x * 8, jc = min(j0 + g, (long)n - 1);
-    tc_tile<M, U>(w, jc, n + jc, k, prologue, xv, sums);
+    const long j0 = (long)blockIdx.x * 8;
+#ifndef GEMV_TC_M1_TILE
+    if constexpr (M == 1) {
+        tc_tile_runs<U>(w, [&](int r) { return (r < 8 ? 0 : (long)n) + min(j0 + (r & 7), (long)n - 1); }, k, prologue,
+                        xv, sums);
+    } else
+#endif
+    {
+        const long jc = min(j0 + g, (long)n - 1);
+        tc_tile<M, U>(w, jc, n + jc, k, prologue, xv, sums);
+    }
     const unsigned m = M == 1 ? 0 : threadIdx.x >> 3, c = M == 1 ? threadIdx.x : threadIdx.x & 7;
     const long j = j0 + c;
     if (threadIdx.x < 8 * M && j < n) {
@@ -240,7 +330,7 @@ struct XShared {
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_m##M##SUFFIX(                         \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, \
         int n, int k, int ksplit) {                                                                               \
-        tc_check(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                      \
         const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
         asm volatile("" : "+l"(xp)); /* generic loads: a PDL predecessor wrote x */                               \
         tc_rows<false, M, U>(w, y, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                             \
@@ -248,7 +338,7 @@ struct XShared {
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_residual_m##M##SUFFIX(                \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                                \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                                         \
-        tc_check(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                      \
         const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
         asm volatile("" : "+l"(xp));                                                                              \
         tc_rows<true, M, U>(w, residual, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                       \
@@ -256,7 +346,7 @@ struct XShared {
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_m##M##SUFFIX(                    \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
-        tc_check(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                      \
         extern __shared__ __align__(16) unsigned char smem[];                                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
         tc_rows<false, M, U>(w, y, n, k, [&] { norm_to_smem<M, false, NB>(x, norm_w, xs, k, eps); },              \
@@ -265,7 +355,7 @@ struct XShared {
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_silu_m##M##SUFFIX(               \
         const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
-        tc_check(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                      \
         extern __shared__ __align__(16) unsigned char smem[];                                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
         tc_silu_rows<M, U>(w, y, n, k, [&] { norm_to_smem<M, false, NB>(x, norm_w, xs, k, eps); },                \
