@@ -261,8 +261,7 @@ def token_chain(g, sh, weights, lm, resid, nw, qkv, attn, act, logits, ks=None, 
         return dict(launch_kw[nm], pdl=p)
 
     def on_tc(nm):
-        n, k = sh[nm]
-        return tc and ks is not None and gemv_tensor_core(SHAPE_VARIANTS[nm], k, int(rule_ksplit(nm, n, k, base=True)))
+        return tc and ks is not None and gemv_tensor_core(SHAPE_VARIANTS[nm], sh[nm][1])
 
     def op(nm, x, w, y, n, k, first=False):
         p = pdl and not first
@@ -530,7 +529,7 @@ def token_graph(g, geom, bw):
     variants = [("kern gemv", ours()), ("kern gemv, PDL", ours(True)),
                 *([("kern gemv, PDL, as the manifests launch them (gemv_tc.cu's tensor cores where "
                     "gemv_plan.gemv_tensor_core picks them)", ours(True, ksplits=ks_manifest, tc=True))]
-                  if len(g.modules) > 2 else []),
+                  if g.tc is not None else []),
                 ("kern gemv, PDL, gemv.cu for every op (--gemv gemv-fma; ksplit " + ", ".join(
                     f"{nm} {v}" for nm, v in ks_manifest.items()) + ")", ours(True, ksplits=ks_manifest)),
                 ("kern gemv, PDL, 4 loads per stage everywhere (no _u5)", ours(True, 4)),
@@ -607,16 +606,16 @@ def gemv_cubin(kernels_dir: str | None, source: str = "gemv.cu", kernel: str = "
         return build_kernels.compile_cuda(source, tmp)
 
 
-def rule_ksplit(shape: str, n: int, k: int, base: bool = False) -> str:
+def rule_ksplit(shape: str, n: int, k: int) -> str:
     """The ksplit tools/gen_qwen3.py writes into a `--gemv gemv-fma` manifest for this shape ('-' if it cannot be
-    imported); `base`: its rule without the o-proj's after-attention split (what gemv_plan.gemv_tensor_core reads)."""
+    imported)."""
     try:
         sys.path.insert(0, str(ROOT / "tools"))
         from gen_qwen3 import gemv_ksplit
     except ImportError:
         return "-"
     warps = n // 2 if shape == "gate_up" else -(-n // 2)  # gate_up: n/2 output columns, one per warp group
-    return str(gemv_ksplit(warps, k, after_attention=shape == "o" and not base))  # o follows the attention
+    return str(gemv_ksplit(warps, k, after_attention=shape == "o"))  # o follows the attention
 
 
 def machine() -> str:

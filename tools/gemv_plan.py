@@ -209,25 +209,23 @@ def gemv_entry_inputs(name: str) -> int:
     return int(m.group(1))
 
 
-def gemv_tensor_core(variant: str, k: int, ksplit: int) -> bool:
+def gemv_tensor_core(variant: str, k: int) -> bool:
     """Whether the decode GEMV `variant` (gemv.cu's name, tools/gen_qwen3.py GEMV_OPS: "gemv_norm", "gemv_norm_silu",
     "gemv_residual") over k is launched on gemv_tc.cu's M = 1 entry (one 16-row tile per block, each warp reading two
-    rows in 256-byte runs over half of k, the dots on mma.sync; ksplit 1) instead of gemv.cu's: every variant where k
-    is a multiple of GEMV_TC_STEP and `ksplit`, gemv.cu's base split for the shape (tools/gen_qwen3.py `gemv_ksplit`
-    without its after-attention rule), is 1 — i.e. where 16-row blocks fill the GPU; a GEMV that gemv.cu must split
-    across warps to fill it (0.6B's down: 512 row pairs over k = 3,072, ksplit 4) would run on the tensor cores at a
-    quarter of the blocks.
+    rows in 256-byte runs over half of k, the dots on mma.sync; ksplit 1) instead of gemv.cu's: every one of these
+    variants where k is a multiple of GEMV_TC_STEP (every Qwen3 dense geometry's GEMVs).
 
     Measured (H200, kern-run decode, program_sweep, tokens identical). Session 30 (NOTES.md 72), the tile layout's
     64-byte runs: Qwen3-4B o_proj −0.069 ms/token, o_proj and down_proj −0.081, but qkv +0.013 / ±0 and gate_up
-    +0.026 (the large streams lost to the short runs), so only the residual GEMVs took it. Session 32 (NOTES.md 74),
-    the runs layout: Qwen3-4B with o and down on it 2.147 ms/token against 2.219 on the tile layout's (the manifest
-    of the same call), with qkv added 2.134, with gate_up added 2.116, all four 2.110 (−0.109). Raises ValueError unless k is a positive multiple of 8 and
-    ksplit ≥ 1."""
-    if k < 8 or k % 8 or ksplit < 1:
-        raise ValueError(f"gemv_tensor_core: k = {k}, ksplit = {ksplit}: k must be a positive multiple of 8 and "
-                         "ksplit ≥ 1")
-    return variant in GEMV_TC_VARIANTS and k % GEMV_TC_STEP == 0 and ksplit == 1
+    +0.026 (the large streams lost to the short runs), and 0.6B's down (64 blocks where gemv.cu's ksplit 4 has 256)
+    +0.008, so only the residual GEMVs where gemv.cu's base ksplit is 1 took it. Session 32 (NOTES.md 74), the runs
+    layout: Qwen3-4B with o and down on it 2.147 ms/token against 2.219 on the tile layout's (the manifest of the
+    same call), with qkv added 2.134, with gate_up added 2.116, all four 2.110 (−0.109; 2.095 against 2.203 in the
+    next call); Qwen3-0.6B with qkv, o and gate_up on it 0.568, down too 0.564, gate_up back on gemv.cu 0.567 (the
+    manifest of session 31: 0.568). Raises ValueError unless k is a positive multiple of 8."""
+    if k < 8 or k % 8:
+        raise ValueError(f"gemv_tensor_core: k = {k}: k must be a positive multiple of 8")
+    return variant in GEMV_TC_VARIANTS and k % GEMV_TC_STEP == 0
 
 
 def gemv_tc_unroll(k: int, before_attention: bool) -> int:

@@ -18,15 +18,14 @@ op entries (tools/README.md is the contract):
   only the KV state. (The last layer stops after its KV write: nothing after it reaches the
   state.)
 - `decode`: one token (`tokens` = 1): every layer through the fused decode GEMV ops of
-  `gemv_tc.cu`'s tensor-core entries (by default, where `gemv_plan.gemv_tensor_core` says so: every op of 4B; 0.6B's
-  down on gemv.cu), `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv,
+  `gemv_tc.cu`'s tensor-core entries (by default, where `gemv_plan.gemv_tensor_core` says so: k a multiple of 128,
+  every op of every Qwen3 dense geometry), `gemv.cu` or `gemv_persist.cu` (`--gemv`; norm + qkv,
   o + residual add, norm + gate_up + SiLU-and-mul, down + residual add:
   5 launches per layer with the default decode attention, which does the attention prologue's decode work
   too; 6 with `--decode-attention cluster` and its own prologue launch), then the
   final norm + lm_head (the embedding when tied) and a greedy argmax into `next_token` (i64 [1]): by default
   the screened head below; with `--lm-head dense` a GEMV into `logits` [1, V] and a GPU argmax. Each GEMV op is fixed
-  to its shape: n, k, and on gemv_tc.cu (`gemv_plan.gemv_tensor_core`: k a multiple of 128 where gemv.cu's base
-  ksplit is 1) `kern_gemvtc_*_m1` (`_u5` where `gemv_plan.gemv_tc_unroll` says so: in 4B, gate_up and a dense
+  to its shape: n, k, and on gemv_tc.cu (`gemv_plan.gemv_tensor_core`: k a multiple of 128) `kern_gemvtc_*_m1` (`_u5` where `gemv_plan.gemv_tc_unroll` says so: in 4B, gate_up and a dense
   lm_head) at ksplit 1, grid ceil_div(n, 16) (gate_up: ceil_div(n, 8)); otherwise `ksplit` (`gemv_ksplit`), the
   gemv.cu entry (`kern_*_m1`, or `kern_*_m1_u5` where five loads per row per stage put a lane's whole
   row before the PDL wait and the next launch is not the attention: `gemv_plan.gemv_entry_unroll`; in 4B, gate_up
@@ -136,9 +135,9 @@ CUDA_DECODE_SPLITS = 32
 #: decode_attention_cluster's compiled cluster (1, 8, 1): its grid.y.
 CLUSTER_SPLITS = 8
 #: The decode GEMV impls (`--gemv`): `gemv` (the default) every decode GEMV op that tools/gemv_plan.py
-#: `gemv_tensor_core` picks on gemv_tc.cu's tensor-core entries (k a multiple of 128 where gemv.cu's base ksplit is 1:
-#: every 4B op; 4B −0.109 ms/token against session 30's o and down alone on them, session 32, NOTES.md 74), the others
-#: through gemv.cu; `gemv-fma` every one through gemv.cu (the manifests before session 30); `persistent`
+#: `gemv_tensor_core` picks on gemv_tc.cu's tensor-core entries (k a multiple of 128: every Qwen3 op; 4B −0.108
+#: ms/token against session 30's o and down alone on them, 0.6B −0.004, session 32, NOTES.md 74), the others through
+#: gemv.cu; `gemv-fma` every one through gemv.cu (the manifests before session 30); `persistent`
 #: every one through gemv_persist.cu (one block per SM streaming its columns through bulk-copy FIFOs; gemv.cu
 #: where tools/gemv_plan.py has no plan, e.g. 32B's down). Measured on the H200 (kern-run decode,
 #: tools/bench_decode.py, --pdl; NOTES.md 20, 22): 0.6B 0.685 ms/token gemv.cu vs 0.815 persistent (gemv.cu
@@ -345,8 +344,8 @@ def gemv_ksplit(warps: int, k: int, *, after_attention: bool = False) -> int:
     2026-11-29) and this base rule: 4B qkv, o, gate_up, down, lm_head: 1 (rule: 1);
     0.6B qkv 1, o 1 (512 warps: ksplit 4 would leave 512 of k per warp), down 4 (rule: same),
     gate_up 2 (rule: 1; 3072 warps already fill the GPU), lm_head 1. In the decode program
-    the o-proj takes 2 instead (`after_attention`, below) where it runs on gemv.cu (`--gemv gemv-fma`; by default it
-    runs on gemv_tc.cu at ksplit 1, gemv_plan.gemv_tensor_core, which reads this rule without `after_attention`).
+    the o-proj takes 2 instead (`after_attention`, below) where it runs on gemv.cu (`--gemv gemv-fma`; by default
+    every decode GEMV of a Qwen3 geometry runs on gemv_tc.cu at ksplit 1, gemv_plan.gemv_tensor_core).
 
     `after_attention`: the GEMV that follows the decode attention in the decode program (the o-proj,
     GEMV_OPS_AFTER_ATTENTION) splits k at least in 2 where each warp keeps GEMV_MIN_K_PER_WARP of it.
@@ -906,7 +905,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
     (grid one block per SM, `piece_chunks`, dynamic shared memory), the same interface and roundings;
     where the plan does not apply (k not a multiple of 256, or fewer than 2 slots per warp fit beside x:
     32B's down) gemv.cu's entry instead. Otherwise, with `tensor_core`, the ops that gemv_plan.gemv_tensor_core picks
-    (k a multiple of 128, where gemv_ksplit's base rule gives 1: not 0.6B's down) launch gemv_tc.cu's M = 1 entry
+    (k a multiple of 128) launch gemv_tc.cu's M = 1 entry
     (`kern_gemvtc_*`, the same interface and roundings, the dots on the tensor cores; `_u5` where
     gemv_plan.gemv_tc_unroll says so; grid ceil_div(n, 16), gate_up ceil_div(n, 8); ksplit 1) where the index has it,
     and every other op gemv.cu's.
@@ -932,8 +931,7 @@ def declare_gemv(b: ManifestBuilder, op: str, n: int, k: int, eps: float, *, pdl
         launch = b.launch(op, iface, GEMVP_ENTRY[variant], [plan.grid, 1, 1], n=n, k=k,
                           piece_chunks=plan.piece_chunks, **wiring)
         launch.shared_mem = plan.smem
-    elif tensor_core and (tc := gemv_tc_entry(f"kern_{variant}_m1")) in b.index and gemv_tensor_core(
-            variant, k, gemv_ksplit(math.ceil(n / b.constexpr(tc, "COLS_PER_WARP")), k)):
+    elif tensor_core and (tc := gemv_tc_entry(f"kern_{variant}_m1")) in b.index and gemv_tensor_core(variant, k):
         # gemv_tc.cu (an index built before session 30 has none: gemv.cu's entry below)
         if (step := b.constexpr(tc, "TC_STEP")) != GEMV_TC_STEP or b.constexpr(tc, "M") != 1:
             raise GenError(f"kernel `{tc}` in the index has TC_STEP {step}, M {b.constexpr(tc, 'M')} (this generator "
