@@ -115,17 +115,30 @@ def dense_examples(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def fma_examples(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The examples' manifests with gemv.cu for every decode GEMV, by geometry ("4b", "0.6b"): `tools/gen_qwen3.py
-    --preset G --gemv gemv-fma` on `built_kernels` (the manifests before session 30). Their o_proj and down_proj launch
-    gemv.cu's `kern_gemv_residual_m1` (o at ksplit 2) where the examples launch gemv_tc.cu's tensor-core entry (o's, and
-    4B's down; 0.6B's down is gemv.cu's at ksplit 4 in both); the other ops are the examples'. For the tools that
+    --preset G --gemv gemv-fma` on `built_kernels` (the manifests before session 30). Their four decode GEMV ops launch
+    gemv.cu's entries (module gemv, or gemv_p2 for 4B's qkv; o at ksplit 2) where the examples launch gemv_tc.cu's
+    tensor-core entries (every decode GEMV since session 32); the other ops are the examples'. For the tools that
     rewrite gemv.cu launches (ksplit, entries, what-if modules)."""
     out = _generated_examples(built_kernels, tmp_path_factory.mktemp("fma"), "fma", "--gemv", "gemv-fma")
-    res = ("gemv_residual_o_proj", "gemv_residual_down_proj")
+    gemvs = ("gemv_norm_qkv", "gemv_residual_o_proj", "gemv_norm_silu_gate_up", "gemv_residual_down_proj")
     for ex in EXAMPLES:
         m, e = json.loads(out[ex.stem.removeprefix("qwen3-")].read_text()), json.loads(ex.read_text())
-        assert {m["ops"][op]["impl"]["launches"][0]["entry"] for op in res} == {"kern_gemv_residual_m1"}
-        assert {op: o for op, o in m["ops"].items() if op not in res} == {op: o for op, o in e["ops"].items()
-                                                                          if op not in res}
+        assert {m["ops"][op]["impl"]["launches"][0]["module"] for op in gemvs} <= {"gemv", "gemv_p2"}
+        assert {e["ops"][op]["impl"]["launches"][0]["module"] for op in gemvs} == {"gemv_tc"}
+        assert {op: o for op, o in m["ops"].items() if op not in gemvs} == {op: o for op, o in e["ops"].items()
+                                                                           if op not in gemvs}
+    return out
+
+
+@pytest.fixture(scope="session")
+def dense_fma_4b(built_kernels: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 4B example with the dense lm_head and gemv.cu for every decode GEMV (`tools/gen_qwen3.py --preset 4b
+    --lm-head dense --gemv gemv-fma`): the manifest where module `gemv` serves qkv's neighbours, gate_up and the
+    lm_head GEMV, for the what-if tools' module and grid rewrites of gemv.cu launches."""
+    out = _generated_examples(built_kernels, tmp_path_factory.mktemp("dense_fma"), "dense-fma", "--lm-head", "dense",
+                              "--gemv", "gemv-fma")["4b"]
+    m = json.loads(out.read_text())
+    assert m["ops"]["gemv_norm_lm_head"]["impl"]["launches"][0]["module"] == "gemv"
     return out
 
 

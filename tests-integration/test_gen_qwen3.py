@@ -164,44 +164,63 @@ def _gemv(m: ks.Manifest, op: str, index) -> tuple[str, list, int | None, dict]:
 
 
 def test_decode_gemv_ops(fake_kernels: Path) -> None:
-    """Shapes, ksplit (gen.gemv_ksplit), entry (gemv_plan.gemv_entry_unroll: `_u5` where a lane's 9–10 loads per row
-    fit two stages of 5 and the next launch is not the attention), grid and shared memory of every decode GEMV op, 4B and 0.6B."""
+    """Shapes, entry, grid, ksplit and shared memory of every decode GEMV op, 4B and 0.6B: by default every one on
+    gemv_tc.cu's M = 1 entry (gemv_plan.gemv_tensor_core: k a multiple of 128), `_u5` where gemv_plan.gemv_tc_unroll
+    says so (a warp's 9–10 steps fit two stages of 5 and the next launch is not the attention), ksplit 1, one 16-row
+    tile per block; with `--gemv gemv-fma` gemv.cu's (gen.gemv_ksplit, gemv_plan.gemv_entry_unroll, the row passes of
+    gemv_plan.gemv_passes and the batched prologue of gemv_plan.gemv_norm_batched)."""
     index = gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels)
     eps = pytest.approx(1e-6)
-    # qkv: 384 blocks of 16 rows would be 1.45 waves of two blocks per SM, so the row-pass module
-    # (gemv_plan.gemv_passes): 192 blocks of 2 × 16 rows, the same entry name in gemv_p2.cubin; k = 2,560 (320
-    # vectors over 256 threads) takes the batched norm prologue (gemv_plan.gemv_norm_batched: `_nb2`)
-    assert _gemv(m, "gemv_norm_qkv", index) == (
-        "kern_gemv_norm_m1_nb2", [6144 // 32, 1, 1], 2 * 2560, {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1})
-    assert m.ops["gemv_norm_qkv"].impl.launches[0].module == "gemv_p2"
-    # the residual GEMVs on gemv_tc.cu (gemv_plan.gemv_tensor_core): one 16-row tile per block, ksplit 1
-    assert {op: m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {
-        "gemv_residual_o_proj": "gemv_tc", "gemv_residual_down_proj": "gemv_tc", "gemv_norm_silu_gate_up": "gemv",
-        "gemv_norm_lm_head": "gemv"}
-    assert _gemv(m, "gemv_residual_o_proj", index) == (
-        "kern_gemvtc_residual_m1", [2560 // 16, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 1})
-    assert _gemv(m, "gemv_norm_silu_gate_up", index) == (
-        "kern_gemv_norm_silu_m1_u5_nb2", [9728 // 8, 1, 1], 2 * 2560, {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1})
-    assert _gemv(m, "gemv_residual_down_proj", index) == (
-        "kern_gemvtc_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
-    # --gemv gemv-fma: gemv.cu's entries for every op (the manifests before session 30)
+    assert {op: m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS} == dict.fromkeys(gen.GEMV_OPS, "gemv_tc")
+    assert {op: _gemv(m, op, index) for op in gen.GEMV_OPS} == {
+        # followed by the attention: U = 4 (gemv_tc_unroll), 384 tiles
+        "gemv_norm_qkv": ("kern_gemvtc_norm_m1", [6144 // 16, 1, 1], 2 * 2560,
+                          {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1}),
+        "gemv_residual_o_proj": ("kern_gemvtc_residual_m1", [2560 // 16, 1, 1], None,
+                                 {"n": 2560, "k": 4096, "ksplit": 1}),
+        # k = 2,560: 10 steps of 128 per warp (two k halves), two stages of 5
+        "gemv_norm_silu_gate_up": ("kern_gemvtc_norm_silu_m1_u5", [9728 // 8, 1, 1], 2 * 2560,
+                                   {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1}),
+        "gemv_residual_down_proj": ("kern_gemvtc_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1}),
+        "gemv_norm_lm_head": ("kern_gemvtc_norm_m1_u5", [151936 // 16, 1, 1], 2 * 2560,
+                              {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})}
+    # --gemv gemv-fma: gemv.cu's entries for every op (the manifests before session 30). qkv: 384 blocks of 16 rows
+    # would be 1.45 waves of two blocks per SM, so the row-pass module (gemv_plan.gemv_passes): 192 blocks of 2 × 16
+    # rows, the same entry name in gemv_p2.cubin; k = 2,560 (320 vectors over 256 threads) takes the batched norm
+    # prologue (gemv_plan.gemv_norm_batched: `_nb2`)
     fma = _build("4b", fake_kernels, gemv="gemv-fma")
-    assert {fma.ops[op].impl.launches[0].module for op in gen.GEMV_OPS if op != "gemv_norm_qkv"} == {"gemv"}
-    assert _gemv(fma, "gemv_residual_o_proj", index) == (  # after the attention: ksplit 2 (gen.gemv_ksplit)
-        "kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2})
-    assert _gemv(fma, "gemv_residual_down_proj", index) == (
-        "kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1})
-    assert all(fma.ops[op] == m.ops[op] for op in ("gemv_norm_qkv", "gemv_norm_silu_gate_up", "gemv_norm_lm_head"))
-    assert _gemv(m, "gemv_norm_lm_head", index) == (  # followed by the argmax: `_u5`
-        "kern_gemv_norm_m1_u5_nb2", [9496, 1, 1], 2 * 2560, {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})
+    assert {op: fma.ops[op].impl.launches[0].module for op in gen.GEMV_OPS} == {
+        **dict.fromkeys(gen.GEMV_OPS, "gemv"), "gemv_norm_qkv": "gemv_p2"}
+    assert {op: _gemv(fma, op, index) for op in gen.GEMV_OPS} == {
+        "gemv_norm_qkv": ("kern_gemv_norm_m1_nb2", [6144 // 32, 1, 1], 2 * 2560,
+                          {"n": 6144, "k": 2560, "eps": eps, "ksplit": 1}),
+        # after the attention: ksplit 2 (gen.gemv_ksplit)
+        "gemv_residual_o_proj": ("kern_gemv_residual_m1", [2560 // 8, 1, 1], None, {"n": 2560, "k": 4096, "ksplit": 2}),
+        "gemv_norm_silu_gate_up": ("kern_gemv_norm_silu_m1_u5_nb2", [9728 // 8, 1, 1], 2 * 2560,
+                                   {"n": 9728, "k": 2560, "eps": eps, "ksplit": 1}),
+        "gemv_residual_down_proj": ("kern_gemv_residual_m1", [160, 1, 1], None, {"n": 2560, "k": 9728, "ksplit": 1}),
+        "gemv_norm_lm_head": ("kern_gemv_norm_m1_u5_nb2", [9496, 1, 1], 2 * 2560,  # followed by the argmax: `_u5`
+                              {"n": 151936, "k": 2560, "eps": eps, "ksplit": 1})}
     # --gemv persistent: tools/gemv_plan.py's plan
     assert _gemv(_build("4b", fake_kernels, gemv="persistent"), "gemv_norm_lm_head", index) == (
         "kern_gemvp_norm_m1", [132, 1, 1], 2 * 2560 + 40 * 5 * 512,
         {"n": 151936, "k": 2560, "eps": eps, "piece_chunks": 5})
     assert m.ops["gemv_residual_o_proj"].params == ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>"]
     assert m.ops["gemv_norm_qkv"].params == ["in buffer<bf16>"] * 3 + ["out buffer<bf16>"]
+    assert all(m.ops[op].params == fma.ops[op].params for op in gen.GEMV_OPS)
 
+    # the small model (k = 1,024 and 2,048: at most 4 steps per warp) on U = 4 everywhere; down (k = 3,072) on 64
+    # tiles too, where gemv.cu splits k 4 ways to fill the GPU (measured faster on the tensor cores: NOTES.md 74)
+    tc = _build("0.6b", fake_kernels)
+    assert {op: _gemv(tc, op, index) for op in gen.GEMV_OPS} == {
+        "gemv_norm_qkv": ("kern_gemvtc_norm_m1", [256, 1, 1], 2 * 1024, {"n": 4096, "k": 1024, "eps": eps, "ksplit": 1}),
+        "gemv_residual_o_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 2048, "ksplit": 1}),
+        "gemv_norm_silu_gate_up": ("kern_gemvtc_norm_silu_m1", [384, 1, 1], 2 * 1024,
+                                   {"n": 3072, "k": 1024, "eps": eps, "ksplit": 1}),
+        "gemv_residual_down_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 3072, "ksplit": 1}),
+        "gemv_norm_lm_head": ("kern_gemvtc_norm_m1", [9496, 1, 1], 2 * 1024,
+                              {"n": 151936, "k": 1024, "eps": eps, "ksplit": 1})}
     m = _build("0.6b", fake_kernels, gemv="gemv-fma")
     # qkv's 256 blocks are one wave: no row passes (gemv_plan.gemv_passes); every GEMV on gemv.cubin
     assert {m.ops[op].impl.launches[0].module for op in gen.GEMV_OPS} == {"gemv"}
@@ -209,12 +228,6 @@ def test_decode_gemv_ops(fake_kernels: Path) -> None:
     # GEMVs (k = 1,024: one x vector per thread) the loop prologue of the plain entries
     assert {_gemv(m, op, index)[0] for op in gen.GEMV_OPS} == {"kern_gemv_norm_m1", "kern_gemv_residual_m1",
                                                                "kern_gemv_norm_silu_m1"}
-    # the default: o on gemv_tc.cu (64 tiles of 16 rows); down stays on gemv.cu at ksplit 4, where the base rule splits
-    # k to fill the GPU (gemv_plan.gemv_tensor_core)
-    tc = _build("0.6b", fake_kernels)
-    assert {op: _gemv(tc, op, index) for op in ("gemv_residual_o_proj", "gemv_residual_down_proj")} == {
-        "gemv_residual_o_proj": ("kern_gemvtc_residual_m1", [64, 1, 1], None, {"n": 1024, "k": 2048, "ksplit": 1}),
-        "gemv_residual_down_proj": ("kern_gemv_residual_m1", [256, 1, 1], None, {"n": 1024, "k": 3072, "ksplit": 4})}
     # the small model: down (512 row pairs over k = 3072) splits k to fill the GPU, o because it follows the attention
     assert _gemv(m, "gemv_residual_down_proj", index)[1:] == ([1024 * 4 // 16, 1, 1], None,
                                                               {"n": 1024, "k": 3072, "ksplit": 4})
@@ -252,7 +265,8 @@ def test_gemv_persistent(fake_kernels: Path, preset: str) -> None:
             [plan.grid, 1, 1], plan.smem, n, k, plan.piece_chunks)
         assert smem <= 112 * 1024 and m.ops[op].params == plain.ops[op].params
         assert _gemv(plain, op, index)[0].startswith("kern_gemv_")
-        tc = "residual" in op and gemv_plan.gemv_tensor_core("gemv_residual", k, gen.gemv_ksplit(math.ceil(n / 2), k))
+        tc = gemv_plan.gemv_tensor_core(gen.GEMV_OPS[op], k)
+        assert tc == (k % 128 == 0)  # every Qwen3 geometry's GEMVs
         assert _gemv(default, op, index)[0].startswith("kern_gemvtc_" if tc else "kern_gemv_")
         assert _gemv(default_pdl, op, index)[0].startswith("kern_gemvtc_" if tc else "kern_gemv_")
     assert m.programs == plain.programs and m.buffers == plain.buffers
@@ -346,7 +360,7 @@ def test_gemv_norm_entry_without_batched_forms(fake_kernels: Path, tmp_path: Pat
     old = tmp_path / "old"
     shutil.copytree(fake_kernels, old)
     (old / "index.json").write_text(json.dumps(idx))
-    m = _build("4b", old)
+    m = _build("4b", old, gemv="gemv-fma")  # the default's norm GEMVs are gemv_tc.cu's (no `_nb2` forms)
     entries = {op: m.ops[op].impl.launches[0].entry for op in ("gemv_norm_qkv", "gemv_norm_silu_gate_up")}
     assert entries == {"gemv_norm_qkv": "kern_gemv_norm_m1", "gemv_norm_silu_gate_up": "kern_gemv_norm_silu_m1_u5"}
     kernels.update(saved)
@@ -355,19 +369,25 @@ def test_gemv_norm_entry_without_batched_forms(fake_kernels: Path, tmp_path: Pat
     shutil.copytree(fake_kernels, stale)
     (stale / "index.json").write_text(json.dumps(idx))
     with pytest.raises(gen.GenError, match="`kern_gemv_norm_silu_m1_u5_nb2` in the index has NORM_NB 3, not 2: a stale"):
-        _build("4b", stale)
+        _build("4b", stale, gemv="gemv-fma")
 
 
 def test_gemv_tensor_core_rule() -> None:
-    """gemv_tc.cu for the residual GEMVs (o_proj, down_proj) where k is a multiple of its 32-element mma step; gemv.cu
-    for the norm GEMVs (measured slower on the tensor cores, NOTES.md 72); entry names; bad inputs refused."""
-    assert [gemv_plan.gemv_tensor_core("gemv_residual", k, 1) for k in (1024, 4096, 9728, 25600, 1000, 1032)] == \
-        [True, True, True, True, False, False]
-    # where gemv.cu's base rule splits k across warps to fill the GPU (0.6B's down: ksplit 4), gemv.cu stays
-    assert not any(gemv_plan.gemv_tensor_core("gemv_residual", 3072, ks) for ks in (2, 4, 8))
-    assert gen.gemv_ksplit(1024 // 2, 3072) == 4 and gen.gemv_ksplit(1024 // 2, 2048) == 1  # 0.6B down, o
-    assert not any(gemv_plan.gemv_tensor_core(v, 4096, 1) for v in ("gemv_norm", "gemv_norm_silu", "gemv"))
-    assert gemv_plan.GEMV_TC_STEP == 32 and set(gemv_plan.GEMV_TC_VARIANTS) <= set(gen.GEMV_OPS.values())
+    """gemv_tc.cu for every decode GEMV variant where k is a multiple of its 128-element M = 1 step (NOTES.md 74); its
+    `_u5` entries where a warp's steps (k / 128 / 2) fill two stages of 5 and not of 4, except before the attention;
+    entry names; bad inputs refused."""
+    assert [gemv_plan.gemv_tensor_core("gemv_residual", k) for k in (1024, 4096, 9728, 25600, 1000, 1032, 3072, 992)] \
+        == [True, True, True, True, False, False, True, False]
+    assert all(gemv_plan.gemv_tensor_core(v, 2560) for v in ("gemv_norm", "gemv_norm_silu", "gemv_residual"))
+    assert not gemv_plan.gemv_tensor_core("gemv", 4096)  # the plain variant: no decode op launches it
+    assert gemv_plan.GEMV_TC_STEP == 128 and set(gemv_plan.GEMV_TC_VARIANTS) == set(gen.GEMV_OPS.values())
+    # k = 2,176…2,560: 9–10 steps per warp, two stages of 5 (U = 4 needs three); before the attention U = 4
+    assert [gemv_plan.gemv_tc_unroll(k, False) for k in (1024, 2048, 2176, 2304, 2560, 2688, 4096, 9728)] == \
+        [4, 4, 5, 5, 5, 4, 4, 4]
+    assert gemv_plan.gemv_tc_unroll(2560, True) == 4
+    for bad in (0, 1000, 1024 + 32):
+        with pytest.raises(ValueError, match=f"k = {bad} must be a positive multiple of 128"):
+            gemv_plan.gemv_tc_unroll(bad, False)
     assert [gemv_plan.gemv_tc_entry(n) for n in ("kern_gemv_residual_m1", "kern_gemv_norm_silu_m1_u5_nb2",
                                                   "kern_gemv_m1")] == [
         "kern_gemvtc_residual_m1", "kern_gemvtc_norm_silu_m1_u5", "kern_gemvtc_m1"]
@@ -378,14 +398,15 @@ def test_gemv_tensor_core_rule() -> None:
     for bad in ("kern_gemv_m3", "rms_norm_h2560"):
         with pytest.raises(ValueError, match=f"`{bad}` is not a gemv.cu or gemv_tc.cu entry"):
             gemv_plan.gemv_entry_inputs(bad)
-    for k, ks in ((1020, 1), (1024, 0)):
-        with pytest.raises(ValueError, match=f"k = {k}, ksplit = {ks}: k must be a positive multiple of 8 and ksplit ≥ 1"):
-            gemv_plan.gemv_tensor_core("gemv_residual", k, ks)
+    for k in (1020, 0):
+        with pytest.raises(ValueError, match=f"k = {k}: k must be a positive multiple of 8"):
+            gemv_plan.gemv_tensor_core("gemv_residual", k)
 
 
 def test_gemv_tensor_core_index_old_or_stale(fake_kernels: Path, tmp_path: Path) -> None:
-    """An index without gemv_tc.cu's entries (built before session 30) gives gemv.cu's residual entries, as
-    `--gemv gemv-fma` does; one whose tensor-core entry has another TC_STEP is a stale index, refused."""
+    """An index without gemv_tc.cu's entries (built before session 30) gives gemv.cu's entries, as `--gemv gemv-fma`
+    does; one whose tensor-core entry has another TC_STEP (e.g. 32: the tile layout, built before session 32) is a
+    stale index, refused."""
     idx = json.loads((fake_kernels / "index.json").read_text())
     kernels = idx["kernels"] if "kernels" in idx else idx
     saved = {n: kernels.pop(n) for n in list(kernels) if n.startswith("kern_gemvtc")}
@@ -396,18 +417,18 @@ def test_gemv_tensor_core_index_old_or_stale(fake_kernels: Path, tmp_path: Path)
     m, fma = _build("4b", old), _build("4b", fake_kernels, gemv="gemv-fma")
     assert all(m.ops[op] == fma.ops[op] for op in gen.GEMV_OPS)
     kernels.update(saved)
-    kernels["kern_gemvtc_residual_m1"]["constexprs"]["TC_STEP"] = 16
+    kernels["kern_gemvtc_residual_m1"]["constexprs"]["TC_STEP"] = 32
     stale = tmp_path / "stale"
     shutil.copytree(fake_kernels, stale)
     (stale / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(gen.GenError, match="kernel `kern_gemvtc_residual_m1` in the index has TC_STEP 16, M 1 .*: a "
+    with pytest.raises(gen.GenError, match="kernel `kern_gemvtc_residual_m1` in the index has TC_STEP 32, M 1 .*: a "
                                            "stale index"):
         _build("4b", stale)
 
 
 def test_tensor_core_gemv_wiring_checked(fake_kernels: Path) -> None:
-    """check_wiring holds a tensor-core launch to its rule (ksplit 1, k a multiple of 32, grid ceil_div(n, 16)),
-    naming the launch."""
+    """check_wiring holds a tensor-core launch to its rule (ksplit 1, k a multiple of its index TC_STEP, grid
+    ceil_div(n, 16)), naming the launch."""
     cfg = Qwen3Config.preset("4b")
     lay, index = gen.make_layout(cfg), gen.load_index(fake_kernels)
     m = _build("4b", fake_kernels)
@@ -419,8 +440,8 @@ def test_tensor_core_gemv_wiring_checked(fake_kernels: Path) -> None:
     with pytest.raises(gen.WiringError) as e:
         gen.check_wiring(t, cfg, lay, index)
     assert ("ops.gemv_residual_o_proj kernel `kern_gemvtc_residual_m1`: ksplit 2, k = 4096 with "
-            "`kern_gemvtc_residual_m1` (gemv_tc.cu, mma steps of 32 elements): the tensor-core form takes ksplit 1 "
-            "and k a multiple of 32 (any other launch traps)") in str(e.value)
+            "`kern_gemvtc_residual_m1` (gemv_tc.cu, mma steps of 128 elements): the tensor-core form takes ksplit 1 "
+            "and k a multiple of 128 (any other launch traps)") in str(e.value)
 
 
 def test_gemv_passes_rule() -> None:
@@ -441,13 +462,13 @@ def test_gemv_passes_rule() -> None:
 
 
 def test_row_pass_gemv_wiring_checked(fake_kernels: Path) -> None:
-    """check_wiring holds 4B's qkv launch on the row-pass entry to that entry's rule (grid ceil_div(n, 32), ksplit 1):
-    the default entry's grid, another ksplit and an index whose `_p2` entry lost (or contradicts) its PASSES are
+    """check_wiring holds 4B's qkv launch on the row-pass entry (`--gemv gemv-fma`) to that entry's rule (grid
+    ceil_div(n, 32), ksplit 1): the default entry's grid, another ksplit and an index whose `_p2` entry lost (or contradicts) its PASSES are
     refused, naming the launch."""
     cfg = Qwen3Config.preset("4b")
     lay = gen.make_layout(cfg)
     index = gen.load_index(fake_kernels)
-    m = _build("4b", fake_kernels)
+    m = _build("4b", fake_kernels, gemv="gemv-fma")  # the default's qkv is gemv_tc.cu's
     assert gen.kernels_by_op(m, index)["gemv_norm_qkv"] == [index["kern_gemv_norm_m1_nb2_p2"]]
     gen.check_wiring(m, cfg, lay, index)  # as built: clean
 
@@ -487,7 +508,7 @@ def test_gemv_unroll_rejects_bad_k() -> None:
 
 def test_gemv_u5_entry_missing_from_index(fake_kernels: Path, tmp_path: Path) -> None:
     """An index without the `_u5` entries (built before them) is refused with the entry named, not
-    silently replaced by the 4-load entry."""
+    silently replaced by the 4-load entry: gemv_tc.cu's (the default) and gemv.cu's (`--gemv gemv-fma`)."""
     d = tmp_path / "k"
     d.mkdir()
     for f in fake_kernels.iterdir():
@@ -497,14 +518,19 @@ def test_gemv_u5_entry_missing_from_index(fake_kernels: Path, tmp_path: Path) ->
     (d / "index.json").write_text(json.dumps(idx))
     with pytest.raises(gen.GenError, match=r"op `gemv_norm_silu_gate_up` \(k = 2560, ksplit 1\) wants `kern_gemv_norm_silu_m1_u5` "
                                            r"\(5 loads per row per stage\), which the kernel index lacks: rebuild"):
+        _build("4b", d, gemv="gemv-fma")
+    with pytest.raises(gen.GenError, match=r"op `gemv_norm_silu_gate_up` \(k = 2560\) wants `kern_gemvtc_norm_silu_m1_u5` "
+                                           r"\(5 steps per stage\), which the kernel index lacks or builds with another "
+                                           r"UNROLL: rebuild"):
         _build("4b", d)
     _build("0.6b", d)  # 0.6B needs none of them
+    _build("0.6b", d, gemv="gemv-fma")
 
 
 def test_gemv_row_pass_entry_missing_or_stale(fake_kernels: Path, tmp_path: Path) -> None:
-    """An index without the row-pass entry (built before it) is refused for 4B, whose qkv needs it, with the entry
-    named, not silently replaced by the default entry; one whose `_p2` entry has another PASSES is a stale index.
-    0.6B needs none."""
+    """An index without the row-pass entry (built before it) is refused for 4B's `--gemv gemv-fma` manifest, whose qkv
+    needs it, with the entry named, not silently replaced by the default entry; one whose `_p2` entry has another
+    PASSES is a stale index. 0.6B needs none, nor does the default (gemv_tc.cu's qkv)."""
     d = tmp_path / "k"
     d.mkdir()
     for f in fake_kernels.iterdir():
@@ -516,14 +542,15 @@ def test_gemv_row_pass_entry_missing_or_stale(fake_kernels: Path, tmp_path: Path
     with pytest.raises(gen.GenError, match=r"op `gemv_norm_qkv` \(n = 6144, ksplit 1\) wants `kern_gemv_norm_m1_nb2_p2` "
                                            r"\(gemv.cu in 2 row passes, tools/gemv_plan.py gemv_passes\), which the "
                                            r"kernel index lacks: rebuild the kernels with tools/build_kernels.py"):
-        _build("4b", d)
-    _build("0.6b", d)
+        _build("4b", d, gemv="gemv-fma")
+    _build("0.6b", d, gemv="gemv-fma")
+    _build("4b", d)
     idx = copy.deepcopy(full)
     idx["kernels"]["kern_gemv_norm_m1_nb2_p2"]["constexprs"]["PASSES"] = 3
     (d / "index.json").write_text(json.dumps(idx))
     with pytest.raises(gen.GenError, match=r"kernel `kern_gemv_norm_m1_nb2_p2` in the index has PASSES 3, not 2: a stale "
                                            r"index; rebuild the kernels with tools/build_kernels.py"):
-        _build("4b", d)
+        _build("4b", d, gemv="gemv-fma")
 
 
 def test_gemv_k_must_be_a_multiple_of_8(fake_kernels: Path) -> None:
@@ -1051,14 +1078,14 @@ def test_index_carveout_reaches_the_launch(fake_kernels: Path, tmp_path: Path) -
     """The generator copies each entry's carveout as it is (0 and 100 alike; absent stays absent) and adds none: an
     index that gives the qkv GEMV's entry 100 and takes the attention's away gives a manifest that says exactly that."""
     index = json.loads((fake_kernels / "index.json").read_text())
-    index["kernels"]["kern_gemv_norm_m1_nb2_p2"]["carveout"] = 100
+    index["kernels"]["kern_gemvtc_norm_m1"]["carveout"] = 100
     del index["kernels"]["decode_attention_rope_cluster_pdl"]["carveout"]
     d = tmp_path / "k"
     d.mkdir()
     (d / "index.json").write_text(json.dumps(index))
     m = gen.build_manifest(Qwen3Config.preset("4b"), gen.load_index(d, check_files=False))
     assert {(op, la.entry, la.carveout) for op, o in m.ops.items() for la in o.impl.launches
-            if la.carveout is not None} == {("gemv_norm_qkv", "kern_gemv_norm_m1_nb2", 100)}
+            if la.carveout is not None} == {("gemv_norm_qkv", "kern_gemvtc_norm_m1", 100)}
     assert kern_verify.verify(m) == []
 
 

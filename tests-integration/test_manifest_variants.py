@@ -23,7 +23,7 @@ EXAMPLE = ROOT / "examples" / "qwen3-4b.json"
 @pytest.fixture(scope="module")
 def base(fma_4b: Path) -> dict:
     """The 4B example with gemv.cu for every decode GEMV (conftest.py `fma_examples`: its o at ksplit 2, the ksplit
-    and entry changes below are gemv.cu's); the example itself, with o and down on gemv_tc.cu: `example`."""
+    and entry changes below are gemv.cu's); the example itself, with every decode GEMV on gemv_tc.cu: `example`."""
     return json.loads(fma_4b.read_text())
 
 
@@ -33,7 +33,7 @@ def example() -> dict:
 
 
 def test_tensor_core_launches(example, index, built_kernels):
-    """The example's o and down on gemv_tc.cu: ksplit 1 is all they take (another is refused, naming the way back to
+    """The example's GEMVs on gemv_tc.cu: ksplit 1 is all they take (another is refused, naming the way back to
     gemv.cu's), `entry=` moves between the module's entries (U = 4 and `_u5`), not to gemv.cu's."""
     assert launch(example, "gemv_residual_o_proj")["entry"] == "kern_gemvtc_residual_m1"
     with pytest.raises(mv.VariantError) as e:
@@ -69,6 +69,35 @@ def test_ksplit_sets_the_literal_and_the_grid(base, index, built_kernels):
     assert launch(base, "gemv_residual_o_proj")["grid"] == [320, 1, 1]  # the input is not changed
 
 
+def test_tc_moves_a_launch_between_gemv_cu_and_gemv_tc_cu(example, base, index, built_kernels):
+    """`OP.tc=1` puts a gemv.cu launch (module gemv, or gemv_p2's row-pass qkv) on gemv_tc.cu's twin entry (`_u5` and
+    the batched prologue mapped as gemv_plan.gemv_tc_entry does) at ksplit 1 with that entry's grid and shared memory,
+    declaring the module where the manifest lacks it and dropping the one left unused; `OP.tc=0` goes back to gemv.cu's
+    plain twin at ksplit 1. The results verify against the kernels; bad values and launches are refused, named."""
+    m = mv.apply(base, "qkv.tc=1+gu.tc=1+o.tc=1+down.tc=1", index)
+    got = {op: (launch(m, op)["module"], launch(m, op)["entry"], launch(m, op)["grid"], launch(m, op).get("shared_mem"),
+                launch(m, op)["args"][-1]) for op in ("gemv_norm_qkv", "gemv_norm_silu_gate_up",
+                                                      "gemv_residual_o_proj", "gemv_residual_down_proj")}
+    assert got == {"gemv_norm_qkv": ("gemv_tc", "kern_gemvtc_norm_m1", [384, 1, 1], 5120, {"i32": 1}),
+                   "gemv_norm_silu_gate_up": ("gemv_tc", "kern_gemvtc_norm_silu_m1_u5", [1216, 1, 1], 5120, {"i32": 1}),
+                   "gemv_residual_o_proj": ("gemv_tc", "kern_gemvtc_residual_m1", [160, 1, 1], None, {"i32": 1}),
+                   "gemv_residual_down_proj": ("gemv_tc", "kern_gemvtc_residual_m1", [160, 1, 1], None, {"i32": 1})}
+    assert "gemv_p2" not in m["modules"] and mv.verify(m, built_kernels) == []
+    assert {op: launch(m, op) for op in got} == {op: launch(example, op) for op in got}  # the generator's choice
+    back = mv.apply(example, "qkv.tc=0+o.tc=0", index)
+    assert (launch(back, "gemv_norm_qkv")["module"], launch(back, "gemv_norm_qkv")["entry"],
+            launch(back, "gemv_norm_qkv")["grid"]) == ("gemv", "kern_gemv_norm_m1", [384, 1, 1])
+    assert (launch(back, "gemv_residual_o_proj")["entry"], launch(back, "gemv_residual_o_proj")["grid"]) == (
+        "kern_gemv_residual_m1", [160, 1, 1]) and mv.verify(back, built_kernels) == []
+    for spec, needle in (("o.tc=1", "op `gemv_residual_o_proj` already launches `kern_gemvtc_residual_m1` (gemv_tc.cu's "
+                                    "tensor-core form)"),
+                         ("o.tc=2", "tc is 1 (gemv_tc.cu's tensor-core entry) or 0 (gemv.cu's)"),
+                         ("attn.tc=1", "launches `decode_attention_rope_cluster`, not a gemv.cu or gemv_tc.cu entry")):
+        with pytest.raises(mv.VariantError, match=__import__("re").escape(needle)):
+            mv.apply(example, spec, index)
+    assert launch(example, "gemv_residual_o_proj")["module"] == "gemv_tc"  # the input is not changed
+
+
 def test_known_launch_twin_of_a_tensor_core_launch(example, capsys):
     """The experiment rewrites' twin of a gemv_tc.cu launch (known_launch / plain_twin): a copy on gemv.cu's entry and
     module with the launch's own grid and args (gemv.cu's valid ksplit-1 launch), the input untouched, and one note
@@ -98,13 +127,13 @@ def dense(dense_4b: Path) -> dict:
 
 
 def test_entry_follows_the_index_shared_memory_and_pdl_flag(dense, index, built_kernels):
-    """On the dense lm_head's manifest: its GEMV, `_u5` (and the batched norm prologue, `_nb2`) before the argmax, goes
-    back to the 4-load entry with the loop prologue; gate_up from its `_u5_nb2` entry to the plain 4-load one."""
-    m = mv.apply(dense, "gu.entry=kern_gemv_norm_silu_m1+attn.pdl=0+lm_head.entry=kern_gemv_norm_m1", index)
-    assert launch(m, "gemv_norm_silu_gate_up")["entry"] == "kern_gemv_norm_silu_m1"
+    """On the dense lm_head's manifest: its GEMV, `_u5` before the argmax, goes back to the 4-step entry; gate_up from
+    its `_u5` entry to the 4-step one (gemv_tc.cu's, whose entries differ in their UNROLL only)."""
+    m = mv.apply(dense, "gu.entry=kern_gemvtc_norm_silu_m1+attn.pdl=0+lm_head.entry=kern_gemvtc_norm_m1", index)
+    assert launch(m, "gemv_norm_silu_gate_up")["entry"] == "kern_gemvtc_norm_silu_m1"
     assert launch(m, "gemv_norm_silu_gate_up")["shared_mem"] == 2 * 2560  # x in shared memory, as before
-    assert launch(dense, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1_u5_nb2"
-    assert launch(m, "gemv_norm_lm_head")["entry"] == "kern_gemv_norm_m1"
+    assert launch(dense, "gemv_norm_lm_head")["entry"] == "kern_gemvtc_norm_m1_u5"
+    assert launch(m, "gemv_norm_lm_head")["entry"] == "kern_gemvtc_norm_m1"
     assert "pdl" not in launch(m, "attention_decode_rope") and launch(dense, "attention_decode_rope")["pdl"] is True
     assert launch(mv.apply(m, "attn.pdl=1", index), "attention_decode_rope")["pdl"] is True
     assert mv.verify(m, built_kernels) == []
@@ -201,7 +230,7 @@ def test_ksplit_on_the_row_pass_entry(base, index, built_kernels):
     # 4B's qkv runs on the row-pass module, which holds that entry (plain and `_nb2`) alone
     ("qkv.entry=kern_gemv_norm_m1_u5", "no entry `kern_gemv_norm_m1_u5` in module gemv_p2.cubin (it has: kern_gemv_norm_m1, "
      "kern_gemv_norm_m1_nb2)"),
-    ("o.grid=2", "unknown option `grid` (ksplit, entry, pdl, carveout)"),
+    ("o.grid=2", "unknown option `grid` (ksplit, entry, tc, pdl, carveout)"),
     ("attn.pdl=2", "pdl is 0 or 1"),
     ("attn.carveout=101", "`attn.carveout=101`: carveout is a percent 0..100 of the maximum shared memory per SM (0: "
                           "the most L1), or `none` for the driver's choice"),

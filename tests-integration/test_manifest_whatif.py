@@ -133,7 +133,7 @@ def test_command_line(built_kernels, dense_4b, tmp_path, capsys):
     assert "weights file would not load" in capsys.readouterr().err
 
 
-def test_module_repointed(built_kernels, whatif_cubins, tmp_path, capsys):
+def test_module_repointed(built_kernels, whatif_cubins, tmp_path, capsys, fma_4b):
     """--module gemv=FILE: the gemv module loaded from another cubin of the kernels dir (gemv.cu built with
     -DGEMV_NO_WAIT: the same entries and params, other bytes), pinned by its sha256; with --drop too; bad specs, a
     module the drop leaves unused and an unknown --program refused by name; nothing to change is a usage error."""
@@ -143,7 +143,7 @@ def test_module_repointed(built_kernels, whatif_cubins, tmp_path, capsys):
     data = whatif_cubins["gemv_nowait.cubin"]
     assert data != (k / "gemv.cubin").read_bytes()
     out = tmp_path / "w.json"
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--drop", "attn", "--module", "gemv=gemv_nowait.cubin",
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--drop", "attn", "--module", "gemv=gemv_nowait.cubin",
                     "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert m["modules"]["gemv"] == {"source": "gemv_nowait.cubin", "sha256": hashlib.sha256(data).hexdigest()}
@@ -156,11 +156,11 @@ def test_module_repointed(built_kernels, whatif_cubins, tmp_path, capsys):
             (["--drop", "attn", "--module", "decode_attention_pdl=decode_attention_pdl.cubin"],
              "the drop leaves module `decode_attention_pdl` used by no launch"),
             (["--program", "nope", "--module", "gemv=gemv_nowait.cubin"], "--program nope: the manifest has no such")):
-        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
+        assert mw.main([str(fma_4b), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
         assert needle in capsys.readouterr().err, argv
         assert not bad.exists()
     with pytest.raises(SystemExit) as e:
-        mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--out", str(out)])
+        mw.main([str(fma_4b), "--kernels", str(k), "--out", str(out)])
     assert e.value.code == 2 and "nothing to change" in capsys.readouterr().err
 
 
@@ -172,14 +172,14 @@ def test_drop_of_a_buffers_only_writer_is_refused():
         mw.drop_ops(json.loads(EXAMPLES["4b"].read_text()), ["gemm"], "prefill")
 
 
-def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, capsys):
+def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, capsys, fma_4b):
     """A manifest kern-verify refuses (no traceback), --out onto the manifest, a --kernels that is not a directory,
     abbreviated options, the same --module twice, and a --module cubin built for another architecture."""
     import shutil
 
     import build_kernels as bk
 
-    m = json.loads(EXAMPLES["4b"].read_text())
+    m = json.loads(fma_4b.read_text())
     m["programs"]["decode"]["calls"][1]["op"] = "nosuchop"
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(m))
@@ -189,9 +189,9 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
     assert "kern-verify refuses the manifest itself" in err and "nosuchop" in err and "Traceback" not in err
     for argv, needle in (
             ([str(broken), "--kernels", str(built_kernels), "--drop", "attn", "--out", str(broken)], "the manifest itself"),
-            ([str(EXAMPLES["4b"]), "--kernels", str(tmp_path / "none"), "--drop", "attn", "--out", str(out)],
+            ([str(fma_4b), "--kernels", str(tmp_path / "none"), "--drop", "attn", "--out", str(out)],
              "not a directory (build one with tools/build_kernels.py"),
-            ([str(EXAMPLES["4b"]), "--kern", str(built_kernels), "--drop", "attn", "--out", str(out)], "required")):
+            ([str(fma_4b), "--kern", str(built_kernels), "--drop", "attn", "--out", str(out)], "required")):
         with pytest.raises(SystemExit) as e:
             mw.main(argv)
         assert e.value.code == 2 and needle in capsys.readouterr().err, argv
@@ -201,22 +201,22 @@ def test_inputs_refused_before_anything_is_written(built_kernels, tmp_path, caps
     for argv, needle in (
             (["--module", "gemv=gemv.cubin", "--module", "gemv=gemv.cubin"], "module `gemv` is given twice"),
             (["--module", "gemv=missing.cubin"], "build it there, e.g. cd tools/kernels-src && nvcc")):
-        assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), *argv, "--out", str(out)]) == 1
+        assert mw.main([str(fma_4b), "--kernels", str(k), *argv, "--out", str(out)]) == 1
         assert needle in capsys.readouterr().err, argv
     subprocess.run([bk._nvcc(), "-cubin", "-arch=sm_80", "-O3", "-std=c++17", "-o", str(k / "embedding_sm80.cubin"),
                     "embedding.cu"], cwd=ROOT / "tools" / "kernels-src", check=True, capture_output=True)
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "embedding=embedding_sm80.cubin",
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--module", "embedding=embedding_sm80.cubin",
                     "--out", str(out)]) == 1
     assert "built for sm_80, module `embedding` for sm_90 (rebuild it with -arch=sm_90)" in capsys.readouterr().err
 
 
-def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, fma_4b, tmp_path, capsys):
+def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_fma_4b, fma_4b, tmp_path, capsys):
     """--op-module down=FILE: only the down-proj's launches load the what-if build (a new module `gemv__<op>`), the
     other GEMV ops keep `gemv`; several ops with a --drop; the result verifies; every GEMV op moved prunes `gemv` (four
-    in the gemv.cu manifest; in a dense manifest of the default --gemv, qkv, gate_up and its lm_head). Refused by name: a malformed spec, an op the program does
+    in the gemv.cu manifest, five in its dense form). Refused by name: a malformed spec, an op the program does
     not call, a built-in op, an op of two modules (the screened lm_head), an op given twice or also dropped, a missing
     file, a cubin for another architecture. On the 4B example with gemv.cu for every GEMV (conftest.py `fma_examples`:
-    the example's o and down are on gemv_tc.cu, which gemv_nowait.cubin has no entry of)."""
+    the example's GEMVs are on gemv_tc.cu, which gemv_nowait.cubin has no entry of)."""
     import hashlib
 
     import build_kernels as bk
@@ -250,13 +250,13 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, fma_4
     assert mw.main([str(fma_4b), "--kernels", str(k), *[a for op in ("qkv", "o", "gu", "down")
                     for a in ("--op-module", f"{op}=gemv_nowait.cubin")], "--out", str(out)]) == 0
     assert "gemv" not in json.loads(out.read_text())["modules"]
-    # a dense manifest (the default --gemv: o and down on gemv_tc.cu): its lm_head is a third gemv op beside qkv and
-    # gate_up; with those two alone, `gemv` stays for it
-    three = [a for op in ("qkv", "gu", "lm_head") for a in ("--op-module", f"{op}=gemv_nowait.cubin")]
-    assert mw.main([str(dense_4b), "--kernels", str(k), *three, "--out", str(out)]) == 0
+    # a dense manifest (`--lm-head dense --gemv gemv-fma`): its lm_head is a fifth gemv op beside qkv, o, gate_up
+    # and down; with those four alone, `gemv` stays for it
+    five = [a for op in ("qkv", "o", "gu", "down", "lm_head") for a in ("--op-module", f"{op}=gemv_nowait.cubin")]
+    assert mw.main([str(dense_fma_4b), "--kernels", str(k), *five, "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert "gemv" not in m["modules"] and m["modules"]["gemv__gemv_norm_lm_head"] == pin
-    assert mw.main([str(dense_4b), "--kernels", str(k), *three[:-2], "--out", str(out)]) == 0
+    assert mw.main([str(dense_fma_4b), "--kernels", str(k), *five[:-2], "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert {ln["module"] for ln in m["ops"]["gemv_norm_lm_head"]["impl"]["launches"]} == {"gemv"}
     capsys.readouterr()
@@ -281,7 +281,7 @@ def test_op_module_repoints_one_op(built_kernels, whatif_cubins, dense_4b, fma_4
         assert not bad.exists()
 
 
-def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsys):
+def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsys, fma_4b):
     """--module gemv=FILE with every gemv op moved by --op-module (qkv, o, gate_up, down: the example's lm_head is
     screened): the pruned `gemv` made --module a no-op that the summary still named; now refused as the drop's case
     was (no built kernels: verification is stubbed, the cubin is one small nvcc build)."""
@@ -300,14 +300,14 @@ def test_module_left_unused_by_op_module_is_refused(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(manifest_variants, "verify", lambda m, kernels, *a: [])
     out = tmp_path / "w.json"
     ops = [a for op in ("qkv", "o", "gu", "down") for a in ("--op-module", f"{op}=x.cubin")]
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "gemv=x.cubin", *ops, "--out", str(out)]) == 1
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--module", "gemv=x.cubin", *ops, "--out", str(out)]) == 1
     assert "--module gemv=x.cubin: --op-module leaves module `gemv` used by no launch" in capsys.readouterr().err
     assert not out.exists()
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--module", "gemv=x.cubin", *ops[:2],
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--module", "gemv=x.cubin", *ops[:2],
                     "--out", str(out)]) == 0
 
 
-def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, tmp_path, capsys):
+def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_fma_4b, tmp_path, capsys, fma_4b):
     """NOTES.md 54's kind of what-if: --op-module lm_head=gemv_p2.cubin --op-grid lm_head=4748 (gemv.cu -DGEMV_PASSES=2:
     32 rows per block, so the 4B lm_head's n = 151,936 takes 4,748 blocks; 4B's qkv is on the row-pass module already,
     gemv_p2, since session 18) on a `--lm-head dense` manifest: only the lm_head launch's module and grid change, and
@@ -318,9 +318,9 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, 
     import hashlib
 
     k = _kernels_with(built_kernels, whatif_cubins, tmp_path)
-    base = json.loads(dense_4b.read_text())
+    base = json.loads(dense_fma_4b.read_text())
     out = tmp_path / "p2.json"
-    assert mw.main([str(dense_4b), "--kernels", str(k), "--op-module", "lm_head=gemv_p2.cubin",
+    assert mw.main([str(dense_fma_4b), "--kernels", str(k), "--op-module", "lm_head=gemv_p2.cubin",
                     "--op-grid", "lm_head=4748", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "op `gemv_norm_lm_head` now launches grid [4748, 1, 1] (was [9496, 1, 1])" in printed
@@ -336,8 +336,8 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, 
     del m["modules"]["gemv__gemv_norm_lm_head"]
     assert m == base
     # the grid alone, two ops (one with all three axes), and a drop
-    base = json.loads(EXAMPLES["4b"].read_text())
-    assert mw.main([str(EXAMPLES["4b"]), "--kernels", str(k), "--op-grid", "o=160,1,1", "--op-grid",
+    base = json.loads(fma_4b.read_text())
+    assert mw.main([str(fma_4b), "--kernels", str(k), "--op-grid", "o=160,1,1", "--op-grid",
                     "gemv_norm_qkv=192", "--drop", "attn", "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert m["ops"]["gemv_residual_o_proj"]["impl"]["launches"][0]["grid"] == [160, 1, 1]
@@ -352,7 +352,7 @@ def test_op_grid_with_the_passes_module(built_kernels, whatif_cubins, dense_4b, 
             (["--op-grid", "qkv=0"], "--op-grid qkv=0: grid x 0: every grid axis must be a positive integer"),
             (["--op-grid", "lm_head=4748"], f"op `{SCREENED}` has 3 launches; --op-grid sets the grid of an op's one "
                                             "launch" + SCREENED_NOTE),
-            (["--op-grid", "argmax=1", dense_4b], "op `argmax` has 2 launches")):
+            (["--op-grid", "argmax=1", dense_fma_4b], "op `argmax` has 2 launches")):
         manifest = argv.pop() if isinstance(argv[-1], Path) else EXAMPLES["4b"]
         assert mw.main([str(manifest), "--kernels", str(k), *argv, "--out", str(bad)]) == 1, argv
         err = capsys.readouterr().err
