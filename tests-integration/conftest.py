@@ -56,6 +56,10 @@ UNUSED_BY_EXAMPLES = {
     "gemv_persist.cubin": "399ff4e1f58a483e5639ce11f8a24faabfdd5bc9e0a35a5ef607a4c816501255",
     # the decode prologue's PDL form: since session 8 the examples' decode attention (rope-cluster) does its work
     "qk_norm_rope_kv_pdl.cubin": "24f874287b2608a5e1de912825aa5bba0ab5aaa902f607538108e5da2c7fe1a7",
+    # session 32: every decode GEMV of the examples on gemv_tc.cu; gemv.cu's modules serve `--gemv gemv-fma` (validated
+    # on the H200 as the examples of session 31, unchanged since)
+    "gemv.cubin": "c7b152ab36394c8014321816a3d303779312b21d885f2b195ca30e3df753bd3e",
+    "gemv_p2.cubin": "b93fa9c3c06dc8cfeaabf5277e418ca70f4f4bdf57c070188e38f64a36373f47",
 }
 # (lm_head_screen.cubin left this dict in session 24, when the screened lm_head became gen_qwen3.py's default: the
 # examples pin it now. Their screened op's reduce is argmax_pdl.cubin's argmax_reduce, the dense argmax's module,

@@ -34,10 +34,12 @@ def kernels(built_kernels, tmp_path_factory):
     return k
 
 
-def test_rewrite_verifies(kernels):
+def test_rewrite_verifies(kernels, fma_4b):
+    """On the 4B example's `--gemv gemv-fma` form, whose qkv is gemv.cu's row-pass launch (the example's GEMVs are
+    gemv_tc.cu's: their `_pf` twins are gemv.cu's, known_launch's note names the fair control)."""
     from kern_verify.verify import verify_text
 
-    m = json.loads(EXAMPLE.read_text())
+    m = json.loads(fma_4b.read_text())
     out = l2.rewrite(m, kernels, ["o:self:2048:512", "qkv:gate_up:0:100"])
     assert not [str(d) for d in verify_text(json.dumps(out), kernels_dir=kernels) if d.severity == "error"]
     o = out["ops"]["gemv_residual_o_proj_pf"]["impl"]["launches"][0]

@@ -190,7 +190,8 @@ REFUSALS = {
     "gemv-entry": (_launch_set(GQ, "entry", "kern_gemv_norm_acc_m1"),
                    r"op `gemv_norm_qkv` launches `kern_gemv_norm_acc_m1`; this rewrite knows kern_gemv_norm_m1, "
                    r"kern_gemv_norm_m1_u5"),
-    "gemv-module": (_launch_set(GQ, "module", "gemv_persist"),
+    "gemv-module": (lambda m: (_launch_set(GQ, "entry", "kern_gemv_norm_m1")(m),  # a gemv.cu entry (the example's
+                               _launch_set(GQ, "module", "gemv_persist")(m)),  # tc one maps onto module gemv)
                     r"op `gemv_norm_qkv` launches from module `gemv_persist`; this rewrite knows gemv\.cu's gemv, "
                     r"gemv_p2"),
     "attn-entry": (_launch_set(AD, "entry", "decode_attention_cluster"),

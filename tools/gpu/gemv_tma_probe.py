@@ -186,9 +186,9 @@ def per_shape(gs: dict, geom: str, rounds: int) -> None:
 def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, ring: int, out: Path,
                      ops=None) -> Path:
     """Writes OUT/manifest-tma-LABEL.json: `manifest` with each of `ops` (manifest op names; None: every decode GEMV
-    op that launches module `gemv`, i.e. not 4B's qkv, which runs on the row-pass module gemv_p2 since session 18, nor
-    o_proj and down_proj, on gemv_tc.cu's tensor cores since session 30 (`--gemv gemv-fma` keeps them on gemv), nor
-    the lm_head of a default manifest, which is screened, not a GEMV) launching the TMA module `cubin` (copied into
+    op that launches module `gemv`: in a `--gemv gemv-fma` manifest every one but 4B's qkv, which runs on the
+    row-pass module gemv_p2; the default manifests' GEMVs are on gemv_tc.cu's tensor cores since session 32, and their
+    lm_head is screened, not a GEMV) launching the TMA module `cubin` (copied into
     `kernels` as gemv_tma_<stem>.cubin and pinned by its sha256; same entry) with `ring` more bytes of dynamic shared
     memory after its own (rounded up to 128); modules no launch uses any more are dropped (the verifier refuses an
     unused module). Returns the path. Raises ValueError for an op of
@@ -215,7 +215,7 @@ def manifest_variant(manifest: Path, kernels: Path, cubin: Path, label: str, rin
                              f"`{got}`; a TMA module replaces only that"
                              + (" (the TMA form has no row passes: 4B's qkv is on gemv_p2 since session 18)"
                                 if str(got).startswith("gemv_p") else
-                                " (o_proj and down_proj run on gemv_tc.cu's tensor cores by default since session 30: "
+                                " (every decode GEMV runs on gemv_tc.cu's tensor cores by default since session 32: "
                                 "for gemv.cu's form there, pass a manifest of `tools/gen_qwen3.py --gemv gemv-fma`)"
                                 if got == "gemv_tc" else ""))
         launch["module"] = mod
