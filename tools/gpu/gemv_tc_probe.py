@@ -180,7 +180,7 @@ def chains(g, geom, bw, rounds):
     for one in ("qkv", "o", "gate_up", "down"):
         variants.append((f"tc _u5 on {one} only", {**base, one: tc_op(one, "_u5")}))
     variants.append(("tc _u5 on o and down", {**base, "o": tc_op("o", "_u5"), "down": tc_op("down", "_u5")}))
-    variants.append(("tc U4 on o and down (4B's default since session 30)", {**base, "o": tc_op("o", ""),
+    variants.append(("tc U4 on o and down (session 30's default)", {**base, "o": tc_op("o", ""),
                                                                              "down": tc_op("down", "")}))
     resid0 = resid.clone()
     graphs = []
