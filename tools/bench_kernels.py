@@ -33,9 +33,9 @@ and right after its layer's ``qk_norm_rope_kv_pdl`` (``pair``) beside the prolog
 griddepcontrol.wait, so under PDL they stream while the launch before it finishes. The default decode
 attention of the generator, ``decode_attention_rope_cluster_pdl`` (the prologue's decode work and the
 attention in one launch), runs back to back with PDL (its time per call is a whole layer's attention), and right
-after its layer's qkv GEMV (``kern_gemv_norm_m1`` as gen_qwen3 launches it: on 4B in two row passes with the batched
-norm prologue, ``kern_gemv_norm_m1_nb2_p2``;
-PDL, its own 31.5 MB weight per layer; it writes the qkv the
+after its layer's qkv GEMV (as gen_qwen3 launches it: gemv_tc.cu's ``kern_gemvtc_norm_m1`` since session 32, the
+rows still labelled ``kern_gemv_norm_m1``; on an index without it gemv.cu's, on 4B in two row passes with the
+batched norm prologue, ``kern_gemv_norm_m1_nb2_p2``; PDL, its own 31.5 MB weight per layer; it writes the qkv the
 attention reads) beside the GEMV chain alone: the difference is what the default attention costs a decode layer.
 
 `--fused-attention` adds the one-launch decode attention (``paged_decode_attention_fused``,
@@ -67,7 +67,8 @@ from benchinfo import commit  # noqa: E402  (tools/ is the script's own director
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from gemv_plan import gemv_blocks, gemv_norm_entry_name, gemv_pass_entry, gemv_passes  # noqa: E402
+from gemv_plan import (GEMV_TC_STEP, GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_norm_entry_name,  # noqa: E402
+                       gemv_pass_entry, gemv_passes, gemv_tc_entry, gemv_tc_unroll, gemv_tensor_core)
 from geometries import PRESETS  # noqa: E402
 
 # torch and cubin_launch (cuda.bindings) are imported in main(), after --dry-run.
@@ -309,12 +310,18 @@ def build_cases(g, ks, L: int, fused_attention: bool = False) -> list[Case]:
         return setup
 
     def qkv_gemv():
-        """The qkv GEMV as gen_qwen3 plans it for the qkv shape (n = QS, k = H): the index kernel (QKV_GEMV, or its
-        row-pass instance `QKV_GEMV_p2` where gemv_plan.gemv_passes says so: 4B's qkv since session 18; first its
+        """The qkv GEMV as gen_qwen3 plans it for the qkv shape (n = QS, k = H): gemv_tc.cu's entry where
+        gemv_plan.gemv_tensor_core says so and the index has it (every Qwen3 geometry since session 32; U = 4, the
+        launch before the attention: gemv_plan.gemv_tc_unroll), at ksplit 1; else the index kernel (QKV_GEMV, or its
+        row-pass instance `QKV_GEMV_p2` where gemv_plan.gemv_passes says so: 4B's qkv in sessions 18–31; first its
         batched-prologue form `QKV_GEMV_nb2` where gemv_plan.gemv_norm_batched says so and the index has it: 4B's
         since session 29), grid, ksplit."""
         from gen_qwen3 import GEMV_SMS, gemv_ksplit  # the generator's rules (imports kern-schema: only when this runs)
 
+        tc = gemv_tc_entry(QKV_GEMV) + GEMV_UNROLL_SUFFIX[gemv_tc_unroll(H, True)] if H % GEMV_TC_STEP == 0 else None
+        if tc in ks.kernels and gemv_tensor_core("gemv_norm", H):
+            cx = ks.kernels[tc]["constexprs"]
+            return tc, (gemv_blocks(QS, cx["COLS_PER_WARP"], cx["WARPS"], 1),), 1
         cx = ks.kernels[QKV_GEMV]["constexprs"]
         ksplit = gemv_ksplit(-(-QS // cx["COLS_PER_WARP"]), H)
         passes = gemv_passes(QS, cx["COLS_PER_WARP"], cx["WARPS"], ksplit, sms=GEMV_SMS)
