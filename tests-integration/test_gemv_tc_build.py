@@ -3,8 +3,8 @@ GPU needed.
 
 - the module has gemv.cu's four variants for M = 1 (U = 4 and `_u5`), 2, 4 and 8 under `kern_gemvtc` names, each with
   its gemv.cu twin's ELF parameter table (offsets and sizes): a manifest swaps one for the other without touching its
-  calls (tools/gen_qwen3.py does, for o_proj and down_proj); each waits (griddepcontrol.wait) and fits two 256-thread
-  blocks per SM (≤ 128 registers, no spills but in the M = 1 `_u5` experiments);
+  calls (tools/gen_qwen3.py does, for every decode GEMV by default); each waits (griddepcontrol.wait) and fits two
+  256-thread blocks per SM (≤ 128 registers, no spills but possibly in the M = 1 `_u5` entries);
 - in the PTX, each entry executes one griddepcontrol.wait, issues its first two pipeline stages of weight loads (2
   stages × U steps × 2 rows) before it, writes no global memory before it, and computes its dots by
   mma.sync.m16n8k16 bf16 → f32 (none before the wait; per stage U steps × 2 rows, twice over for M = 8);

@@ -96,6 +96,17 @@ def test_tc_moves_a_launch_between_gemv_cu_and_gemv_tc_cu(example, base, index, 
         with pytest.raises(mv.VariantError, match=__import__("re").escape(needle)):
             mv.apply(example, spec, index)
     assert launch(example, "gemv_residual_o_proj")["module"] == "gemv_tc"  # the input is not changed
+    # a gemv_persist.cu launch is neither form: refused with what it is
+    persistent = json.loads(json.dumps(base))
+    launch(persistent, "gemv_residual_o_proj")["entry"] = "kern_gemvp_residual_m1"
+    for v in ("1", "0"):
+        with pytest.raises(mv.VariantError, match=r"`o.tc=%s`: op `gemv_residual_o_proj` launches "
+                                                  r"`kern_gemvp_residual_m1`, not a gemv.cu or gemv_tc.cu entry "
+                                                  r"\(gemv_persist.cu's" % v):
+            mv.apply(persistent, f"o.tc={v}", index)
+    # tc=1 takes the generator's unroll, not the gemv.cu entry's: o at `_u5` goes to U = 4 (k = 4,096)
+    o5 = mv.apply(base, "o.entry=kern_gemv_residual_m1_u5+o.tc=1", index)
+    assert launch(o5, "gemv_residual_o_proj")["entry"] == "kern_gemvtc_residual_m1"
 
 
 def test_known_launch_twin_of_a_tensor_core_launch(example, capsys):

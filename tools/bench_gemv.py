@@ -1,13 +1,14 @@
-"""Decode GEMV kernels (tools/kernels-src/gemv.cu) against cuBLAS and the bandwidth floor.
+"""Decode GEMV kernels (tools/kernels-src/gemv.cu, gemv_tc.cu) against cuBLAS and the bandwidth floor.
 
 Runs on the GPU machine (torch for allocation, references and the cuBLAS peer;
 cuda.bindings for module load and launches):
 
     python3 tools/bench_gemv.py [--geometries 0.6b 4b] [--out BENCHMARKS.md] [--kernels DIR]
 
-The kernels are the module the manifests pin: `gemv.cubin` from a kernels dir built by
-tools/build_kernels.py (`--kernels DIR`, its index's sha256 checked), or, by default,
-gemv.cu compiled here exactly as tools/build_kernels.py compiles it (same nvcc flags).
+The kernels are the modules the manifests pin: `gemv.cubin` (`--gemv gemv-fma` manifests) and `gemv_tc.cubin` (the
+default's tensor-core entries, every decode GEMV since session 32) from a kernels dir built by tools/build_kernels.py
+(`--kernels DIR`, its index's sha256 checked), or, by default, gemv.cu compiled here exactly as tools/build_kernels.py
+compiles it (same nvcc flags; no tensor-core rows then).
 
 For every GEMM shape of one decode token of each geometry (qkv, o, gate_up, down,
 lm_head; m = 1) it
@@ -15,10 +16,12 @@ lm_head; m = 1) it
 1. checks each kernel variant against a float64 reference on fresh random inputs,
    output poisoned before the run (‖out − ref‖ / ‖ref‖ must stay under 1e-2, NaN fails);
 2. times it standalone (median of CUDA-event timings, rotating over enough weight
-   copies that every run streams from HBM, not L2) beside torch.matmul (cuBLAS);
+   copies that every run streams from HBM, not L2) — gemv.cu at its best ksplit, gemv_tc.cu's
+   entry, the persistent form — beside torch.matmul (cuBLAS);
 3. replays the whole GEMM sequence of one decode token (all layers, fused variants as
-   the decode program uses them, lm_head) in a CUDA graph — gemv.cu without and with
-   programmatic dependent launch (as the default --pdl manifests launch it), the persistent
+   the decode program uses them, lm_head) in a CUDA graph — as the manifests launch them (gemv_tc.cu
+   where gemv_plan.gemv_tensor_core says so), gemv.cu without and with programmatic dependent
+   launch (`--gemv gemv-fma`), the persistent
    forms (gemv_persist.cu) — beside the same sequence through cuBLAS, and reports time, GB/s
    and % of the floor: weight bytes / measured device-to-device copy bandwidth (bytes read
    + written).
@@ -652,7 +655,7 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     print(f"\n== device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s")
     lines = []
-    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | manifest ksplit | kern GB/s | kern % floor "
+    lines.append("| geometry | shape | n×k | MB | floor µs | kern µs (best ksplit) | gemv-fma ksplit | kern GB/s | kern % floor "
                  "| tensor cores µs | tensor cores GB/s | tensor cores % floor | persistent µs | persistent GB/s "
                  "| persistent % floor | cuBLAS µs | cuBLAS GB/s | cuBLAS % floor |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -15,17 +15,21 @@ manifest's argmax's partial pass, of two):
   manifest.
 - `ksplit=N` (gemv.cu entries): the launch's `ksplit` literal and its grid (`gemv_plan.gemv_blocks` with the
   entry's COLS_PER_WARP, WARPS and PASSES from the kernel index); N in 1, 2, 4, 8 (only 1 on a row-pass entry,
-  PASSES > 1: 4B's qkv on gemv_p2.cubin, and on gemv_tc.cu's tensor-core entries, TC_STEP: o and down by default).
+  PASSES > 1: 4B's qkv on gemv_p2.cubin in a `--gemv gemv-fma` manifest, and on gemv_tc.cu's tensor-core entries,
+  TC_STEP: every decode GEMV by default).
 - `entry=NAME`: the same kernel with another unroll or norm prologue: an entry of the same module with the same
   params and the same index constexprs but UNROLL and NORM_NB (e.g. `kern_gemv_norm_silu_m1` for
   `kern_gemv_norm_silu_m1_u5`, or for `kern_gemv_norm_silu_m1_nb2`, its batched-prologue form); the
   launch's dynamic shared memory follows the index (`shared_mem` + `shared_mem_per`), and so does its `carveout`.
 - `tc=1|0`: the op on gemv_tc.cu's tensor-core twin of its gemv.cu entry (`tc=1`: `kern_gemv_norm_m1_nb2` of module
-  gemv or gemv_p2 -> `kern_gemvtc_norm_m1`, `_u5` kept; tools/gemv_plan.py `gemv_tc_entry`), or back on gemv.cu's
-  plain twin (`tc=0`: module `gemv`, the loop norm prologue); either way at ksplit 1 with that entry's ksplit-1 grid
-  (`gemv_plan.gemv_blocks` with its COLS_PER_WARP and WARPS), its dynamic shared memory and carveout from the index.
-  M = 1 entries only. The module `gemv_tc` (gemv_tc.cubin of the kernels dir) is declared where the manifest lacks it.
-  With tools/manifest_whatif.py `--module gemv_tc=FILE` after it, an op can be timed on a what-if build of gemv_tc.cu.
+  gemv or gemv_p2 -> `kern_gemvtc_norm_m1`, with the unroll tools/gemv_plan.py `gemv_tc_unroll` gives the op, as
+  tools/gen_qwen3.py launches it), or back on gemv.cu's plain twin (`tc=0`: module `gemv`, the loop norm prologue,
+  the tc entry's unroll; not the launch a `--gemv gemv-fma` manifest has, whose ksplit, row passes and `_nb2` follow
+  gemv.cu's rules: for that A/B, time against such a manifest, or add `OP.entry=` / `OP.ksplit=` changes); either way
+  at ksplit 1 with that entry's ksplit-1 grid (`gemv_plan.gemv_blocks` with its COLS_PER_WARP and WARPS), its dynamic
+  shared memory and carveout from the index. M = 1 gemv.cu / gemv_tc.cu entries only (not gemv_persist.cu's). The
+  module `gemv_tc` (gemv_tc.cubin of the kernels dir) is declared where the manifest lacks it. With
+  tools/manifest_whatif.py `--module gemv_tc=FILE` after it, an op can be timed on a what-if build of gemv_tc.cu.
 - `pdl=0|1`: the launch's programmatic-dependent-launch flag.
 - `carveout=P|none`: the launch's preferred shared-memory carveout (percent 0..100; `none` removes the field: the
   driver's choice), e.g. `attn.carveout=none` against the default's `"carveout": 0` (NOTES.md 55).
@@ -53,8 +57,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tools" / "kernels-src"))
 
 from catalog import shared_mem_of  # noqa: E402  (the index's shared-memory rule)
-from gemv_plan import (GEMV_TC_PREFIX, gemv_blocks, gemv_entry_inputs, gemv_plain_entry,  # noqa: E402
-                       gemv_tc_entry)
+from gemv_plan import (GEMV_TC_PREFIX, GEMV_TC_STEP, GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_entry_inputs,  # noqa: E402
+                       gemv_plain_entry, gemv_tc_entry, gemv_tc_unroll)
 
 #: The screened lm_head's op (tools/gen_qwen3.py --lm-head screened, the default since session 24): the final norm,
 #: the lm_head and the argmax in three launches (lm_head_screen.cubin's screen and pick, then argmax_reduce), in place
@@ -238,19 +242,30 @@ def _to_tensor_core(m: dict, index: dict, op: str, launch: dict, value: str, cha
         raise VariantError(f"`{change}`: tc is 1 (gemv_tc.cu's tensor-core entry) or 0 (gemv.cu's)")
     entry = str(launch["entry"])
     on_tc = entry.startswith(GEMV_TC_PREFIX)
-    try:
-        inputs = gemv_entry_inputs(entry)
-    except ValueError:
+    if not twin_entry(entry).startswith("kern_gemv_"):  # gemv_persist.cu's kern_gemvp_*, or no GEMV at all
         raise VariantError(f"`{change}`: op `{op}` launches `{entry}`, not a gemv.cu or gemv_tc.cu entry"
-                           + lm_head_note(m, op)) from None
+                           + (" (gemv_persist.cu's: generate the manifest with `tools/gen_qwen3.py --gemv gemv` or "
+                              "`--gemv gemv-fma` for these)" if entry.startswith("kern_gemvp") else "")
+                           + lm_head_note(m, op))
+    inputs = gemv_entry_inputs(entry)
     if inputs != 1:
         raise VariantError(f"`{change}`: `{entry}` (op `{op}`) takes {inputs} inputs; decode's GEMVs take one")
     if on_tc == (value == "1"):
         raise VariantError(f"`{change}`: op `{op}` already launches `{entry}` (" +
                            ("gemv_tc.cu's tensor-core form" if on_tc else "gemv.cu's form") + ")")
     old = _index_entry(m, index, launch, entry, change, op)
-    (name, file_name), new_entry = (TC_MODULE, gemv_tc_entry(entry)) if value == "1" else (
-        GEMV_MODULE, twin_entry(entry))
+    if value == "1":  # the generator's unroll for the op (gemv_plan.gemv_tc_unroll), not the gemv.cu entry's
+        from gen_qwen3 import GEMV_OPS_BEFORE_ATTENTION  # (imports kern-schema: only for this change)
+
+        k = _arg(launch, old, "k", change)
+        if k % GEMV_TC_STEP:
+            raise VariantError(f"`{change}`: gemv_tc.cu's M = 1 entries step k by {GEMV_TC_STEP} elements; op "
+                               f"`{op}`'s k = {k} is not a multiple (the launch would trap)")
+        base = gemv_tc_entry(gemv_plain_entry(entry).removesuffix("_u5"))
+        (name, file_name), new_entry = TC_MODULE, base + GEMV_UNROLL_SUFFIX[
+            gemv_tc_unroll(k, op in GEMV_OPS_BEFORE_ATTENTION)]
+    else:
+        (name, file_name), new_entry = GEMV_MODULE, twin_entry(entry)
     new = index.get((file_name, new_entry))
     if new is None:
         raise VariantError(f"`{change}`: the kernel index has no `{new_entry}` in module {file_name} (rebuild the "
@@ -263,10 +278,9 @@ def _to_tensor_core(m: dict, index: dict, op: str, launch: dict, value: str, cha
     elif have["source"] != file_name:
         raise VariantError(f"`{change}`: the manifest's module `{name}` is {have['source']}, not {file_name}")
     cx = new["constexprs"]
-    if value == "1" and _arg(launch, new, "k", change) % cx["TC_STEP"]:
-        raise VariantError(f"`{change}`: `{new_entry}` steps k by {cx['TC_STEP']} elements (its index constexpr "
-                           f"TC_STEP); op `{op}`'s k = {_arg(launch, new, 'k', change)} is not a multiple (the launch "
-                           "would trap)")
+    if value == "1" and cx.get("TC_STEP") != GEMV_TC_STEP:
+        raise VariantError(f"`{change}`: `{new_entry}` in the kernel index has TC_STEP {cx.get('TC_STEP')}, not "
+                           f"{GEMV_TC_STEP}: a stale index; rebuild the kernels with tools/build_kernels.py")
     launch["module"], launch["entry"] = name, new_entry
     launch["args"][new["param_names"].index("ksplit")] = {"i32": 1}
     launch["grid"][0] = gemv_blocks(_arg(launch, new, "n", change), cx["COLS_PER_WARP"], cx["WARPS"], 1)

@@ -5,7 +5,8 @@
 // Why (NOTES.md 27, 72): in gemv.cu a lane's next weight loads are issued only after the FMAs of the stage they
 // replace, so the stream loop's own instructions delay the weight stream at every kernel boundary; a probe measured
 // the FMA form of the dots at +3.5 µs per launch and an mma form at +0.9. One mma here consumes one 16-byte load per
-// lane: per 32 elements of k a lane issues two weight loads, one x load and two mma (M ≤ 4; M = 8: two x loads, four mma).
+// lane: per step a lane issues two weight loads, one x load and two mma (M ≤ 4; M = 8: two x loads, four mma); a step
+// is 128 elements of k of two rows in the M = 1 runs layout, 32 of two rows in the tile layout.
 //
 // Two layouts of a block's 16-row tile. M = 1 uses the runs layout (tc_tile_runs below: each warp reads two rows in
 // 256-byte runs, B's columns carrying four chunks of k); M > 1 the tile layout, described here.
@@ -328,38 +329,38 @@ struct XShared {
 // k/8 in (256, 512], the loop otherwise; 1 for M > 1, the loop).
 #define INSTANTIATE_TC(M, U, NB, SUFFIX)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_m##M##SUFFIX(                         \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y,  \
         int n, int k, int ksplit) {                                                                               \
-        tc_check<M>(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                   \
         const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
         asm volatile("" : "+l"(xp)); /* generic loads: a PDL predecessor wrote x */                               \
-        tc_rows<false, M, U>(w, y, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                             \
+        tc_rows<false, M, U>(w, y, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                          \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_residual_m##M##SUFFIX(                \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                                \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,                                 \
         __nv_bfloat16 *__restrict__ residual, int n, int k, int ksplit) {                                         \
-        tc_check<M>(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                   \
         const uint4 *xp = reinterpret_cast<const uint4 *>(x);                                                     \
         asm volatile("" : "+l"(xp));                                                                              \
-        tc_rows<true, M, U>(w, residual, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                       \
+        tc_rows<true, M, U>(w, residual, n, k, [] {}, XGlobal<M>{xp, k >> 3});                                    \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_m##M##SUFFIX(                    \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                            \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
-        tc_check<M>(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                   \
         extern __shared__ __align__(16) unsigned char smem[];                                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
         tc_rows<false, M, U>(w, y, n, k, [&] { norm_to_smem<M, false, NB>(x, norm_w, xs, k, eps); },              \
-                             XShared<M>{reinterpret_cast<const uint4 *>(xs), k >> 3});                               \
+                             XShared<M>{reinterpret_cast<const uint4 *>(xs), k >> 3});                            \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) kern_gemvtc_norm_silu_m##M##SUFFIX(               \
-        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                           \
+        const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ norm_w,                            \
         const __nv_bfloat16 *__restrict__ w, __nv_bfloat16 *__restrict__ y, int n, int k, float eps, int ksplit) { \
-        tc_check<M>(k, ksplit);                                                                                      \
+        tc_check<M>(k, ksplit);                                                                                   \
         extern __shared__ __align__(16) unsigned char smem[];                                                     \
         __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(smem);                                              \
         tc_silu_rows<M, U>(w, y, n, k, [&] { norm_to_smem<M, false, NB>(x, norm_w, xs, k, eps); },                \
-                           XShared<M>{reinterpret_cast<const uint4 *>(xs), k >> 3});                                 \
+                           XShared<M>{reinterpret_cast<const uint4 *>(xs), k >> 3});                              \
     }
 
 INSTANTIATE_TC(1, 4, 2, )
