@@ -133,6 +133,31 @@ def _index_entry(m: dict, index: dict, launch: dict, entry: str, change: str, op
     return k
 
 
+def _same_params(new: dict, old: dict, new_entry: str, entry: str, change: str) -> None:
+    """Raises VariantError unless index entry `new` (named new_entry) takes the params of `old` (the launch's entry)."""
+    if (new["params"], new["param_names"]) != (old["params"], old["param_names"]):
+        raise VariantError(f"`{change}`: `{new_entry}` takes {new['params']}, `{entry}` takes {old['params']}; only an "
+                           "entry with the same params can replace it")
+
+
+def _index_config(launch: dict, k: dict, change: str) -> None:
+    """Sets `launch`'s dynamic shared memory (catalog.shared_mem_of over its literal args) and carveout (none: the
+    driver's choice) from its new index entry `k`, in place. Raises VariantError when a literal the rule needs is
+    missing."""
+    try:
+        smem = shared_mem_of(k, [a.get("i32") for a in launch["args"]])
+    except ValueError as e:
+        raise VariantError(f"`{change}`: {e} (a literal in the manifest)") from None
+    if smem:
+        launch["shared_mem"] = smem
+    else:
+        launch.pop("shared_mem", None)
+    if k.get("carveout") is not None:
+        launch["carveout"] = k["carveout"]
+    else:
+        launch.pop("carveout", None)
+
+
 def _arg(launch: dict, k: dict, pname: str, change: str) -> int:
     i = k["param_names"].index(pname)
     a = launch["args"][i]
@@ -184,9 +209,7 @@ def apply(m: dict, spec: str, index: dict) -> dict:
         elif option == "entry":
             old = _index_entry(out, index, launch, launch["entry"], change, op)
             new = _index_entry(out, index, launch, value, change, op)
-            if (new["params"], new["param_names"]) != (old["params"], old["param_names"]):
-                raise VariantError(f"`{change}`: `{value}` takes {new['params']}, `{launch['entry']}` takes "
-                                   f"{old['params']}; only an entry with the same params can replace it")
+            _same_params(new, old, value, launch["entry"], change)
             differ = sorted(c for c in set(new["constexprs"]) | set(old["constexprs"])
                             if c not in ("UNROLL", "NORM_NB") and new["constexprs"].get(c) != old["constexprs"].get(c))
             if differ:
@@ -194,19 +217,8 @@ def apply(m: dict, spec: str, index: dict) -> dict:
                                    "prologue (their "
                                    + ", ".join(f"{c} {old['constexprs'].get(c)} vs {new['constexprs'].get(c)}"
                                                for c in differ) + ")")
-            try:
-                smem = shared_mem_of(new, [a.get("i32") for a in launch["args"]])
-            except ValueError as e:
-                raise VariantError(f"`{change}`: {e} (a literal in the manifest)") from None
             launch["entry"] = value
-            if smem:
-                launch["shared_mem"] = smem
-            else:
-                launch.pop("shared_mem", None)
-            if new.get("carveout") is not None:  # the carveout follows the index too (none: the driver's choice)
-                launch["carveout"] = new["carveout"]
-            else:
-                launch.pop("carveout", None)
+            _index_config(launch, new, change)
         elif option == "tc":
             _to_tensor_core(out, index, op, launch, value, change)
         elif option == "pdl":
@@ -270,8 +282,7 @@ def _to_tensor_core(m: dict, index: dict, op: str, launch: dict, value: str, cha
     if new is None:
         raise VariantError(f"`{change}`: the kernel index has no `{new_entry}` in module {file_name} (rebuild the "
                            "kernels with tools/build_kernels.py)")
-    if (new["params"], new["param_names"]) != (old["params"], old["param_names"]):
-        raise VariantError(f"`{change}`: `{new_entry}` takes {new['params']}, `{entry}` takes {old['params']}")
+    _same_params(new, old, new_entry, entry, change)
     have = m["modules"].get(name)
     if have is None:
         m["modules"][name] = {"source": file_name, "sha256": new["sha256"]}
@@ -284,18 +295,7 @@ def _to_tensor_core(m: dict, index: dict, op: str, launch: dict, value: str, cha
     launch["module"], launch["entry"] = name, new_entry
     launch["args"][new["param_names"].index("ksplit")] = {"i32": 1}
     launch["grid"][0] = gemv_blocks(_arg(launch, new, "n", change), cx["COLS_PER_WARP"], cx["WARPS"], 1)
-    try:
-        smem = shared_mem_of(new, [a.get("i32") for a in launch["args"]])
-    except ValueError as e:
-        raise VariantError(f"`{change}`: {e} (a literal in the manifest)") from None
-    if smem:
-        launch["shared_mem"] = smem
-    else:
-        launch.pop("shared_mem", None)
-    if new.get("carveout") is not None:
-        launch["carveout"] = new["carveout"]
-    else:
-        launch.pop("carveout", None)
+    _index_config(launch, new, change)
     prune(m)  # the module the op left may have no launch now (kern-verify E0073)
 
 
