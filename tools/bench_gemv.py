@@ -175,24 +175,20 @@ SHAPE_VARIANTS = {"qkv": "gemv_norm", "o": "gemv_residual", "gate_up": "gemv_nor
 
 
 def run_tc(g, variant, x, nw, w, y, n, k, pdl=False, unroll=None, before_attention=False):
-    """gemv_tc.cu's M = 1 entry of gemv.cu variant `variant` ("gemv_norm", "gemv_norm_silu", "gemv_residual"; the
-    tensor cores, tools/gemv_plan.py gemv_tensor_core): grid ceil_div(n, 16) (norm_silu: n output columns,
+    """gemv_tc.cu's M = 1 entry of gemv.cu variant `variant` ("gemv", "gemv_norm", "gemv_norm_silu", "gemv_residual";
+    the tensor cores, tools/gemv_plan.py gemv_tensor_core): grid ceil_div(n, 16) (norm_silu: n output columns,
     ceil_div(n, 8)), ksplit 1, k a multiple of GEMV_TC_STEP; its `_u5` entry where gemv_plan.gemv_tc_unroll picks it
-    (as tools/gen_qwen3.py does), unless `unroll` forces 4 or 5. y: the output (norm variants) or the residual."""
+    (as tools/gen_qwen3.py does), unless `unroll` forces 4 or 5. y: the output (plain and norm variants) or the
+    residual; nw: the norm weight (norm variants only)."""
     u = gemv_tc_unroll(k, before_attention) if unroll is None else unroll
     name = gemv_tc_entry(f"kern_{variant}_m1") + GEMV_UNROLL_SUFFIX[u]
-    if variant == "gemv_residual":
+    if variant in ("gemv", "gemv_residual"):
         g.launch(name, cdiv(n, 16), 0, [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
                                         (1, I32)], pdl)
     else:
         g.launch(name, cdiv(n, 8 if variant == "gemv_norm_silu" else 16), k * 2,
                  [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32),
                   (EPS, F32), (1, I32)], pdl)
-
-
-def run_residual_tc(g, x, w, r, n, k, pdl=False):
-    """gemv_tc.cu's residual GEMV at U = 4 (run_tc)."""
-    run_tc(g, "gemv_residual", x, None, w, r, n, k, pdl, unroll=4)
 
 
 def run_shape(g, name, x, nw, w, y, n, k, ks=1, pdl=False):

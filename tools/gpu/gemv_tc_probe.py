@@ -29,35 +29,32 @@ except ImportError:  # the GPU machine's; without it only --help works (main() r
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import bench_gemv as bg  # noqa: E402
-from bench_gemv import I32, F32, P, cdiv  # noqa: E402
+from bench_gemv import cdiv  # noqa: E402
 
 TC_VARIANTS = ("", "_u5")
 
 
-def tc_launch(g, variant, u, args, n_rows, silu, smem, pdl):
-    """One tc launch: grid ceil_div(n, 16) (norm_silu: ceil_div(n, 8) output columns), ksplit 1."""
-    grid = cdiv(n_rows, 8 if silu else 16)
-    g.launch(f"kern_gemvtc{variant}_m1{u}", grid, smem, args + [(1, I32)], pdl)
+def _unroll(u):
+    """Steps per stage of the tc entry suffix `u` (TC_VARIANTS: "" is U = 4, "_u5" U = 5)."""
+    return 5 if u == "_u5" else 4
 
 
+# gemv_tc.cu's M = 1 entries at ksplit 1, grid ceil_div(n, 16) (norm_silu: ceil_div(n, 8) output columns): bench_gemv's
+# run_tc at the unroll of suffix `u`
 def tc_norm(g, x, nw, w, y, n, k, u="_u5", pdl=False):
-    tc_launch(g, "_norm", u, [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32),
-                              (k, I32), (bg.EPS, F32)], n, False, k * 2, pdl)
+    bg.run_tc(g, "gemv_norm", x, nw, w, y, n, k, pdl, unroll=_unroll(u))
 
 
 def tc_norm_silu(g, x, nw, w, y, n, k, u="_u5", pdl=False):
-    tc_launch(g, "_norm_silu", u, [(x.data_ptr(), P), (nw.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P),
-                                   (n, I32), (k, I32), (bg.EPS, F32)], n, True, k * 2, pdl)
+    bg.run_tc(g, "gemv_norm_silu", x, nw, w, y, n, k, pdl, unroll=_unroll(u))
 
 
 def tc_residual(g, x, w, r, n, k, u="_u5", pdl=False):
-    tc_launch(g, "_residual", u, [(x.data_ptr(), P), (w.data_ptr(), P), (r.data_ptr(), P), (n, I32), (k, I32)],
-              n, False, 0, pdl)
+    bg.run_tc(g, "gemv_residual", x, None, w, r, n, k, pdl, unroll=_unroll(u))
 
 
 def tc_plain(g, x, w, y, n, k, u="_u5", pdl=False):
-    tc_launch(g, "", u, [(x.data_ptr(), P), (w.data_ptr(), P), (y.data_ptr(), P), (n, I32), (k, I32)], n, False, 0,
-              pdl)
+    bg.run_tc(g, "gemv", x, None, w, y, n, k, pdl, unroll=_unroll(u))
 
 
 def numerics(g, geom):
