@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""What reading a layer's KV pages costs a decode layer at best: a bound for issue 4's figure (NOTES.md 75).
+
+    python3 tools/gpu/kv_read_bound.py --kernels KDIR [--context 130 --context 4096] [--splits 8 --splits 16]
+        [--replays 30] [--rounds 3] [--da-cubin LABEL=PATH ...] [--nvcc-flag -DKR_UNROLL=8 ...]
+
+Issue 4 asks the decode attention at 4,096 cached tokens to run within 2x of its floor (16.8 MB of K|V at the copy
+bandwidth, 3.96 µs); in the decode program's order (right after its layer's qkv GEMV, every launch PDL) the default
+rope-cluster form adds ~10.1 µs to a layer (BENCHMARKS.md "Session 32, call 5"). This probe measures, in the same
+harness and order, a kernel that only reads those bytes (kv_read_bound.cu, compiled here with nvcc): every kv head's
+page slices through the block table, S CTAs per kv head, no math and no merge. What it adds to a layer is what any
+decode attention reading the same pages must add at least; the default's excess over it is the attention's own
+(math, merges, its 64 CTAs), and the bare read's excess over the floor is the launch boundary's and the ramp's.
+
+Per context, µs per layer (median of the replays, best of the rounds, forms alternating): pair (the qkv GEMV as
+gen_qwen3 launches it, then the form), alone (36 in a PDL chain) and added (pair - the GEMV alone), beside the floor.
+Forms: `default` (decode_attention_rope_cluster_pdl from KDIR), `read S=s pre` / `read S=s wait` (kv_read with its
+loads before / after its griddepcontrol.wait) for each --splits s, and each --da-cubin: a decode_attention.cu build
+with -DKERN_PDL (and the what-if defines, e.g. -DDA_NO_MATH) whose rope entry is launched as the default is (grid
+[NKV, 8, 1], 128 threads, the index's shared memory and carveout). The default's output is checked against a
+float64 reference first (the harness's inputs are right); a --da-cubin's output is not checked (DA_NO_MATH's is
+wrong by design). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tools" / "gpu", ROOT / "tests-integration" / "gpu"):
+    sys.path.insert(0, str(p))
+
+from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_tc_entry, gemv_tc_unroll  # noqa: E402
+from qkv_attention_bench import (EPS, LAYERS, NKV, NQ, D, K, N, context_inputs, layer_weights,  # noqa: E402
+                                 raw_launcher, time_graph)
+
+ROPE = "decode_attention_rope_cluster_pdl"
+QKV_GEMV = gemv_tc_entry("kern_gemv_norm_m1") + GEMV_UNROLL_SUFFIX[gemv_tc_unroll(K, True)]  # as gen_qwen3 (4B)
+SRC = Path(__file__).with_name("kv_read_bound.cu")
+BW = 4.25e6  # bytes per µs: the copy bandwidth bench_kernels measures on the H200
+#: kv_read_bound.cu's defaults (-DKR_THREADS, -DKR_RING) and its block-table entries per CTA (KR_MAX_PAGES)
+KR_DEFAULTS, KR_MAX_PAGES = {"KR_THREADS": 256, "KR_RING": 8}, 1024
+
+
+def parse_da(spec: str) -> tuple[str, Path]:
+    """LABEL=PATH -> (label, path); raises ValueError naming the spec."""
+    label, sep, path = spec.partition("=")
+    if not sep or not label or not path:
+        raise ValueError(f"--da-cubin {spec!r}: expected LABEL=PATH (a decode_attention.cu -DKERN_PDL build)")
+    if not Path(path).is_file():
+        raise ValueError(f"--da-cubin {spec!r}: no such file {path}")
+    return label, Path(path)
+
+
+def kr_config(flags: list[str]) -> dict[str, int]:
+    """KR_THREADS and KR_RING of a kv_read build: -DNAME=N among the nvcc flags, else the source's default."""
+    cfg = dict(KR_DEFAULTS)
+    for f in flags:
+        name, sep, value = f.removeprefix("-D").partition("=")
+        if f.startswith("-D") and sep and name in cfg:
+            cfg[name] = int(value)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", type=Path, required=True, help="a build_kernels.py dir (the default's kernels)")
+    ap.add_argument("--context", type=int, action="append", help="cached tokens, repeatable (default: 130, 4096)")
+    ap.add_argument("--splits", type=int, action="append", help="kv_read CTAs per kv head, repeatable (default: 8, "
+                    "16, 33: 64, 128 and 264 CTAs)")
+    ap.add_argument("--replays", type=int, default=30, help="graph replays per median (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
+    ap.add_argument("--da-cubin", action="append", default=[], metavar="LABEL=PATH",
+                    help="a decode_attention.cu -DKERN_PDL what-if build, timed as the default's rope entry")
+    ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for kv_read_bound.cu")
+    a = ap.parse_args(argv)
+    if any(L < 1 for L in a.context or []) or any(s < 1 for s in a.splits or []) or a.replays < 1 or a.rounds < 1:
+        ap.error("--context, --splits, --replays and --rounds: positive ints")
+    if not (a.kernels / "index.json").is_file():
+        ap.error(f"--kernels {a.kernels}: no index.json (a tools/build_kernels.py dir)")
+    try:
+        a.da = [parse_da(s) for s in a.da_cubin]
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine")
+    return run(a)
+
+
+def run(a: argparse.Namespace) -> int:
+    import torch
+    from cubin_launch import KernelSet
+
+    torch.empty(1, device="cuda")
+    ks = KernelSet(a.kernels)
+    for name in (ROPE, QKV_GEMV):
+        if name not in ks.kernels:
+            raise SystemExit(f"{a.kernels}/index.json has no `{name}`: a build_kernels.py dir of this tree, please")
+    rope_smem, rope_carveout = ks.kernels[ROPE]["shared_mem"], ks.kernels[ROPE].get("carveout") or 0
+    cubin = Path(tempfile.mkdtemp()) / "kv_read_bound.cubin"
+    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17", *a.nvcc_flag, "-o", str(cubin), str(SRC)],
+                   check=True)
+    cfg = kr_config(a.nvcc_flag)
+    threads, smem = cfg["KR_THREADS"], cfg["KR_RING"] * 8192 + KR_MAX_PAGES * 4
+    splits = a.splits or [8, 16, 33]
+    reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in (0, 1)}
+    das = {label: raw_launcher(path, "decode_attention_rope_cluster", (NKV, 8, 1), 128, rope_smem, rope_carveout)
+           for label, path in a.da}
+    cx = ks.kernels[QKV_GEMV]["constexprs"]
+    grid = gemv_blocks(N, cx["COLS_PER_WARP"], cx["WARPS"], 1)
+    x, ws, nw, qw, kw, cos_sin = layer_weights()
+    sink = torch.zeros(NKV * max(splits), dtype=torch.int32, device="cuda")
+    print(f"Qwen3-4B geometry, {LAYERS} layers per graph, µs per layer (median of {a.replays} replays, best of "
+          f"{a.rounds} alternating rounds); pair = the qkv GEMV ({QKV_GEMV}, grid {grid}) + the form, every launch "
+          f"PDL; added = pair - the GEMV alone; kv_read: {threads} threads, a ring of {cfg['KR_RING']} pages, nvcc "
+          f"{' '.join(a.nvcc_flag) or '(no flags)'}")
+    print("| context | form | pair | alone | added | added / floor |\n|---:|---|---:|---:|---:|---:|")
+    for L in a.context or [130, 4096]:
+        c = context_inputs(L)
+        kv, bt, layer_elems, page_elems, seq, pos, slot, qkv, out, tail = (c[k] for k in (
+            "kv", "bt", "layer_elems", "page_elems", "seq", "pos", "slot", "qkv", "out", "tail"))
+        page_bytes = page_elems * 2
+
+        def gemv(layer):
+            ks.launch(QKV_GEMV, (grid,), [x, nw, ws[layer], qkv, N, K, EPS, 1], pdl=True)
+
+        def rope_args(layer):
+            return [qkv, pos, slot, qw, kw, cos_sin, kv[layer * layer_elems:], bt, seq, out, NQ, NKV, N, *tail]
+
+        def default(layer):
+            ks.launch(ROPE, (NKV, 8, 1), rope_args(layer), pdl=True)
+
+        forms = {"default": default}
+        for label, launch in das.items():
+            forms[label] = lambda layer, launch=launch: launch(rope_args(layer))
+        for (s, w), launch in reads.items():
+            forms[f"read S={s} {'wait' if w else 'pre'}"] = (
+                lambda layer, launch=launch, w=w: launch([kv[layer * layer_elems:], bt, seq, sink, page_bytes, w]))
+
+        # the harness's inputs are right: layer 0's default output against float64 (the rope form's q and row)
+        out.fill_(float("nan"))
+        gemv(0)
+        default(0)
+        torch.cuda.synchronize()
+        check_default(out, qkv, kv, page_elems, bt, L, qw, kw, cos_sin, pos, slot)
+        if -(-L // 16) > KR_MAX_PAGES * min(splits):
+            raise SystemExit(f"context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(splits)}")
+
+        floor = L * NKV * 2 * D * 2 / BW
+        best = {f: [math.inf, math.inf] for f in forms}
+        g_alone = math.inf
+        for _ in range(a.rounds):
+            for name, form in forms.items():
+                def pair(form=form):
+                    for layer in range(LAYERS):
+                        gemv(layer)
+                        form(layer)
+
+                def alone(form=form):
+                    for layer in range(LAYERS):
+                        form(layer)
+                best[name][0] = min(best[name][0], time_graph(pair, a.replays))
+                best[name][1] = min(best[name][1], time_graph(alone, a.replays))
+
+            def gemvs():
+                for layer in range(LAYERS):
+                    gemv(layer)
+            g_alone = min(g_alone, time_graph(gemvs, a.replays))
+        if int(sink.abs().sum()):
+            raise SystemExit(f"context {L}: a kv_read CTA left pages unread (its share exceeded KR_MAX_PAGES)")
+        print(f"| {L} | the qkv GEMV alone | — | {g_alone:.2f} | — | — |")
+        for name, (p, al) in best.items():
+            print(f"| {L} | {name} | {p:.2f} | {al:.2f} | {p - g_alone:.2f} | {(p - g_alone) / floor:.2f}x "
+                  f"(floor {floor:.2f}) |", flush=True)
+        del kv, bt, c
+        torch.cuda.empty_cache()
+    return 0
+
+
+def check_default(out, qkv, kv, page_elems, bt, L, qw, kw, cos_sin, pos, slot) -> None:
+    """The default's output (layer 0, after the qkv GEMV) within bf16 bounds of gpu_helpers.rope_reference (float64:
+    q and the current token's k normed and rotated as HF's Qwen3 does, attention over the cache with that row)."""
+    from gpu_helpers import rope_reference
+
+    ref, _ = rope_reference(qkv[0], kv, 0, page_elems, bt, L, NQ, qw, kw, cos_sin[int(pos)], slot)
+    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    if not math.isfinite(err) or err > 2e-2:
+        raise SystemExit(f"context {L}: the default attention's output is off the float64 reference by {err:.2e} "
+                         "(relative to its max): the harness's inputs are wrong")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
