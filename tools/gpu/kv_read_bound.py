@@ -67,6 +67,16 @@ def kr_config(flags: list[str]) -> dict[str, int]:
     return cfg
 
 
+def nvcc_command(flags: list[str], out: Path, nvcc: str = "nvcc") -> list[str]:
+    """nvcc's command line for kv_read_bound.cu with the extra `flags`, writing the cubin `out`."""
+    return [nvcc, "-cubin", "-arch=sm_90", "-O3", "-std=c++17", *flags, "-o", str(out), str(SRC)]
+
+
+def kr_smem(cfg: dict[str, int]) -> int:
+    """kv_read's dynamic shared memory, bytes: the ring of KR_RING 8 KB page slices, then KR_MAX_PAGES i32 entries."""
+    return cfg["KR_RING"] * 8192 + KR_MAX_PAGES * 4
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", type=Path, required=True, help="a build_kernels.py dir (the default's kernels)")
@@ -105,10 +115,9 @@ def run(a: argparse.Namespace) -> int:
             raise SystemExit(f"{a.kernels}/index.json has no `{name}`: a build_kernels.py dir of this tree, please")
     rope_smem, rope_carveout = ks.kernels[ROPE]["shared_mem"], ks.kernels[ROPE].get("carveout") or 0
     cubin = Path(tempfile.mkdtemp()) / "kv_read_bound.cubin"
-    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17", *a.nvcc_flag, "-o", str(cubin), str(SRC)],
-                   check=True)
+    subprocess.run(nvcc_command(a.nvcc_flag, cubin), check=True)
     cfg = kr_config(a.nvcc_flag)
-    threads, smem = cfg["KR_THREADS"], cfg["KR_RING"] * 8192 + KR_MAX_PAGES * 4
+    threads, smem = cfg["KR_THREADS"], kr_smem(cfg)
     splits = a.splits or [8, 16, 33]
     reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in (0, 1)}
     das = {label: raw_launcher(path, "decode_attention_rope_cluster", (NKV, 8, 1), 128, rope_smem, rope_carveout)
