@@ -9,9 +9,11 @@
 // vectors of a page with cp.async (L2 only), one commit group per page, and waits only when KR_RING pages are in
 // flight, so KR_RING · 8 KB stay in flight per CTA. Nothing reads the ring: the copies are the whole work. (Register
 // loads would not do: ptxas interleaves the folds that keep them alive with the loads, which serializes a batch.) The
-// CTA's block-table entries are read into shared memory first. `wait_first` != 0: griddepcontrol.wait before the
+// CTA's block-table entries are read into shared memory first. `wait_first` 1: griddepcontrol.wait before the
 // first copy (no page before the launch before it is done); 0: every copy before the wait (the most a PDL attention
-// can overlap: its pages do not depend on the launch before it, only q and the current token's row do). Either way
+// can overlap: its pages do not depend on the launch before it, only q and the current token's row do); 2: every
+// page asked of L2 (cp.async.bulk.prefetch.L2, no shared memory) before the wait, the copies after it (what an
+// attention that needs q before it can consume a page can overlap). Either way
 // the CTA triggers its dependents at entry. It writes its `out` word only when its share of pages exceeded
 // KR_MAX_PAGES (pages left unread: the script refuses the run).
 #include <stdint.h>
@@ -32,13 +34,20 @@ kv_read(const char* __restrict__ kv, const int* __restrict__ block_table, const 
         unsigned* __restrict__ out, int page_bytes, int wait_first) {
     extern __shared__ __align__(16) unsigned char ring[];  // KR_RING slices, then the CTA's block-table entries
     int* pages = reinterpret_cast<int*>(ring + KR_RING * KR_SLICE);
-    if (wait_first) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (wait_first == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int P = (seq_lens[0] + 15) / 16;
     const int S = gridDim.y, s = blockIdx.y;
     const int p0 = (int)((long)P * s / S), n = min((int)((long)P * (s + 1) / S) - p0, KR_MAX_PAGES);
     for (int i = threadIdx.x; i < n; i += KR_THREADS) pages[i] = block_table[p0 + i];
     __syncthreads();
+    if (wait_first == 2) {  // every page asked of L2 (no shared memory), then the wait, then the copies
+        for (int i = threadIdx.x; i < n; i += KR_THREADS)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(kv + (long)blockIdx.x * KR_SLICE +
+                                                                               (long)pages[i] * page_bytes),
+                         "r"(KR_SLICE) : "memory");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
     const char* head = kv + (long)blockIdx.x * KR_SLICE + threadIdx.x * 16;
     const unsigned dst0 = (unsigned)__cvta_generic_to_shared(ring) + threadIdx.x * 16;
     for (int i = 0; i < n; ++i) {
@@ -52,6 +61,6 @@ kv_read(const char* __restrict__ kv, const int* __restrict__ block_table, const 
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    if (!wait_first) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (wait_first == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (n > KR_MAX_PAGES && threadIdx.x == 0) out[blockIdx.y * gridDim.x + blockIdx.x] = 1;  // pages left unread
 }

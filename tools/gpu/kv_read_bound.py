@@ -14,12 +14,13 @@ decode attention reading the same pages must add at least; the default's excess 
 
 Per context, µs per layer (median of the replays, best of the rounds, forms alternating): pair (the qkv GEMV as
 gen_qwen3 launches it, then the form), alone (36 in a PDL chain) and added (pair - the GEMV alone), beside the floor.
-Forms: `default` (decode_attention_rope_cluster_pdl from KDIR), `read S=s pre` / `read S=s wait` (kv_read with its
-loads before / after its griddepcontrol.wait) for each --splits s, and each --da-cubin: a decode_attention.cu build
+Forms: `default` (decode_attention_rope_cluster_pdl from KDIR), `read S=s pre` / `wait` / `L2-prefetch, wait`
+(kv_read with its copies before / after its griddepcontrol.wait, or after it with every page asked of L2 before it)
+for each --splits s, and each --da-cubin: a decode_attention.cu build
 with -DKERN_PDL (and the what-if defines, e.g. -DDA_NO_MATH) whose rope entry is launched as the default is (grid
 [NKV, 8, 1], 128 threads, the index's shared memory and carveout). The default's output is checked against a
-float64 reference first (the harness's inputs are right); a --da-cubin's output is not checked (DA_NO_MATH's is
-wrong by design). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
+float64 reference first (the harness's inputs are right); a --da-cubin's is compared with the default's bit for bit
+and reported, not refused (DA_NO_MATH's is wrong by design). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ ROPE = "decode_attention_rope_cluster_pdl"
 QKV_GEMV = gemv_tc_entry("kern_gemv_norm_m1") + GEMV_UNROLL_SUFFIX[gemv_tc_unroll(K, True)]  # as gen_qwen3 (4B)
 SRC = Path(__file__).with_name("kv_read_bound.cu")
 BW = 4.25e6  # bytes per µs: the copy bandwidth bench_kernels measures on the H200
+#: kv_read's `wait_first` modes: its copies before its griddepcontrol.wait, after it, or after it with every page
+#: asked of L2 before it
+MODES = {0: "pre", 1: "wait", 2: "L2-prefetch, wait"}
 #: kv_read_bound.cu's defaults (-DKR_THREADS, -DKR_RING) and its block-table entries per CTA (KR_MAX_PAGES)
 KR_DEFAULTS, KR_MAX_PAGES = {"KR_THREADS": 256, "KR_RING": 8}, 1024
 
@@ -119,7 +123,7 @@ def run(a: argparse.Namespace) -> int:
     cfg = kr_config(a.nvcc_flag)
     threads, smem = cfg["KR_THREADS"], kr_smem(cfg)
     splits = a.splits or [8, 16, 33]
-    reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in (0, 1)}
+    reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in MODES}
     das = {label: raw_launcher(path, "decode_attention_rope_cluster", (NKV, 8, 1), 128, rope_smem, rope_carveout)
            for label, path in a.da}
     cx = ks.kernels[QKV_GEMV]["constexprs"]
@@ -130,7 +134,8 @@ def run(a: argparse.Namespace) -> int:
           f"{a.rounds} alternating rounds); pair = the qkv GEMV ({QKV_GEMV}, grid {grid}) + the form, every launch "
           f"PDL; added = pair - the GEMV alone; kv_read: {threads} threads, a ring of {cfg['KR_RING']} pages, nvcc "
           f"{' '.join(a.nvcc_flag) or '(no flags)'}")
-    print("| context | form | pair | alone | added | added / floor |\n|---:|---|---:|---:|---:|---:|")
+    print("| context | form | pair | alone | added | added / floor | output vs the default's |\n"
+          "|---:|---|---:|---:|---:|---:|---|")
     for L in a.context or [130, 4096]:
         c = context_inputs(L)
         kv, bt, layer_elems, page_elems, seq, pos, slot, qkv, out, tail = (c[k] for k in (
@@ -150,7 +155,7 @@ def run(a: argparse.Namespace) -> int:
         for label, launch in das.items():
             forms[label] = lambda layer, launch=launch: launch(rope_args(layer))
         for (s, w), launch in reads.items():
-            forms[f"read S={s} {'wait' if w else 'pre'}"] = (
+            forms[f"read S={s} {MODES[w]}"] = (
                 lambda layer, launch=launch, w=w: launch([kv[layer * layer_elems:], bt, seq, sink, page_bytes, w]))
 
         # the harness's inputs are right: layer 0's default output against float64 (the rope form's q and row)
@@ -159,6 +164,14 @@ def run(a: argparse.Namespace) -> int:
         default(0)
         torch.cuda.synchronize()
         check_default(out, qkv, kv, page_elems, bt, L, qw, kw, cos_sin, pos, slot)
+        same = {}  # each --da-cubin's output after the same GEMV, bit for bit against the default's
+        ref = out.clone()
+        for label in das:
+            out.fill_(float("nan"))
+            gemv(0)
+            forms[label](0)
+            torch.cuda.synchronize()
+            same[label] = "identical" if torch.equal(out.view(torch.int16), ref.view(torch.int16)) else "differs"
         if -(-L // 16) > KR_MAX_PAGES * min(splits):
             raise SystemExit(f"context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(splits)}")
 
@@ -184,10 +197,10 @@ def run(a: argparse.Namespace) -> int:
             g_alone = min(g_alone, time_graph(gemvs, a.replays))
         if int(sink.abs().sum()):
             raise SystemExit(f"context {L}: a kv_read CTA left pages unread (its share exceeded KR_MAX_PAGES)")
-        print(f"| {L} | the qkv GEMV alone | — | {g_alone:.2f} | — | — |")
+        print(f"| {L} | the qkv GEMV alone | — | {g_alone:.2f} | — | — | — |")
         for name, (p, al) in best.items():
             print(f"| {L} | {name} | {p:.2f} | {al:.2f} | {p - g_alone:.2f} | {(p - g_alone) / floor:.2f}x "
-                  f"(floor {floor:.2f}) |", flush=True)
+                  f"(floor {floor:.2f}) | {same.get(name, '—')} |", flush=True)
         del kv, bt, c
         torch.cuda.empty_cache()
     return 0

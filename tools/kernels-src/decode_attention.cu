@@ -419,6 +419,14 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
                                             const AfterIssue& after_issue = AfterIssue{}) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
+#ifdef DA_L2_AHEAD
+    // -DDA_L2_AHEAD=N (experiment, NOTES.md 75): before anything else (so before the PDL form's wait), lane i asks L2
+    // for the warp's page i where SLOTS <= i < SLOTS + N (its ring's first SLOTS pages are copied anyway): a prefetch
+    // needs no shared memory, so the warp has its ring's pages plus N more in flight while the launch before it ends.
+    if (lane >= SLOTS && lane < count && lane < SLOTS + DA_L2_AHEAD)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(geo.kvh + int64_t(bt_reg) * geo.page_bytes),
+                     "r"(uint32_t(min(DA_PAGE, geo.L - (first + lane * step) * DA_PAGE) * DA_ROW)) : "memory");
+#endif
     m = -INFINITY;
     l = 0.f;
 #pragma unroll
