@@ -61,6 +61,27 @@ def parse_da(spec: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
+def parse_halves(spec: str) -> tuple[str, Path, int, int, int]:
+    """LABEL:H:C:G=PATH -> (label, path, halves, cluster, max_g); raises ValueError naming the spec."""
+    head, sep, path = spec.partition("=")
+    parts = head.split(":")
+    if not sep or len(parts) != 4 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        raise ValueError(f"--da-halves {spec!r}: expected LABEL:H:C:G=PATH (a decode_attention.cu -DKERN_PDL "
+                         "-DDA_HALVES=H -DDA_CLUSTER=C -DDA_MAX_G=G build)")
+    label, h, c, g = parts[0], *map(int, parts[1:])
+    if h not in (2, 4) or c not in (2, 4, 8) or g < NQ // NKV:
+        raise ValueError(f"--da-halves {spec!r}: H must be 2 or 4, C 2, 4 or 8, G at least {NQ // NKV} (4B's group)")
+    if not Path(path).is_file():
+        raise ValueError(f"--da-halves {spec!r}: no such file {path}")
+    return label, Path(path), h, c, g
+
+
+def halves_smem(cluster: int, max_g: int, slots: int = 2, warps: int = 4) -> int:
+    """Dynamic shared memory (bytes) of a DA_HALVES build's rope entry (decode_attention.cu DA_ROPE_SMEM): the slots'
+    mbarriers, the warps' rings, the cluster's partials (DA_RECV_FLOATS with DA_CLUSTER, DA_MAX_G)."""
+    return warps * 8 * 8 + warps * slots * 8192 + cluster * (2 * max_g + max_g * D // cluster) * 4
+
+
 def kr_config(flags: list[str]) -> dict[str, int]:
     """KR_THREADS and KR_RING of a kv_read build: -DNAME=N among the nvcc flags, else the source's default."""
     cfg = dict(KR_DEFAULTS)
@@ -91,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
     ap.add_argument("--da-cubin", action="append", default=[], metavar="LABEL=PATH",
                     help="a decode_attention.cu -DKERN_PDL what-if build, timed as the default's rope entry")
+    ap.add_argument("--da-halves", action="append", default=[], metavar="LABEL:H:C:G=PATH",
+                    help="a decode_attention.cu -DKERN_PDL -DDA_HALVES=H -DDA_CLUSTER=C -DDA_MAX_G=G build: its rope "
+                         "entry on H clusters of C CTAs per kv head (grid [NKV, H*C, 1]), carveout 0")
     ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for kv_read_bound.cu")
     a = ap.parse_args(argv)
     if any(L < 1 for L in a.context or []) or any(s < 1 for s in a.splits or []) or a.replays < 1 or a.rounds < 1:
@@ -99,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--kernels {a.kernels}: no index.json (a tools/build_kernels.py dir)")
     try:
         a.da = [parse_da(s) for s in a.da_cubin]
+        a.halves = [parse_halves(s) for s in a.da_halves]
     except ValueError as e:
         ap.error(str(e))
     try:
@@ -126,6 +151,14 @@ def run(a: argparse.Namespace) -> int:
     reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in MODES}
     das = {label: raw_launcher(path, "decode_attention_rope_cluster", (NKV, 8, 1), 128, rope_smem, rope_carveout)
            for label, path in a.da}
+    halves = {label: (raw_launcher(path, "decode_attention_rope_cluster", (NKV, h * c, 1), 128, halves_smem(c, g), 0),
+                      h, c) for label, path, h, c, g in a.halves}
+    G = NQ // NKV
+    part = torch.empty(NKV * 4 * G * D * 3, dtype=torch.float32, device="cuda")
+    pair_count = torch.zeros(NKV * 8, dtype=torch.int32, device="cuda")
+    for label, (launch, h, c) in halves.items():
+        print(f"{label}: {h} clusters of {c} CTAs per kv head; clusters the GPU holds at once "
+              f"(cuOccupancyMaxActiveClusters): {launch.max_active_clusters()} ({NKV * h} launched)")
     cx = ks.kernels[QKV_GEMV]["constexprs"]
     grid = gemv_blocks(N, cx["COLS_PER_WARP"], cx["WARPS"], 1)
     x, ws, nw, qw, kw, cos_sin = layer_weights()
@@ -154,6 +187,8 @@ def run(a: argparse.Namespace) -> int:
         forms = {"default": default}
         for label, launch in das.items():
             forms[label] = lambda layer, launch=launch: launch(rope_args(layer))
+        for label, (launch, _, _) in halves.items():
+            forms[label] = lambda layer, launch=launch: launch([*rope_args(layer), part, pair_count])
         for (s, w), launch in reads.items():
             forms[f"read S={s} {MODES[w]}"] = (
                 lambda layer, launch=launch, w=w: launch([kv[layer * layer_elems:], bt, seq, sink, page_bytes, w]))
@@ -166,12 +201,18 @@ def run(a: argparse.Namespace) -> int:
         check_default(out, qkv, kv, page_elems, bt, L, qw, kw, cos_sin, pos, slot)
         same = {}  # each --da-cubin's output after the same GEMV, bit for bit against the default's
         ref = out.clone()
-        for label in das:
+        for label in [*das, *halves]:
             out.fill_(float("nan"))
             gemv(0)
             forms[label](0)
             torch.cuda.synchronize()
-            same[label] = "identical" if torch.equal(out.view(torch.int16), ref.view(torch.int16)) else "differs"
+            if torch.equal(out.view(torch.int16), ref.view(torch.int16)):
+                same[label] = "identical"
+            else:
+                same[label] = (f"differs: max abs diff {(out.float() - ref.float()).abs().max().item():.2e} "
+                               f"(max abs {ref.float().abs().max().item():.2e})")
+        if int(pair_count.abs().sum()):
+            raise SystemExit(f"context {L}: pair_count not back to zero after a launch: {pair_count.tolist()}")
         if -(-L // 16) > KR_MAX_PAGES * min(splits):
             raise SystemExit(f"context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(splits)}")
 
@@ -195,6 +236,8 @@ def run(a: argparse.Namespace) -> int:
                 for layer in range(LAYERS):
                     gemv(layer)
             g_alone = min(g_alone, time_graph(gemvs, a.replays))
+        if int(pair_count.abs().sum()):
+            raise SystemExit(f"context {L}: pair_count not back to zero after the timed graphs")
         if int(sink.abs().sum()):
             raise SystemExit(f"context {L}: a kv_read CTA left pages unread (its share exceeded KR_MAX_PAGES)")
         print(f"| {L} | the qkv GEMV alone | — | {g_alone:.2f} | — | — | — |")

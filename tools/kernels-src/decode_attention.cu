@@ -168,7 +168,9 @@ static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger
 static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_THREADS (DA_WARPS * 32)
 #define DA_COLUMN_THREAD(d) (DA_THREADS == DA_D || (d) < DA_D)  // thread d owns output column d
+#ifndef DA_MAX_G  // the largest GQA group (q heads per kv head); experiments with 4-CTA clusters need 4
 #define DA_MAX_G 8
+#endif
 #define DA_MIN_PAGES_PER_SPLIT 4
 #define DA_MAX_SPLITS 64
 // The head-major KV layout (the header; NOTES.md 52, 58; the -DDA_BULK experiment until session 21): a page of one
@@ -368,6 +370,18 @@ struct Inject {
     uint4 val;
 };
 
+#ifdef DA_L2_AHEAD
+// -DDA_L2_AHEAD=A (experiment, NOTES.md 75): page p of a warp's list (physical page `phys`) asked of L2 with one bulk
+// prefetch of its valid rows: no shared memory, no completion to wait for. A warp keeps A pages past its ring's in
+// flight this way: pages SLOTS..SLOTS+A-1 at entry (warp_attend: before the PDL form's wait), then page k + A as page
+// k >= SLOTS is copied into the ring (issue_page), where page k + A's block-table entry is in the warp's 32-page window;
+// the pages a window's issues could not reach are asked for when the next window's entries are loaded.
+__device__ __forceinline__ void l2_prefetch_page(const Geo& geo, int first, int step, int p, int phys) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(geo.kvh + int64_t(phys) * geo.page_bytes),
+                 "r"(uint32_t(min(DA_PAGE, geo.L - (first + p * step) * DA_PAGE) * DA_ROW)) : "memory");
+}
+#endif
+
 // Page k of a warp's list -> slot k % SLOTS of its ring: one bulk copy of the page's valid rows (512 bytes each) by
 // lane 0, counted on the slot's mbarrier; the rows of tokens past L are zero-filled by the warp (never read).
 // bt_reg: lane i holds the block-table entry of page k0 + i of the list, k0 = 32*floor(k/32) (refilled at k = 32,
@@ -381,6 +395,17 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
             const int kk = k + lane;
             bt_reg = kk < count ? __ldg(geo.bt + first + kk * step) : 0;
         }
+#ifdef DA_L2_AHEAD
+        if (k >= SLOTS) {  // lane i holds page 32*(k/32) + i's entry
+            const int j = k + DA_L2_AHEAD;
+            if ((k & 31) == 0) {  // a new window: its pages k + 1 .. k + A (the last window's issues could not)
+                if (lane >= 1 && lane <= DA_L2_AHEAD && k + lane < count)
+                    l2_prefetch_page(geo, first, step, k + lane, bt_reg);
+            } else if ((j >> 5) == (k >> 5) && j < count && lane == (j & 31)) {
+                l2_prefetch_page(geo, first, step, j, bt_reg);
+            }
+        }
+#endif
         const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
         // one bulk copy of the page's valid rows (8 KB for a full page); the rows past L are zeroed by the warp
@@ -420,12 +445,8 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
 #ifdef DA_L2_AHEAD
-    // -DDA_L2_AHEAD=N (experiment, NOTES.md 75): before anything else (so before the PDL form's wait), lane i asks L2
-    // for the warp's page i where SLOTS <= i < SLOTS + N (its ring's first SLOTS pages are copied anyway): a prefetch
-    // needs no shared memory, so the warp has its ring's pages plus N more in flight while the launch before it ends.
-    if (lane >= SLOTS && lane < count && lane < SLOTS + DA_L2_AHEAD)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(geo.kvh + int64_t(bt_reg) * geo.page_bytes),
-                     "r"(uint32_t(min(DA_PAGE, geo.L - (first + lane * step) * DA_PAGE) * DA_ROW)) : "memory");
+    // first of all (so before the PDL form's wait): lane i asks L2 for the warp's page i, SLOTS <= i < SLOTS + A
+    if (lane >= SLOTS && lane < count && lane < SLOTS + DA_L2_AHEAD) l2_prefetch_page(geo, first, step, lane, bt_reg);
 #endif
     m = -INFINITY;
     l = 0.f;
@@ -1107,11 +1128,11 @@ __device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_s
 #ifndef DA_HALVES
 #define DA_HALVES 1
 #endif
-static_assert(DA_HALVES == 1 || DA_HALVES == 2, "DA_HALVES: 1 (the default) or 2");
-#if DA_HALVES == 2
+static_assert(DA_HALVES == 1 || DA_HALVES == 2 || DA_HALVES == 4, "DA_HALVES: 1 (the default), 2 or 4");
+#if DA_HALVES > 1
 #define DA_HALF_PARAMS , float* __restrict__ part, unsigned* __restrict__ pair_count
 struct HalfEmit {
-    float* part_h;  // this (sequence, kv head)'s [2, G * D, 3]
+    float* part_h;  // this (sequence, kv head)'s [DA_HALVES, G * D, 3]
     int half, GD;
     float* mine;  // this thread's triple, kept for the pair merge
     __device__ __forceinline__ void operator()(int e, float mm, float ls, float acc) const {
@@ -1135,10 +1156,13 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     cg::cluster_group cluster = cg::this_cluster();
-#if DA_HALVES == 2
+#if DA_HALVES > 1
     const int half = int(blockIdx.y) / DA_CLUSTER;
-    const bool one_half = (__ldg(seq_lens + blockIdx.z) + DA_PAGE - 1) / DA_PAGE <= DA_WARPS * DA_CLUSTER;
-    if (half == 1 && one_half) return;  // the whole cluster, before its first cluster barrier
+    // the clusters with pages (the pages go round the DA_HALVES clusters' warps in order): nh of them
+    const int nh = min(DA_HALVES, ((__ldg(seq_lens + blockIdx.z) + DA_PAGE - 1) / DA_PAGE + DA_WARPS * DA_CLUSTER - 1) /
+                                      (DA_WARPS * DA_CLUSTER));
+    const bool one_half = nh == 1;
+    if (half >= nh) return;  // the whole cluster, before its first cluster barrier
 #else
     constexpr int half = 0;
 #endif
@@ -1209,10 +1233,10 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
 #endif
     DA_TRIGGER_AT_POINT(2);
     bf16* out_h = out + (b * num_q_heads + h * G) * DA_D;
-#if DA_HALVES == 2
+#if DA_HALVES > 1
     if (!one_half) {
         const int GD = G * DA_D;
-        float* part_h = part + (b * num_kv_heads + h) * int64_t(2 * GD * 3);
+        float* part_h = part + (b * num_kv_heads + h) * int64_t(DA_HALVES * GD * 3);
         float mine[3] = {0.f, 0.f, 0.f};
         cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h, HalfEmit{part_h, half, GD, mine});
         __shared__ int da_later;
@@ -1221,22 +1245,39 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
             __threadfence();
             unsigned* c = pair_count + (b * num_kv_heads + h) * DA_CLUSTER + s;
             const unsigned was = atomicAdd(c, 1u);
-            da_later = was == 1u;
-            if (was == 1u) {
-                *c = 0u;  // the pair is done: the next launch's pair starts from zero
+            da_later = was == unsigned(nh - 1);
+            if (was == unsigned(nh - 1)) {
+                *c = 0u;  // every cluster is done: the next launch starts from zero
                 __threadfence();
             }
         }
         __syncthreads();
         const int per = G * (DA_D / DA_CLUSTER), e = s * per + int(threadIdx.x);  // cluster_merge's element
         if (da_later && int(threadIdx.x) < per) {
-            const float* o = part_h + (int64_t(1 - half) * GD + e) * 3;
-            const float om = __ldcg(o), ol = __ldcg(o + 1), oa = __ldcg(o + 2);
-            const float m0 = half == 0 ? mine[0] : om, l0 = half == 0 ? mine[1] : ol, a0 = half == 0 ? mine[2] : oa;
-            const float m1 = half == 0 ? om : mine[0], l1 = half == 0 ? ol : mine[1], a1 = half == 0 ? oa : mine[2];
-            const float mm = fmaxf(m0, m1);
-            const float w0 = merge_weight(m0, mm), w1 = merge_weight(m1, mm);
-            out_h[e] = __float2bfloat16_rn((w0 * a0 + w1 * a1) / (w0 * l0 + w1 * l1));
+            // the last of the same rank's CTAs merges the nh clusters' triples, cluster 0 first whichever came last
+            // (so the bits do not depend on the order)
+            float tm[DA_HALVES], tl[DA_HALVES], ta[DA_HALVES];
+#pragma unroll
+            for (int i = 0; i < DA_HALVES; ++i) {
+                if (i >= nh) break;
+                const float* o = part_h + (int64_t(i) * GD + e) * 3;
+                tm[i] = i == half ? mine[0] : __ldcg(o);
+                tl[i] = i == half ? mine[1] : __ldcg(o + 1);
+                ta[i] = i == half ? mine[2] : __ldcg(o + 2);
+            }
+            float mm = tm[0];
+#pragma unroll
+            for (int i = 1; i < DA_HALVES; ++i)
+                if (i < nh) mm = fmaxf(mm, tm[i]);
+            float num = 0.f, den = 0.f;
+#pragma unroll
+            for (int i = 0; i < DA_HALVES; ++i) {
+                if (i >= nh) break;
+                const float w = merge_weight(tm[i], mm);
+                num += w * ta[i];
+                den += w * tl[i];
+            }
+            out_h[e] = __float2bfloat16_rn(num / den);
         }
         return;
     }
