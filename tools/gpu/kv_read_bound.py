@@ -76,6 +76,18 @@ def parse_halves(spec: str) -> tuple[str, Path, int, int, int]:
     return label, Path(path), h, c, g
 
 
+def parse_split(spec: str) -> tuple[str, Path, int]:
+    """LABEL:S=PATH -> (label, path, S); raises ValueError naming the spec."""
+    head, sep, path = spec.partition("=")
+    label, _, splits = head.partition(":")
+    if not sep or not label or not splits.isdigit() or not 1 <= int(splits) <= 64:
+        raise ValueError(f"--da-split {spec!r}: expected LABEL:S=PATH, S in 1..64 (a decode_attention.cu -DKERN_PDL "
+                         "-DDA_ROPE_SPLIT build)")
+    if not Path(path).is_file():
+        raise ValueError(f"--da-split {spec!r}: no such file {path}")
+    return label, Path(path), int(splits)
+
+
 def halves_smem(cluster: int, max_g: int, slots: int = 2, warps: int = 4) -> int:
     """Dynamic shared memory (bytes) of a DA_HALVES build's rope entry (decode_attention.cu DA_ROPE_SMEM): the slots'
     mbarriers, the warps' rings, the cluster's partials (DA_RECV_FLOATS with DA_CLUSTER, DA_MAX_G)."""
@@ -115,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--da-halves", action="append", default=[], metavar="LABEL:H:C:G=PATH",
                     help="a decode_attention.cu -DKERN_PDL -DDA_HALVES=H -DDA_CLUSTER=C -DDA_MAX_G=G build: its rope "
                          "entry on H clusters of C CTAs per kv head (grid [NKV, H*C, 1]), carveout 0")
+    ap.add_argument("--da-split", action="append", default=[], metavar="LABEL:S=PATH",
+                    help="a decode_attention.cu -DKERN_PDL -DDA_ROPE_SPLIT build: decode_attention_rope_split on S "
+                         "plain CTAs per kv head (grid [NKV, S, 1]), the default's shared memory and carveout")
     ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for kv_read_bound.cu")
     a = ap.parse_args(argv)
     if any(L < 1 for L in a.context or []) or any(s < 1 for s in a.splits or []) or a.replays < 1 or a.rounds < 1:
@@ -124,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a.da = [parse_da(s) for s in a.da_cubin]
         a.halves = [parse_halves(s) for s in a.da_halves]
+        a.split = [parse_split(s) for s in a.da_split]
     except ValueError as e:
         ap.error(str(e))
     try:
@@ -154,7 +170,10 @@ def run(a: argparse.Namespace) -> int:
     halves = {label: (raw_launcher(path, "decode_attention_rope_cluster", (NKV, h * c, 1), 128, halves_smem(c, g), 0),
                       h, c) for label, path, h, c, g in a.halves}
     G = NQ // NKV
-    part = torch.empty(NKV * 4 * G * D * 3, dtype=torch.float32, device="cuda")
+    splits_of = {label: (raw_launcher(path, "decode_attention_rope_split", (NKV, S, 1), 128, rope_smem, rope_carveout),
+                         S) for label, path, S in a.split}
+    part = torch.empty(NKV * max([4 * 3 * D, *(S * (D + 2) for _, _, S in a.split)]) * G, dtype=torch.float32,
+                       device="cuda")
     pair_count = torch.zeros(NKV * 8, dtype=torch.int32, device="cuda")
     for label, (launch, h, c) in halves.items():
         print(f"{label}: {h} clusters of {c} CTAs per kv head; clusters the GPU holds at once "
@@ -189,6 +208,8 @@ def run(a: argparse.Namespace) -> int:
             forms[label] = lambda layer, launch=launch: launch(rope_args(layer))
         for label, (launch, _, _) in halves.items():
             forms[label] = lambda layer, launch=launch: launch([*rope_args(layer), part, pair_count])
+        for label, (launch, _) in splits_of.items():
+            forms[label] = lambda layer, launch=launch: launch([*rope_args(layer), part, pair_count])
         for (s, w), launch in reads.items():
             forms[f"read S={s} {MODES[w]}"] = (
                 lambda layer, launch=launch, w=w: launch([kv[layer * layer_elems:], bt, seq, sink, page_bytes, w]))
@@ -201,7 +222,7 @@ def run(a: argparse.Namespace) -> int:
         check_default(out, qkv, kv, page_elems, bt, L, qw, kw, cos_sin, pos, slot)
         same = {}  # each --da-cubin's output after the same GEMV, bit for bit against the default's
         ref = out.clone()
-        for label in [*das, *halves]:
+        for label in [*das, *halves, *splits_of]:
             out.fill_(float("nan"))
             gemv(0)
             forms[label](0)

@@ -1284,3 +1284,125 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
 #endif
     cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h);
 }
+
+#ifdef DA_ROPE_SPLIT
+// -DDA_ROPE_SPLIT (an experiment, NOTES.md 75; not built by tools/build_kernels.py): decode_attention_rope_cluster's
+// work on S = grid.y plain CTAs per (kv head, sequence) instead of one cluster of 8, grid [NKV, S, seqs], so that
+// up to S = 16 CTAs of one SM each stream a kv head's pages (a cluster form is held to ~64 SMs: one 70 KB CTA per
+// SM, and the GPU holds 15 clusters of 8 or 30 of 4). The pages go round the S CTAs' warps (warp gw = 4s + w takes
+// pages gw, gw + 4S, ...); the ns = min(S, ceil(pages / 4)) CTAs with pages run; with ns = 1 CTA 0 writes the
+// output as the cluster form does. Otherwise each CTA writes its CTA-merged (max, sum, acc) of its G heads to
+// `part` (f32 [seqs, NKV, S, G * (D + 2)]: acc [G][D], then (max, sum) per head) and counts itself in `counters`
+// (u32 [seqs, NKV], zero at load); the last of the ns merges them, CTA 0's first whichever came last (so the bits
+// do not depend on the order), writes the G heads' outputs and resets its counter. Same inputs, outputs and PDL
+// contract as the cluster form.
+extern "C" __global__ void __launch_bounds__(DA_THREADS)
+decode_attention_rope_split(const bf16* __restrict__ qkv, const int64_t* __restrict__ positions,
+                            const int64_t* __restrict__ slot_mapping, const bf16* __restrict__ q_norm_w,
+                            const bf16* __restrict__ k_norm_w, const float* __restrict__ cos_sin, char* kv,
+                            const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                            bf16* __restrict__ out, int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
+                            int page_bytes, float sm_scale, float eps, float* __restrict__ part,
+                            unsigned* __restrict__ counters) {
+    static_assert(DA_THREADS == DA_D, "one output column per thread");
+    extern __shared__ __align__(128) float smem_all[];
+    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
+    const int h = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+    const int64_t b = blockIdx.z;
+    const int G = num_q_heads / num_kv_heads;
+    const int L = __ldg(seq_lens + b);
+    const int ns = min(S, ((L + DA_PAGE - 1) / DA_PAGE + DA_WARPS - 1) / DA_WARPS);
+    if (s >= ns) {  // no pages: only the PDL contract (wait before leaving, as every block of a PDL form does)
+        DA_PDL_WAIT();
+        DA_PDL_TRIGGER();
+        return;
+    }
+    const int lane = threadIdx.x & 31, tig = lane & 3;
+    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * S;
+    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
+    const float* cs = cos_sin + __ldg(positions + b) * DA_D;
+    uint4 qw[4];
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) qw[kp] = __ldg(reinterpret_cast<const uint4*>(q_norm_w + 32 * kp + 8 * tig));
+    const int jn = (L - 1) / DA_PAGE;
+    const bool mine = jn % step == gw;
+    int64_t slot = -1;
+    uint4 kw = make_uint4(0, 0, 0, 0);
+    float c[8], sn[8];
+    if (mine) {
+        slot = __ldg(slot_mapping + b);
+        kw = __ldg(reinterpret_cast<const uint4*>(k_norm_w + 8 * (lane & 15)));
+        load8f(cs + 8 * (lane & 7), c);
+        load8f(cs + DA_D / 2 + 8 * (lane & 7), sn);
+    }
+    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, page_bytes, L, sm_scale);
+    uint32_t qa[4][4];
+    Inject inj{-1, 0, {}};
+    const auto after_issue = [&]() {  // decode_attention_rope_cluster's after_wait, after the PDL wait
+        DA_PDL_WAIT();
+        DA_PDL_TRIGGER();
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (mine) raw = kv_row_raw(qkv, b, q_stride, num_q_heads, num_kv_heads, h);
+        load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
+        if (mine) {
+            inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE, kv_row_rope_of(raw, kw, c, sn, eps)};
+            const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
+            inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),
+                                 __shfl_sync(0xffffffffu, inj.val.z, sw), __shfl_sync(0xffffffffu, inj.val.w, sw));
+            if (slot >= 0)
+                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) + h * (DA_PAGE * 512) +
+                                          (slot % DA_PAGE) * 512 + lane * 16) = inj.val;
+        }
+    };
+    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
+    cta_attend<DA_ROPE_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
+    bf16* out_h = out + (b * num_q_heads + h * G) * DA_D;
+    const int d = threadIdx.x;
+    if (ns == 1) {
+#pragma unroll
+        for (int gg = 0; gg < DA_MAX_G; ++gg)
+            if (gg < G) out_h[gg * DA_D + d] = __float2bfloat16_rn(A[gg] / Ls[gg]);
+        return;
+    }
+    const int per = G * (DA_D + 2);
+    float* part_h = part + (b * num_kv_heads + h) * int64_t(S) * per;
+    float* mine_p = part_h + int64_t(s) * per;
+#pragma unroll
+    for (int gg = 0; gg < DA_MAX_G; ++gg) {
+        if (gg >= G) break;
+        mine_p[gg * DA_D + d] = A[gg];
+        if (d == 0) {
+            mine_p[G * DA_D + 2 * gg] = M[gg];
+            mine_p[G * DA_D + 2 * gg + 1] = Ls[gg];
+        }
+    }
+    __shared__ int da_last;
+    __syncthreads();  // every value of the CTA's partial stored
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned* cnt = counters + b * num_kv_heads + h;
+        const unsigned was = atomicAdd(cnt, 1u);
+        da_last = was == unsigned(ns - 1);
+        if (was == unsigned(ns - 1)) {
+            *cnt = 0u;  // every CTA is in: the next launch starts from zero
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    if (!da_last) return;
+#pragma unroll
+    for (int gg = 0; gg < DA_MAX_G; ++gg) {
+        if (gg >= G) break;
+        float mm = -INFINITY;
+        for (int i = 0; i < ns; ++i) mm = fmaxf(mm, __ldcg(part_h + int64_t(i) * per + G * DA_D + 2 * gg));
+        float num = 0.f, den = 0.f;
+        for (int i = 0; i < ns; ++i) {
+            const float* p = part_h + int64_t(i) * per;
+            const float w = merge_weight(__ldcg(p + G * DA_D + 2 * gg), mm);
+            num += w * __ldcg(p + gg * DA_D + d);
+            den += w * __ldcg(p + G * DA_D + 2 * gg + 1);
+        }
+        out_h[gg * DA_D + d] = __float2bfloat16_rn(num / den);
+    }
+}
+#endif
