@@ -1288,7 +1288,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
 #ifdef DA_ROPE_SPLIT
 // -DDA_ROPE_SPLIT (an experiment, NOTES.md 75; not built by tools/build_kernels.py): decode_attention_rope_cluster's
 // work on S = grid.y plain CTAs per (kv head, sequence) instead of one cluster of 8, grid [NKV, S, seqs], so that
-// up to S = 16 CTAs of one SM each stream a kv head's pages (a cluster form is held to ~64 SMs: one 70 KB CTA per
+// up to S = 16 (DA_SPLIT_MAX) CTAs of one SM each stream a kv head's pages (a cluster form is held to ~64 SMs: one 70 KB CTA per
 // SM, and the GPU holds 15 clusters of 8 or 30 of 4). The pages go round the S CTAs' warps (warp gw = 4s + w takes
 // pages gw, gw + 4S, ...); the ns = min(S, ceil(pages / 4)) CTAs with pages run; with ns = 1 CTA 0 writes the
 // output as the cluster form does. Otherwise each CTA writes its CTA-merged (max, sum, acc) of its G heads to
@@ -1296,6 +1296,7 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
 // (u32 [seqs, NKV], zero at load); the last of the ns merges them, CTA 0's first whichever came last (so the bits
 // do not depend on the order), writes the G heads' outputs and resets its counter. Same inputs, outputs and PDL
 // contract as the cluster form.
+#define DA_SPLIT_MAX 16  // CTAs per kv head at most (grid.y)
 extern "C" __global__ void __launch_bounds__(DA_THREADS)
 decode_attention_rope_split(const bf16* __restrict__ qkv, const int64_t* __restrict__ positions,
                             const int64_t* __restrict__ slot_mapping, const bf16* __restrict__ q_norm_w,
@@ -1308,6 +1309,7 @@ decode_attention_rope_split(const bf16* __restrict__ qkv, const int64_t* __restr
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     const int h = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+    if (S > DA_SPLIT_MAX) __trap();
     const int64_t b = blockIdx.z;
     const int G = num_q_heads / num_kv_heads;
     const int L = __ldg(seq_lens + b);
@@ -1390,17 +1392,30 @@ decode_attention_rope_split(const bf16* __restrict__ qkv, const int64_t* __restr
     }
     __syncthreads();
     if (!da_last) return;
+    // the merge: every (max, sum) into shared memory with one load per thread, every acc of this thread's column in
+    // registers with independent loads (all in flight at once), then the sums in order i = 0 .. ns-1
+    __shared__ float da_ml[DA_SPLIT_MAX * 2 * DA_MAX_G];
+    for (int t = threadIdx.x; t < ns * 2 * G; t += DA_THREADS)
+        da_ml[t] = __ldcg(part_h + int64_t(t / (2 * G)) * per + G * DA_D + t % (2 * G));
+    float av[DA_MAX_G][DA_SPLIT_MAX];
+#pragma unroll
+    for (int gg = 0; gg < DA_MAX_G; ++gg)
+#pragma unroll
+        for (int i = 0; i < DA_SPLIT_MAX; ++i)
+            av[gg][i] = gg < G && i < ns ? __ldcg(part_h + int64_t(i) * per + gg * DA_D + d) : 0.f;
+    __syncthreads();
 #pragma unroll
     for (int gg = 0; gg < DA_MAX_G; ++gg) {
         if (gg >= G) break;
         float mm = -INFINITY;
-        for (int i = 0; i < ns; ++i) mm = fmaxf(mm, __ldcg(part_h + int64_t(i) * per + G * DA_D + 2 * gg));
+        for (int i = 0; i < ns; ++i) mm = fmaxf(mm, da_ml[i * 2 * G + 2 * gg]);
         float num = 0.f, den = 0.f;
-        for (int i = 0; i < ns; ++i) {
-            const float* p = part_h + int64_t(i) * per;
-            const float w = merge_weight(__ldcg(p + G * DA_D + 2 * gg), mm);
-            num += w * __ldcg(p + gg * DA_D + d);
-            den += w * __ldcg(p + G * DA_D + 2 * gg + 1);
+#pragma unroll
+        for (int i = 0; i < DA_SPLIT_MAX; ++i) {
+            if (i >= ns) break;
+            const float w = merge_weight(da_ml[i * 2 * G + 2 * gg], mm);
+            num += w * av[gg][i];
+            den += w * da_ml[i * 2 * G + 2 * gg + 1];
         }
         out_h[gg * DA_D + d] = __float2bfloat16_rn(num / den);
     }
