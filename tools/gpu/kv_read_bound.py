@@ -16,11 +16,13 @@ Per context, µs per layer (median of the replays, best of the rounds, forms alt
 gen_qwen3 launches it, then the form), alone (36 in a PDL chain) and added (pair - the GEMV alone), beside the floor.
 Forms: `default` (decode_attention_rope_cluster_pdl from KDIR), `read S=s pre` / `wait` / `L2-prefetch, wait`
 (kv_read with its copies before / after its griddepcontrol.wait, or after it with every page asked of L2 before it)
-for each --splits s, and each --da-cubin: a decode_attention.cu build
-with -DKERN_PDL (and the what-if defines, e.g. -DDA_NO_MATH) whose rope entry is launched as the default is (grid
-[NKV, 8, 1], 128 threads, the index's shared memory and carveout). The default's output is checked against a
-float64 reference first (the harness's inputs are right); a --da-cubin's is compared with the default's bit for bit
-and reported, not refused (DA_NO_MATH's is wrong by design). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
+for each --splits s, and each --da-cubin: a decode_attention.cu build with -DKERN_PDL (and the what-if defines, e.g.
+-DDA_NO_MATH) whose rope entry is launched as the default is (grid [NKV, 8, 1], 128 threads, the index's shared memory
+and carveout). The default's output is checked against a float64 reference first (the harness's inputs are right);
+a --da-cubin's is compared with the default's bit for bit and reported, not refused (DA_NO_MATH's is wrong by
+design). Session 33 also timed decode_attention.cu's DA_L2_AHEAD, DA_HALVES = 4 and DA_ROPE_SPLIT experiments here
+(NOTES.md 75; they and this script's `--da-halves` / `--da-split` were removed after the calls: the code is at
+271c127). A probe: prints a table, appends nothing; `--help` and argument errors need no GPU.
 """
 
 from __future__ import annotations
@@ -61,39 +63,6 @@ def parse_da(spec: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
-def parse_halves(spec: str) -> tuple[str, Path, int, int, int]:
-    """LABEL:H:C:G=PATH -> (label, path, halves, cluster, max_g); raises ValueError naming the spec."""
-    head, sep, path = spec.partition("=")
-    parts = head.split(":")
-    if not sep or len(parts) != 4 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
-        raise ValueError(f"--da-halves {spec!r}: expected LABEL:H:C:G=PATH (a decode_attention.cu -DKERN_PDL "
-                         "-DDA_HALVES=H -DDA_CLUSTER=C -DDA_MAX_G=G build)")
-    label, h, c, g = parts[0], *map(int, parts[1:])
-    if h not in (2, 4) or c not in (2, 4, 8) or g < NQ // NKV:
-        raise ValueError(f"--da-halves {spec!r}: H must be 2 or 4, C 2, 4 or 8, G at least {NQ // NKV} (4B's group)")
-    if not Path(path).is_file():
-        raise ValueError(f"--da-halves {spec!r}: no such file {path}")
-    return label, Path(path), h, c, g
-
-
-def parse_split(spec: str) -> tuple[str, Path, int]:
-    """LABEL:S=PATH -> (label, path, S); raises ValueError naming the spec."""
-    head, sep, path = spec.partition("=")
-    label, _, splits = head.partition(":")
-    if not sep or not label or not splits.isdigit() or not 1 <= int(splits) <= 64:
-        raise ValueError(f"--da-split {spec!r}: expected LABEL:S=PATH, S in 1..64 (a decode_attention.cu -DKERN_PDL "
-                         "-DDA_ROPE_SPLIT build)")
-    if not Path(path).is_file():
-        raise ValueError(f"--da-split {spec!r}: no such file {path}")
-    return label, Path(path), int(splits)
-
-
-def halves_smem(cluster: int, max_g: int, slots: int = 2, warps: int = 4) -> int:
-    """Dynamic shared memory (bytes) of a DA_HALVES build's rope entry (decode_attention.cu DA_ROPE_SMEM): the slots'
-    mbarriers, the warps' rings, the cluster's partials (DA_RECV_FLOATS with DA_CLUSTER, DA_MAX_G)."""
-    return warps * 8 * 8 + warps * slots * 8192 + cluster * (2 * max_g + max_g * D // cluster) * 4
-
-
 def kr_config(flags: list[str]) -> dict[str, int]:
     """KR_THREADS and KR_RING of a kv_read build: -DNAME=N among the nvcc flags, else the source's default."""
     cfg = dict(KR_DEFAULTS)
@@ -124,12 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
     ap.add_argument("--da-cubin", action="append", default=[], metavar="LABEL=PATH",
                     help="a decode_attention.cu -DKERN_PDL what-if build, timed as the default's rope entry")
-    ap.add_argument("--da-halves", action="append", default=[], metavar="LABEL:H:C:G=PATH",
-                    help="a decode_attention.cu -DKERN_PDL -DDA_HALVES=H -DDA_CLUSTER=C -DDA_MAX_G=G build: its rope "
-                         "entry on H clusters of C CTAs per kv head (grid [NKV, H*C, 1]), carveout 0")
-    ap.add_argument("--da-split", action="append", default=[], metavar="LABEL:S=PATH",
-                    help="a decode_attention.cu -DKERN_PDL -DDA_ROPE_SPLIT build: decode_attention_rope_split on S "
-                         "plain CTAs per kv head (grid [NKV, S, 1]), the default's shared memory and carveout")
     ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for kv_read_bound.cu")
     a = ap.parse_args(argv)
     if any(L < 1 for L in a.context or []) or any(s < 1 for s in a.splits or []) or a.replays < 1 or a.rounds < 1:
@@ -138,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--kernels {a.kernels}: no index.json (a tools/build_kernels.py dir)")
     try:
         a.da = [parse_da(s) for s in a.da_cubin]
-        a.halves = [parse_halves(s) for s in a.da_halves]
-        a.split = [parse_split(s) for s in a.da_split]
     except ValueError as e:
         ap.error(str(e))
     try:
@@ -167,17 +128,6 @@ def run(a: argparse.Namespace) -> int:
     reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in MODES}
     das = {label: raw_launcher(path, "decode_attention_rope_cluster", (NKV, 8, 1), 128, rope_smem, rope_carveout)
            for label, path in a.da}
-    halves = {label: (raw_launcher(path, "decode_attention_rope_cluster", (NKV, h * c, 1), 128, halves_smem(c, g), 0),
-                      h, c) for label, path, h, c, g in a.halves}
-    G = NQ // NKV
-    splits_of = {label: (raw_launcher(path, "decode_attention_rope_split", (NKV, S, 1), 128, rope_smem, rope_carveout),
-                         S) for label, path, S in a.split}
-    part = torch.empty(NKV * max([4 * 3 * D, *(S * (D + 2) for _, _, S in a.split)]) * G, dtype=torch.float32,
-                       device="cuda")
-    pair_count = torch.zeros(NKV * 8, dtype=torch.int32, device="cuda")
-    for label, (launch, h, c) in halves.items():
-        print(f"{label}: {h} clusters of {c} CTAs per kv head; clusters the GPU holds at once "
-              f"(cuOccupancyMaxActiveClusters): {launch.max_active_clusters()} ({NKV * h} launched)")
     cx = ks.kernels[QKV_GEMV]["constexprs"]
     grid = gemv_blocks(N, cx["COLS_PER_WARP"], cx["WARPS"], 1)
     x, ws, nw, qw, kw, cos_sin = layer_weights()
@@ -206,10 +156,6 @@ def run(a: argparse.Namespace) -> int:
         forms = {"default": default}
         for label, launch in das.items():
             forms[label] = lambda layer, launch=launch: launch(rope_args(layer))
-        for label, (launch, _, _) in halves.items():
-            forms[label] = lambda layer, launch=launch: launch([*rope_args(layer), part, pair_count])
-        for label, (launch, _) in splits_of.items():
-            forms[label] = lambda layer, launch=launch: launch([*rope_args(layer), part, pair_count])
         for (s, w), launch in reads.items():
             forms[f"read S={s} {MODES[w]}"] = (
                 lambda layer, launch=launch, w=w: launch([kv[layer * layer_elems:], bt, seq, sink, page_bytes, w]))
@@ -222,7 +168,7 @@ def run(a: argparse.Namespace) -> int:
         check_default(out, qkv, kv, page_elems, bt, L, qw, kw, cos_sin, pos, slot)
         same = {}  # each --da-cubin's output after the same GEMV, bit for bit against the default's
         ref = out.clone()
-        for label in [*das, *halves, *splits_of]:
+        for label in das:
             out.fill_(float("nan"))
             gemv(0)
             forms[label](0)
@@ -232,8 +178,6 @@ def run(a: argparse.Namespace) -> int:
             else:
                 same[label] = (f"differs: max abs diff {(out.float() - ref.float()).abs().max().item():.2e} "
                                f"(max abs {ref.float().abs().max().item():.2e})")
-        if int(pair_count.abs().sum()):
-            raise SystemExit(f"context {L}: pair_count not back to zero after a launch: {pair_count.tolist()}")
         if -(-L // 16) > KR_MAX_PAGES * min(splits):
             raise SystemExit(f"context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(splits)}")
 
@@ -257,8 +201,6 @@ def run(a: argparse.Namespace) -> int:
                 for layer in range(LAYERS):
                     gemv(layer)
             g_alone = min(g_alone, time_graph(gemvs, a.replays))
-        if int(pair_count.abs().sum()):
-            raise SystemExit(f"context {L}: pair_count not back to zero after the timed graphs")
         if int(sink.abs().sum()):
             raise SystemExit(f"context {L}: a kv_read CTA left pages unread (its share exceeded KR_MAX_PAGES)")
         print(f"| {L} | the qkv GEMV alone | — | {g_alone:.2f} | — | — | — |")

@@ -168,9 +168,7 @@ static_assert(DA_TRIGGER_AT == 0, "DA_EARLY_TRIGGER_BELOW applies to the trigger
 static_assert(DA_WARPS == 4 || DA_WARPS == 8, "DA_WARPS: 4 or 8");
 #define DA_THREADS (DA_WARPS * 32)
 #define DA_COLUMN_THREAD(d) (DA_THREADS == DA_D || (d) < DA_D)  // thread d owns output column d
-#ifndef DA_MAX_G  // the largest GQA group (q heads per kv head); experiments with 4-CTA clusters need 4
 #define DA_MAX_G 8
-#endif
 #define DA_MIN_PAGES_PER_SPLIT 4
 #define DA_MAX_SPLITS 64
 // The head-major KV layout (the header; NOTES.md 52, 58; the -DDA_BULK experiment until session 21): a page of one
@@ -370,18 +368,6 @@ struct Inject {
     uint4 val;
 };
 
-#ifdef DA_L2_AHEAD
-// -DDA_L2_AHEAD=A (experiment, NOTES.md 75): page p of a warp's list (physical page `phys`) asked of L2 with one bulk
-// prefetch of its valid rows: no shared memory, no completion to wait for. A warp keeps A pages past its ring's in
-// flight this way: pages SLOTS..SLOTS+A-1 at entry (warp_attend: before the PDL form's wait), then page k + A as page
-// k >= SLOTS is copied into the ring (issue_page), where page k + A's block-table entry is in the warp's 32-page window;
-// the pages a window's issues could not reach are asked for when the next window's entries are loaded.
-__device__ __forceinline__ void l2_prefetch_page(const Geo& geo, int first, int step, int p, int phys) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(geo.kvh + int64_t(phys) * geo.page_bytes),
-                 "r"(uint32_t(min(DA_PAGE, geo.L - (first + p * step) * DA_PAGE) * DA_ROW)) : "memory");
-}
-#endif
-
 // Page k of a warp's list -> slot k % SLOTS of its ring: one bulk copy of the page's valid rows (512 bytes each) by
 // lane 0, counted on the slot's mbarrier; the rows of tokens past L are zero-filled by the warp (never read).
 // bt_reg: lane i holds the block-table entry of page k0 + i of the list, k0 = 32*floor(k/32) (refilled at k = 32,
@@ -395,17 +381,6 @@ __device__ __forceinline__ void issue_page(const Geo& geo, int first, int step, 
             const int kk = k + lane;
             bt_reg = kk < count ? __ldg(geo.bt + first + kk * step) : 0;
         }
-#ifdef DA_L2_AHEAD
-        if (k >= SLOTS) {  // lane i holds page 32*(k/32) + i's entry
-            const int j = k + DA_L2_AHEAD;
-            if ((k & 31) == 0) {  // a new window: its pages k + 1 .. k + A (the last window's issues could not)
-                if (lane >= 1 && lane <= DA_L2_AHEAD && k + lane < count)
-                    l2_prefetch_page(geo, first, step, k + lane, bt_reg);
-            } else if ((j >> 5) == (k >> 5) && j < count && lane == (j & 31)) {
-                l2_prefetch_page(geo, first, step, j, bt_reg);
-            }
-        }
-#endif
         const int phys = __shfl_sync(0xffffffffu, bt_reg, k & 31);
         const int valid = min(DA_PAGE, geo.L - (first + k * step) * DA_PAGE);
         // one bulk copy of the page's valid rows (8 KB for a full page); the rows past L are zeroed by the warp
@@ -444,10 +419,6 @@ __device__ __forceinline__ void warp_attend(const Geo& geo, int first, int step,
                                             const AfterIssue& after_issue = AfterIssue{}) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
-#ifdef DA_L2_AHEAD
-    // first of all (so before the PDL form's wait): lane i asks L2 for the warp's page i, SLOTS <= i < SLOTS + A
-    if (lane >= SLOTS && lane < count && lane < SLOTS + DA_L2_AHEAD) l2_prefetch_page(geo, first, step, lane, bt_reg);
-#endif
     m = -INFINITY;
     l = 0.f;
 #pragma unroll
@@ -1128,11 +1099,11 @@ __device__ __forceinline__ uint4 kv_row_rope(const bf16* qkv, int64_t b, int q_s
 #ifndef DA_HALVES
 #define DA_HALVES 1
 #endif
-static_assert(DA_HALVES == 1 || DA_HALVES == 2 || DA_HALVES == 4, "DA_HALVES: 1 (the default), 2 or 4");
-#if DA_HALVES > 1
+static_assert(DA_HALVES == 1 || DA_HALVES == 2, "DA_HALVES: 1 (the default) or 2");
+#if DA_HALVES == 2
 #define DA_HALF_PARAMS , float* __restrict__ part, unsigned* __restrict__ pair_count
 struct HalfEmit {
-    float* part_h;  // this (sequence, kv head)'s [DA_HALVES, G * D, 3]
+    float* part_h;  // this (sequence, kv head)'s [2, G * D, 3]
     int half, GD;
     float* mine;  // this thread's triple, kept for the pair merge
     __device__ __forceinline__ void operator()(int e, float mm, float ls, float acc) const {
@@ -1156,13 +1127,10 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
     extern __shared__ __align__(128) float smem_all[];
     float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
     cg::cluster_group cluster = cg::this_cluster();
-#if DA_HALVES > 1
+#if DA_HALVES == 2
     const int half = int(blockIdx.y) / DA_CLUSTER;
-    // the clusters with pages (the pages go round the DA_HALVES clusters' warps in order): nh of them
-    const int nh = min(DA_HALVES, ((__ldg(seq_lens + blockIdx.z) + DA_PAGE - 1) / DA_PAGE + DA_WARPS * DA_CLUSTER - 1) /
-                                      (DA_WARPS * DA_CLUSTER));
-    const bool one_half = nh == 1;
-    if (half >= nh) return;  // the whole cluster, before its first cluster barrier
+    const bool one_half = (__ldg(seq_lens + blockIdx.z) + DA_PAGE - 1) / DA_PAGE <= DA_WARPS * DA_CLUSTER;
+    if (half == 1 && one_half) return;  // the whole cluster, before its first cluster barrier
 #else
     constexpr int half = 0;
 #endif
@@ -1233,10 +1201,10 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
 #endif
     DA_TRIGGER_AT_POINT(2);
     bf16* out_h = out + (b * num_q_heads + h * G) * DA_D;
-#if DA_HALVES > 1
+#if DA_HALVES == 2
     if (!one_half) {
         const int GD = G * DA_D;
-        float* part_h = part + (b * num_kv_heads + h) * int64_t(DA_HALVES * GD * 3);
+        float* part_h = part + (b * num_kv_heads + h) * int64_t(2 * GD * 3);
         float mine[3] = {0.f, 0.f, 0.f};
         cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h, HalfEmit{part_h, half, GD, mine});
         __shared__ int da_later;
@@ -1245,179 +1213,25 @@ decode_attention_rope_cluster(const bf16* __restrict__ qkv, const int64_t* __res
             __threadfence();
             unsigned* c = pair_count + (b * num_kv_heads + h) * DA_CLUSTER + s;
             const unsigned was = atomicAdd(c, 1u);
-            da_later = was == unsigned(nh - 1);
-            if (was == unsigned(nh - 1)) {
-                *c = 0u;  // every cluster is done: the next launch starts from zero
+            da_later = was == 1u;
+            if (was == 1u) {
+                *c = 0u;  // the pair is done: the next launch's pair starts from zero
                 __threadfence();
             }
         }
         __syncthreads();
         const int per = G * (DA_D / DA_CLUSTER), e = s * per + int(threadIdx.x);  // cluster_merge's element
         if (da_later && int(threadIdx.x) < per) {
-            // the last of the same rank's CTAs merges the nh clusters' triples, cluster 0 first whichever came last
-            // (so the bits do not depend on the order)
-            float tm[DA_HALVES], tl[DA_HALVES], ta[DA_HALVES];
-#pragma unroll
-            for (int i = 0; i < DA_HALVES; ++i) {
-                if (i >= nh) break;
-                const float* o = part_h + (int64_t(i) * GD + e) * 3;
-                tm[i] = i == half ? mine[0] : __ldcg(o);
-                tl[i] = i == half ? mine[1] : __ldcg(o + 1);
-                ta[i] = i == half ? mine[2] : __ldcg(o + 2);
-            }
-            float mm = tm[0];
-#pragma unroll
-            for (int i = 1; i < DA_HALVES; ++i)
-                if (i < nh) mm = fmaxf(mm, tm[i]);
-            float num = 0.f, den = 0.f;
-#pragma unroll
-            for (int i = 0; i < DA_HALVES; ++i) {
-                if (i >= nh) break;
-                const float w = merge_weight(tm[i], mm);
-                num += w * ta[i];
-                den += w * tl[i];
-            }
-            out_h[e] = __float2bfloat16_rn(num / den);
+            const float* o = part_h + (int64_t(1 - half) * GD + e) * 3;
+            const float om = __ldcg(o), ol = __ldcg(o + 1), oa = __ldcg(o + 2);
+            const float m0 = half == 0 ? mine[0] : om, l0 = half == 0 ? mine[1] : ol, a0 = half == 0 ? mine[2] : oa;
+            const float m1 = half == 0 ? om : mine[0], l1 = half == 0 ? ol : mine[1], a1 = half == 0 ? oa : mine[2];
+            const float mm = fmaxf(m0, m1);
+            const float w0 = merge_weight(m0, mm), w1 = merge_weight(m1, mm);
+            out_h[e] = __float2bfloat16_rn((w0 * a0 + w1 * a1) / (w0 * l0 + w1 * l1));
         }
         return;
     }
 #endif
     cluster_merge<DA_ROPE_SLOTS>(cluster, smem, s, G, M, Ls, A, out_h);
 }
-
-#ifdef DA_ROPE_SPLIT
-// -DDA_ROPE_SPLIT (an experiment, NOTES.md 75; not built by tools/build_kernels.py): decode_attention_rope_cluster's
-// work on S = grid.y plain CTAs per (kv head, sequence) instead of one cluster of 8, grid [NKV, S, seqs], so that
-// up to S = 16 (DA_SPLIT_MAX) CTAs of one SM each stream a kv head's pages (a cluster form is held to ~64 SMs: one 70 KB CTA per
-// SM, and the GPU holds 15 clusters of 8 or 30 of 4). The pages go round the S CTAs' warps (warp gw = 4s + w takes
-// pages gw, gw + 4S, ...); the ns = min(S, ceil(pages / 4)) CTAs with pages run; with ns = 1 CTA 0 writes the
-// output as the cluster form does. Otherwise each CTA writes its CTA-merged (max, sum, acc) of its G heads to
-// `part` (f32 [seqs, NKV, S, G * (D + 2)]: acc [G][D], then (max, sum) per head) and counts itself in `counters`
-// (u32 [seqs, NKV], zero at load); the last of the ns merges them, CTA 0's first whichever came last (so the bits
-// do not depend on the order), writes the G heads' outputs and resets its counter. Same inputs, outputs and PDL
-// contract as the cluster form.
-#define DA_SPLIT_MAX 16  // CTAs per kv head at most (grid.y)
-extern "C" __global__ void __launch_bounds__(DA_THREADS)
-decode_attention_rope_split(const bf16* __restrict__ qkv, const int64_t* __restrict__ positions,
-                            const int64_t* __restrict__ slot_mapping, const bf16* __restrict__ q_norm_w,
-                            const bf16* __restrict__ k_norm_w, const float* __restrict__ cos_sin, char* kv,
-                            const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-                            bf16* __restrict__ out, int num_q_heads, int num_kv_heads, int q_stride, int bt_stride,
-                            int page_bytes, float sm_scale, float eps, float* __restrict__ part,
-                            unsigned* __restrict__ counters) {
-    static_assert(DA_THREADS == DA_D, "one output column per thread");
-    extern __shared__ __align__(128) float smem_all[];
-    float* smem = smem_all + DA_BAR_BYTES / 4;  // the rings, after the mbarriers
-    const int h = blockIdx.x, s = blockIdx.y, S = gridDim.y;
-    if (S > DA_SPLIT_MAX) __trap();
-    const int64_t b = blockIdx.z;
-    const int G = num_q_heads / num_kv_heads;
-    const int L = __ldg(seq_lens + b);
-    const int ns = min(S, ((L + DA_PAGE - 1) / DA_PAGE + DA_WARPS - 1) / DA_WARPS);
-    if (s >= ns) {  // no pages: only the PDL contract (wait before leaving, as every block of a PDL form does)
-        DA_PDL_WAIT();
-        DA_PDL_TRIGGER();
-        return;
-    }
-    const int lane = threadIdx.x & 31, tig = lane & 3;
-    const int gw = s * DA_WARPS + (threadIdx.x >> 5), step = DA_WARPS * S;
-    const int bt_reg = load_bt(block_table + b * bt_stride, bt_stride, gw, step);
-    const float* cs = cos_sin + __ldg(positions + b) * DA_D;
-    uint4 qw[4];
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) qw[kp] = __ldg(reinterpret_cast<const uint4*>(q_norm_w + 32 * kp + 8 * tig));
-    const int jn = (L - 1) / DA_PAGE;
-    const bool mine = jn % step == gw;
-    int64_t slot = -1;
-    uint4 kw = make_uint4(0, 0, 0, 0);
-    float c[8], sn[8];
-    if (mine) {
-        slot = __ldg(slot_mapping + b);
-        kw = __ldg(reinterpret_cast<const uint4*>(k_norm_w + 8 * (lane & 15)));
-        load8f(cs + 8 * (lane & 7), c);
-        load8f(cs + DA_D / 2 + 8 * (lane & 7), sn);
-    }
-    const Geo geo = make_geo(kv, block_table, b, bt_stride, h, page_bytes, L, sm_scale);
-    uint32_t qa[4][4];
-    Inject inj{-1, 0, {}};
-    const auto after_issue = [&]() {  // decode_attention_rope_cluster's after_wait, after the PDL wait
-        DA_PDL_WAIT();
-        DA_PDL_TRIGGER();
-        uint4 raw = make_uint4(0, 0, 0, 0);
-        if (mine) raw = kv_row_raw(qkv, b, q_stride, num_q_heads, num_kv_heads, h);
-        load_q_rope(qkv, b, q_stride, h, G, qw, cs, eps, qa);
-        if (mine) {
-            inj = Inject{(jn - gw) / step, (L - 1) % DA_PAGE, kv_row_rope_of(raw, kw, c, sn, eps)};
-            const int sw = lane ^ ((L - 1) % DA_PAGE & 7);
-            inj.val = make_uint4(__shfl_sync(0xffffffffu, inj.val.x, sw), __shfl_sync(0xffffffffu, inj.val.y, sw),
-                                 __shfl_sync(0xffffffffu, inj.val.z, sw), __shfl_sync(0xffffffffu, inj.val.w, sw));
-            if (slot >= 0)
-                *reinterpret_cast<uint4*>(kv + (slot / DA_PAGE) * int64_t(page_bytes) + h * (DA_PAGE * 512) +
-                                          (slot % DA_PAGE) * 512 + lane * 16) = inj.val;
-        }
-    };
-    float M[DA_MAX_G], Ls[DA_MAX_G], A[DA_MAX_G];
-    cta_attend<DA_ROPE_SLOTS, true, DA_ROPE_PRE_PAGES>(geo, gw, step, bt_reg, G, qa, smem, M, Ls, A, inj, after_issue);
-    bf16* out_h = out + (b * num_q_heads + h * G) * DA_D;
-    const int d = threadIdx.x;
-    if (ns == 1) {
-#pragma unroll
-        for (int gg = 0; gg < DA_MAX_G; ++gg)
-            if (gg < G) out_h[gg * DA_D + d] = __float2bfloat16_rn(A[gg] / Ls[gg]);
-        return;
-    }
-    const int per = G * (DA_D + 2);
-    float* part_h = part + (b * num_kv_heads + h) * int64_t(S) * per;
-    float* mine_p = part_h + int64_t(s) * per;
-#pragma unroll
-    for (int gg = 0; gg < DA_MAX_G; ++gg) {
-        if (gg >= G) break;
-        mine_p[gg * DA_D + d] = A[gg];
-        if (d == 0) {
-            mine_p[G * DA_D + 2 * gg] = M[gg];
-            mine_p[G * DA_D + 2 * gg + 1] = Ls[gg];
-        }
-    }
-    __shared__ int da_last;
-    __syncthreads();  // every value of the CTA's partial stored
-    if (threadIdx.x == 0) {
-        __threadfence();
-        unsigned* cnt = counters + b * num_kv_heads + h;
-        const unsigned was = atomicAdd(cnt, 1u);
-        da_last = was == unsigned(ns - 1);
-        if (was == unsigned(ns - 1)) {
-            *cnt = 0u;  // every CTA is in: the next launch starts from zero
-            __threadfence();
-        }
-    }
-    __syncthreads();
-    if (!da_last) return;
-    // the merge: every (max, sum) into shared memory with one load per thread, every acc of this thread's column in
-    // registers with independent loads (all in flight at once), then the sums in order i = 0 .. ns-1
-    __shared__ float da_ml[DA_SPLIT_MAX * 2 * DA_MAX_G];
-    for (int t = threadIdx.x; t < ns * 2 * G; t += DA_THREADS)
-        da_ml[t] = __ldcg(part_h + int64_t(t / (2 * G)) * per + G * DA_D + t % (2 * G));
-    float av[DA_MAX_G][DA_SPLIT_MAX];
-#pragma unroll
-    for (int gg = 0; gg < DA_MAX_G; ++gg)
-#pragma unroll
-        for (int i = 0; i < DA_SPLIT_MAX; ++i)
-            av[gg][i] = gg < G && i < ns ? __ldcg(part_h + int64_t(i) * per + gg * DA_D + d) : 0.f;
-    __syncthreads();
-#pragma unroll
-    for (int gg = 0; gg < DA_MAX_G; ++gg) {
-        if (gg >= G) break;
-        float mm = -INFINITY;
-        for (int i = 0; i < ns; ++i) mm = fmaxf(mm, da_ml[i * 2 * G + 2 * gg]);
-        float num = 0.f, den = 0.f;
-#pragma unroll
-        for (int i = 0; i < DA_SPLIT_MAX; ++i) {
-            if (i >= ns) break;
-            const float w = merge_weight(da_ml[i * 2 * G + 2 * gg], mm);
-            num += w * av[gg][i];
-            den += w * da_ml[i * 2 * G + 2 * gg + 1];
-        }
-        out_h[gg * DA_D + d] = __float2bfloat16_rn(num / den);
-    }
-}
-#endif
