@@ -22,7 +22,6 @@ A probe: prints a table, appends nothing; `--help` and argument errors need no G
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tests-integrat
     sys.path.insert(0, str(p))
 
 from catalog import da_cluster_smem  # noqa: E402
-from qkv_attention_bench import context_inputs, layer_weights, raw_launcher, time_graph  # noqa: E402
+from qkv_attention_bench import context_inputs, layer_weights, raw_launcher, time_pairs  # noqa: E402
 
 NQ, NKV, D, K, LAYERS, EPS, CLUSTER = 32, 8, 128, 2560, 36, 1e-6, 8  # LAYERS: qkv_attention_bench's too
 N = (NQ + 2 * NKV) * D
@@ -139,25 +138,7 @@ def run(a: argparse.Namespace) -> int:
         diff = (results["one"].float() - results[forms[1]].float()).abs().max().item()
         ref = results["one"].float().abs().max().item()
 
-        best = {c: [math.inf, math.inf] for c in forms}
-        g_alone = math.inf
-        for _ in range(a.rounds):
-            for c, att in atts.items():
-                def pair(att=att):
-                    for layer in range(LAYERS):
-                        gemv(layer)
-                        att(layer)
-
-                def alone(att=att):
-                    for layer in range(LAYERS):
-                        att(layer)
-                best[c][0] = min(best[c][0], time_graph(pair, a.replays))
-                best[c][1] = min(best[c][1], time_graph(alone, a.replays))
-
-            def gemvs():
-                for layer in range(LAYERS):
-                    gemv(layer)
-            g_alone = min(g_alone, time_graph(gemvs, a.replays))
+        best, g_alone = time_pairs(gemv, atts, a.rounds, a.replays)
         if int(pair_count.abs().sum()) != 0:
             raise SystemExit(f"context {L}: pair_count not back to zero after the timed graphs: {pair_count.tolist()}")
         cells = [f"{best[c][0]:.2f} / {best[c][1]:.2f} / {best[c][0] - g_alone:.2f}" for c in forms]

@@ -39,8 +39,8 @@ for p in (ROOT / "tools" / "kernels-src", ROOT / "tools", ROOT / "tools" / "gpu"
     sys.path.insert(0, str(p))
 
 from gemv_plan import GEMV_UNROLL_SUFFIX, gemv_blocks, gemv_tc_entry, gemv_tc_unroll  # noqa: E402
-from qkv_attention_bench import (EPS, LAYERS, NKV, NQ, D, K, N, context_inputs, layer_weights,  # noqa: E402
-                                 raw_launcher, time_graph)
+from qkv_attention_bench import (EPS, NKV, NQ, D, K, N, LAYERS, context_inputs, layer_weights,  # noqa: E402
+                                 raw_launcher, time_pairs)
 
 ROPE = "decode_attention_rope_cluster_pdl"
 QKV_GEMV = gemv_tc_entry("kern_gemv_norm_m1") + GEMV_UNROLL_SUFFIX[gemv_tc_unroll(K, True)]  # as gen_qwen3 (4B)
@@ -182,25 +182,7 @@ def run(a: argparse.Namespace) -> int:
             raise SystemExit(f"context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(splits)}")
 
         floor = L * NKV * 2 * D * 2 / BW
-        best = {f: [math.inf, math.inf] for f in forms}
-        g_alone = math.inf
-        for _ in range(a.rounds):
-            for name, form in forms.items():
-                def pair(form=form):
-                    for layer in range(LAYERS):
-                        gemv(layer)
-                        form(layer)
-
-                def alone(form=form):
-                    for layer in range(LAYERS):
-                        form(layer)
-                best[name][0] = min(best[name][0], time_graph(pair, a.replays))
-                best[name][1] = min(best[name][1], time_graph(alone, a.replays))
-
-            def gemvs():
-                for layer in range(LAYERS):
-                    gemv(layer)
-            g_alone = min(g_alone, time_graph(gemvs, a.replays))
+        best, g_alone = time_pairs(gemv, forms, a.rounds, a.replays)
         if int(sink.abs().sum()):
             raise SystemExit(f"context {L}: a kv_read CTA left pages unread (its share exceeded KR_MAX_PAGES)")
         print(f"| {L} | the qkv GEMV alone | — | {g_alone:.2f} | — | — | — |")

@@ -153,6 +153,34 @@ def time_graph(body, replays: int) -> float:
     return statistics.median(ts)
 
 
+def time_pairs(gemv, forms: dict, rounds: int, replays: int) -> tuple[dict[str, tuple[float, float]], float]:
+    """Issue 4's timings of attention forms in the decode program's order, µs per layer (time_graph: LAYERS layers
+    per graph), the forms alternating, the best of `rounds` rounds: per form, the pair (gemv(layer), then
+    form(layer), for every layer) and the form alone (form(layer) for every layer); and the GEMV alone. gemv and each
+    form: callables enqueueing layer `layer`'s launch. Returns ({name: (pair, alone)}, gemv alone); a form's "added"
+    is its pair minus the GEMV alone."""
+    best = {name: [math.inf, math.inf] for name in forms}
+    g_alone = math.inf
+    for _ in range(rounds):
+        for name, form in forms.items():
+            def pair(form=form):
+                for layer in range(LAYERS):
+                    gemv(layer)
+                    form(layer)
+
+            def alone(form=form):
+                for layer in range(LAYERS):
+                    form(layer)
+            best[name][0] = min(best[name][0], time_graph(pair, replays))
+            best[name][1] = min(best[name][1], time_graph(alone, replays))
+
+        def gemvs():
+            for layer in range(LAYERS):
+                gemv(layer)
+        g_alone = min(g_alone, time_graph(gemvs, replays))
+    return {name: (p, al) for name, (p, al) in best.items()}, g_alone
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", type=Path, required=True, help="a build_kernels.py dir (with its PDL forms)")
