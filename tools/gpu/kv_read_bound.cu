@@ -13,8 +13,8 @@
 // first copy (no page before the launch before it is done); 0: every copy before the wait (the most a PDL attention
 // can overlap: its pages do not depend on the launch before it, only q and the current token's row do); 2: every
 // page asked of L2 (cp.async.bulk.prefetch.L2, no shared memory) before the wait, the copies after it (what an
-// attention that needs q before it can consume a page can overlap). Either way
-// the CTA triggers its dependents at entry. It writes its `out` word only when its share of pages exceeded
+// attention that needs q before it can consume a page can overlap). Either way the CTA triggers its dependents at
+// once (at entry; in mode 1 right after its wait). It writes its `out` word only when its share of pages exceeded
 // KR_MAX_PAGES (pages left unread: the script refuses the run).
 #include <stdint.h>
 
@@ -38,7 +38,7 @@ kv_read(const char* __restrict__ kv, const int* __restrict__ block_table, const 
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int P = (seq_lens[0] + 15) / 16;
     const int S = gridDim.y, s = blockIdx.y;
-    const int p0 = (int)((long)P * s / S), n = min((int)((long)P * (s + 1) / S) - p0, KR_MAX_PAGES);
+    const int p0 = (int)((long)P * s / S), total = (int)((long)P * (s + 1) / S) - p0, n = min(total, KR_MAX_PAGES);
     for (int i = threadIdx.x; i < n; i += KR_THREADS) pages[i] = block_table[p0 + i];
     __syncthreads();
     if (wait_first == 2) {  // every page asked of L2 (no shared memory), then the wait, then the copies
@@ -62,5 +62,5 @@ kv_read(const char* __restrict__ kv, const int* __restrict__ block_table, const 
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (wait_first == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (n > KR_MAX_PAGES && threadIdx.x == 0) out[blockIdx.y * gridDim.x + blockIdx.x] = 1;  // pages left unread
+    if (total > KR_MAX_PAGES && threadIdx.x == 0) out[blockIdx.y * gridDim.x + blockIdx.x] = 1;  // pages left unread
 }
