@@ -450,10 +450,12 @@ def graph_sets(c: Case, L: int) -> int:
 def main(argv=None) -> int:
     global torch
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernels", type=Path, help="prebuilt kernels dir (default: build the 4b set to a temp dir)")
+    ap.add_argument("--kernels", type=Path, help="prebuilt kernels dir (default: $KERN_KERNELS_DIR, else build the 4b "
+                    "set to a temp dir)")
     ap.add_argument("--reps", type=int, default=200, help="standalone launches per case (median)")
     ap.add_argument("--graph-reps", type=int, default=50, help="graph replays per case (median; at least 20)")
-    ap.add_argument("--md", type=Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument("--md", type=Path, default=ROOT / "BENCHMARKS.md",
+                    help="the markdown file the table is appended to (default: %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU, no torch)")
     ap.add_argument("--fused-attention", action="store_true",
                     help="also the one-launch decode attention (paged_decode_attention_fused; the index must have it)")
@@ -478,7 +480,10 @@ def main(argv=None) -> int:
             print(f"  {c.name:30s} T={c.T:<5d} {c.note:16s} {c.nbytes / 1e6:10.3f} MB {c.flops / 1e9:9.2f} GFLOP  {ing}")
         return 0
 
-    import torch as _torch
+    try:
+        import torch as _torch
+    except ImportError:
+        ap.error("needs torch (and an NVIDIA GPU): run it on the GPU machine (--dry-run lists the cases without)")
 
     torch = _torch
     from cubin_launch import KernelSet

@@ -2,7 +2,14 @@
 """What reading a layer's KV pages costs a decode layer at best: a bound for issue 4's figure (NOTES.md 75).
 
     python3 tools/gpu/kv_read_bound.py --kernels KDIR [--context 130 --context 4096] [--splits 8 --splits 16]
-        [--replays 30] [--rounds 3] [--da-cubin LABEL=PATH ...] [--nvcc-flag -DKR_UNROLL=8 ...]
+        [--replays 30] [--rounds 3] [--da-cubin LABEL=PATH ...] [--nvcc-flag=-DKR_RING=16 ...]
+
+On the GPU machine (torch, cuda.bindings, pytest — tests-integration/gpu's helpers import it — and nvcc 13.0), with
+PYTHONPATH as README.md's GPU section sets it plus `tools`; KDIR from `python3 tools/build_kernels.py --out KDIR`. A
+--da-cubin is built from the source with the PDL module's flags and the what-if's, e.g.
+`nvcc -cubin -arch=sm_90 -O3 -std=c++17 -DKERN_PDL -DDA_NO_MATH -o nomath.cubin tools/kernels-src/decode_attention.cu`.
+--nvcc-flag takes kv_read_bound.cu's macros KR_THREADS (256) and KR_RING (8); write it with `=` (argparse reads a
+separate `-D...` as an option).
 
 Issue 4 asks the decode attention at 4,096 cached tokens to run within 2x of its floor (16.8 MB of K|V at the copy
 bandwidth, 3.96 µs); in the decode program's order (right after its layer's qkv GEMV, every launch PDL) the default
@@ -14,6 +21,10 @@ decode attention reading the same pages must add at least; the default's excess 
 
 Per context, µs per layer (median of the replays, best of the rounds, forms alternating): pair (the qkv GEMV as
 gen_qwen3 launches it, then the form), alone (36 in a PDL chain) and added (pair - the GEMV alone), beside the floor.
+Not bench_kernels' harness: no L2 flush between replays (the 36 layers' pages, 604 MB at 4,096 tokens, do not fit L2
+anyway, but the GEMV's weights partly do) and the best of the rounds; its figures for the same kernel read ~0.5 µs
+lower than bench_kernels' (the default as a PDL chain at 4,096: 8.8 against 9.4), so compare forms within one run.
+The floor is the bytes at a fixed 4.25 TB/s (bench_kernels' measured copy bandwidth on the H200), not measured here.
 Forms: `default` (decode_attention_rope_cluster_pdl from KDIR), `read S=s pre` / `wait` / `L2-prefetch, wait`
 (kv_read with its copies before / after its griddepcontrol.wait, or after it with every page asked of L2 before it)
 for each --splits s, and each --da-cubin: a decode_attention.cu build with -DKERN_PDL (and the what-if defines, e.g.
@@ -93,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
     ap.add_argument("--da-cubin", action="append", default=[], metavar="LABEL=PATH",
                     help="a decode_attention.cu -DKERN_PDL what-if build, timed as the default's rope entry")
-    ap.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag for kv_read_bound.cu")
+    ap.add_argument("--nvcc-flag", action="append", default=[],
+                    help="extra nvcc flag for kv_read_bound.cu, repeatable; write it --nvcc-flag=-DKR_RING=16 (the "
+                         "macros: KR_THREADS, KR_RING)")
     a = ap.parse_args(argv)
     if any(L < 1 for L in a.context or []) or any(s < 1 for s in a.splits or []) or a.replays < 1 or a.rounds < 1:
         ap.error("--context, --splits, --replays and --rounds: positive ints")
@@ -175,6 +188,8 @@ def run(a: argparse.Namespace) -> int:
             torch.cuda.synchronize()
             if torch.equal(out.view(torch.int16), ref.view(torch.int16)):
                 same[label] = "identical"
+            elif not torch.isfinite(out.float()).all():
+                same[label] = "differs: non-finite outputs (unwritten, or NaN)"
             else:
                 same[label] = (f"differs: max abs diff {(out.float() - ref.float()).abs().max().item():.2e} "
                                f"(max abs {ref.float().abs().max().item():.2e})")
