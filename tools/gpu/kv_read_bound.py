@@ -62,6 +62,8 @@ BW = 4.25e6  # bytes per µs: the copy bandwidth bench_kernels measures on the H
 MODES = {0: "pre", 1: "wait", 2: "L2-prefetch, wait"}
 #: kv_read_bound.cu's defaults (-DKR_THREADS, -DKR_RING) and its block-table entries per CTA (KR_MAX_PAGES)
 KR_DEFAULTS, KR_MAX_PAGES = {"KR_THREADS": 256, "KR_RING": 8}, 1024
+#: kv_read's CTAs per kv head without --splits (64, 128 and 264 CTAs)
+DEFAULT_SPLITS = [8, 16, 33]
 
 
 def parse_da(spec: str) -> tuple[str, Path]:
@@ -98,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", type=Path, required=True, help="a build_kernels.py dir (the default's kernels)")
     ap.add_argument("--context", type=int, action="append", help="cached tokens, repeatable (default: 130, 4096)")
-    ap.add_argument("--splits", type=int, action="append", help="kv_read CTAs per kv head, repeatable (default: 8, "
-                    "16, 33: 64, 128 and 264 CTAs)")
+    ap.add_argument("--splits", type=int, action="append", help="kv_read CTAs per kv head, repeatable (default: "
+                    f"{', '.join(map(str, DEFAULT_SPLITS))})")
     ap.add_argument("--replays", type=int, default=30, help="graph replays per median (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept (default: %(default)s)")
     ap.add_argument("--da-cubin", action="append", default=[], metavar="LABEL=PATH",
@@ -112,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--context, --splits, --replays and --rounds: positive ints")
     if not (a.kernels / "index.json").is_file():
         ap.error(f"--kernels {a.kernels}: no index.json (a tools/build_kernels.py dir)")
+    a.splits = a.splits or DEFAULT_SPLITS
+    for L in a.context or []:  # a kv_read CTA holds at most KR_MAX_PAGES block-table entries
+        if -(-L // 16) > KR_MAX_PAGES * min(a.splits):
+            ap.error(f"--context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(a.splits)}: "
+                     "give more --splits")
     try:
         a.da = [parse_da(s) for s in a.da_cubin]
     except ValueError as e:
@@ -137,7 +144,7 @@ def run(a: argparse.Namespace) -> int:
     subprocess.run(nvcc_command(a.nvcc_flag, cubin), check=True)
     cfg = kr_config(a.nvcc_flag)
     threads, smem = cfg["KR_THREADS"], kr_smem(cfg)
-    splits = a.splits or [8, 16, 33]
+    splits = a.splits
     reads = {(s, w): raw_launcher(cubin, "kv_read", (NKV, s, 1), threads, smem) for s in splits for w in MODES}
     das = {label: raw_launcher(path, "decode_attention_rope_cluster", (NKV, 8, 1), 128, rope_smem, rope_carveout)
            for label, path in a.da}
@@ -193,8 +200,6 @@ def run(a: argparse.Namespace) -> int:
             else:
                 same[label] = (f"differs: max abs diff {(out.float() - ref.float()).abs().max().item():.2e} "
                                f"(max abs {ref.float().abs().max().item():.2e})")
-        if -(-L // 16) > KR_MAX_PAGES * min(splits):
-            raise SystemExit(f"context {L}: more than {KR_MAX_PAGES} pages per kv_read CTA at S = {min(splits)}")
 
         floor = L * NKV * 2 * D * 2 / BW
         best, g_alone = time_pairs(gemv, forms, a.rounds, a.replays)
